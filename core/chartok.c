@@ -1,0 +1,1 @@
+/* chartok: in progress */

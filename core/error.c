@@ -1,0 +1,48 @@
+/* Error struct helpers (see error.h). */
+#include "error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+int dapo_errf(struct dapo_err *e, int code, const char *fmt, ...) {
+  if (!e) return code;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+  va_end(ap);
+  e->code = code;
+  return code;
+}
+
+int dapo_err_prefix(struct dapo_err *e, const char *fmt, ...) {
+  if (!e) return DAPO_EINVAL;
+  char pre[256], old[sizeof e->msg];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(pre, sizeof pre, fmt, ap);
+  va_end(ap);
+  memcpy(old, e->msg, sizeof old);
+  snprintf(e->msg, sizeof e->msg, "%s%s", pre, old);
+  return e->code;
+}
+
+void dapo_err_clear(struct dapo_err *e) {
+  if (!e) return;
+  e->code = 0;
+  e->msg[0] = '\0';
+}
+
+const char *dapo_strerror(int code) {
+  switch (code) {
+  case DAPO_OK: return "ok";
+  case DAPO_EINVAL: return "invalid";
+  case DAPO_ENOMEM: return "no_memory";
+  case DAPO_EIO: return "io_error";
+  case DAPO_EFORMAT: return "bad_format";
+  case DAPO_EUNSUPPORTED: return "unsupported";
+  case DAPO_ERANGE: return "out_of_range";
+  case DAPO_ECANCELLED: return "cancelled";
+  }
+  return "unknown";
+}

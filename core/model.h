@@ -1,0 +1,127 @@
+/* The model: a Hugging Face Llama-family causal LM (Llama, Qwen2) as one C struct. Config,
+ * the parameter table, and flat float32 buffers (parameters, gradients) carved into named views.
+ * One table of {hf_name, kind, layer, shape, offset} drives checkpoint I/O, gradient norms,
+ * AdamW and comparisons; a tied lm_head aliases tok_emb and is never stored twice.
+ *
+ * Dimension letters used across core/: V vocab, C hidden, L layers, NH query heads, NKV
+ * key/value heads, HS head size, FF intermediate (SwiGLU) size, CQ = NH*HS, CKV = NKV*HS. */
+#ifndef DAPO_MODEL_H
+#define DAPO_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "error.h"
+
+enum model_arch { ARCH_LLAMA = 0, ARCH_QWEN2 = 1 };
+
+struct model_config {
+  enum model_arch arch;
+  int vocab_size;        /* V: rows of the embedding (may exceed the tokenizer's vocab) */
+  int hidden_size;       /* C */
+  int intermediate_size; /* FF */
+  int num_layers;        /* L */
+  int num_heads;         /* NH */
+  int num_kv_heads;      /* NKV, divides NH */
+  int head_dim;          /* HS, even (RoPE rotates halves) */
+  int max_position_embeddings;
+  float rms_norm_eps;
+  float rope_theta;
+  int tie_word_embeddings; /* lm_head aliases model.embed_tokens */
+  int qkv_bias;            /* q/k/v projections have biases (always for Qwen2) */
+  int bos_token_id;        /* -1: none */
+  int eos_token_id;        /* -1: none */
+  float initializer_range; /* std of the normal init of weights (HF default 0.02) */
+};
+
+/* Checks ranges and divisibility; names the offending key in e. */
+int model_config_validate(const struct model_config *c, struct dapo_err *e);
+
+/* Parses a Hugging Face config.json object (borrowed). Unknown keys are ignored; keys that
+ * change the maths and that we do not implement (rope_scaling, attention_bias on Llama,
+ * mlp_bias, sliding windows in use, other hidden_act than silu) are refused by name. */
+int model_config_from_json(struct model_config *c, const json_t *j, struct dapo_err *e);
+
+/* A new config.json object (caller owns the reference) that transformers' from_pretrained
+ * accepts; torch_dtype is "float32" or "bfloat16". */
+json_t *model_config_to_json(const struct model_config *c, const char *torch_dtype);
+
+enum param_kind {
+  PK_TOK_EMB,
+  PK_ATTN_NORM,
+  PK_WQ,
+  PK_BQ,
+  PK_WK,
+  PK_BK,
+  PK_WV,
+  PK_BV,
+  PK_WO,
+  PK_FFN_NORM,
+  PK_W_GATE,
+  PK_W_UP,
+  PK_W_DOWN,
+  PK_FINAL_NORM,
+  PK_LM_HEAD,
+};
+
+/* One row of the parameter table. */
+struct param_info {
+  char name[96];    /* transformers' tensor name, e.g. "model.layers.3.self_attn.q_proj.weight" */
+  enum param_kind kind;
+  int layer;        /* -1 for tensors outside the blocks */
+  int ndim;         /* 1 or 2 */
+  int64_t shape[2]; /* [out, in] for linear weights, as PyTorch stores them */
+  size_t offset;    /* in floats, into any flat buffer laid out like the parameters */
+  size_t numel;
+};
+
+struct layer_views {
+  float *attn_norm, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *ffn_norm, *w_gate, *w_up, *w_down;
+};
+
+/* Named views into one flat buffer (parameters, gradients, Adam moments all share the layout).
+ * bq/bk/bv are NULL without qkv_bias; lm_head == tok_emb when tied. */
+struct views {
+  float *tok_emb;
+  struct layer_views *layers; /* L entries, owned by the struct model */
+  float *final_norm;
+  float *lm_head;
+};
+
+struct model {
+  struct model_config cfg;
+  int n_tensors;             /* rows of the table; a tied lm_head has no row of its own */
+  struct param_info *tensors; /* owned */
+  size_t n_params;           /* floats in each flat buffer */
+  float *params;             /* owned, 64-byte aligned, n_params floats */
+  float *grads;              /* owned, NULL until model_alloc_grads */
+  struct views w;            /* views into params */
+  struct views g;            /* views into grads (all NULL until model_alloc_grads) */
+};
+
+/* Builds the table and allocates zeroed parameters. Returns NULL and fills e on a bad config
+ * or out of memory. The caller owns the result (model_free). */
+struct model *model_new(const struct model_config *c, struct dapo_err *e);
+void model_free(struct model *m);
+
+/* Allocates the zeroed gradient buffer (idempotent). */
+int model_alloc_grads(struct model *m, struct dapo_err *e);
+void model_zero_grads(struct model *m);
+
+/* Fills v with views into base (n_params floats laid out like m->params). v->layers must point
+ * to cfg.num_layers entries (owned by the caller). */
+void model_bind_views(const struct model *m, float *base, struct views *v);
+
+/* Hugging Face initialisation: weights ~ N(0, initializer_range) from the given seed (drawn
+ * tensor by tensor in table order), norms 1, biases 0. Deterministic across machines. */
+void model_init_random(struct model *m, uint64_t seed);
+
+/* Looks up a tensor by its transformers name; NULL when absent. Borrowed, lives with m. */
+const struct param_info *model_find_tensor(const struct model *m, const char *name);
+
+/* 64-byte aligned zeroed allocation of n floats (NULL on failure or overflow); free with free(). */
+float *dapo_alloc_floats(size_t n);
+
+#endif

@@ -1,0 +1,1 @@
+/* preset: in progress */

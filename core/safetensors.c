@@ -1,0 +1,1 @@
+/* safetensors: in progress */

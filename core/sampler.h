@@ -1,0 +1,54 @@
+/* Batched generation with a KV cache: B sequences advance together, so each decoding step is one
+ * GEMM per weight matrix ([B, C] x W^T), not B GEMVs. Sequences that share a prompt (same pointer
+ * and length) share one prefill. Each sequence draws from its own struct rng, so a batch of G
+ * gives the same tokens as G single runs with the same seeds. Not thread-safe: one state per
+ * worker; allocated once for a capacity. */
+#ifndef DAPO_SAMPLER_H
+#define DAPO_SAMPLER_H
+
+#include "error.h"
+#include "model.h"
+#include "rng.h"
+
+#define SAMPLER_MAX_STOP 8
+
+struct sampler_opts {
+  float temperature;  /* 0: greedy (argmax) */
+  float top_p;        /* (0, 1]; 1: no nucleus truncation */
+  int max_new_tokens; /* >= 1 */
+  int n_stop;         /* stop ids (EOS); a sampled stop id is part of the response */
+  int stop_ids[SAMPLER_MAX_STOP];
+};
+
+enum finish_reason { FINISH_STOP = 0, FINISH_LENGTH = 1 };
+
+/* Per-sequence results, arrays of n entries; tokens/logp rows hold max_new_tokens slots each. */
+struct gen_out {
+  int *tokens;      /* [n * max_new_tokens] */
+  float *logp;      /* [n * max_new_tokens] log-prob of each sampled token under
+                       softmax(logits / temperature) (softmax(logits) when greedy), untruncated */
+  int *len;         /* [n] generated tokens, the stop token included */
+  int *finish;      /* [n] enum finish_reason */
+};
+
+struct gen_state;
+
+/* cap_batch sequences of up to cap_seq_len tokens (prompt + response). NULL + e on failure. */
+struct gen_state *gen_state_new(const struct model *m, int cap_batch, int cap_seq_len,
+                                struct dapo_err *e);
+void gen_state_free(struct gen_state *s);
+size_t gen_state_bytes(const struct model_config *c, int cap_batch, int cap_seq_len);
+
+/* Generates n <= cap_batch sequences. prompts[i] (borrowed) has prompt_len[i] >= 1 tokens;
+ * rngs[i] advances as sequence i samples. Returns 0, DAPO_ECANCELLED when *cancel becomes
+ * non-zero (checked between tokens; may be NULL), or an error. */
+int gen_run(struct gen_state *s, const struct model *m, int n, const int *const *prompts,
+            const int *prompt_len, struct rng *rngs, const struct sampler_opts *o,
+            struct gen_out *out, const volatile int *cancel, struct dapo_err *e);
+
+/* Draws one token from logits[V] (modified in place) with o's temperature and top_p; writes
+ * the sampled token's log-prob (see gen_out.logp) to *logp. Exposed for statistical tests. */
+int sampler_pick(float *logits, int V, const struct sampler_opts *o, struct rng *r, float *logp,
+                 int *scratch_idx, float *scratch_p);
+
+#endif

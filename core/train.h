@@ -1,0 +1,56 @@
+/* Forward and backward over a batch of packed (prompt, response) sequences of different lengths,
+ * with no padding: sequences lie back to back in one token array. The forward returns, for every
+ * response token, its log-probability and the entropy of the full next-token distribution; the
+ * backward accumulates into the model's gradients the gradient of sum_t dlogp[t] * logp[t] (the
+ * DAPO/GRPO losses reduce to such a weighting, recomputed per minibatch).
+ *
+ * Only positions that predict a response token go through the LM head, and attention is causal
+ * within each sequence. Activations live in one struct train_state allocated once per job for a
+ * stated capacity; nothing is allocated per call. Not thread-safe: one state per worker. */
+#ifndef DAPO_TRAIN_H
+#define DAPO_TRAIN_H
+
+#include "error.h"
+#include "model.h"
+
+/* Packed sequences (all arrays borrowed for the duration of the call). Sequence s occupies
+ * tokens[seq_off[s] .. seq_off[s+1]); its first prompt_len[s] tokens (>= 1) are the prompt, the
+ * rest the response. Response tokens are numbered in order: sequence 0's first, then 1's... */
+struct fwd_batch {
+  int n_seq;
+  const int *tokens;
+  const int *seq_off;    /* n_seq + 1 entries, seq_off[0] == 0 */
+  const int *prompt_len; /* n_seq entries */
+};
+
+struct train_state;
+
+/* Capacities: total tokens of a batch, total response tokens, longest sequence. Returns NULL and
+ * fills e when out of memory. Owned by the caller (train_state_free). */
+struct train_state *train_state_new(const struct model *m, int cap_tokens, int cap_resp,
+                                    int cap_seq_len, struct dapo_err *e);
+void train_state_free(struct train_state *s);
+
+/* Bytes train_state_new would allocate for these capacities (memory planning). */
+size_t train_state_bytes(const struct model_config *c, int cap_tokens, int cap_resp,
+                         int cap_seq_len);
+
+/* Number of response tokens in b (sum of lengths minus prompt lengths). */
+int fwd_batch_resp_tokens(const struct fwd_batch *b);
+
+/* Checks b against the model and the state's capacities (token ids in range, offsets
+ * increasing, prompt_len in [1, length], positions < max_position_embeddings). */
+int fwd_batch_validate(const struct train_state *s, const struct model *m,
+                       const struct fwd_batch *b, struct dapo_err *e);
+
+/* Forward pass. Logits are multiplied by inv_temp (1/temperature; 1 for none) before the softmax.
+ * logp and entropy (either may be NULL) receive one value per response token. Saves what the
+ * backward needs; the next train_backward refers to this batch. */
+int train_forward(struct train_state *s, const struct model *m, const struct fwd_batch *b,
+                  float inv_temp, float *logp, float *entropy, struct dapo_err *e);
+
+/* Backward of sum_t dlogp[t] * logp[t] for the batch of the last train_forward: accumulates
+ * (+=) into m->grads (model_alloc_grads first). Consumes the saved state: call once per forward. */
+int train_backward(struct train_state *s, struct model *m, const float *dlogp, struct dapo_err *e);
+
+#endif

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs the Debian packages dapod needs (only those missing), then configures and builds
+# with CMake. Used by both README commands; safe to run again. Usage: setup.sh [BUILD_DIR [CMAKE_ARGS...]]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PKGS=(build-essential cmake pkg-config git
+      libopenblas-dev libjansson-dev libmicrohttpd-dev libcurl4-openssl-dev libpcre2-dev
+      uuid-dev libsqlite3-dev
+      python3 python3-torch python3-numpy
+      clang-format)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing missing Debian packages: ${missing[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+
+build=${1:-build}
+shift || true
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+cmake --build "$build" -j"$(nproc)"
