@@ -23,7 +23,12 @@ int dapo_err_prefix(struct dapo_err *e, const char *fmt, ...) {
   vsnprintf(pre, sizeof pre, fmt, ap);
   va_end(ap);
   memcpy(old, e->msg, sizeof old);
-  snprintf(e->msg, sizeof e->msg, "%s%s", pre, old);
+  size_t n = strnlen(pre, sizeof pre - 1);
+  memcpy(e->msg, pre, n);
+  size_t rest = sizeof e->msg - 1 - n;
+  size_t m = strnlen(old, rest);
+  memcpy(e->msg + n, old, m);
+  e->msg[n + m] = '\0';
   return e->code;
 }
 

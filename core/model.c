@@ -213,7 +213,8 @@ struct model *model_new(const struct model_config *c, struct dapo_err *e) {
   if (!m->tensors || !m->w.layers || !m->g.layers) goto oom;
 
   int64_t C = c->hidden_size, CQ = (int64_t)c->num_heads * c->head_dim,
-          CKV = (int64_t)c->num_kv_heads * c->head_dim, FF = c->intermediate_size, V = c->vocab_size;
+          CKV = (int64_t)c->num_kv_heads * c->head_dim, FF = c->intermediate_size,
+          V = c->vocab_size;
   size_t off = 0;
   char nm[96];
   add_tensor(m, "model.embed_tokens.weight", PK_TOK_EMB, -1, V, C, &off);

@@ -68,7 +68,7 @@ enum param_kind {
 
 /* One row of the parameter table. */
 struct param_info {
-  char name[96];    /* transformers' tensor name, e.g. "model.layers.3.self_attn.q_proj.weight" */
+  char name[96]; /* transformers' tensor name, e.g. "model.layers.3.self_attn.q_proj.weight" */
   enum param_kind kind;
   int layer;        /* -1 for tensors outside the blocks */
   int ndim;         /* 1 or 2 */
@@ -92,13 +92,13 @@ struct views {
 
 struct model {
   struct model_config cfg;
-  int n_tensors;             /* rows of the table; a tied lm_head has no row of its own */
+  int n_tensors;              /* rows of the table; a tied lm_head has no row of its own */
   struct param_info *tensors; /* owned */
-  size_t n_params;           /* floats in each flat buffer */
-  float *params;             /* owned, 64-byte aligned, n_params floats */
-  float *grads;              /* owned, NULL until model_alloc_grads */
-  struct views w;            /* views into params */
-  struct views g;            /* views into grads (all NULL until model_alloc_grads) */
+  size_t n_params;            /* floats in each flat buffer */
+  float *params;              /* owned, 64-byte aligned, n_params floats */
+  float *grads;               /* owned, NULL until model_alloc_grads */
+  struct views w;             /* views into params */
+  struct views g;             /* views into grads (all NULL until model_alloc_grads) */
 };
 
 /* Builds the table and allocates zeroed parameters. Returns NULL and fills e on a bad config

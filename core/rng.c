@@ -15,7 +15,9 @@ void rng_seed(struct rng *r, uint64_t seed, uint64_t stream) {
   for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
 }
 
-static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static inline uint64_t rotl(uint64_t x, int k) {
+  return (x << k) | (x >> (64 - k));
+}
 
 uint64_t rng_u64(struct rng *r) {
   uint64_t *s = r->s;
@@ -30,7 +32,9 @@ uint64_t rng_u64(struct rng *r) {
   return out;
 }
 
-float rng_float(struct rng *r) { return (float)(rng_u64(r) >> 40) * (1.0f / 16777216.0f); }
+float rng_float(struct rng *r) {
+  return (float)(rng_u64(r) >> 40) * (1.0f / 16777216.0f);
+}
 
 uint64_t rng_below(struct rng *r, uint64_t n) {
   uint64_t lim = UINT64_MAX - UINT64_MAX % n;

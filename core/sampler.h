@@ -24,11 +24,11 @@ enum finish_reason { FINISH_STOP = 0, FINISH_LENGTH = 1 };
 
 /* Per-sequence results, arrays of n entries; tokens/logp rows hold max_new_tokens slots each. */
 struct gen_out {
-  int *tokens;      /* [n * max_new_tokens] */
-  float *logp;      /* [n * max_new_tokens] log-prob of each sampled token under
-                       softmax(logits / temperature) (softmax(logits) when greedy), untruncated */
-  int *len;         /* [n] generated tokens, the stop token included */
-  int *finish;      /* [n] enum finish_reason */
+  int *tokens; /* [n * max_new_tokens] */
+  float *logp; /* [n * max_new_tokens] log-prob of each sampled token under
+                  softmax(logits / temperature) (softmax(logits) when greedy), untruncated */
+  int *len;    /* [n] generated tokens, the stop token included */
+  int *finish; /* [n] enum finish_reason */
 };
 
 struct gen_state;
