@@ -1,1 +1,304 @@
-/* train: in progress */
+/* Training forward/backward over packed variable-length sequences (train.h). Activations are
+ * saved per layer in one allocation; attention probabilities are not stored but recomputed in
+ * the backward from the saved log-sum-exp (memory O(tokens), not O(tokens^2)). */
+#include "train.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "block.h"
+#include "kernels.h"
+
+struct train_state {
+  struct model_config cfg;
+  int cap_tokens, cap_resp, cap_seq_len;
+  float *mem; /* the one allocation all buffers below point into */
+  size_t mem_floats;
+  struct rope_table rope;
+
+  /* saved activations: res[L+1][N,C] and per layer the block_acts slots */
+  float *res;
+  struct block_acts *acts; /* [L] */
+  int *pos;                /* [N] */
+  int *row0, *t_new, *n_past;
+  int *sel_rows;                     /* [R] packed row whose output predicts response token r */
+  int *targets;                      /* [R] */
+  int *tokens;                       /* [N] copy of the last batch's tokens */
+  float *sel_in, *sel_rstd, *sel_xn; /* [R,C], [R], [R,C] */
+  float *probs;                      /* [R,V] */
+  /* backward scratch */
+  float *dres, *dxn, *dq, *dk, *dv, *datt, *dff_a, *dff_b, *dsel, *dsel_in;
+  float *scratch; /* 2 * T * T */
+
+  /* the batch of the last forward */
+  int have_fwd, N, R, n_seq;
+  float inv_temp;
+};
+
+/* Sizes of every buffer in floats, in one place so that train_state_bytes and the allocation
+ * agree. */
+struct layout {
+  size_t res, per_layer, sel, probs, bwd, scratch, total;
+};
+
+static void plan(const struct model_config *c, int N, int R, int T, struct layout *p) {
+  size_t C = c->hidden_size, CQ = (size_t)c->num_heads * c->head_dim,
+         CKV = (size_t)c->num_kv_heads * c->head_dim, FF = c->intermediate_size, NH = c->num_heads,
+         L = c->num_layers, V = c->vocab_size;
+  p->res = (L + 1) * N * C;
+  /* xn1, rstd1, q, k, v, att, lse, x_mid, xn2, rstd2, g, u, h */
+  p->per_layer = N * (C + 1 + CQ + 2 * CKV + CQ + NH + C + C + 1 + 3 * FF);
+  p->sel = (size_t)R * (2 * C + 1);
+  p->probs = (size_t)R * V;
+  p->bwd = N * (2 * C + 2 * CQ + 2 * CKV + 2 * FF) + (size_t)R * 2 * C;
+  p->scratch = 2 * (size_t)T * T;
+  p->total = p->res + L * p->per_layer + p->sel + p->probs + p->bwd + p->scratch;
+}
+
+size_t train_state_bytes(const struct model_config *c, int cap_tokens, int cap_resp,
+                         int cap_seq_len) {
+  struct layout p;
+  plan(c, cap_tokens, cap_resp, cap_seq_len, &p);
+  size_t ints = (size_t)cap_tokens * 5 + (size_t)cap_resp * 2;
+  return p.total * sizeof(float) + ints * sizeof(int) +
+         (size_t)c->num_layers * sizeof(struct block_acts);
+}
+
+void train_state_free(struct train_state *s) {
+  if (!s) return;
+  free(s->mem);
+  free(s->acts);
+  free(s->pos);
+  rope_table_deinit(&s->rope);
+  free(s);
+}
+
+struct train_state *train_state_new(const struct model *m, int cap_tokens, int cap_resp,
+                                    int cap_seq_len, struct dapo_err *e) {
+  const struct model_config *c = &m->cfg;
+  if (cap_tokens < 1 || cap_resp < 1 || cap_seq_len < 1 || cap_resp > cap_tokens ||
+      cap_seq_len > cap_tokens || cap_seq_len > c->max_position_embeddings) {
+    dapo_errf(e, DAPO_EINVAL,
+              "train state capacities: tokens %d, response tokens %d, sequence length %d "
+              "(need 1 <= resp <= tokens, 1 <= seq_len <= min(tokens, max_position_embeddings "
+              "%d))",
+              cap_tokens, cap_resp, cap_seq_len, c->max_position_embeddings);
+    return NULL;
+  }
+  struct train_state *s = calloc(1, sizeof *s);
+  if (!s) goto oom;
+  s->cfg = *c;
+  s->cap_tokens = cap_tokens;
+  s->cap_resp = cap_resp;
+  s->cap_seq_len = cap_seq_len;
+  struct layout p;
+  plan(c, cap_tokens, cap_resp, cap_seq_len, &p);
+  s->mem = dapo_alloc_floats(p.total);
+  s->acts = calloc((size_t)c->num_layers, sizeof *s->acts);
+  s->pos = calloc((size_t)cap_tokens * 5 + (size_t)cap_resp * 2, sizeof(int));
+  if (!s->mem || !s->acts || !s->pos) goto oom;
+  if (rope_table_init(&s->rope, c->max_position_embeddings, c->head_dim, c->rope_theta)) goto oom;
+  s->row0 = s->pos + cap_tokens;
+  s->t_new = s->row0 + cap_tokens;
+  s->n_past = s->t_new + cap_tokens;
+  s->sel_rows = s->n_past + cap_tokens;
+  s->targets = s->sel_rows + cap_resp;
+  s->tokens = s->targets + cap_resp;
+
+  size_t N = cap_tokens, R = cap_resp, C = c->hidden_size, CQ = (size_t)c->num_heads * c->head_dim,
+         CKV = (size_t)c->num_kv_heads * c->head_dim, FF = c->intermediate_size;
+  float *q = s->mem;
+#define TAKE(n) (q += (n), q - (n))
+  s->res = TAKE(p.res);
+  for (int l = 0; l < c->num_layers; l++) {
+    struct block_acts *a = &s->acts[l];
+    a->x_in = s->res + (size_t)l * N * C;
+    a->x_out = s->res + (size_t)(l + 1) * N * C;
+    a->xn1 = TAKE(N * C);
+    a->rstd1 = TAKE(N);
+    a->q = TAKE(N * CQ);
+    a->k = TAKE(N * CKV);
+    a->v = TAKE(N * CKV);
+    a->att = TAKE(N * CQ);
+    a->lse = TAKE(N * c->num_heads);
+    a->x_mid = TAKE(N * C);
+    a->xn2 = TAKE(N * C);
+    a->rstd2 = TAKE(N);
+    a->g = TAKE(N * FF);
+    a->u = TAKE(N * FF);
+    a->h = TAKE(N * FF);
+  }
+  s->sel_in = TAKE(R * C);
+  s->sel_xn = TAKE(R * C);
+  s->sel_rstd = TAKE(R);
+  s->probs = TAKE(R * (size_t)c->vocab_size);
+  s->dres = TAKE(N * C);
+  s->dxn = TAKE(N * C);
+  s->dq = TAKE(N * CQ);
+  s->datt = TAKE(N * CQ);
+  s->dk = TAKE(N * CKV);
+  s->dv = TAKE(N * CKV);
+  s->dff_a = TAKE(N * FF);
+  s->dff_b = TAKE(N * FF);
+  s->dsel = TAKE(R * C);
+  s->dsel_in = TAKE(R * C);
+  s->scratch = TAKE(p.scratch);
+#undef TAKE
+  s->mem_floats = p.total;
+  return s;
+oom:
+  train_state_free(s);
+  dapo_errf(e, DAPO_ENOMEM, "out of memory allocating training activations (%zu MiB)",
+            train_state_bytes(c, cap_tokens, cap_resp, cap_seq_len) >> 20);
+  return NULL;
+}
+
+int fwd_batch_resp_tokens(const struct fwd_batch *b) {
+  int r = 0;
+  for (int i = 0; i < b->n_seq; i++) r += b->seq_off[i + 1] - b->seq_off[i] - b->prompt_len[i];
+  return r;
+}
+
+int fwd_batch_validate(const struct train_state *s, const struct model *m,
+                       const struct fwd_batch *b, struct dapo_err *e) {
+  if (b->n_seq < 1 || b->seq_off[0] != 0)
+    return dapo_errf(e, DAPO_EINVAL, "batch: needs at least one sequence and seq_off[0] == 0");
+  long R = 0;
+  for (int i = 0; i < b->n_seq; i++) {
+    int len = b->seq_off[i + 1] - b->seq_off[i];
+    if (len < 1 || len > s->cap_seq_len)
+      return dapo_errf(e, DAPO_ERANGE, "batch: sequence %d has length %d (capacity %d)", i, len,
+                       s->cap_seq_len);
+    if (b->prompt_len[i] < 1 || b->prompt_len[i] > len)
+      return dapo_errf(e, DAPO_EINVAL, "batch: sequence %d: prompt length %d not in [1, %d]", i,
+                       b->prompt_len[i], len);
+    R += len - b->prompt_len[i];
+    if (b->seq_off[i + 1] > s->cap_tokens)
+      return dapo_errf(e, DAPO_ERANGE, "batch: %d tokens exceed the capacity %d", b->seq_off[i + 1],
+                       s->cap_tokens);
+  }
+  if (R > s->cap_resp)
+    return dapo_errf(e, DAPO_ERANGE, "batch: %ld response tokens exceed the capacity %d", R,
+                     s->cap_resp);
+  int V = m->cfg.vocab_size;
+  for (int i = 0; i < b->seq_off[b->n_seq]; i++)
+    if (b->tokens[i] < 0 || b->tokens[i] >= V)
+      return dapo_errf(e, DAPO_EINVAL, "batch: token %d at index %d outside the vocabulary (%d)",
+                       b->tokens[i], i, V);
+  return 0;
+}
+
+int train_forward(struct train_state *s, const struct model *m, const struct fwd_batch *b,
+                  float inv_temp, float *logp, float *entropy, struct dapo_err *e) {
+  int rc = fwd_batch_validate(s, m, b, e);
+  if (rc) return rc;
+  const struct model_config *c = &m->cfg;
+  int C = c->hidden_size, V = c->vocab_size, N = b->seq_off[b->n_seq];
+  s->have_fwd = 0;
+
+  /* sequence layout, positions, response rows and targets */
+  int R = 0;
+  for (int i = 0; i < b->n_seq; i++) {
+    int r0 = b->seq_off[i], len = b->seq_off[i + 1] - r0;
+    s->row0[i] = r0;
+    s->t_new[i] = len;
+    s->n_past[i] = 0;
+    for (int t = 0; t < len; t++) s->pos[r0 + t] = t;
+    for (int t = b->prompt_len[i]; t < len; t++) {
+      s->sel_rows[R] = r0 + t - 1;
+      s->targets[R] = b->tokens[r0 + t];
+      R++;
+    }
+  }
+
+  /* embeddings */
+  for (int n = 0; n < N; n++)
+    memcpy(s->res + (size_t)n * C, m->w.tok_emb + (size_t)b->tokens[n] * C, sizeof(float) * C);
+
+  struct block_seqs bs = {
+      .n_seq = b->n_seq, .row0 = s->row0, .t_new = s->t_new, .n_past = s->n_past, .pos = s->pos};
+  for (int l = 0; l < c->num_layers; l++)
+    block_forward(c, &m->w.layers[l], &s->acts[l], &bs, N, &s->rope, s->scratch);
+
+  /* final norm and LM head only on the rows that predict response tokens */
+  const float *last = s->acts[c->num_layers - 1].x_out;
+  for (int r = 0; r < R; r++)
+    memcpy(s->sel_in + (size_t)r * C, last + (size_t)s->sel_rows[r] * C, sizeof(float) * C);
+  if (R > 0) {
+    rmsnorm_forward(s->sel_xn, s->sel_rstd, s->sel_in, m->w.final_norm, R, C, c->rms_norm_eps);
+    matmul_forward(s->probs, s->sel_xn, m->w.lm_head, NULL, R, C, V, 0.0f);
+    classifier_forward(s->probs, logp, entropy, s->targets, R, V, inv_temp);
+  }
+
+  s->have_fwd = 1;
+  s->N = N;
+  s->R = R;
+  s->n_seq = b->n_seq;
+  s->inv_temp = inv_temp;
+  memcpy(s->tokens, b->tokens, sizeof(int) * (size_t)N);
+  return 0;
+}
+
+int train_backward(struct train_state *s, struct model *m, const float *dlogp, struct dapo_err *e) {
+  if (!s->have_fwd)
+    return dapo_errf(e, DAPO_EINVAL, "train_backward: no forward pass to differentiate");
+  if (!m->grads) return dapo_errf(e, DAPO_EINVAL, "train_backward: gradients not allocated");
+  s->have_fwd = 0;
+  const struct model_config *c = &m->cfg;
+  int C = c->hidden_size, V = c->vocab_size, N = s->N, R = s->R, L = c->num_layers;
+  int HS = c->head_dim, NH = c->num_heads, NKV = c->num_kv_heads, FF = c->intermediate_size;
+  int CQ = NH * HS, CKV = NKV * HS, n_rep = NH / NKV;
+
+  memset(s->dres, 0, sizeof(float) * (size_t)N * C);
+  if (R > 0) {
+    classifier_backward(s->probs, dlogp, s->targets, R, V, s->inv_temp);
+    matmul_backward(s->dsel, m->g.lm_head, NULL, s->probs, s->sel_xn, m->w.lm_head, R, C, V, 0.0f);
+    memset(s->dsel_in, 0, sizeof(float) * (size_t)R * C);
+    rmsnorm_backward(s->dsel_in, m->g.final_norm, s->dsel, s->sel_in, m->w.final_norm, s->sel_rstd,
+                     R, C);
+    for (int r = 0; r < R; r++) {
+      float *d = s->dres + (size_t)s->sel_rows[r] * C;
+      const float *src = s->dsel_in + (size_t)r * C;
+      for (int i = 0; i < C; i++) d[i] += src[i];
+    }
+  }
+
+  for (int l = L - 1; l >= 0; l--) {
+    const struct block_acts *a = &s->acts[l];
+    const struct layer_views *w = &m->w.layers[l];
+    struct layer_views *g = &m->g.layers[l];
+    /* MLP: x_out = x_mid + down(silu(gate(xn2)) * up(xn2)) */
+    matmul_backward(s->dff_a, g->w_down, NULL, s->dres, a->h, w->w_down, N, FF, C, 0.0f);
+    swiglu_backward(s->dff_a, s->dff_b, s->dff_a, a->g, a->u, (size_t)N * FF);
+    matmul_backward(s->dxn, g->w_gate, NULL, s->dff_a, a->xn2, w->w_gate, N, C, FF, 0.0f);
+    matmul_backward(s->dxn, g->w_up, NULL, s->dff_b, a->xn2, w->w_up, N, C, FF, 1.0f);
+    rmsnorm_backward(s->dres, g->ffn_norm, s->dxn, a->x_mid, w->ffn_norm, a->rstd2, N, C);
+
+    /* attention: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)) */
+    matmul_backward(s->datt, g->wo, NULL, s->dres, a->att, w->wo, N, CQ, C, 0.0f);
+    memset(s->dq, 0, sizeof(float) * (size_t)N * CQ);
+    memset(s->dk, 0, sizeof(float) * (size_t)N * CKV);
+    memset(s->dv, 0, sizeof(float) * (size_t)N * CKV);
+    for (int i = 0; i < s->n_seq; i++) {
+      size_t r0 = s->row0[i];
+      int T = s->t_new[i];
+      for (int kv = 0; kv < NKV; kv++)
+        attention_backward(s->dq + r0 * CQ, s->dk + r0 * CKV, s->dv + r0 * CKV, s->datt + r0 * CQ,
+                           a->q + r0 * CQ, a->k + r0 * CKV, a->v + r0 * CKV, a->lse + r0 * NH, T,
+                           kv * n_rep, n_rep, kv, HS, CQ, CKV, CQ, NH, s->scratch);
+    }
+    rope_backward(s->dq, s->pos, N, CQ, NH, HS, &s->rope);
+    rope_backward(s->dk, s->pos, N, CKV, NKV, HS, &s->rope);
+    matmul_backward(s->dxn, g->wq, g->bq, s->dq, a->xn1, w->wq, N, C, CQ, 0.0f);
+    matmul_backward(s->dxn, g->wk, g->bk, s->dk, a->xn1, w->wk, N, C, CKV, 1.0f);
+    matmul_backward(s->dxn, g->wv, g->bv, s->dv, a->xn1, w->wv, N, C, CKV, 1.0f);
+    rmsnorm_backward(s->dres, g->attn_norm, s->dxn, a->x_in, w->attn_norm, a->rstd1, N, C);
+  }
+
+  for (int n = 0; n < N; n++) {
+    float *d = m->g.tok_emb + (size_t)s->tokens[n] * C;
+    const float *src = s->dres + (size_t)n * C;
+    for (int i = 0; i < C; i++) d[i] += src[i];
+  }
+  return 0;
+}

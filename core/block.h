@@ -1,0 +1,35 @@
+/* Internal: one transformer block's forward over packed rows, shared by training (activations
+ * saved per layer, keys/values in the packed buffers) and generation (one scratch set reused by
+ * every layer, keys/values appended to a KV cache). Not part of the public API. */
+#ifndef DAPO_BLOCK_H
+#define DAPO_BLOCK_H
+
+#include "kernels.h"
+#include "model.h"
+
+/* One layer's activations over N packed rows. x_in, x_mid and x_out may all be the same buffer
+ * (in-place residual stream, for inference). Shapes: x_* xn* [N,C], rstd* [N], q/att [N,CQ],
+ * k/v [N,CKV], lse [N,NH] (may be NULL), g/u/h [N,FF]. */
+struct block_acts {
+  float *x_in, *xn1, *rstd1, *q, *k, *v, *att, *lse, *x_mid, *xn2, *rstd2, *g, *u, *h, *x_out;
+};
+
+/* How the packed rows split into sequences. Sequence s owns rows row0[s] .. row0[s]+t_new[s]-1 at
+ * positions n_past[s]... With cache_k == NULL (training) n_past must be 0 and the context is the
+ * packed k/v rows themselves; otherwise new keys/values are copied into the cache at
+ * [slot[s] * cap_t + n_past[s]] and attention reads the cache. */
+struct block_seqs {
+  int n_seq;
+  const int *row0, *t_new, *n_past;
+  const int *pos;           /* [N] position of each row */
+  float *cache_k, *cache_v; /* this layer's cache, [slots * cap_t, CKV], or NULL */
+  const int *slot;
+  int cap_t;
+};
+
+/* scratch: at least max over sequences of t_new * (n_past + t_new) floats. */
+void block_forward(const struct model_config *c, const struct layer_views *w,
+                   const struct block_acts *a, const struct block_seqs *s, int N,
+                   const struct rope_table *rope, float *scratch);
+
+#endif

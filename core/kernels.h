@@ -1,0 +1,77 @@
+/* Forward/backward kernel pairs of the transformer, each with one argument order: outputs, saved
+ * statistics, inputs, weights, then dimensions. Backward kernels accumulate (+=) into gradients.
+ * Beside each optimised kernel is a naive reference loop (suffix _ref) that the tests compare it
+ * with. Row-major throughout.
+ *
+ * Legend: N rows (tokens), C hidden, IN/OUT linear dims, FF intermediate, V vocab, HS head size,
+ * NH query heads, NKV key/value heads, T sequence length (context). */
+#ifndef DAPO_KERNELS_H
+#define DAPO_KERNELS_H
+
+#include <stddef.h>
+
+/* out[N,C] = inp[N,C] * rstd[n] * w[C], rstd[n] = 1/sqrt(mean(inp[n]^2) + eps). */
+void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C,
+                     float eps);
+/* dinp[N,C] += ..., dw[C] += ... (dw may be NULL). */
+void rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                      const float *rstd, int N, int C);
+
+/* out[N,OUT] = inp[N,IN] . w[OUT,IN]^T + bias[OUT] (bias may be NULL); beta 1 accumulates into out
+ * (bias is then still added). GEMV when N == 1. */
+void matmul_forward(float *out, const float *inp, const float *w, const float *bias, int N, int IN,
+                    int OUT, float beta);
+void matmul_forward_ref(float *out, const float *inp, const float *w, const float *bias, int N,
+                        int IN, int OUT);
+/* dinp[N,IN] (+= when dinp_beta 1, = when 0; may be NULL), dw[OUT,IN] +=, dbias[OUT] += (may be
+ * NULL). */
+void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                     const float *w, int N, int IN, int OUT, float dinp_beta);
+
+/* RoPE, Hugging Face rotate_half convention: for i < HS/2, (x[i], x[i+HS/2]) rotated by
+ * pos * theta^(-2i/HS). cos/sin tables are [max_pos, HS/2]. x rows have stride ld, nh heads. */
+struct rope_table {
+  int max_pos, half;
+  float *cos, *sin; /* owned */
+};
+int rope_table_init(struct rope_table *t, int max_pos, int head_dim, float theta);
+void rope_table_deinit(struct rope_table *t);
+void rope_forward(float *x, const int *pos, int N, int ld, int nh, int HS,
+                  const struct rope_table *t);
+/* In place: dx = R^T dx (the inverse rotation). */
+void rope_backward(float *dx, const int *pos, int N, int ld, int nh, int HS,
+                   const struct rope_table *t);
+
+/* h = silu(g) * u over n elements. */
+void swiglu_forward(float *h, const float *g, const float *u, size_t n);
+/* dg = dh * u * silu'(g), du = dh * silu(g) (overwrite; dg may alias dh). */
+void swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u,
+                     size_t n);
+
+/* Causal attention of t_new query rows at positions n_past..n_past+t_new-1 against n_ctx =
+ * n_past + t_new context rows, for the n_rep query heads h0..h0+n_rep-1 that share KV head kvh.
+ * q: [t_new, ldq] (head h at column h*HS), k/v: [n_ctx, ldkv] (head kvh at column kvh*HS),
+ * out: [t_new, ldo], lse: [t_new, NH] log-sum-exp of the scaled scores (may be NULL).
+ * scratch: t_new * n_ctx floats. */
+void attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                       int t_new, int n_past, int h0, int n_rep, int kvh, int HS, int ldq, int ldkv,
+                       int ldo, int NH, float *scratch);
+void attention_forward_ref(float *out, const float *q, const float *k, const float *v, int t_new,
+                           int n_past, int h0, int n_rep, int kvh, int HS, int ldq, int ldkv,
+                           int ldo);
+/* Backward for n_past == 0 (training): recomputes P from q, k and lse. dq/dk/dv accumulate.
+ * scratch: 2 * T * T floats. */
+void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                        const float *k, const float *v, const float *lse, int T, int h0, int n_rep,
+                        int kvh, int HS, int ldq, int ldkv, int ldo, int NH, float *scratch);
+
+/* For each of R rows of logits [R,V]: z = logits * inv_temp; logp[r] = z[y_r] - logsumexp(z);
+ * entropy[r] = H(softmax(z)); then the row is replaced by softmax(z) (saved for the backward).
+ * logp/entropy may be NULL. */
+void classifier_forward(float *logits, float *logp, float *entropy, const int *targets, int R,
+                        int V, float inv_temp);
+/* probs [R,V] in place -> dlogits: w[r] * inv_temp * (onehot(y_r) - p). */
+void classifier_backward(float *probs, const float *w, const int *targets, int R, int V,
+                         float inv_temp);
+
+#endif
