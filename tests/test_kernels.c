@@ -1,0 +1,149 @@
+/* Optimised kernels against their naive reference loops: the GEMM/GEMV linear layer, attention
+ * (training prefill, and decoding against a cache with n_past > 0, GQA head groups), RoPE
+ * (backward is the exact inverse rotation), RMSNorm/SwiGLU backward against finite differences,
+ * and the fused classifier against a double-precision log-softmax. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "kernels.h"
+#include "rng.h"
+
+static struct rng R;
+
+static float *rnd(size_t n, float scale) {
+  float *x = malloc(n * sizeof(float));
+  for (size_t i = 0; i < n; i++) x[i] = scale * (float)rng_normal(&R);
+  return x;
+}
+
+static float maxdiff(const float *a, const float *b, size_t n) {
+  float m = 0;
+  for (size_t i = 0; i < n; i++) {
+    float d = fabsf(a[i] - b[i]);
+    m = d > m ? d : m;
+  }
+  return m;
+}
+
+static void test_matmul(int N, int IN, int OUT) {
+  float *x = rnd((size_t)N * IN, 1), *w = rnd((size_t)OUT * IN, 0.2f), *b = rnd(OUT, 1);
+  float *y = calloc((size_t)N * OUT, sizeof(float)), *yr = calloc((size_t)N * OUT, sizeof(float));
+  matmul_forward(y, x, w, b, N, IN, OUT, 0.0f);
+  matmul_forward_ref(yr, x, w, b, N, IN, OUT);
+  CHECK_MSG(maxdiff(y, yr, (size_t)N * OUT) < 1e-4f, "matmul N=%d IN=%d OUT=%d: %g", N, IN, OUT,
+            (double)maxdiff(y, yr, (size_t)N * OUT));
+  free(x), free(w), free(b), free(y), free(yr);
+}
+
+static void test_attention(int t_new, int n_past, int NH, int NKV, int HS) {
+  int n_ctx = n_past + t_new, CQ = NH * HS, CKV = NKV * HS, rep = NH / NKV;
+  float *q = rnd((size_t)t_new * CQ, 1), *k = rnd((size_t)n_ctx * CKV, 1),
+        *v = rnd((size_t)n_ctx * CKV, 1);
+  float *o = calloc((size_t)t_new * CQ, sizeof(float)), *orf = calloc((size_t)t_new * CQ, 4);
+  float *lse = calloc((size_t)t_new * NH, 4), *scr = calloc((size_t)t_new * n_ctx, 4);
+  for (int g = 0; g < NKV; g++) {
+    attention_forward(o, lse, q, k, v, t_new, n_past, g * rep, rep, g, HS, CQ, CKV, CQ, NH, scr);
+    attention_forward_ref(orf, q, k, v, t_new, n_past, g * rep, rep, g, HS, CQ, CKV, CQ);
+  }
+  CHECK_MSG(maxdiff(o, orf, (size_t)t_new * CQ) < 1e-5f, "attention t=%d past=%d: %g", t_new,
+            n_past, (double)maxdiff(o, orf, (size_t)t_new * CQ));
+  free(q), free(k), free(v), free(o), free(orf), free(lse), free(scr);
+}
+
+static void test_rope(void) {
+  struct rope_table t;
+  CHECK(rope_table_init(&t, 64, 8, 10000.0f) == 0);
+  int pos[5] = {0, 3, 17, 63, 5};
+  float *x = rnd(5 * 16, 1), *y = malloc(5 * 16 * sizeof(float));
+  memcpy(y, x, 5 * 16 * sizeof(float));
+  rope_forward(y, pos, 5, 16, 2, 8, &t);
+  /* position 0 is the identity; norms are preserved; backward inverts */
+  CHECK(maxdiff(x, y, 16) == 0.0f);
+  double nx = 0, ny = 0;
+  for (int i = 0; i < 80; i++) nx += (double)x[i] * x[i], ny += (double)y[i] * y[i];
+  CHECK_NEAR(nx, ny, 1e-4 * nx);
+  rope_backward(y, pos, 5, 16, 2, 8, &t);
+  CHECK(maxdiff(x, y, 80) < 1e-5f);
+  /* one rotation by hand: pos 3, pair i=1 rotates by 3 * 10000^(-2/8) */
+  float a = 3.0f * powf(10000.0f, -0.25f);
+  float z[8] = {0, 1, 0, 0, 0, 0, 0, 0};
+  int p3 = 3;
+  rope_forward(z, &p3, 1, 8, 1, 8, &t);
+  CHECK_NEAR(z[1], cosf(a), 1e-6);
+  CHECK_NEAR(z[5], sinf(a), 1e-6);
+  rope_table_deinit(&t);
+  free(x), free(y);
+}
+
+/* d/dx of sum(r * f(x)) by central differences in double-checked float. */
+static void test_rmsnorm_swiglu(void) {
+  enum { N = 3, C = 7 };
+  float *x = rnd(N * C, 1), *w = rnd(C, 1), *dy = rnd(N * C, 1);
+  float y[N * C], rstd[N], dx[N * C] = {0}, dw[C] = {0};
+  rmsnorm_forward(y, rstd, x, w, N, C, 1e-5f);
+  rmsnorm_backward(dx, dw, dy, x, w, rstd, N, C);
+  for (int i = 0; i < N * C; i++) {
+    float old = x[i], h = 1e-2f;
+    double l[2];
+    for (int s = 0; s < 2; s++) {
+      x[i] = old + (s ? -h : h);
+      rmsnorm_forward(y, rstd, x, w, N, C, 1e-5f);
+      l[s] = 0;
+      for (int j = 0; j < N * C; j++) l[s] += (double)dy[j] * y[j];
+    }
+    x[i] = old;
+    CHECK_NEAR(dx[i], (l[0] - l[1]) / (2 * h), 2e-3 + 1e-2 * fabs(dx[i]));
+  }
+  float g[C], u[C], hh[C], dg[C], du[C];
+  for (int i = 0; i < C; i++) g[i] = (float)i - 3.0f, u[i] = 0.5f * (float)i - 1.0f;
+  swiglu_forward(hh, g, u, C);
+  float ones[C];
+  for (int i = 0; i < C; i++) ones[i] = 1.0f;
+  swiglu_backward(dg, du, ones, g, u, C);
+  for (int i = 0; i < C; i++) {
+    double gi = g[i], sig = 1 / (1 + exp(-gi));
+    CHECK_NEAR(hh[i], gi * sig * u[i], 1e-6);
+    double e = 1e-3, fp = (gi + e) / (1 + exp(-(gi + e))), fm = (gi - e) / (1 + exp(-(gi - e)));
+    CHECK_NEAR(dg[i], u[i] * (fp - fm) / (2 * e), 1e-4);
+    CHECK_NEAR(du[i], gi * sig, 1e-6);
+  }
+  free(x), free(w), free(dy);
+}
+
+static void test_classifier(void) {
+  enum { Rr = 4, V = 50 };
+  float *z = rnd(Rr * V, 3), *zc = malloc(sizeof(float) * Rr * V);
+  memcpy(zc, z, sizeof(float) * Rr * V);
+  int tg[Rr] = {0, 7, 49, 13};
+  float lp[Rr], ent[Rr], it = 1.0f / 0.6f;
+  classifier_forward(z, lp, ent, tg, Rr, V, it);
+  for (int r = 0; r < Rr; r++) {
+    double m = -1e30, s = 0, pz = 0;
+    for (int j = 0; j < V; j++) m = fmax(m, (double)zc[r * V + j] * it);
+    for (int j = 0; j < V; j++) s += exp((double)zc[r * V + j] * it - m);
+    double lse = m + log(s);
+    for (int j = 0; j < V; j++) {
+      double zz = (double)zc[r * V + j] * it, p = exp(zz - lse);
+      pz += p * zz;
+      CHECK_NEAR(z[r * V + j], p, 1e-6);
+    }
+    CHECK_NEAR(lp[r], zc[r * V + tg[r]] * it - lse, 1e-5);
+    CHECK_NEAR(ent[r], lse - pz, 1e-5);
+  }
+  free(z), free(zc);
+}
+
+int main(void) {
+  rng_seed(&R, 5, 5);
+  test_matmul(1, 33, 17); /* GEMV path */
+  test_matmul(16, 64, 48);
+  test_matmul(37, 100, 3);
+  test_attention(9, 0, 4, 2, 8);  /* training prefill, GQA */
+  test_attention(1, 12, 4, 1, 8); /* one decoding step against a cache, MQA */
+  test_attention(3, 5, 6, 6, 4);  /* several new tokens after a cached prefix, MHA */
+  test_rope();
+  test_rmsnorm_swiglu();
+  test_classifier();
+  return check_done("test_kernels");
+}
