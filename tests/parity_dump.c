@@ -1,0 +1,306 @@
+/* Helper of tests/test_torch_parity.py (label torch): for several small model configs, builds a
+ * random model, saves it with ckpt_save (F32, and BF16 for some), and writes OUTDIR/parity.json
+ * with the packed batch, our log-probs and entropies (train_forward), every gradient tensor of
+ * sum_t w_t * logp_t (train_backward), and the parameters after 3 AdamW steps, for the PyTorch
+ * reference (tests/torch_ref/llama.py) to recompute independently.
+ * Usage: parity_dump OUTDIR (OUTDIR must exist; the checkpoint folders must not). */
+#include <stdio.h>
+#include <string.h>
+
+#include "adamw.h"
+#include "checkpoint.h"
+#include "model.h"
+#include "rng.h"
+#include "train.h"
+
+#define MAX_SEQ 4
+#define MAX_TOK 64
+
+struct pcase {
+  const char *name;
+  struct model_config cfg;
+  float inv_temp;
+  int n_seq;
+  int lens[MAX_SEQ], plen[MAX_SEQ];
+  int bf16; /* also save as BF16, reload with ckpt_load, and dump that model's log-probs */
+};
+
+static json_t *floats_json(const float *x, size_t n) {
+  json_t *a = json_array();
+  for (size_t i = 0; i < n; i++) json_array_append_new(a, json_real((double)x[i]));
+  return a;
+}
+
+static json_t *ints_json(const int *x, size_t n) {
+  json_t *a = json_array();
+  for (size_t i = 0; i < n; i++) json_array_append_new(a, json_integer(x[i]));
+  return a;
+}
+
+/* {name: flat values} of every tensor of m's table, read from buf (laid out like m->params). */
+static json_t *tensors_json(const struct model *m, const float *buf) {
+  json_t *o = json_object();
+  for (int i = 0; i < m->n_tensors; i++) {
+    const struct param_info *p = &m->tensors[i];
+    json_object_set_new(o, p->name, floats_json(buf + p->offset, p->numel));
+  }
+  return o;
+}
+
+static int fail(const char *what, const struct dapo_err *e) {
+  fprintf(stderr, "parity_dump: %s: %s\n", what, e->msg);
+  return -1;
+}
+
+/* Forward on b, then (if w) zeroed gradients and the backward of sum_t w_t * logp_t. */
+static int fwd_bwd(struct train_state *s, struct model *m, const struct fwd_batch *b,
+                   float inv_temp, float *logp, float *ent, const float *w, struct dapo_err *e) {
+  int rc = train_forward(s, m, b, inv_temp, logp, ent, e);
+  if (rc || !w) return rc;
+  model_zero_grads(m);
+  return train_backward(s, m, w, e);
+}
+
+static int run_case(const char *outdir, const struct pcase *pc, uint64_t seed, json_t *cases) {
+  struct dapo_err e = {0};
+  struct model *m = NULL, *mb = NULL;
+  struct train_state *s = NULL, *sb = NULL;
+  struct adamw opt = {0};
+  int rc = -1;
+  char dir[512], dir_bf16[512];
+  snprintf(dir, sizeof dir, "%s/%s", outdir, pc->name);
+  snprintf(dir_bf16, sizeof dir_bf16, "%s/%s-bf16", outdir, pc->name);
+
+  m = model_new(&pc->cfg, &e);
+  if (!m) return fail(pc->name, &e);
+  model_init_random(m, seed);
+  /* nothing trivial: norms ~ 1 + N(0, 0.3^2), biases ~ N(0, 0.3^2) */
+  struct rng r;
+  rng_seed(&r, seed, 99);
+  for (int i = 0; i < m->n_tensors; i++) {
+    const struct param_info *p = &m->tensors[i];
+    if (p->ndim == 1)
+      for (size_t k = 0; k < p->numel; k++)
+        m->params[p->offset + k] += 0.3f * (float)rng_normal(&r);
+  }
+  if (ckpt_save(dir, m, NULL, NULL, 0, &e)) {
+    fail("ckpt_save", &e);
+    goto out;
+  }
+  if (pc->bf16 && ckpt_save(dir_bf16, m, NULL, NULL, 1, &e)) {
+    fail("ckpt_save bf16", &e);
+    goto out;
+  }
+
+  /* the packed batch and the loss weights */
+  int off[MAX_SEQ + 1] = {0}, tokens[MAX_TOK];
+  for (int i = 0; i < pc->n_seq; i++) off[i + 1] = off[i] + pc->lens[i];
+  for (int i = 0; i < off[pc->n_seq]; i++)
+    tokens[i] = (int)rng_below(&r, (uint64_t)pc->cfg.vocab_size);
+  struct fwd_batch b = {
+      .n_seq = pc->n_seq, .tokens = tokens, .seq_off = off, .prompt_len = pc->plen};
+  int R = fwd_batch_resp_tokens(&b);
+  float w[MAX_TOK], logp[MAX_TOK], ent[MAX_TOK];
+  for (int i = 0; i < R; i++) w[i] = (float)rng_normal(&r);
+
+  s = train_state_new(m, MAX_TOK, MAX_TOK, MAX_TOK, &e);
+  if (!s || model_alloc_grads(m, &e)) {
+    fail(pc->name, &e);
+    goto out;
+  }
+  if (fwd_bwd(s, m, &b, pc->inv_temp, logp, ent, w, &e)) {
+    fail("forward/backward", &e);
+    goto out;
+  }
+
+  json_t *c = json_object();
+  json_array_append_new(cases, c);
+  json_t *seqs = json_array();
+  for (int i = 0; i < pc->n_seq; i++)
+    json_array_append_new(seqs, json_pack("{s:o, s:i}", "tokens",
+                                          ints_json(tokens + off[i], (size_t)pc->lens[i]),
+                                          "prompt_len", pc->plen[i]));
+  json_object_set_new(c, "name", json_string(pc->name));
+  json_object_set_new(c, "dir", json_string(dir));
+  json_object_set_new(c, "inv_temp", json_real(pc->inv_temp));
+  json_object_set_new(c, "seqs", seqs);
+  json_object_set_new(c, "weights", floats_json(w, (size_t)R));
+  json_object_set_new(c, "logp", floats_json(logp, (size_t)R));
+  json_object_set_new(c, "entropy", floats_json(ent, (size_t)R));
+  json_object_set_new(c, "grads", tensors_json(m, m->grads));
+
+  /* the BF16 checkpoint, read back by ckpt_load */
+  if (pc->bf16) {
+    if (ckpt_load(dir_bf16, &mb, NULL, &e)) {
+      fail("ckpt_load bf16", &e);
+      goto out;
+    }
+    sb = train_state_new(mb, MAX_TOK, MAX_TOK, MAX_TOK, &e);
+    if (!sb || fwd_bwd(sb, mb, &b, pc->inv_temp, logp, ent, NULL, &e)) {
+      fail("bf16 forward", &e);
+      goto out;
+    }
+    json_object_set_new(c, "bf16",
+                        json_pack("{s:s, s:o, s:o}", "dir", dir_bf16, "logp",
+                                  floats_json(logp, (size_t)R), "entropy",
+                                  floats_json(ent, (size_t)R)));
+  }
+
+  /* 3 AdamW steps on the same batch: weight decay, clipping (the norm is >> grad_clip), warm-up.
+   * Adam divides by sqrt(v) + eps, which turns float32 noise in a near-zero gradient entry into an
+   * update of up to lr * noise / eps. eps = 1e-4 sits well below the clipped per-entry gradients
+   * (~2e-3) but keeps that amplification below ~1e-6 per step, while the updates themselves
+   * (~lr = 1e-3 per step, weight decay ~4e-5 per step on matrices) stay far above the 1e-5 the
+   * test allows. */
+  struct adamw_cfg oc = {.lr = 1e-3f,
+                         .beta1 = 0.9f,
+                         .beta2 = 0.95f,
+                         .eps = 1e-4f,
+                         .weight_decay = 0.2f,
+                         .grad_clip = 0.5f,
+                         .warmup_steps = 2};
+  if (adamw_init(&opt, m, &oc, &e)) {
+    fail("adamw_init", &e);
+    goto out;
+  }
+  json_t *steps = json_array();
+  for (int t = 0; t < 3; t++) {
+    double norm = 0;
+    float lr = adamw_lr_at(&oc, t);
+    if (fwd_bwd(s, m, &b, pc->inv_temp, logp, ent, w, &e) || adamw_step(&opt, m, lr, &norm, &e)) {
+      json_decref(steps);
+      fail("adamw", &e);
+      goto out;
+    }
+    json_array_append_new(steps, json_pack("{s:f, s:f, s:o}", "lr", (double)lr, "grad_norm", norm,
+                                           "logp", floats_json(logp, (size_t)R)));
+  }
+  json_object_set_new(c, "adamw",
+                      json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:i, s:o, s:o}", "lr",
+                                (double)oc.lr, "beta1", (double)oc.beta1, "beta2", (double)oc.beta2,
+                                "eps", (double)oc.eps, "weight_decay", (double)oc.weight_decay,
+                                "grad_clip", (double)oc.grad_clip, "warmup_steps", oc.warmup_steps,
+                                "steps", steps, "params", tensors_json(m, m->params)));
+  fprintf(stderr, "parity_dump: %s: %d params, %d response tokens\n", pc->name, (int)m->n_params,
+          R);
+  rc = 0;
+out:
+  adamw_deinit(&opt);
+  train_state_free(sb);
+  train_state_free(s);
+  model_free(mb);
+  model_free(m);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: parity_dump OUTDIR\n");
+    return 2;
+  }
+  struct model_config base = {.arch = ARCH_LLAMA,
+                              .vocab_size = 97,
+                              .hidden_size = 48,
+                              .intermediate_size = 80,
+                              .num_layers = 2,
+                              .num_heads = 6,
+                              .num_kv_heads = 2,
+                              .head_dim = 8,
+                              .max_position_embeddings = 64,
+                              .rms_norm_eps = 1e-6f,
+                              .rope_theta = 10000.0f,
+                              .tie_word_embeddings = 1,
+                              .qkv_bias = 0,
+                              .bos_token_id = 1,
+                              .eos_token_id = 2,
+                              .initializer_range = 0.2f};
+  struct pcase cases[5];
+  int n = 0;
+
+  cases[n] = (struct pcase){.name = "llama-tied-gqa",
+                            .cfg = base,
+                            .inv_temp = 1.0f,
+                            .n_seq = 4,
+                            .lens = {9, 5, 13, 7},
+                            .plen = {4, 1, 6, 7}, /* the last one is all prompt */
+                            .bf16 = 1};
+  n++;
+
+  cases[n] = (struct pcase){.name = "llama-untied-mha-temp",
+                            .cfg = base,
+                            .inv_temp = 1.0f / 0.7f,
+                            .n_seq = 3,
+                            .lens = {11, 6, 16},
+                            .plen = {3, 2, 9}};
+  cases[n].cfg.vocab_size = 64;
+  cases[n].cfg.hidden_size = 32;
+  cases[n].cfg.intermediate_size = 64;
+  cases[n].cfg.num_heads = cases[n].cfg.num_kv_heads = 4;
+  cases[n].cfg.tie_word_embeddings = 0;
+  cases[n].cfg.rms_norm_eps = 1e-5f;
+  n++;
+
+  cases[n] = (struct pcase){.name = "qwen2-bias-untied-gqa",
+                            .cfg = base,
+                            .inv_temp = 1.0f,
+                            .n_seq = 3,
+                            .lens = {12, 8, 10},
+                            .plen = {5, 3, 1},
+                            .bf16 = 1};
+  cases[n].cfg.arch = ARCH_QWEN2;
+  cases[n].cfg.qkv_bias = 1;
+  cases[n].cfg.num_layers = 3;
+  cases[n].cfg.num_heads = 4;
+  cases[n].cfg.num_kv_heads = 2;
+  cases[n].cfg.head_dim = 12;
+  cases[n].cfg.intermediate_size = 96;
+  cases[n].cfg.vocab_size = 80;
+  cases[n].cfg.tie_word_embeddings = 0;
+  cases[n].cfg.rope_theta = 1000000.0f;
+  n++;
+
+  cases[n] = (struct pcase){.name = "qwen2-bias-tied-mqa",
+                            .cfg = base,
+                            .inv_temp = 1.0f / 1.3f,
+                            .n_seq = 4,
+                            .lens = {6, 10, 4, 14},
+                            .plen = {2, 4, 3, 5}};
+  cases[n].cfg.arch = ARCH_QWEN2;
+  cases[n].cfg.qkv_bias = 1;
+  cases[n].cfg.vocab_size = 50;
+  cases[n].cfg.hidden_size = 40;
+  cases[n].cfg.num_heads = 5;
+  cases[n].cfg.num_kv_heads = 1;
+  cases[n].cfg.head_dim = 8;
+  n++;
+
+  cases[n] = (struct pcase){.name = "llama-headdim-untied-gqa",
+                            .cfg = base,
+                            .inv_temp = 1.0f,
+                            .n_seq = 3,
+                            .lens = {15, 9, 12},
+                            .plen = {6, 2, 4}};
+  cases[n].cfg.hidden_size = 32;
+  cases[n].cfg.num_heads = 4;
+  cases[n].cfg.num_kv_heads = 2;
+  cases[n].cfg.head_dim = 16; /* CQ = 64 != C = 32 */
+  cases[n].cfg.tie_word_embeddings = 0;
+  cases[n].cfg.rope_theta = 500000.0f;
+  cases[n].cfg.rms_norm_eps = 1e-5f;
+  n++;
+
+  json_t *root = json_object(), *arr = json_array();
+  json_object_set_new(root, "cases", arr);
+  int rc = 0;
+  for (int i = 0; i < n && !rc; i++) rc = run_case(argv[1], &cases[i], 1000 + (uint64_t)i, arr);
+  if (!rc) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/parity.json", argv[1]);
+    if (json_dump_file(root, path, JSON_COMPACT) != 0) {
+      fprintf(stderr, "parity_dump: cannot write %s\n", path);
+      rc = -1;
+    }
+  }
+  json_decref(root);
+  return rc ? 1 : 0;
+}

@@ -1,0 +1,398 @@
+"""An independent PyTorch reference of the Hugging Face Llama / Qwen2 causal LM.
+
+Written from transformers' semantics (modeling_llama.py / modeling_qwen2.py, eager attention),
+not from our C code: embedding, per layer RMSNorm -> q/k/v projections (biases for Qwen2) ->
+RoPE (rotate_half) -> grouped-query causal attention -> o_proj -> residual, RMSNorm -> SwiGLU
+MLP -> residual, final RMSNorm, lm_head (tied to embed_tokens when tie_word_embeddings).
+Parameter names are transformers' (model.layers.N.self_attn.q_proj.weight, ...), so
+state_dict() keys are exactly the tensor names of a checkpoint.
+
+Checkpoint folders (config.json + model.safetensors) are read by hand: u64 little-endian header
+length, JSON header, raw little-endian bytes; F32, F16 and BF16 become float32. A missing,
+unexpected or misshapen tensor is an error.
+
+Helpers used by tests/test_torch_parity.py and bench/bench_torch.py:
+  load_checkpoint(dir)               -> LlamaForCausalLM
+  response_logprobs(model, seqs, t)  -> per-response-token log-probs and entropies
+  train_step(model, seqs, w, ...)    -> loss = sum_t w_t * logp_t, backward, clip, AdamW step
+  make_adamw(model, ...)             -> torch.optim.AdamW, weight decay on matrices only
+  generate(model, prompt, n, ...)    -> batched sampling with a KV cache (eager torch.cat)
+
+Only the standard library, numpy and torch are used.
+"""
+
+import json
+import math
+import os
+import struct
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# ---------------------------------------------------------------------------------------------
+# config.json
+
+
+class Config:
+    """The keys of config.json that change the maths, with transformers' defaults."""
+
+    def __init__(self, d):
+        mt = d.get("model_type")
+        archs = d.get("architectures") or [None]
+        if mt == "llama" or archs[0] == "LlamaForCausalLM":
+            self.arch = "llama"
+        elif mt == "qwen2" or archs[0] == "Qwen2ForCausalLM":
+            self.arch = "qwen2"
+        else:
+            raise ValueError("config.json: unsupported model_type %r" % (mt,))
+        self.vocab_size = int(d["vocab_size"])
+        self.hidden_size = int(d["hidden_size"])
+        self.intermediate_size = int(d["intermediate_size"])
+        self.num_hidden_layers = int(d["num_hidden_layers"])
+        self.num_attention_heads = int(d["num_attention_heads"])
+        kv = d.get("num_key_value_heads")
+        self.num_key_value_heads = int(kv) if kv is not None else self.num_attention_heads
+        hd = d.get("head_dim")
+        self.head_dim = int(hd) if hd is not None else self.hidden_size // self.num_attention_heads
+        self.rms_norm_eps = float(d.get("rms_norm_eps", 1e-6))
+        self.rope_theta = float(d.get("rope_theta", 10000.0))
+        self.tie_word_embeddings = bool(d.get("tie_word_embeddings", False))
+        self.max_position_embeddings = int(d.get("max_position_embeddings", 2048))
+        # Qwen2 always has q/k/v biases; Llama has them with attention_bias (o_proj too).
+        self.attention_bias = bool(d.get("attention_bias", False))
+        self.qkv_bias = self.arch == "qwen2" or self.attention_bias
+        self.o_bias = self.arch == "llama" and self.attention_bias
+        self.mlp_bias = bool(d.get("mlp_bias", False))
+        if d.get("hidden_act", "silu") != "silu":
+            raise ValueError("config.json: hidden_act %r not supported" % d.get("hidden_act"))
+        if d.get("rope_scaling") is not None:
+            raise ValueError("config.json: rope_scaling not supported")
+        assert self.num_attention_heads % self.num_key_value_heads == 0
+
+    @staticmethod
+    def from_dict(**kw):
+        return Config(kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# safetensors, by hand
+
+_DTYPES = {"F32": ("<f4", 4), "F16": ("<f2", 2), "BF16": ("<u2", 2)}
+
+
+def read_safetensors(path):
+    """Returns ({name: float32 torch.Tensor}, {name: dtype string}, metadata dict or None)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 8:
+        raise ValueError("%s: shorter than the 8-byte header length" % path)
+    (n,) = struct.unpack("<Q", raw[:8])
+    if n < 2 or 8 + n > len(raw):
+        raise ValueError("%s: header length %d out of range" % (path, n))
+    header = json.loads(raw[8 : 8 + n].decode("utf-8"))
+    data = memoryview(raw)[8 + n :]
+    meta = header.pop("__metadata__", None)
+    tensors, dtypes = {}, {}
+    for name, info in header.items():
+        dt = info["dtype"]
+        if dt not in _DTYPES:
+            raise ValueError("%s: tensor %r has dtype %s (need F32, F16 or BF16)" % (path, name, dt))
+        npdt, size = _DTYPES[dt]
+        shape = [int(s) for s in info["shape"]]
+        b, e = info["data_offsets"]
+        numel = int(np.prod(shape)) if shape else 1
+        if not (0 <= b <= e <= len(data)) or e - b != numel * size:
+            raise ValueError("%s: tensor %r: bad data_offsets %r" % (path, name, [b, e]))
+        arr = np.frombuffer(data[b:e], dtype=npdt)
+        if dt == "BF16":  # bfloat16 is the top half of a float32
+            arr = (arr.astype(np.uint32) << 16).view(np.float32)
+        else:
+            arr = arr.astype(np.float32)
+        tensors[name] = torch.from_numpy(arr.copy()).reshape(shape)
+        dtypes[name] = dt
+    return tensors, dtypes, meta
+
+
+# ---------------------------------------------------------------------------------------------
+# the model
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, n, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n))
+        self.eps = eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        h = x.to(torch.float32) if dtype != torch.float64 else x
+        var = h.pow(2).mean(-1, keepdim=True)
+        h = h * torch.rsqrt(var + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim, theta):
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, x, position_ids):
+        # position_ids [B, T] -> cos, sin [B, T, HS] (float32 angles, as transformers)
+        inv = self.inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1)
+        pos = position_ids[:, None, :].float()
+        freqs = (inv @ pos).transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin):
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, T, HS]
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def repeat_kv(x, n_rep):
+    # [B, NKV, T, HS] -> [B, NKV * n_rep, T, HS]
+    if n_rep == 1:
+        return x
+    b, nkv, t, hs = x.shape
+    return x[:, :, None, :, :].expand(b, nkv, n_rep, t, hs).reshape(b, nkv * n_rep, t, hs)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.nh, self.nkv, self.hs = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        C = cfg.hidden_size
+        self.q_proj = nn.Linear(C, self.nh * self.hs, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(C, self.nkv * self.hs, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(C, self.nkv * self.hs, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.nh * self.hs, C, bias=cfg.o_bias)
+
+    def forward(self, x, cos, sin, past=None):
+        """x [B, T, C]; past (k, v) [B, NKV, P, HS] or None. Returns (out, (k, v) with P + T rows)."""
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.nh, self.hs).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.nkv, self.hs).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.nkv, self.hs).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        if past is not None:
+            k = torch.cat((past[0], k), dim=2)
+            v = torch.cat((past[1], v), dim=2)
+        present = (k, v)
+        P = k.shape[2] - T
+        kk, vv = repeat_kv(k, self.nh // self.nkv), repeat_kv(v, self.nh // self.nkv)
+        scores = torch.matmul(q, kk.transpose(2, 3)) / math.sqrt(self.hs)
+        if T > 1:  # query i (position P + i) sees keys 0 .. P + i
+            mask = torch.ones(T, P + T, dtype=torch.bool).triu(P + 1)
+            scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out = torch.matmul(probs, vv).transpose(1, 2).reshape(B, T, self.nh * self.hs)
+        return self.o_proj(out), present
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        C, FF, b = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias
+        self.gate_proj = nn.Linear(C, FF, bias=b)
+        self.up_proj = nn.Linear(C, FF, bias=b)
+        self.down_proj = nn.Linear(FF, C, bias=b)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, past=None):
+        a, present = self.self_attn(self.input_layernorm(x), cos, sin, past)
+        x = x + a
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, present
+
+
+class Model(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList([DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+
+    def forward(self, input_ids, position_ids=None, past=None):
+        B, T = input_ids.shape
+        P = 0 if past is None else past[0][0].shape[2]
+        if position_ids is None:
+            position_ids = torch.arange(P, P + T, dtype=torch.long)[None, :].expand(B, T)
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb(x, position_ids)
+        presents = []
+        for i, layer in enumerate(self.layers):
+            x, pr = layer(x, cos, sin, None if past is None else past[i])
+            presents.append(pr)
+        return self.norm(x), presents
+
+
+class LlamaForCausalLM(nn.Module):
+    """Also Qwen2ForCausalLM: the two differ only in config (q/k/v biases)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.config = cfg
+        self.model = Model(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids, past=None):
+        """input_ids [B, T] -> (logits [B, T, V], new past). Positions continue after past."""
+        h, presents = self.model(input_ids, past=past)
+        return self.lm_head(h), presents
+
+    def tensor_names(self):
+        """The tensor names a checkpoint of this model holds (a tied lm_head has none)."""
+        names = list(self.state_dict().keys())
+        if self.config.tie_word_embeddings:
+            names.remove("lm_head.weight")
+        return names
+
+
+def load_checkpoint(path, dtype=torch.float32):
+    """Loads config.json + model.safetensors from the folder path. Every tensor of the model
+    must be in the file with its exact shape, and nothing else may be (RoPE inv_freq buffers
+    excepted, as transformers ignores them; a tied lm_head.weight only if equal to the
+    embedding). Returns (model in eval mode, {name: file dtype})."""
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = Config(json.load(f))
+    tensors, dtypes, _ = read_safetensors(os.path.join(path, "model.safetensors"))
+    model = LlamaForCausalLM(cfg)
+    expected = model.tensor_names()
+    missing = [n for n in expected if n not in tensors]
+    if missing:
+        raise ValueError("%s: missing tensors %s" % (path, missing))
+    extra = [n for n in tensors if n not in expected and not n.endswith(".rotary_emb.inv_freq")]
+    if cfg.tie_word_embeddings and "lm_head.weight" in extra:
+        if not torch.equal(tensors["lm_head.weight"], tensors["model.embed_tokens.weight"]):
+            raise ValueError("%s: tied lm_head.weight differs from embed_tokens" % path)
+        extra.remove("lm_head.weight")
+    if extra:
+        raise ValueError("%s: unexpected tensors %s" % (path, extra))
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for n in expected:
+            if tuple(tensors[n].shape) != tuple(params[n].shape):
+                raise ValueError(
+                    "%s: tensor %s has shape %s, config implies %s"
+                    % (path, n, list(tensors[n].shape), list(params[n].shape))
+                )
+            params[n].copy_(tensors[n])
+    model.to(dtype)
+    model.eval()
+    return model, {n: dtypes[n] for n in expected}
+
+
+# ---------------------------------------------------------------------------------------------
+# RL helpers
+
+
+def _pad(seqs):
+    """seqs: list of (tokens, prompt_len). Right-padded ids [B, T] (causal attention never lets a
+    real token see the padding after it), plus index tensors of the response positions."""
+    B, T = len(seqs), max(len(t) for t, _ in seqs)
+    ids = torch.zeros(B, T, dtype=torch.long)
+    rows, cols, targets = [], [], []
+    for b, (toks, plen) in enumerate(seqs):
+        assert 1 <= plen <= len(toks)
+        ids[b, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+        for t in range(plen, len(toks)):
+            rows.append(b)
+            cols.append(t - 1)  # the row whose output predicts token t
+            targets.append(toks[t])
+    return ids, torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long), \
+        torch.tensor(targets, dtype=torch.long)
+
+
+def response_logprobs(model, seqs, inv_temp=1.0):
+    """For packed (prompt, response) sequences, the log-prob of every response token and the
+    entropy of softmax(logits * inv_temp) at its position, in order (sequence 0's first).
+    seqs: list of (token list, prompt_len). Returns (logp [R], entropy [R]) with autograd."""
+    ids, rows, cols, targets = _pad(seqs)
+    h, _ = model.model(ids)
+    logits = model.lm_head(h[rows, cols]) * inv_temp  # [R, V]
+    logsm = F.log_softmax(logits, dim=-1)
+    logp = logsm.gather(1, targets[:, None]).squeeze(1)
+    entropy = -(logsm.exp() * logsm).sum(-1)
+    return logp, entropy
+
+
+def make_adamw(model, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+    """torch.optim.AdamW with decoupled weight decay on matrices (2-D) only, as HF trainers."""
+    decay = [p for p in model.parameters() if p.dim() == 2]
+    no_decay = [p for p in model.parameters() if p.dim() != 2]
+    groups = [{"params": decay, "weight_decay": weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
+
+
+def train_step(model, seqs, weights, inv_temp=1.0, opt=None, lr=None, grad_clip=None):
+    """loss = sum_t w_t * logp_t; backward into fresh .grad; optional clip_grad_norm_(grad_clip)
+    and optimiser step at learning rate lr. Returns (logp, entropy, grad norm before clipping)."""
+    model.zero_grad(set_to_none=True)
+    logp, entropy = response_logprobs(model, seqs, inv_temp)
+    w = torch.as_tensor(weights, dtype=logp.dtype)
+    (w * logp).sum().backward()
+    params = [p for p in model.parameters() if p.grad is not None]
+    if grad_clip is not None and grad_clip > 0:
+        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    else:
+        norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params))
+    if opt is not None:
+        if lr is not None:
+            for g in opt.param_groups:
+                g["lr"] = lr
+        opt.step()
+    return logp.detach(), entropy.detach(), float(norm)
+
+
+@torch.no_grad()
+def generate(model, prompt, n, max_new_tokens, temperature=1.0, generator=None,
+             shared_prefill=True):
+    """Samples n continuations of one prompt (token list) with a KV cache, max_new_tokens each
+    (no stop tokens), the eager way: prefill, then one forward of [n, 1] tokens per step with the
+    cache grown by torch.cat. With shared_prefill the prompt is run once and its cache expanded
+    to the n rows. Returns (tokens [n, max_new_tokens], logp of each sampled token)."""
+    ids = torch.tensor([prompt], dtype=torch.long)
+    if not shared_prefill:
+        ids = ids.expand(n, -1)
+    logits, past = model(ids)
+    if shared_prefill:
+        past = [(k.expand(n, -1, -1, -1).contiguous(), v.expand(n, -1, -1, -1).contiguous())
+                for k, v in past]
+        logits = logits.expand(n, -1, -1)
+    last = logits[:, -1, :]
+    out = torch.empty(n, max_new_tokens, dtype=torch.long)
+    lps = torch.empty(n, max_new_tokens)
+    for t in range(max_new_tokens):
+        logsm = F.log_softmax(last.float() / temperature, dim=-1)
+        tok = torch.multinomial(logsm.exp(), 1, generator=generator)  # [n, 1]
+        out[:, t] = tok[:, 0]
+        lps[:, t] = logsm.gather(1, tok)[:, 0]
+        if t + 1 == max_new_tokens:
+            break
+        logits, past = model(tok, past=past)
+        last = logits[:, -1, :]
+    return out, lps
