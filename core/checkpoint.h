@@ -1,0 +1,58 @@
+/* Hugging Face checkpoint folders (config.json, model.safetensors or a sharded index,
+ * tokenizer.json, generation_config.json), written atomically, and flat buffers laid out like
+ * the parameters (the optimizer's moments) as one safetensors file. The parameter table of
+ * struct model drives both directions. Messages name the file and the tensor at fault. */
+#ifndef DAPO_CHECKPOINT_H
+#define DAPO_CHECKPOINT_H
+
+#include <jansson.h>
+
+#include "error.h"
+#include "model.h"
+
+/* Writes a checkpoint folder dir that transformers' from_pretrained loads as it is:
+ *   config.json            model_config_to_json, torch_dtype "bfloat16" if bf16 else "float32"
+ *   model.safetensors      every row of m->tensors under its transformers name (a tied lm_head
+ *                          has no row and is not written, as transformers does), F32 or BF16
+ *                          (round to nearest even), metadata {"format": "pt"}
+ *   tokenizer.json         tokenizer_json verbatim (borrowed text), omitted when NULL
+ *   generation_config.json generation_config (borrowed) or, when NULL, {bos_token_id,
+ *                          eos_token_id} from m->cfg (null where the id is -1)
+ * Atomic: the files are written and fsynced in a sibling folder "<dir>.tmp-<pid>-XXXXXX", which
+ * is then renamed to dir (never replacing anything) and the parent folder fsynced. dir must not
+ * exist (DAPO_EINVAL naming it). On any failure the temporary folder is removed and dir does not
+ * exist. Reentrant (distinct dirs may be saved from several threads); m is only read. */
+int ckpt_save(const char *dir, const struct model *m, const char *tokenizer_json,
+              const json_t *generation_config, int bf16, struct dapo_err *e);
+
+/* Loads a checkpoint folder: config.json (model_config_from_json), a new model, and every row of
+ * its table from model.safetensors, or, when that is absent, from the shards named by
+ * model.safetensors.index.json's "weight_map" (shard names must be plain file names in dir).
+ * F32, F16 and BF16 convert to float32. A missing tensor, a shape that disagrees with
+ * config.json, an unconvertible dtype or an unexpected tensor is an error naming it; tensors
+ * "*.rotary_emb.inv_freq" and, with tied embeddings, "lm_head.weight" are ignored.
+ * On success *out is owned by the caller (model_free) and, if tokenizer_json is not NULL,
+ * *tokenizer_json is the owned text of tokenizer.json (free()) or NULL if the folder has none.
+ * On failure both are NULL. Reentrant. */
+int ckpt_load(const char *dir, struct model **out, char **tokenizer_json, struct dapo_err *e);
+
+/* Writes nbuf flat buffers laid out like m->params (m->n_params floats each, borrowed) as one F32
+ * safetensors file at path: the tensor of row r of buffer b is named prefixes[b] + r's name and
+ * holds bufs[b][r.offset .. r.offset + r.numel) bit for bit. metadata (borrowed, NULL or a
+ * string->string object) goes into "__metadata__". Atomic replace: written to a temporary
+ * sibling, fsynced, renamed over path, parent folder fsynced. Used for optimizer.safetensors
+ * with prefixes "exp_avg." and "exp_avg_sq.". Reentrant. */
+int ckpt_save_tensors(const char *path, const struct model *m, int nbuf,
+                      const char *const *prefixes, const float *const *bufs, const json_t *metadata,
+                      struct dapo_err *e);
+
+/* Reads such a file back into nbuf buffers laid out like m->params (owned by the caller; only the
+ * rows' ranges are written). Every tensor must be F32 with the row's shape; a missing or
+ * unexpected tensor is an error naming it. If metadata_out is not NULL, *metadata_out is a new
+ * reference (caller owns) to a copy of "__metadata__", or NULL if the file has none. On failure
+ * the buffers may be partly written and *metadata_out is NULL. Reentrant. */
+int ckpt_load_tensors(const char *path, const struct model *m, int nbuf,
+                      const char *const *prefixes, float *const *bufs, json_t **metadata_out,
+                      struct dapo_err *e);
+
+#endif
