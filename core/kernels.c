@@ -159,6 +159,33 @@ void swiglu_backward(float *dg, float *du, const float *dh, const float *g, cons
 
 /* ---- Attention -------------------------------------------------------------------------- */
 
+/* Dot product with eight independent accumulators (vectorisable without reassociation flags;
+ * the summation order is fixed, so results are deterministic). */
+static float dot(const float *a, const float *b, int n) {
+  float acc[8] = {0};
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; i++) s += a[i] * b[i];
+  return s;
+}
+
+/* Softmax of row s[0..lim) in place, zeroing s[lim..n_ctx); returns the log-sum-exp. */
+static float softmax_causal(float *s, int lim, int n_ctx) {
+  float mx = -INFINITY;
+  for (int j = 0; j < lim; j++) mx = s[j] > mx ? s[j] : mx;
+  float sum = 0;
+  for (int j = 0; j < lim; j++) {
+    s[j] = expf(s[j] - mx);
+    sum += s[j];
+  }
+  float inv = 1.0f / sum;
+  for (int j = 0; j < lim; j++) s[j] *= inv;
+  for (int j = lim; j < n_ctx; j++) s[j] = 0.0f;
+  return mx + logf(sum);
+}
+
 void attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                        int t_new, int n_past, int h0, int n_rep, int kvh, int HS, int ldq, int ldkv,
                        int ldo, int NH, float *scratch) {
@@ -166,36 +193,40 @@ void attention_forward(float *out, float *lse, const float *q, const float *k, c
   int n_ctx = n_past + t_new;
   float scale = 1.0f / sqrtf((float)HS);
   const float *kb = k + (size_t)kvh * HS, *vb = v + (size_t)kvh * HS;
+  if (t_new <= 2) {
+    /* decoding: a few rows against the cache; BLAS call overhead would dominate */
+    for (int r = 0; r < n_rep; r++) {
+      int h = h0 + r;
+      for (int i = 0; i < t_new; i++) {
+        const float *qi = q + (size_t)i * ldq + (size_t)h * HS;
+        float *oi = out + (size_t)i * ldo + (size_t)h * HS;
+        int lim = n_past + i + 1;
+        for (int j = 0; j < lim; j++) scratch[j] = scale * dot(qi, kb + (size_t)j * ldkv, HS);
+        float l = softmax_causal(scratch, lim, lim);
+        if (lse) lse[(size_t)i * NH + h] = l;
+        for (int d = 0; d < HS; d++) oi[d] = 0.0f;
+        for (int j = 0; j < lim; j++) {
+          const float *vj = vb + (size_t)j * ldkv;
+          float p = scratch[j];
+          for (int d = 0; d < HS; d++) oi[d] += p * vj[d];
+        }
+      }
+    }
+    return;
+  }
   for (int r = 0; r < n_rep; r++) {
     int h = h0 + r;
     const float *qh = q + (size_t)h * HS;
     float *oh = out + (size_t)h * HS;
     float *S = scratch;
-    if (t_new == 1)
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, n_ctx, HS, scale, kb, ldkv, qh, 1, 0.0f, S, 1);
-    else
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t_new, n_ctx, HS, scale, qh, ldq, kb,
-                  ldkv, 0.0f, S, n_ctx);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t_new, n_ctx, HS, scale, qh, ldq, kb, ldkv,
+                0.0f, S, n_ctx);
     for (int i = 0; i < t_new; i++) {
-      float *s = S + (size_t)i * n_ctx;
-      int lim = n_past + i + 1; /* visible context */
-      float mx = -INFINITY;
-      for (int j = 0; j < lim; j++) mx = s[j] > mx ? s[j] : mx;
-      float sum = 0;
-      for (int j = 0; j < lim; j++) {
-        s[j] = expf(s[j] - mx);
-        sum += s[j];
-      }
-      float inv = 1.0f / sum;
-      for (int j = 0; j < lim; j++) s[j] *= inv;
-      for (int j = lim; j < n_ctx; j++) s[j] = 0.0f;
-      if (lse) lse[(size_t)i * NH + h] = mx + logf(sum);
+      float l = softmax_causal(S + (size_t)i * n_ctx, n_past + i + 1, n_ctx);
+      if (lse) lse[(size_t)i * NH + h] = l;
     }
-    if (t_new == 1)
-      cblas_sgemv(CblasRowMajor, CblasTrans, n_ctx, HS, 1.0f, vb, ldkv, S, 1, 0.0f, oh, 1);
-    else
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t_new, HS, n_ctx, 1.0f, S, n_ctx, vb,
-                  ldkv, 0.0f, oh, ldo);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t_new, HS, n_ctx, 1.0f, S, n_ctx, vb,
+                ldkv, 0.0f, oh, ldo);
   }
 }
 
