@@ -3,6 +3,7 @@
  * half-written checkpoint; loading checks every tensor against the model's parameter table. */
 #include "checkpoint.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -17,10 +18,6 @@
 
 #define CONFIG_MAX ((size_t)16 << 20)     /* config.json, generation_config.json, the index */
 #define TOKENIZER_MAX ((size_t)256 << 20) /* tokenizer.json */
-
-/* Files a checkpoint folder may hold; cleanup removes exactly these. */
-static const char *const ckpt_files[] = {"config.json", "model.safetensors", "tokenizer.json",
-                                         "generation_config.json"};
 
 static int join(char *buf, size_t cap, const char *dir, const char *name, struct dapo_err *e) {
   int n = snprintf(buf, cap, "%s/%s", dir, name);
@@ -156,11 +153,19 @@ static void parent_of(const char *path, char *out, size_t cap) {
     snprintf(out, cap, "%.*s", (int)(s - path), path);
 }
 
-/* Removes a checkpoint folder we created: our own files, then the folder (best effort). */
+/* Removes a checkpoint folder we created: the files in it (ours, and those of the extra hook),
+ * then the folder (best effort; the folder only ever holds plain files). */
 static void remove_ckpt_dir(const char *dir) {
   char p[PATH_MAX];
-  for (size_t i = 0; i < sizeof ckpt_files / sizeof ckpt_files[0]; i++)
-    if (join(p, sizeof p, dir, ckpt_files[i], NULL) == 0) unlink(p);
+  DIR *dh = opendir(dir);
+  if (dh) {
+    struct dirent *de;
+    while ((de = readdir(dh)))
+      if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") &&
+          join(p, sizeof p, dir, de->d_name, NULL) == 0)
+        unlink(p);
+    closedir(dh);
+  }
   rmdir(dir);
 }
 
@@ -189,6 +194,17 @@ static int check_shape(const char *label, const struct st_info *t, const struct 
 
 int ckpt_save(const char *dir, const struct model *m, const char *tokenizer_json,
               const json_t *generation_config, int bf16, struct dapo_err *e) {
+  return ckpt_save_with(dir, m, tokenizer_json, generation_config, bf16, NULL, NULL, e);
+}
+
+int ckpt_write_json(const char *path, const json_t *j, struct dapo_err *e) {
+  const char *base = strrchr(path, '/');
+  return write_json_sync(path, base ? base + 1 : path, j, e);
+}
+
+int ckpt_save_with(const char *dir, const struct model *m, const char *tokenizer_json,
+                   const json_t *generation_config, int bf16, ckpt_extra_fn extra, void *extra_ctx,
+                   struct dapo_err *e) {
   int rc = 0, created = 0, renamed = 0;
   char d[PATH_MAX], tmp[PATH_MAX], parent[PATH_MAX], p[PATH_MAX];
   struct st_tensor_in *ts = NULL;
@@ -255,6 +271,7 @@ int ckpt_save(const char *dir, const struct model *m, const char *tokenizer_json
       (rc = write_json_sync(p, "generation_config.json", gen ? gen : generation_config, e)))
     goto out;
 
+  if (extra && (rc = extra(extra_ctx, tmp, e))) goto out;
   if ((rc = fsync_dir(tmp, e))) goto out;
   if (renameat2(AT_FDCWD, tmp, AT_FDCWD, d, RENAME_NOREPLACE) != 0) {
     int err = errno;

@@ -25,6 +25,19 @@
 int ckpt_save(const char *dir, const struct model *m, const char *tokenizer_json,
               const json_t *generation_config, int bf16, struct dapo_err *e);
 
+/* Writes extra files into the temporary folder tmp_dir before it is renamed into place (the
+ * trainer's optimizer.safetensors and trainer_state.json), each fsynced by the hook itself, so
+ * that a checkpoint is complete or absent. Returns 0 or a DAPO error (the save then fails). */
+typedef int (*ckpt_extra_fn)(void *ctx, const char *tmp_dir, struct dapo_err *e);
+
+/* ckpt_save plus the extra hook (may be NULL). */
+int ckpt_save_with(const char *dir, const struct model *m, const char *tokenizer_json,
+                   const json_t *generation_config, int bf16, ckpt_extra_fn extra, void *extra_ctx,
+                   struct dapo_err *e);
+
+/* Writes j (borrowed) as indented JSON to path and fsyncs it. */
+int ckpt_write_json(const char *path, const json_t *j, struct dapo_err *e);
+
 /* Loads a checkpoint folder: config.json (model_config_from_json), a new model, and every row of
  * its table from model.safetensors, or, when that is absent, from the shards named by
  * model.safetensors.index.json's "weight_map" (shard names must be plain file names in dir).
