@@ -74,3 +74,32 @@ double dapo_pass_at_k(int n, int c, int k) {
   for (int i = n - c + 1; i <= n; i++) p *= 1.0 - (double)k / i;
   return 1.0 - p;
 }
+
+void dapo_token_weights(const struct hparams *hp, int n, const int *len, const double *adv,
+                        const float *logp, const float *logp_old, const float *logp_ref,
+                        int mb_resp, long mb_tokens, float *w, struct pg_stats *st) {
+  long k = 0;
+  for (int i = 0; i < n; i++) {
+    double wagg = dapo_agg_weight(hp->loss_agg, len[i], mb_tokens, mb_resp, hp->max_new_tokens);
+    for (int q = 0; q < len[i]; q++, k++) {
+      struct pg_token pg;
+      dapo_pg_token(logp[k], logp_old[k], adv[i], hp->eps_low, hp->eps_high, hp->dual_clip_c, &pg);
+      double loss = pg.loss, dl = pg.dl_dlogp, kl = 0, dkl = 0;
+      if (logp_ref && hp->kl_coef > 0) {
+        kl = dapo_kl_k3(logp[k], logp_ref[k], &dkl);
+        loss += hp->kl_coef * kl;
+        dl += hp->kl_coef * dkl;
+      }
+      w[k] = (float)(wagg * dl);
+      if (!st) continue;
+      st->loss += wagg * loss;
+      st->kl_ref_sum += kl;
+      st->approx_kl_sum += (double)logp_old[k] - logp[k];
+      st->clip_low += pg.clipped_low;
+      st->clip_high += pg.clipped_high;
+      st->clip_dual += pg.clipped_dual;
+      if (pg.clipped_high) st->p_clip_high_sum += exp(logp_old[k]);
+      st->tokens++;
+    }
+  }
+}

@@ -39,6 +39,24 @@ double dapo_kl_k3(double logp, double logp_ref, double *dkl_dlogp);
  * tokens and responses that enter the loss. */
 double dapo_agg_weight(int agg, int len_i, long total_tokens, int n_resp, int max_new);
 
+/* Accumulators of dapo_token_weights over a step's updates. */
+struct pg_stats {
+  double loss;            /* sum over micro-batches of the aggregated loss (policy + KL) */
+  double kl_ref_sum;      /* sum of per-token k3 KL to the reference */
+  double approx_kl_sum;   /* sum of logp_old - logp (KL(old || new) estimate) */
+  double p_clip_high_sum; /* sum of the old probability of tokens clipped at the upper bound */
+  long tokens, clip_low, clip_high, clip_dual;
+};
+
+/* The per-token weights w = dL/dlogp of one micro-batch of n responses (len[i] tokens each, all
+ * entering the loss; token arrays concatenated in response order), where L is the minibatch
+ * loss of DAPO.md step 4 aggregated over a minibatch of mb_resp responses and mb_tokens tokens
+ * (so that splitting a minibatch into micro-batches never changes the gradient). logp_ref may
+ * be NULL (no KL term). Adds to st (may be NULL). */
+void dapo_token_weights(const struct hparams *hp, int n, const int *len, const double *adv,
+                        const float *logp, const float *logp_old, const float *logp_ref,
+                        int mb_resp, long mb_tokens, float *w, struct pg_stats *st);
+
 /* Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k) (k <= n). */
 double dapo_pass_at_k(int n, int c, int k);
 
