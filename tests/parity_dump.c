@@ -1,8 +1,9 @@
 /* Helper of tests/test_torch_parity.py (label torch): for several small model configs, builds a
  * random model, saves it with ckpt_save (F32, and BF16 for some), and writes OUTDIR/parity.json
  * with the packed batch, our log-probs and entropies (train_forward), every gradient tensor of
- * sum_t w_t * logp_t (train_backward), and the parameters after 3 AdamW steps, for the PyTorch
- * reference (tests/torch_ref/llama.py) to recompute independently.
+ * sum_t w_t * logp_t (train_backward), tokens sampled by gen_run with their log-probs, and the
+ * parameters after 3 AdamW steps, for the PyTorch reference (tests/torch_ref/llama.py) to
+ * recompute independently.
  * Usage: parity_dump OUTDIR (OUTDIR must exist; the checkpoint folders must not). */
 #include <stdio.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include "checkpoint.h"
 #include "model.h"
 #include "rng.h"
+#include "sampler.h"
 #include "train.h"
 
 #define MAX_SEQ 4
@@ -65,6 +67,7 @@ static int run_case(const char *outdir, const struct pcase *pc, uint64_t seed, j
   struct dapo_err e = {0};
   struct model *m = NULL, *mb = NULL;
   struct train_state *s = NULL, *sb = NULL;
+  struct gen_state *gs = NULL;
   struct adamw opt = {0};
   int rc = -1;
   char dir[512], dir_bf16[512];
@@ -146,6 +149,33 @@ static int run_case(const char *outdir, const struct pcase *pc, uint64_t seed, j
                                   floats_json(ent, (size_t)R)));
   }
 
+  /* generation with the KV cache: two sequences share prompt 0 (one prefill), a third has its
+   * own; temperature != 1; the reference recomputes the log-prob of every sampled token */
+  {
+    enum { G = 3, NEW = 9 };
+    const int *prompts[G] = {tokens, tokens, tokens + off[1]};
+    int plens[G] = {pc->plen[0], pc->plen[0], pc->lens[1]};
+    int gtok[G * NEW], glen[G], gfin[G];
+    float glogp[G * NEW];
+    struct rng grng[G];
+    for (int i = 0; i < G; i++) rng_seed(&grng[i], seed, 50 + (uint64_t)i);
+    struct sampler_opts so = {.temperature = 0.8f, .top_p = 1.0f, .max_new_tokens = NEW};
+    struct gen_out go = {.tokens = gtok, .logp = glogp, .len = glen, .finish = gfin};
+    gs = gen_state_new(m, G, MAX_TOK, &e);
+    if (!gs || gen_run(gs, m, G, prompts, plens, grng, &so, &go, NULL, &e)) {
+      fail("gen_run", &e);
+      goto out;
+    }
+    json_t *gj = json_array();
+    for (int i = 0; i < G; i++)
+      json_array_append_new(gj, json_pack("{s:o, s:o, s:o}", "prompt",
+                                          ints_json(prompts[i], (size_t)plens[i]), "tokens",
+                                          ints_json(gtok + i * NEW, (size_t)glen[i]), "logp",
+                                          floats_json(glogp + i * NEW, (size_t)glen[i])));
+    json_object_set_new(c, "generate",
+                        json_pack("{s:f, s:o}", "temperature", (double)so.temperature, "seqs", gj));
+  }
+
   /* 3 AdamW steps on the same batch: weight decay, clipping (the norm is >> grad_clip), warm-up.
    * Adam divides by sqrt(v) + eps, which turns float32 noise in a near-zero gradient entry into an
    * update of up to lr * noise / eps. eps = 1e-4 sits well below the clipped per-entry gradients
@@ -186,6 +216,7 @@ static int run_case(const char *outdir, const struct pcase *pc, uint64_t seed, j
   rc = 0;
 out:
   adamw_deinit(&opt);
+  gen_state_free(gs);
   train_state_free(sb);
   train_state_free(s);
   model_free(mb);

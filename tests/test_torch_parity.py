@@ -5,6 +5,8 @@ independent PyTorch implementation of transformers' Llama/Qwen2.
 Runs parity_dump (argv[1]) into a scratch folder, then for each model config it wrote:
   - loads the saved checkpoint (config.json + model.safetensors) with the reference loader;
   - log-probs and entropies of the response tokens:   max abs error < 1e-4
+  - log-probs gen_run reports for the tokens it sampled (KV cache, a shared prompt, temperature
+    0.8), recomputed by a full forward:               max abs error < 1e-4
   - gradients of sum_t w_t * logp_t, every tensor:     max abs error < 1e-3 * max |grad| of it
   - parameters after 3 AdamW steps (weight decay, clipping, warm-up), every tensor: < 1e-5 abs
     (and the pre-clip gradient norm of each step, relative 1e-4);
@@ -96,6 +98,24 @@ def run_case(case):
         worst = max(worst, rel)
         check(rel < TOL_GRAD_REL, "%s: grad %s: max abs error %.3g, %.3g of max |grad| %.3g" % (name, tname, err, rel, scale))
     report["grad_rel"] = worst
+
+    # tokens sampled by gen_run (KV cache, shared prefill): their log-probs under
+    # softmax(logits / temperature), recomputed by a full forward of prompt + response
+    gen = case["generate"]
+    gseqs = [(g["prompt"] + g["tokens"], len(g["prompt"])) for g in gen["seqs"]]
+    with torch.no_grad():
+        glp, _ = llama.response_logprobs(ref64, gseqs, 1.0 / gen["temperature"])
+    report["gen_logp"] = max_abs([x for g in gen["seqs"] for x in g["logp"]], glp)
+    check(report["gen_logp"] < TOL_LOGP, "%s: gen_run logp max abs error %.3g" % (name, report["gen_logp"]))
+    # and the reference's own KV-cache sampler (used by bench/bench_torch.py) against its forward
+    gtor = torch.Generator().manual_seed(3)
+    toks, lps = llama.generate(ref64, gen["seqs"][2]["prompt"], 2, 6, gen["temperature"], generator=gtor)
+    with torch.no_grad():
+        rlp, _ = llama.response_logprobs(
+            ref64, [(gen["seqs"][2]["prompt"] + t.tolist(), len(gen["seqs"][2]["prompt"])) for t in toks],
+            1.0 / gen["temperature"])
+    report["ref_kv_cache"] = max_abs(lps.reshape(-1), rlp)
+    check(report["ref_kv_cache"] < 1e-9, "%s: reference KV-cache sampler vs its forward %.3g" % (name, report["ref_kv_cache"]))
 
     # 3 AdamW steps from the checkpoint's parameters, same batch and weights each step
     a = case["adamw"]

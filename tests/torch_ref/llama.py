@@ -193,7 +193,9 @@ class Attention(nn.Module):
         if T > 1:  # query i (position P + i) sees keys 0 .. P + i
             mask = torch.ones(T, P + T, dtype=torch.bool).triu(P + 1)
             scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
-        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        # softmax in float32 as transformers (float64 stays float64: the exact reference)
+        up = torch.float64 if q.dtype == torch.float64 else torch.float32
+        probs = F.softmax(scores, dim=-1, dtype=up).to(q.dtype)
         out = torch.matmul(probs, vv).transpose(1, 2).reshape(B, T, self.nh * self.hs)
         return self.o_proj(out), present
 
@@ -385,9 +387,9 @@ def generate(model, prompt, n, max_new_tokens, temperature=1.0, generator=None,
         logits = logits.expand(n, -1, -1)
     last = logits[:, -1, :]
     out = torch.empty(n, max_new_tokens, dtype=torch.long)
-    lps = torch.empty(n, max_new_tokens)
+    lps = torch.empty(n, max_new_tokens, dtype=last.dtype)
     for t in range(max_new_tokens):
-        logsm = F.log_softmax(last.float() / temperature, dim=-1)
+        logsm = F.log_softmax(last / temperature, dim=-1)
         tok = torch.multinomial(logsm.exp(), 1, generator=generator)  # [n, 1]
         out[:, t] = tok[:, 0]
         lps[:, t] = logsm.gather(1, tok)[:, 0]
