@@ -1,0 +1,357 @@
+/* Judge specs and the built-in judges: validates {"type": ...} specs, runs `exact`, `math` and
+ * `regex` in-process (reward +1 / -1) and hands `http` to judge_http.c. */
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "judge.h"
+
+#include <pcre2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "judge_impl.h"
+
+#define REGEX_MAX_PATTERN 4096
+#define REGEX_MATCH_LIMIT                                                                          \
+  1000000 /* backtracking steps per response: bad patterns fail, not hang                          \
+           */
+#define REGEX_DEPTH_LIMIT 10000
+#define REGEX_HEAP_LIMIT_KIB 65536
+
+enum judge_kind { JK_EXACT, JK_MATH, JK_REGEX, JK_HTTP };
+
+struct judge {
+  enum judge_kind kind;
+  pcre2_code *re;            /* regex: compiled pattern (read-only, shared by threads) */
+  pcre2_match_context *mctx; /* regex: match limits (read-only) */
+  uint32_t n_captures;       /* regex: capture groups in the pattern */
+  struct judge_http *http;   /* http */
+};
+
+const char *judge_err_name(enum judge_err_kind k) {
+  switch (k) {
+  case JE_NONE: return "none";
+  case JE_TIMEOUT: return "judge_timeout";
+  case JE_HTTP: return "judge_http_error";
+  case JE_PARSE: return "judge_parse_error";
+  case JE_RANGE: return "reward_out_of_range";
+  case JE_CONNECT: return "judge_http_error";
+  case JE_CANCELLED: return "cancelled";
+  }
+  return "unknown";
+}
+
+const char *judge_type(const struct judge *j) {
+  static const char *const names[] = {"exact", "math", "regex", "http"};
+  return j ? names[j->kind] : NULL;
+}
+
+/* ---- UTF-8 ---- */
+
+size_t judge_utf8_len(const unsigned char *p, size_t avail) {
+  if (avail == 0) return 0;
+  unsigned c = p[0];
+  if (c < 0x80) return 1;
+  size_t n;
+  unsigned min;
+  if (c >= 0xC2 && c <= 0xDF)
+    n = 2, min = 0x80;
+  else if (c >= 0xE0 && c <= 0xEF)
+    n = 3, min = 0x800;
+  else if (c >= 0xF0 && c <= 0xF4)
+    n = 4, min = 0x10000;
+  else
+    return 0;
+  if (avail < n) return 0;
+  unsigned cp = c & (0x3F >> (n - 1));
+  for (size_t i = 1; i < n; i++) {
+    if ((p[i] & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (p[i] & 0x3F);
+  }
+  if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+  return n;
+}
+
+json_t *judge_json_string(const char *s) {
+  if (!s) s = "";
+  size_t n = strlen(s), i = 0;
+  while (i < n) {
+    size_t l = judge_utf8_len((const unsigned char *)s + i, n - i);
+    if (!l) break;
+    i += l;
+  }
+  if (i == n) return json_stringn(s, n);
+  /* Each invalid byte becomes the 3 bytes of U+FFFD. */
+  if (n > (SIZE_MAX - 1) / 3) return NULL;
+  char *buf = malloc(3 * n + 1);
+  if (!buf) return NULL;
+  size_t w = 0;
+  for (i = 0; i < n;) {
+    size_t l = judge_utf8_len((const unsigned char *)s + i, n - i);
+    if (l) {
+      memcpy(buf + w, s + i, l);
+      w += l;
+      i += l;
+    } else {
+      memcpy(buf + w, "\xEF\xBF\xBD", 3);
+      w += 3;
+      i++;
+    }
+  }
+  json_t *j = json_stringn(buf, w);
+  free(buf);
+  return j;
+}
+
+/* ---- Spec ---- */
+
+static int check_fields(const json_t *spec, const char *const *allowed, struct dapo_err *e) {
+  const char *key;
+  json_t *v;
+  json_object_foreach((json_t *)spec, key, v) {
+    int ok = 0;
+    for (const char *const *a = allowed; *a && !ok; a++) ok = !strcmp(*a, key);
+    if (!ok) return dapo_errf(e, DAPO_EINVAL, "judge.%.64s: unknown field", key);
+  }
+  return 0;
+}
+
+static int regex_init(struct judge *j, const json_t *spec, struct dapo_err *e) {
+  static const char *const fields[] = {"type", "pattern", NULL};
+  if (check_fields(spec, fields, e)) return DAPO_EINVAL;
+  const json_t *pat = json_object_get(spec, "pattern");
+  if (!json_is_string(pat))
+    return dapo_errf(e, DAPO_EINVAL, "judge.pattern: required, a string (a PCRE2 pattern)");
+  size_t len = json_string_length(pat);
+  if (len == 0 || len > REGEX_MAX_PATTERN)
+    return dapo_errf(e, DAPO_EINVAL, "judge.pattern: length %zu not in [1, %d]", len,
+                     REGEX_MAX_PATTERN);
+  int err;
+  PCRE2_SIZE off;
+  j->re = pcre2_compile((PCRE2_SPTR)json_string_value(pat), len,
+                        PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &off, NULL);
+  if (!j->re) {
+    PCRE2_UCHAR msg[256];
+    if (pcre2_get_error_message(err, msg, sizeof msg) < 0) snprintf((char *)msg, sizeof msg, "?");
+    return dapo_errf(e, DAPO_EINVAL, "judge.pattern: %s at offset %zu", (const char *)msg,
+                     (size_t)off);
+  }
+  j->mctx = pcre2_match_context_create(NULL);
+  if (!j->mctx) return dapo_errf(e, DAPO_ENOMEM, "judge.pattern: out of memory");
+  pcre2_set_match_limit(j->mctx, REGEX_MATCH_LIMIT);
+  pcre2_set_depth_limit(j->mctx, REGEX_DEPTH_LIMIT);
+  pcre2_set_heap_limit(j->mctx, REGEX_HEAP_LIMIT_KIB);
+  if (pcre2_pattern_info(j->re, PCRE2_INFO_CAPTURECOUNT, &j->n_captures) != 0) j->n_captures = 0;
+  return 0;
+}
+
+struct judge *judge_new(const json_t *spec, const struct judge_policy *pol, struct dapo_err *e) {
+  if (!json_is_object(spec)) {
+    dapo_errf(e, DAPO_EINVAL, "judge: expected an object such as {\"type\": \"math\"}");
+    return NULL;
+  }
+  const char *type = json_string_value(json_object_get(spec, "type"));
+  if (!type) {
+    dapo_errf(e, DAPO_EINVAL, "judge.type: required, one of exact, math, regex, http");
+    return NULL;
+  }
+  struct judge *j = calloc(1, sizeof *j);
+  if (!j) {
+    dapo_errf(e, DAPO_ENOMEM, "judge: out of memory");
+    return NULL;
+  }
+  static const char *const only_type[] = {"type", NULL};
+  int rc = 0;
+  if (!strcmp(type, "exact")) {
+    j->kind = JK_EXACT;
+    rc = check_fields(spec, only_type, e);
+  } else if (!strcmp(type, "math")) {
+    j->kind = JK_MATH;
+    rc = check_fields(spec, only_type, e);
+  } else if (!strcmp(type, "regex")) {
+    j->kind = JK_REGEX;
+    rc = regex_init(j, spec, e);
+  } else if (!strcmp(type, "http")) {
+    j->kind = JK_HTTP;
+    j->http = judge_http_new(spec, pol, e);
+    if (!j->http) rc = e ? e->code : DAPO_EINVAL;
+  } else {
+    rc = dapo_errf(e, DAPO_EINVAL, "judge.type: '%.40s' is not one of exact, math, regex, http",
+                   type);
+  }
+  if (rc) {
+    judge_free(j);
+    return NULL;
+  }
+  return j;
+}
+
+void judge_free(struct judge *j) {
+  if (!j) return;
+  pcre2_match_context_free(j->mctx);
+  pcre2_code_free(j->re);
+  judge_http_free(j->http);
+  free(j);
+}
+
+void judge_results_release(struct judge_result *res, int n) {
+  if (!res) return;
+  for (int i = 0; i < n; i++) {
+    json_decref(res[i].info);
+    res[i].info = NULL;
+  }
+}
+
+/* ---- Built-ins ---- */
+
+static int is_ascii_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
+/* s[0..n) without leading and trailing ASCII white space (Unicode spaces are kept). */
+static const char *trim_span(const char *s, size_t n, size_t *len) {
+  while (n > 0 && is_ascii_space(*s)) s++, n--;
+  while (n > 0 && is_ascii_space(s[n - 1])) n--;
+  *len = n;
+  return s;
+}
+
+static int trimmed_equal(const char *a, size_t na, const char *b) {
+  size_t la, lb;
+  a = trim_span(a, na, &la);
+  b = trim_span(b, strlen(b), &lb);
+  return la == lb && !memcmp(a, b, la);
+}
+
+/* {"extracted": s or null} */
+static int extracted_info(const char *s, size_t n, json_t **out) {
+  json_t *o = json_object(), *v = NULL;
+  if (!o) return DAPO_ENOMEM;
+  if (s) {
+    char *copy = strndup(s, n);
+    v = copy ? judge_json_string(copy) : NULL;
+    free(copy);
+  } else {
+    v = json_null();
+  }
+  if (!v || json_object_set_new(o, "extracted", v)) {
+    json_decref(o);
+    return DAPO_ENOMEM;
+  }
+  *out = o;
+  return 0;
+}
+
+static int run_regex(const struct judge *j, const char *resp, const char *answer,
+                     pcre2_match_data *md, struct judge_result *r) {
+  int m = pcre2_match(j->re, (PCRE2_SPTR)resp, strlen(resp), 0, 0, md, j->mctx);
+  const char *got = NULL;
+  size_t len = 0;
+  if (m > 0) {
+    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+    int g = j->n_captures > 0 ? 1 : 0;
+    if (g < m && ov[2 * g] != PCRE2_UNSET) {
+      got = resp + ov[2 * g];
+      len = ov[2 * g + 1] - ov[2 * g];
+    }
+  }
+  r->correct = got && trimmed_equal(got, len, answer);
+  return extracted_info(got, len, &r->info);
+}
+
+static int run_builtin(const struct judge *j, const struct judge_item *items, int n,
+                       struct judge_result *res, struct dapo_err *e) {
+  pcre2_match_data *md = NULL;
+  if (j->kind == JK_REGEX) {
+    md = pcre2_match_data_create_from_pattern(j->re, NULL);
+    if (!md) return dapo_errf(e, DAPO_ENOMEM, "judge: out of memory");
+  }
+  int rc = 0;
+  for (int i = 0; i < n && !rc; i++) {
+    const char *resp = items[i].response ? items[i].response : "";
+    const char *ans = items[i].answer ? items[i].answer : "";
+    struct judge_result *r = &res[i];
+    if (j->kind == JK_EXACT) {
+      r->correct = trimmed_equal(resp, strlen(resp), ans);
+    } else if (j->kind == JK_MATH) {
+      char *x = judge_math_extract(resp);
+      int eq = x ? judge_math_equal(x, ans) : 0;
+      rc = eq < 0 ? DAPO_ENOMEM : extracted_info(x, x ? strlen(x) : 0, &r->info);
+      r->correct = eq == 1;
+      free(x);
+    } else {
+      rc = run_regex(j, resp, ans, md, r);
+    }
+    r->reward = r->correct ? 1.0 : -1.0;
+  }
+  pcre2_match_data_free(md);
+  if (rc) return dapo_errf(e, rc, "judge: out of memory");
+  return 0;
+}
+
+/* ---- Dispatch ---- */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_str_ptr(const void *a, const void *b) {
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+int judge_run(struct judge *j, const char *job_id, int64_t step, const struct judge_item *items,
+              int n, struct judge_result *res, struct judge_stats *st, const volatile int *cancel,
+              struct dapo_err *e) {
+  if (!j || n < 0 || (n > 0 && (!items || !res)))
+    return dapo_errf(e, DAPO_EINVAL, "judge_run: bad arguments");
+  double t0 = now_s();
+  for (int i = 0; i < n; i++)
+    res[i] = (struct judge_result){.reward = 0, .correct = -1, .mask = 0, .info = NULL};
+  int rc = 0;
+  char **ids = NULL, *idbuf = NULL;
+  const char **sorted = NULL;
+  if (n == 0) goto out;
+  if (j->kind != JK_HTTP) {
+    if (cancel && *cancel) {
+      for (int i = 0; i < n; i++) res[i].err = JE_CANCELLED;
+      rc = dapo_errf(e, DAPO_ECANCELLED, "judge: cancelled");
+      goto out;
+    }
+    rc = run_builtin(j, items, n, res, e);
+    goto out;
+  }
+  /* Item ids: the caller's, or the item index; they must be unique to match replies. */
+  ids = calloc((size_t)n, sizeof *ids);
+  sorted = calloc((size_t)n, sizeof *sorted);
+  idbuf = malloc((size_t)n * 12);
+  if (!ids || !sorted || !idbuf) {
+    rc = dapo_errf(e, DAPO_ENOMEM, "judge: out of memory");
+    goto out;
+  }
+  for (int i = 0; i < n; i++) {
+    if (items[i].id) {
+      ids[i] = (char *)items[i].id;
+    } else {
+      ids[i] = idbuf + (size_t)i * 12;
+      snprintf(ids[i], 12, "%d", i);
+    }
+    sorted[i] = ids[i];
+  }
+  qsort(sorted, (size_t)n, sizeof *sorted, cmp_str_ptr);
+  for (int i = 1; i < n; i++) {
+    if (!strcmp(sorted[i - 1], sorted[i])) {
+      rc = dapo_errf(e, DAPO_EINVAL, "judge: duplicate item id '%.64s'", sorted[i]);
+      goto out;
+    }
+  }
+  rc =
+      judge_http_run(j->http, job_id, step, items, (const char *const *)ids, n, res, st, cancel, e);
+out:
+  free(ids);
+  free(sorted);
+  free(idbuf);
+  if (st) st->seconds += now_s() - t0;
+  return rc;
+}

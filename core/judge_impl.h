@@ -1,0 +1,30 @@
+/* Internal to the judge module (judge.c, judge_http.c): the http judge behind judge_new /
+ * judge_run, and the UTF-8 helpers both use. Not part of libdapo's interface. */
+#ifndef DAPO_JUDGE_IMPL_H
+#define DAPO_JUDGE_IMPL_H
+
+#include <stddef.h>
+
+#include "judge.h"
+
+struct judge_http;
+
+/* Validates the http fields of spec (type already checked) and the URL against pol. */
+struct judge_http *judge_http_new(const json_t *spec, const struct judge_policy *pol,
+                                  struct dapo_err *e);
+void judge_http_free(struct judge_http *h);
+/* judge_run for an http judge; res[] is already reset, ids[i] is item i's id (never NULL). */
+int judge_http_run(const struct judge_http *h, const char *job_id, int64_t step,
+                   const struct judge_item *items, const char *const *ids, int n,
+                   struct judge_result *res, struct judge_stats *st, const volatile int *cancel,
+                   struct dapo_err *e);
+
+/* Length of the valid UTF-8 sequence at p (at most avail bytes), 0 when it is not one (overlong
+ * forms, surrogates and code points above U+10FFFF are not). */
+size_t judge_utf8_len(const unsigned char *p, size_t avail);
+
+/* A new JSON string of s; invalid UTF-8 bytes become U+FFFD (jansson refuses them). NULL on
+ * OOM. */
+json_t *judge_json_string(const char *s);
+
+#endif
