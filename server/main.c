@@ -4,7 +4,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <libgen.h>
+#include <limits.h>
+#include <signal.h>
+#include <sys/stat.h>
+
 #include "lm.h"
+#include "runner.h"
 #include "parse.h"
 #include "preset.h"
 #include "rng.h"
@@ -12,6 +18,7 @@
 
 static void usage(FILE *f) {
   fprintf(f, "usage: dapod [serve] [--listen HOST:PORT] [--data-dir DIR] [--models-dir DIR]\n"
+             "       dapod train --config JOB.json --out DIR\n"
              "       dapod presets\n"
              "       dapod save-preset NAME DIR [--seed N] [--bf16]\n"
              "       dapod generate MODEL --prompt TEXT [--max-tokens N] [--temperature T]\n"
@@ -166,6 +173,140 @@ out:
   return rc;
 }
 
+/* ---- dapod train ---- */
+
+static volatile sig_atomic_t g_signals;
+static volatile int g_pause, g_cancel;
+
+static void on_signal(int sig) {
+  (void)sig;
+  g_signals++;
+  if (g_signals == 1)
+    g_pause = 1; /* first ^C: checkpoint and stop, resumable */
+  else
+    g_cancel = 1;
+}
+
+static int train_event(void *ctx, const char *type, const json_t *data) {
+  (void)ctx;
+  if (!strcmp(type, "metrics")) {
+    char *line = json_dumps(data, JSON_COMPACT);
+    if (!line) return -1;
+    printf("%s\n", line);
+    fflush(stdout);
+    free(line);
+    json_t *acc = json_object_get(data, "accuracy");
+    if (acc)
+      fprintf(stderr,
+              "step %lld: reward %.3f accuracy %.3f entropy %.3f length %.1f kept %lld/%lld "
+              "(%.1f s)\n",
+              (long long)json_integer_value(json_object_get(data, "step")),
+              json_real_value(json_object_get(data, "reward/mean")), json_real_value(acc),
+              json_real_value(json_object_get(data, "entropy")),
+              json_real_value(json_object_get(data, "response_length/mean")),
+              (long long)json_integer_value(json_object_get(data, "groups/kept")),
+              (long long)json_integer_value(json_object_get(data, "groups/sampled")),
+              json_real_value(json_object_get(data, "time/step_s")));
+    else
+      fprintf(stderr, "step %lld: eval accuracy %.3f\n",
+              (long long)json_integer_value(json_object_get(data, "step")),
+              json_real_value(json_object_get(data, "eval/accuracy")));
+  } else if (!strcmp(type, "log")) {
+    fprintf(stderr, "%s: %s\n", json_string_value(json_object_get(data, "level")),
+            json_string_value(json_object_get(data, "message")));
+  } else if (!strcmp(type, "checkpoint")) {
+    fprintf(stderr, "checkpoint: %s\n", json_string_value(json_object_get(data, "path")));
+  }
+  return 0;
+}
+
+/* Relative file paths in a job file are relative to the job file's folder. */
+static int resolve_path(json_t *body, const char *key, const char *base, int maybe_preset) {
+  const char *v = json_string_value(json_object_get(body, key));
+  if (!v || v[0] == '/') return 0;
+  char p[PATH_MAX];
+  if ((size_t)snprintf(p, sizeof p, "%s/%s", base, v) >= sizeof p) return -1;
+  struct stat st;
+  if (maybe_preset && stat(p, &st) != 0) return 0; /* a preset name */
+  json_object_set_new(body, key, json_string(p));
+  return 0;
+}
+
+static int cmd_train(int argc, char **argv) {
+  const char *config = NULL, *out = NULL;
+  int stop_after = 0;
+  struct dapo_err e = {0};
+  for (int i = 2; i < argc; i++) {
+    if (!strcmp(argv[i], "--config") && i + 1 < argc)
+      config = argv[++i];
+    else if (!strcmp(argv[i], "--out") && i + 1 < argc)
+      out = argv[++i];
+    else if (!strcmp(argv[i], "--stop-after-step") && i + 1 < argc) {
+      if (parse_int(argv[++i], 1, 1 << 30, &stop_after, "--stop-after-step", &e)) return fail(&e);
+    } else {
+      fprintf(stderr, "dapod train: unknown argument '%s'\n", argv[i]);
+      return 2;
+    }
+  }
+  if (!config || !out) {
+    fprintf(stderr, "dapod train: --config JOB.json and --out DIR are required\n");
+    return 2;
+  }
+  json_error_t je;
+  json_t *body = json_load_file(config, JSON_REJECT_DUPLICATES, &je);
+  if (!body) {
+    fprintf(stderr, "dapod train: %s: line %d column %d: %s\n", config, je.line, je.column,
+            je.text);
+    return 2;
+  }
+  char cfgcopy[PATH_MAX];
+  snprintf(cfgcopy, sizeof cfgcopy, "%s", config);
+  const char *base = dirname(cfgcopy);
+  if (resolve_path(body, "training_file", base, 0) ||
+      resolve_path(body, "validation_file", base, 0) || resolve_path(body, "model", base, 1)) {
+    fprintf(stderr, "dapod train: a path in %s is too long\n", config);
+    json_decref(body);
+    return 2;
+  }
+  json_t *errors = json_array();
+  struct job_spec spec;
+  int n = jobspec_parse(body, NULL, &spec, errors);
+  json_decref(body);
+  if (n > 0) {
+    fprintf(stderr, "dapod train: %s: %d problem%s\n", config, n, n > 1 ? "s" : "");
+    for (size_t i = 0; i < json_array_size(errors); i++) {
+      json_t *x = json_array_get(errors, i);
+      fprintf(stderr, "  %s: %s\n", json_string_value(json_object_get(x, "field")),
+              json_string_value(json_object_get(x, "message")));
+    }
+    json_decref(errors);
+    jobspec_deinit(&spec);
+    return 2;
+  }
+  json_decref(errors);
+  struct sigaction sa = {0};
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  struct runner_hooks hooks = {.event = train_event};
+  struct runner_opts opts = {.cancel = &g_cancel, .pause = &g_pause, .stop_after_step = stop_after};
+  struct runner_result res;
+  runner_run(&spec, out, &hooks, &opts, &res);
+  jobspec_deinit(&spec);
+  switch (res.status) {
+  case RUNNER_SUCCEEDED: fprintf(stderr, "succeeded at step %lld\n", (long long)res.step); return 0;
+  case RUNNER_PAUSED:
+    fprintf(stderr, "paused after step %lld; run the same command again to resume\n",
+            (long long)res.step);
+    return 3;
+  case RUNNER_CANCELLED: fprintf(stderr, "cancelled at step %lld\n", (long long)res.step); return 4;
+  case RUNNER_FAILED: break;
+  }
+  fprintf(stderr, "dapod train: failed (%s, %s%s%s): %s\n", res.code, res.category,
+          res.param[0] ? ", " : "", res.param, res.message);
+  return 1;
+}
+
 int main(int argc, char **argv) {
   const char *cmd = argc > 1 ? argv[1] : "serve";
   if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
@@ -173,6 +314,7 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (!strcmp(cmd, "presets")) return cmd_presets();
+  if (!strcmp(cmd, "train")) return cmd_train(argc, argv);
   if (!strcmp(cmd, "save-preset")) return cmd_save_preset(argc, argv);
   if (!strcmp(cmd, "generate")) return cmd_generate(argc, argv);
   if (!strcmp(cmd, "serve") || cmd[0] == '-') {

@@ -1,0 +1,79 @@
+/* The job runner: turns a job spec (the body of POST /v1/jobs) into DAPO steps over a model, a
+ * training file and a judge, emitting events and metrics through hooks, writing checkpoints
+ * (atomic folders with the optimizer and trainer state) and rollouts files under an output
+ * folder, evaluating on a validation file, observing cancel/pause flags, and resuming from the
+ * newest complete checkpoint bit-identically. Used by the daemon's workers and by
+ * `dapod train`.
+ *
+ * Output folder layout (created as needed):
+ *   checkpoints/step-N/  config.json, model.safetensors, tokenizer.json, generation_config.json,
+ *                        optimizer.safetensors, trainer_state.json   (step 0: starting weights)
+ *   rollouts/step-N.jsonl  one line per sampled response of step N (API.md "Rollouts file") */
+#ifndef DAPO_RUNNER_H
+#define DAPO_RUNNER_H
+
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "error.h"
+#include "hparams.h"
+#include "judge.h"
+
+struct job_spec {
+  char *model;           /* preset name or model folder path (owned) */
+  char *training_file;   /* path (owned) */
+  char *validation_file; /* path or NULL (owned) */
+  json_t *judge;         /* judge spec object (owned reference) */
+  struct hparams hp;     /* resolved */
+  uint64_t seed;
+  char *job_id; /* name used in judge requests; "job-local" by default (owned) */
+};
+
+/* Parses and validates a job body (borrowed). Problems are appended to errors (a JSON array) as
+ * {"field", "message"}; returns their count (0: s is usable; release it with jobspec_deinit in
+ * any case). Files are paths here: the daemon maps file ids to paths before calling. The judge
+ * spec is checked with judge_new under pol (NULL: the loopback default). */
+int jobspec_parse(const json_t *body, const struct judge_policy *pol, struct job_spec *s,
+                  json_t *errors);
+/* The resolved spec (every hyperparameter with its value), a new reference. */
+json_t *jobspec_to_json(const struct job_spec *s);
+void jobspec_deinit(struct job_spec *s);
+
+/* Hooks (all optional). event: type is "metrics", "log" or "checkpoint"; data borrowed for the
+ * call. A non-zero return from event fails the job (the daemon could not store it). phase is one
+ * of "loading", "sampling", "judging", "updating", "evaluating", "checkpointing". Called from the
+ * runner's thread. */
+struct runner_hooks {
+  void *ctx;
+  int (*event)(void *ctx, const char *type, const json_t *data);
+  void (*phase)(void *ctx, const char *phase);
+};
+
+struct runner_opts {
+  const struct judge_policy *judge_policy; /* NULL: loopback only */
+  const volatile int *cancel;              /* non-zero: stop as soon as possible */
+  const volatile int *pause;               /* non-zero: stop at the next safe point with a
+                                              checkpoint of the last completed step */
+  int stop_after_step;                     /* > 0: pause after this step (tests, CLI) */
+};
+
+enum runner_status { RUNNER_SUCCEEDED, RUNNER_PAUSED, RUNNER_CANCELLED, RUNNER_FAILED };
+
+struct runner_result {
+  enum runner_status status;
+  int64_t step;         /* last completed step */
+  int64_t resumed_from; /* step of the checkpoint the run started from (-1: fresh) */
+  /* on failure: API error object fields */
+  char code[48];    /* e.g. "sampling_shortfall", "judge_error", "invalid_dataset" */
+  char category[8]; /* "user" or "system" */
+  char param[96];   /* the field at fault, or "" */
+  char message[512];
+};
+
+/* Runs (or resumes) the job into out_dir. Returns 0 when res->status says what happened
+ * (including a failed job, described in res), or a negative code only for invalid arguments. */
+int runner_run(const struct job_spec *spec, const char *out_dir, const struct runner_hooks *h,
+               const struct runner_opts *o, struct runner_result *res);
+
+#endif

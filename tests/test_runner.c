@@ -1,0 +1,227 @@
+/* The job runner: a job stopped after step 3 and resumed reaches exactly the step-6 weights,
+ * optimizer state, rollouts and metrics of one that never stopped (also when the stop falls on
+ * an epoch boundary of the dataset); pause and cancel flags; the sampling-shortfall policy;
+ * job-spec validation messages. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "runner.h"
+
+static char tmpdir[] = "/tmp/dapo-runner-XXXXXX";
+
+static void write_dataset(const char *path, int n) {
+  FILE *f = fopen(path, "w");
+  for (int i = 0; i < n; i++) {
+    int a = i % 10, b = (i / 10) % 10;
+    fprintf(f, "{\"prompt\": \"%d+%d=\", \"answer\": \"%d\"}\n", a, b, (a + b) % 10);
+  }
+  fclose(f);
+}
+
+static char *slurp(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *b = malloc((size_t)n + 1);
+  *len = fread(b, 1, (size_t)n, f);
+  b[*len] = 0;
+  fclose(f);
+  return b;
+}
+
+static int same_file(const char *a, const char *b) {
+  size_t la, lb;
+  char *x = slurp(a, &la), *y = slurp(b, &lb);
+  int same = x && y && la == lb && !memcmp(x, y, la);
+  if (!same) fprintf(stderr, "files differ: %s %s\n", a, b);
+  free(x), free(y);
+  return same;
+}
+
+/* Collected metrics events (without wall-clock fields), one JSON object per step. */
+struct collect {
+  json_t *metrics; /* array */
+  int cancel_after;
+  volatile int *cancel;
+};
+
+static int on_event(void *ctx, const char *type, const json_t *data) {
+  struct collect *c = ctx;
+  if (!c || strcmp(type, "metrics") || !json_object_get(data, "accuracy")) return 0;
+  json_t *m = json_deep_copy(data);
+  const char *k;
+  json_t *v;
+  void *tmp;
+  json_object_foreach_safe(m, tmp, k, v) {
+    if (!strncmp(k, "time/", 5) || !strncmp(k, "throughput/", 11) || !strcmp(k, "judge/seconds"))
+      json_object_del(m, k);
+  }
+  json_array_append_new(c->metrics, m);
+  if (c->cancel && c->cancel_after &&
+      json_integer_value(json_object_get(data, "step")) == c->cancel_after)
+    *c->cancel = 1;
+  return 0;
+}
+
+static json_t *job(const char *train, int steps, int dynamic, int extra_ckpt) {
+  json_t *b = json_pack(
+      "{s:s,s:s,s:{s:s},s:i,s:{s:i,s:i,s:i,s:i,s:f,s:b,s:i,s:i,s:i,s:i,s:f}}", "model", "tiny",
+      "training_file", train, "judge", "type", "math", "seed", 5, "hyperparameters", "total_steps",
+      steps, "group_size", 4, "prompt_batch_size", 3, "max_new_tokens", 3, "learning_rate", 3e-3,
+      "dynamic_sampling", dynamic, "checkpoint_every", extra_ckpt, "minibatch_size", 4, "epochs", 2,
+      "micro_batch_tokens", 32, "eps_high", 0.28);
+  return b;
+}
+
+static int run(json_t *body, const char *out, struct collect *c, int stop_after,
+               struct runner_result *res) {
+  json_t *errs = json_array();
+  struct job_spec s;
+  int n = jobspec_parse(body, NULL, &s, errs);
+  if (n) {
+    char *d = json_dumps(errs, 0);
+    fprintf(stderr, "spec errors: %s\n", d);
+    free(d);
+  }
+  CHECK(n == 0);
+  struct runner_hooks h = {.ctx = c, .event = on_event};
+  struct runner_opts o = {.stop_after_step = stop_after, .cancel = c ? c->cancel : NULL};
+  runner_run(&s, out, &h, &o, res);
+  if (res->status == RUNNER_FAILED)
+    fprintf(stderr, "run failed: %s: %s\n", res->code, res->message);
+  jobspec_deinit(&s);
+  json_decref(errs);
+  return res->status;
+}
+
+static void compare_runs(const char *a, const char *b, int step) {
+  char pa[512], pb[512];
+  const char *files[] = {"model.safetensors", "optimizer.safetensors"};
+  for (int i = 0; i < 2; i++) {
+    snprintf(pa, sizeof pa, "%s/checkpoints/step-%d/%s", a, step, files[i]);
+    snprintf(pb, sizeof pb, "%s/checkpoints/step-%d/%s", b, step, files[i]);
+    CHECK_MSG(same_file(pa, pb), "%s of step %d differs after resume", files[i], step);
+  }
+  for (int s = 1; s <= step; s++) {
+    snprintf(pa, sizeof pa, "%s/rollouts/step-%d.jsonl", a, s);
+    snprintf(pb, sizeof pb, "%s/rollouts/step-%d.jsonl", b, s);
+    CHECK_MSG(same_file(pa, pb), "rollouts of step %d differ after resume", s);
+  }
+}
+
+static void test_resume(const char *train, int dynamic, int stop_at, const char *tag) {
+  char a[256], b[256];
+  snprintf(a, sizeof a, "%s/%s-a", tmpdir, tag);
+  snprintf(b, sizeof b, "%s/%s-b", tmpdir, tag);
+  struct runner_result ra, rb;
+  struct collect ca = {json_array(), 0, NULL}, cb = {json_array(), 0, NULL};
+  json_t *body = job(train, 6, dynamic, 3);
+  CHECK(run(body, a, &ca, 0, &ra) == RUNNER_SUCCEEDED && ra.step == 6);
+  CHECK(run(body, b, &cb, stop_at, &rb) == RUNNER_PAUSED && rb.step == stop_at);
+  CHECK(run(body, b, &cb, 0, &rb) == RUNNER_SUCCEEDED && rb.step == 6);
+  CHECK(rb.resumed_from == stop_at);
+  compare_runs(a, b, 6);
+  CHECK_MSG(json_equal(ca.metrics, cb.metrics), "%s: step metrics differ after resume", tag);
+  CHECK(json_array_size(ca.metrics) == 6 && json_array_size(cb.metrics) == 6);
+  /* with dynamic sampling every kept group carries signal, so the weights moved from step 0
+   * (without it, a random model's groups are mostly all wrong: zero advantages) */
+  if (dynamic) {
+    char p0[512], p6[512];
+    snprintf(p0, sizeof p0, "%s/checkpoints/step-0/model.safetensors", a);
+    snprintf(p6, sizeof p6, "%s/checkpoints/step-6/model.safetensors", a);
+    size_t l0, l6;
+    char *x = slurp(p0, &l0), *y = slurp(p6, &l6);
+    CHECK(x && y && (l0 != l6 || memcmp(x, y, l0) != 0));
+    free(x), free(y);
+  }
+  json_decref(body);
+  json_decref(ca.metrics);
+  json_decref(cb.metrics);
+}
+
+static void test_cancel_and_shortfall(const char *train) {
+  char out[256];
+  snprintf(out, sizeof out, "%s/cancel", tmpdir);
+  volatile int flag = 0;
+  struct collect c = {json_array(), 2, &flag};
+  struct runner_result r;
+  json_t *body = job(train, 6, 0, 0);
+  CHECK(run(body, out, &c, 0, &r) == RUNNER_CANCELLED);
+  CHECK(r.step == 2 || r.step == 3);
+  json_decref(body);
+  json_decref(c.metrics);
+
+  /* answers nobody can produce: every group all wrong; with "error" the job fails and says why */
+  char bad[256];
+  snprintf(bad, sizeof bad, "%s/impossible.jsonl", tmpdir);
+  FILE *f = fopen(bad, "w");
+  for (int i = 0; i < 8; i++) fprintf(f, "{\"prompt\": \"%d\", \"answer\": \"unreachable\"}\n", i);
+  fclose(f);
+  body = job(bad, 2, 1, 0);
+  json_object_set_new(json_object_get(body, "hyperparameters"), "on_sampling_shortfall",
+                      json_string("error"));
+  json_object_set_new(json_object_get(body, "hyperparameters"), "max_gen_batches", json_integer(2));
+  snprintf(out, sizeof out, "%s/shortfall", tmpdir);
+  CHECK(run(body, out, NULL, 0, &r) == RUNNER_FAILED);
+  CHECK(!strcmp(r.code, "sampling_shortfall") && !strcmp(r.category, "user"));
+  CHECK_MSG(strstr(r.message, "kept 0 of 3 groups after 2 rounds") != NULL, "%s", r.message);
+  /* "partial": trains on nothing, warns, goes on */
+  json_object_set_new(json_object_get(body, "hyperparameters"), "on_sampling_shortfall",
+                      json_string("partial"));
+  snprintf(out, sizeof out, "%s/partial", tmpdir);
+  CHECK(run(body, out, NULL, 0, &r) == RUNNER_SUCCEEDED);
+  json_decref(body);
+}
+
+static void test_spec_errors(void) {
+  json_t *body = json_pack("{s:s,s:{s:s,s:s},s:{s:i,s:s},s:i,s:s}", "model", "tiny", "judge",
+                           "type", "regex", "pattern", "(", "hyperparameters", "group_size", 1,
+                           "loss_agg", "x", "seed", -3, "bogus", "1");
+  json_t *errs = json_array();
+  struct job_spec s;
+  int n = jobspec_parse(body, NULL, &s, errs);
+  const char *want[] = {"training_file", "seed", "bogus", "hyperparameters.group_size",
+                        "hyperparameters.loss_agg"};
+  for (size_t w = 0; w < sizeof want / sizeof want[0]; w++) {
+    int found = 0;
+    for (size_t i = 0; i < json_array_size(errs); i++)
+      found |=
+          !strcmp(json_string_value(json_object_get(json_array_get(errs, i), "field")), want[w]);
+    CHECK_MSG(found, "no error for field %s", want[w]);
+  }
+  int judge_err = 0;
+  for (size_t i = 0; i < json_array_size(errs); i++)
+    judge_err |=
+        !strncmp(json_string_value(json_object_get(json_array_get(errs, i), "field")), "judge", 5);
+  CHECK_MSG(judge_err, "the bad regex was not reported under judge.*");
+  CHECK(n >= 6);
+  jobspec_deinit(&s);
+  json_decref(errs);
+  json_decref(body);
+}
+
+int main(void) {
+  CHECK(mkdtemp(tmpdir) != NULL);
+  char train[256], small[256];
+  snprintf(train, sizeof train, "%s/add.jsonl", tmpdir);
+  snprintf(small, sizeof small, "%s/small.jsonl", tmpdir);
+  write_dataset(train, 100);
+  write_dataset(small, 6); /* 3 prompts a step: an epoch every 2 steps */
+  test_resume(train, 1, 3, "dyn");
+  test_resume(small, 0, 2, "epoch-boundary");
+  test_cancel_and_shortfall(train);
+  test_spec_errors();
+  int rc = check_done("test_runner");
+  if (!rc) {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+  }
+  return rc;
+}
