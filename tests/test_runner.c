@@ -100,6 +100,8 @@ static int run(json_t *body, const char *out, struct collect *c, int stop_after,
   return res->status;
 }
 
+static void check_kept_groups(const char *out, int steps, int want);
+
 static void compare_runs(const char *a, const char *b, int step) {
   char pa[512], pb[512];
   const char *files[] = {"model.safetensors", "optimizer.safetensors"};
@@ -127,6 +129,7 @@ static void test_resume(const char *train, int dynamic, int stop_at, const char 
   CHECK(run(body, b, &cb, 0, &rb) == RUNNER_SUCCEEDED && rb.step == 6);
   CHECK(rb.resumed_from == stop_at);
   compare_runs(a, b, 6);
+  if (dynamic) check_kept_groups(a, 6, 3);
   CHECK_MSG(json_equal(ca.metrics, cb.metrics), "%s: step metrics differ after resume", tag);
   CHECK(json_array_size(ca.metrics) == 6 && json_array_size(cb.metrics) == 6);
   /* with dynamic sampling every kept group carries signal, so the weights moved from step 0
@@ -143,6 +146,45 @@ static void test_resume(const char *train, int dynamic, int stop_at, const char 
   json_decref(body);
   json_decref(ca.metrics);
   json_decref(cb.metrics);
+}
+
+/* Dynamic sampling never trains on a group whose responses are all right or all wrong, and keeps
+ * exactly prompt_batch_size groups, the first ones in generation order. */
+static void check_kept_groups(const char *out, int steps, int want) {
+  for (int s = 1; s <= steps; s++) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/rollouts/step-%d.jsonl", out, s);
+    FILE *f = fopen(p, "r");
+    CHECK(f != NULL);
+    if (!f) continue;
+    int correct[4096] = {0}, count[4096] = {0}, kept[4096] = {0}, maxg = -1;
+    char line[8192];
+    while (fgets(line, sizeof line, f)) {
+      json_t *o = json_loads(line, 0, NULL);
+      int g = (int)json_integer_value(json_object_get(o, "group"));
+      if (g >= 0 && g < 4096) {
+        count[g]++;
+        correct[g] += json_is_true(json_object_get(o, "correct"));
+        kept[g] |= json_is_true(json_object_get(o, "kept"));
+        maxg = g > maxg ? g : maxg;
+      }
+      json_decref(o);
+    }
+    fclose(f);
+    int n_kept = 0, last_kept = -1, mixed_unkept_before_last = 0;
+    for (int g = 0; g <= maxg; g++) {
+      int mixed = correct[g] > 0 && correct[g] < count[g];
+      if (kept[g]) {
+        CHECK_MSG(mixed, "step %d group %d kept with %d/%d correct", s, g, correct[g], count[g]);
+        n_kept++;
+        last_kept = g;
+      }
+    }
+    for (int g = 0; g < last_kept; g++)
+      mixed_unkept_before_last += !kept[g] && correct[g] > 0 && correct[g] < count[g];
+    CHECK_MSG(mixed_unkept_before_last == 0, "step %d skipped an informative group", s);
+    CHECK(n_kept <= want);
+  }
 }
 
 static void test_cancel_and_shortfall(const char *train) {
