@@ -4,11 +4,43 @@
 
 #include <string.h>
 
+#include "pool.h"
+
+/* Attention of every (sequence, KV head) pair, spread over the pool: task t goes to thread
+ * t mod n (interleaved, so that long and short sequences mix), each thread with its own
+ * scratch slice. */
+struct attn_fwd_args {
+  const struct model_config *c;
+  const struct block_acts *a;
+  const struct block_seqs *s;
+  const float *const *kc, *const *vc; /* per sequence: context keys/values */
+  float *scratch;
+  size_t stride;
+  int n_tasks;
+};
+
+static void attn_fwd_thread(void *ctx, int ti, int nt) {
+  const struct attn_fwd_args *x = ctx;
+  const struct model_config *c = x->c;
+  int HS = c->head_dim, NH = c->num_heads, NKV = c->num_kv_heads;
+  int CQ = NH * HS, CKV = NKV * HS, n_rep = NH / NKV;
+  float *scr = x->scratch + (size_t)ti * x->stride;
+  for (int task = ti; task < x->n_tasks; task += nt) {
+    int i = task / NKV, g = task % NKV;
+    int r0 = x->s->row0[i], t = x->s->t_new[i], past = x->s->n_past[i];
+    const float *qs = x->a->q + (size_t)r0 * CQ;
+    float *os = x->a->att + (size_t)r0 * CQ;
+    float *ls = x->a->lse ? x->a->lse + (size_t)r0 * NH : NULL;
+    attention_forward(os, ls, qs, x->kc[i], x->vc[i], t, past, g * n_rep, n_rep, g, HS, CQ, CKV, CQ,
+                      NH, scr);
+  }
+}
+
 void block_forward(const struct model_config *c, const struct layer_views *w,
                    const struct block_acts *a, const struct block_seqs *s, int N,
-                   const struct rope_table *rope, float *scratch) {
+                   const struct rope_table *rope, float *scratch, size_t scratch_stride) {
   int C = c->hidden_size, HS = c->head_dim, NH = c->num_heads, NKV = c->num_kv_heads;
-  int CQ = NH * HS, CKV = NKV * HS, FF = c->intermediate_size, n_rep = NH / NKV;
+  int CQ = NH * HS, CKV = NKV * HS, FF = c->intermediate_size;
 
   rmsnorm_forward(a->xn1, a->rstd1, a->x_in, w->attn_norm, N, C, c->rms_norm_eps);
   matmul_forward(a->q, a->xn1, w->wq, w->bq, N, C, CQ, 0.0f);
@@ -17,6 +49,8 @@ void block_forward(const struct model_config *c, const struct layer_views *w,
   rope_forward(a->q, s->pos, N, CQ, NH, HS, rope);
   rope_forward(a->k, s->pos, N, CKV, NKV, HS, rope);
 
+  /* context of each sequence: its packed rows (training) or its cache slot, after appending */
+  const float *kcs[s->n_seq > 0 ? s->n_seq : 1], *vcs[s->n_seq > 0 ? s->n_seq : 1];
   for (int i = 0; i < s->n_seq; i++) {
     int r0 = s->row0[i], t = s->t_new[i], past = s->n_past[i];
     const float *kc = a->k + (size_t)r0 * CKV, *vc = a->v + (size_t)r0 * CKV;
@@ -28,13 +62,17 @@ void block_forward(const struct model_config *c, const struct layer_views *w,
       kc = s->cache_k + base * CKV;
       vc = s->cache_v + base * CKV;
     }
-    const float *qs = a->q + (size_t)r0 * CQ;
-    float *os = a->att + (size_t)r0 * CQ;
-    float *ls = a->lse ? a->lse + (size_t)r0 * NH : NULL;
-    for (int g = 0; g < NKV; g++)
-      attention_forward(os, ls, qs, kc, vc, t, past, g * n_rep, n_rep, g, HS, CQ, CKV, CQ, NH,
-                        scratch);
+    kcs[i] = kc;
+    vcs[i] = vc;
   }
+  struct attn_fwd_args args = {c, a, s, kcs, vcs, scratch, scratch_stride, s->n_seq * NKV};
+  struct pool *p = pool_current();
+  long work = 0;
+  for (int i = 0; i < s->n_seq; i++) work += (long)s->t_new[i] * (s->n_past[i] + s->t_new[i]);
+  if (p && pool_threads(p) > 1 && args.n_tasks > 1 && work * CQ >= kernels_par_min_work())
+    pool_run(p, attn_fwd_thread, &args);
+  else
+    attn_fwd_thread(&args, 0, 1);
 
   if (a->x_mid != a->x_in) memcpy(a->x_mid, a->x_in, sizeof(float) * (size_t)N * C);
   matmul_forward(a->x_mid, a->att, w->wo, NULL, N, CQ, C, 1.0f);

@@ -27,9 +27,10 @@ struct block_seqs {
   int cap_t;
 };
 
-/* scratch: at least max over sequences of t_new * (n_past + t_new) floats. */
+/* scratch: one slice of scratch_stride floats per thread of the calling thread's pool (pool.h),
+ * each at least max over sequences of t_new * (n_past + t_new) floats. */
 void block_forward(const struct model_config *c, const struct layer_views *w,
                    const struct block_acts *a, const struct block_seqs *s, int N,
-                   const struct rope_table *rope, float *scratch);
+                   const struct rope_table *rope, float *scratch, size_t scratch_stride);
 
 #endif

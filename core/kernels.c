@@ -7,26 +7,84 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pool.h"
+
+/* ---- parallel loops over the calling thread's pool (pool.h) ---------------------------------- */
+
+/* Below this much work (multiply-adds or elements) a kernel runs on the calling thread alone:
+ * waking the pool costs more than it saves. */
+static long par_min_work = 32768L;
+
+void kernels_set_par_min_work(long w) {
+  par_min_work = w;
+}
+long kernels_par_min_work(void) {
+  return par_min_work;
+}
+
+struct par {
+  void (*body)(void *arg, int lo, int hi);
+  void *arg;
+  int total;
+};
+
+static void par_thunk(void *ctx, int i, int n) {
+  struct par *p = ctx;
+  int lo, hi;
+  pool_split(p->total, i, n, &lo, &hi);
+  if (lo < hi) p->body(p->arg, lo, hi);
+}
+
+/* body(arg, lo, hi) over [0, total) split statically over the pool's threads. */
+static void parallel_for(int total, long work, void (*body)(void *, int, int), void *arg) {
+  struct pool *p = pool_current();
+  if (!p || pool_threads(p) == 1 || total < 2 || work < par_min_work) {
+    if (total > 0) body(arg, 0, total);
+    return;
+  }
+  struct par pp = {body, arg, total};
+  pool_run(p, par_thunk, &pp);
+}
+
 /* ---- RMSNorm ---------------------------------------------------------------------------- */
 
-void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C,
-                     float eps) {
-  /* inp, out: [N, C]; w: [C]; rstd: [N] */
-  for (int n = 0; n < N; n++) {
+struct rms_args {
+  float *out, *rstd, *dinp;
+  const float *inp, *w, *dout, *rstd_in;
+  int C;
+  float eps;
+};
+
+static void rmsnorm_fwd_rows(void *a_, int lo, int hi) {
+  struct rms_args *a = a_;
+  float *out = a->out, *rstd = a->rstd;
+  const float *inp = a->inp, *w = a->w;
+  int C = a->C;
+  double eps = a->eps;
+  for (int n = lo; n < hi; n++) {
     const float *x = inp + (size_t)n * C;
     float *o = out + (size_t)n * C;
     double ss = 0;
     for (int i = 0; i < C; i++) ss += (double)x[i] * x[i];
-    float r = (float)(1.0 / sqrt(ss / C + (double)eps));
+    float r = (float)(1.0 / sqrt(ss / C + eps));
     if (rstd) rstd[n] = r;
     for (int i = 0; i < C; i++) o[i] = (x[i] * r) * w[i];
   }
 }
 
-void rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                      const float *rstd, int N, int C) {
-  /* dinp, dout, inp: [N, C]; w, dw: [C]; rstd: [N] */
-  for (int n = 0; n < N; n++) {
+void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C,
+                     float eps) {
+  /* inp, out: [N, C]; w: [C]; rstd: [N] */
+  struct rms_args a = {.out = out, .rstd = rstd, .inp = inp, .w = w, .C = C, .eps = eps};
+  parallel_for(N, (long)N * C, rmsnorm_fwd_rows, &a);
+}
+
+static void rmsnorm_bwd_rows(void *a_, int lo, int hi) {
+  struct rms_args *a = a_;
+  const float *dout = a->dout, *inp = a->inp, *w = a->w, *rstd = a->rstd_in;
+  float *dinp = a->dinp;
+  int C = a->C;
+  for (int n = lo; n < hi; n++) {
     const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
     float *dx = dinp + (size_t)n * C;
     float r = rstd[n];
@@ -34,26 +92,75 @@ void rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *in
     for (int i = 0; i < C; i++) dot += (double)dy[i] * w[i] * x[i];
     float k = (float)(dot / C) * r * r * r;
     for (int i = 0; i < C; i++) dx[i] += r * dy[i] * w[i] - k * x[i];
-    if (dw)
-      for (int i = 0; i < C; i++) dw[i] += dy[i] * x[i] * r;
   }
+}
+
+void rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                      const float *rstd, int N, int C) {
+  /* dinp, dout, inp: [N, C]; w, dw: [C]; rstd: [N] */
+  struct rms_args a = {.dinp = dinp, .dout = dout, .inp = inp, .w = w, .rstd_in = rstd, .C = C};
+  parallel_for(N, (long)N * C, rmsnorm_bwd_rows, &a);
+  if (dw)
+    for (int n = 0; n < N; n++) {
+      const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+      float r = rstd[n];
+      for (int i = 0; i < C; i++) dw[i] += dy[i] * x[i] * r;
+    }
 }
 
 /* ---- Linear layers ---------------------------------------------------------------------- */
 
+struct mm_args {
+  float *out, *dinp, *dw, *dbias;
+  const float *inp, *w, *bias, *dout;
+  int N, IN, OUT;
+  float beta;
+};
+
+/* Rows [lo, hi) of out = inp . w^T (+ bias). */
+static void mm_fwd_rows(void *a_, int lo, int hi) {
+  struct mm_args *a = a_;
+  int n = hi - lo, IN = a->IN, OUT = a->OUT;
+  float *out = a->out + (size_t)lo * OUT;
+  const float *inp = a->inp + (size_t)lo * IN;
+  if (n == 1)
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, OUT, IN, 1.0f, a->w, IN, inp, 1, a->beta, out, 1);
+  else
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, OUT, IN, 1.0f, inp, IN, a->w, IN,
+                a->beta, out, OUT);
+  if (a->bias)
+    for (int r = 0; r < n; r++)
+      for (int j = 0; j < OUT; j++) out[(size_t)r * OUT + j] += a->bias[j];
+}
+
+/* Output columns [lo, hi) of out = inp . w^T (+ bias): for few rows (decoding). */
+static void mm_fwd_cols(void *a_, int lo, int hi) {
+  struct mm_args *a = a_;
+  int N = a->N, IN = a->IN, OUT = a->OUT, m = hi - lo;
+  const float *w = a->w + (size_t)lo * IN;
+  float *out = a->out + lo;
+  if (N == 1)
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, m, IN, 1.0f, w, IN, a->inp, 1, a->beta, out, 1);
+  else
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, m, IN, 1.0f, a->inp, IN, w, IN, a->beta,
+                out, OUT);
+  if (a->bias)
+    for (int r = 0; r < N; r++)
+      for (int j = 0; j < m; j++) out[(size_t)r * OUT + j] += a->bias[lo + j];
+}
+
 void matmul_forward(float *out, const float *inp, const float *w, const float *bias, int N, int IN,
                     int OUT, float beta) {
   /* out[N,OUT] = inp[N,IN] . w[OUT,IN]^T (+ bias) */
-  if (N == 1)
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, OUT, IN, 1.0f, w, IN, inp, 1, beta, out, 1);
+  struct mm_args a = {
+      .out = out, .inp = inp, .w = w, .bias = bias, .N = N, .IN = IN, .OUT = OUT, .beta = beta};
+  long work = (long)N * IN * OUT;
+  struct pool *p = pool_current();
+  int nt = pool_threads(p);
+  if (N >= 8 * nt)
+    parallel_for(N, work, mm_fwd_rows, &a);
   else
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OUT, IN, 1.0f, inp, IN, w, IN, beta,
-                out, OUT);
-  if (bias)
-    for (int n = 0; n < N; n++) {
-      float *o = out + (size_t)n * OUT;
-      for (int j = 0; j < OUT; j++) o[j] += bias[j];
-    }
+    parallel_for(OUT, work, mm_fwd_cols, &a);
 }
 
 void matmul_forward_ref(float *out, const float *inp, const float *w, const float *bias, int N,
@@ -66,20 +173,44 @@ void matmul_forward_ref(float *out, const float *inp, const float *w, const floa
     }
 }
 
+/* Rows [lo, hi) of dinp = dout . w (beta: 0 overwrite, 1 accumulate). */
+static void mm_bwd_dinp_rows(void *a_, int lo, int hi) {
+  struct mm_args *a = a_;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, hi - lo, a->IN, a->OUT, 1.0f,
+              a->dout + (size_t)lo * a->OUT, a->OUT, a->w, a->IN, a->beta,
+              a->dinp + (size_t)lo * a->IN, a->IN);
+}
+
+/* Rows [lo, hi) of dw += dout^T . inp, and of dbias += colsum(dout). */
+static void mm_bwd_dw_rows(void *a_, int lo, int hi) {
+  struct mm_args *a = a_;
+  int N = a->N, IN = a->IN, OUT = a->OUT;
+  if (a->dw)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, hi - lo, IN, N, 1.0f, a->dout + lo, OUT,
+                a->inp, IN, 1.0f, a->dw + (size_t)lo * IN, IN);
+  if (a->dbias)
+    for (int n = 0; n < N; n++) {
+      const float *d = a->dout + (size_t)n * OUT;
+      for (int j = lo; j < hi; j++) a->dbias[j] += d[j];
+    }
+}
+
 void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
                      const float *w, int N, int IN, int OUT, float dinp_beta) {
   /* dinp[N,IN] = dout[N,OUT] . w[OUT,IN];  dw[OUT,IN] += dout^T . inp;  dbias += colsum(dout) */
-  if (dinp)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IN, OUT, 1.0f, dout, OUT, w, IN,
-                dinp_beta, dinp, IN);
-  if (dw)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OUT, IN, N, 1.0f, dout, OUT, inp, IN, 1.0f,
-                dw, IN);
-  if (dbias)
-    for (int n = 0; n < N; n++) {
-      const float *d = dout + (size_t)n * OUT;
-      for (int j = 0; j < OUT; j++) dbias[j] += d[j];
-    }
+  struct mm_args a = {.dinp = dinp,
+                      .dw = dw,
+                      .dbias = dbias,
+                      .dout = dout,
+                      .inp = inp,
+                      .w = w,
+                      .N = N,
+                      .IN = IN,
+                      .OUT = OUT,
+                      .beta = dinp_beta};
+  long work = (long)N * IN * OUT;
+  if (dinp) parallel_for(N, work, mm_bwd_dinp_rows, &a);
+  if (dw || dbias) parallel_for(OUT, work, mm_bwd_dw_rows, &a);
 }
 
 /* ---- RoPE ------------------------------------------------------------------------------- */
@@ -128,33 +259,69 @@ static void rope_apply(float *x, const int *pos, int N, int ld, int nh, int HS,
   }
 }
 
+struct rope_args {
+  float *x;
+  const int *pos;
+  int ld, nh, HS;
+  const struct rope_table *t;
+  float sign;
+};
+
+static void rope_rows(void *a_, int lo, int hi) {
+  struct rope_args *a = a_;
+  rope_apply(a->x + (size_t)lo * a->ld, a->pos + lo, hi - lo, a->ld, a->nh, a->HS, a->t, a->sign);
+}
+
 void rope_forward(float *x, const int *pos, int N, int ld, int nh, int HS,
                   const struct rope_table *t) {
-  rope_apply(x, pos, N, ld, nh, HS, t, 1.0f);
+  struct rope_args a = {x, pos, ld, nh, HS, t, 1.0f};
+  parallel_for(N, (long)N * nh * HS, rope_rows, &a);
 }
 
 void rope_backward(float *dx, const int *pos, int N, int ld, int nh, int HS,
                    const struct rope_table *t) {
-  rope_apply(dx, pos, N, ld, nh, HS, t, -1.0f);
+  struct rope_args a = {dx, pos, ld, nh, HS, t, -1.0f};
+  parallel_for(N, (long)N * nh * HS, rope_rows, &a);
 }
 
 /* ---- SwiGLU ----------------------------------------------------------------------------- */
 
-void swiglu_forward(float *h, const float *g, const float *u, size_t n) {
-  for (size_t i = 0; i < n; i++) {
+struct sw_args {
+  float *h, *dg, *du;
+  const float *g, *u, *dh;
+};
+
+static void swiglu_fwd_range(void *a_, int lo, int hi) {
+  struct sw_args *a = a_;
+  float *h = a->h;
+  const float *g = a->g, *u = a->u;
+  for (int i = lo; i < hi; i++) {
     float sg = g[i] / (1.0f + expf(-g[i]));
     h[i] = sg * u[i];
   }
 }
 
-void swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u,
-                     size_t n) {
-  for (size_t i = 0; i < n; i++) {
+void swiglu_forward(float *h, const float *g, const float *u, size_t n) {
+  struct sw_args a = {.h = h, .g = g, .u = u};
+  parallel_for((int)n, (long)n, swiglu_fwd_range, &a);
+}
+
+static void swiglu_bwd_range(void *a_, int lo, int hi) {
+  struct sw_args *a = a_;
+  float *dg = a->dg, *du = a->du;
+  const float *dh = a->dh, *g = a->g, *u = a->u;
+  for (int i = lo; i < hi; i++) {
     float sig = 1.0f / (1.0f + expf(-g[i]));
     float d = dh[i];
     du[i] = d * g[i] * sig;
     dg[i] = d * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
   }
+}
+
+void swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u,
+                     size_t n) {
+  struct sw_args a = {.dg = dg, .du = du, .dh = dh, .g = g, .u = u};
+  parallel_for((int)n, (long)n, swiglu_bwd_range, &a);
 }
 
 /* ---- Attention -------------------------------------------------------------------------- */
@@ -302,10 +469,20 @@ void attention_backward(float *dq, float *dk, float *dv, const float *dout, cons
 
 /* ---- Classifier: log-softmax, log-prob of the target, entropy ------------------------------ */
 
-void classifier_forward(float *logits, float *logp, float *entropy, const int *targets, int R,
-                        int V, float inv_temp) {
-  /* logits: [R, V] -> probabilities in place */
-  for (int r = 0; r < R; r++) {
+struct cls_args {
+  float *logits, *logp, *entropy;
+  const float *w;
+  const int *targets;
+  int V;
+  float inv_temp;
+};
+
+static void cls_fwd_rows(void *a_, int lo, int hi) {
+  struct cls_args *a = a_;
+  float *logits = a->logits, *logp = a->logp, *entropy = a->entropy, inv_temp = a->inv_temp;
+  const int *targets = a->targets;
+  int V = a->V;
+  for (int r = lo; r < hi; r++) {
     float *z = logits + (size_t)r * V;
     float mx = -INFINITY;
     for (int j = 0; j < V; j++) {
@@ -326,9 +503,25 @@ void classifier_forward(float *logits, float *logp, float *entropy, const int *t
   }
 }
 
-void classifier_backward(float *probs, const float *w, const int *targets, int R, int V,
-                         float inv_temp) {
-  for (int r = 0; r < R; r++) {
+void classifier_forward(float *logits, float *logp, float *entropy, const int *targets, int R,
+                        int V, float inv_temp) {
+  /* logits: [R, V] -> probabilities in place */
+  struct cls_args a = {.logits = logits,
+                       .logp = logp,
+                       .entropy = entropy,
+                       .targets = targets,
+                       .V = V,
+                       .inv_temp = inv_temp};
+  parallel_for(R, (long)R * V * 8, cls_fwd_rows, &a);
+}
+
+static void cls_bwd_rows(void *a_, int lo, int hi) {
+  struct cls_args *a = a_;
+  float *probs = a->logits, inv_temp = a->inv_temp;
+  const float *w = a->w;
+  const int *targets = a->targets;
+  int V = a->V;
+  for (int r = lo; r < hi; r++) {
     float *p = probs + (size_t)r * V;
     float s = -w[r] * inv_temp;
     if (s == 0.0f) {
@@ -338,4 +531,10 @@ void classifier_backward(float *probs, const float *w, const int *targets, int R
     for (int j = 0; j < V; j++) p[j] *= s;
     p[targets[r]] -= s;
   }
+}
+
+void classifier_backward(float *probs, const float *w, const int *targets, int R, int V,
+                         float inv_temp) {
+  struct cls_args a = {.logits = probs, .w = w, .targets = targets, .V = V, .inv_temp = inv_temp};
+  parallel_for(R, (long)R * V, cls_bwd_rows, &a);
 }

@@ -10,6 +10,12 @@
 
 #include <stddef.h>
 
+/* Kernels spread over the calling thread's pool (pool.h) only when a call has at least this much
+ * work (multiply-adds or elements); tests set 0 to exercise the parallel paths on tiny shapes.
+ * Process-wide; set it before starting work. */
+void kernels_set_par_min_work(long w);
+long kernels_par_min_work(void);
+
 /* out[N,C] = inp[N,C] * rstd[n] * w[C], rstd[n] = 1/sqrt(mean(inp[n]^2) + eps). */
 void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C,
                      float eps);

@@ -9,6 +9,7 @@
 
 #include "block.h"
 #include "kernels.h"
+#include "pool.h"
 
 struct gen_state {
   struct model_config cfg;
@@ -18,9 +19,12 @@ struct gen_state {
   float *cache_k, *cache_v; /* [L][cap_batch * cap_t][CKV] */
   struct block_acts acts;   /* one set, x_in == x_mid == x_out */
   float *sel, *logits;      /* [cap_rows, C], [cap_rows, V] */
-  float *scratch;           /* cap_t * cap_t */
-  float *pick_p;            /* [V] */
-  int *ints;                /* pos, row0, t_new, n_past, slot: cap_rows each; idx[V]; misc */
+  float *scratch;           /* per thread cap_t * cap_t (own allocation) */
+  size_t scratch_stride;
+  int scratch_threads;
+  struct pool *pool; /* borrowed */
+  float *pick_p;     /* [V] */
+  int *ints;         /* pos, row0, t_new, n_past, slot: cap_rows each; idx[V]; misc */
   int *pos, *row0, *t_new, *n_past, *slot, *pick_idx, *active, *src, *last_row;
 };
 
@@ -39,19 +43,20 @@ static void gplan(const struct model_config *c, int B, int T, struct glayout *p)
   p->logits = rows * V;
   p->scratch = (size_t)T * T;
   p->pick = V;
-  p->total = p->cache + p->acts + p->sel + p->logits + p->scratch + p->pick;
+  p->total = p->cache + p->acts + p->sel + p->logits + p->pick;
   p->ints = rows * 5 + V + 3 * (size_t)B + rows;
 }
 
 size_t gen_state_bytes(const struct model_config *c, int cap_batch, int cap_seq_len) {
   struct glayout p;
   gplan(c, cap_batch, cap_seq_len, &p);
-  return p.total * sizeof(float) + p.ints * sizeof(int);
+  return (p.total + p.scratch) * sizeof(float) + p.ints * sizeof(int);
 }
 
 void gen_state_free(struct gen_state *s) {
   if (!s) return;
   free(s->mem);
+  free(s->scratch);
   free(s->ints);
   rope_table_deinit(&s->rope);
   free(s);
@@ -102,9 +107,11 @@ struct gen_state *gen_state_new(const struct model *m, int cap_batch, int cap_se
   a->h = TAKE(rows * FF);
   s->sel = TAKE(p.sel);
   s->logits = TAKE(p.logits);
-  s->scratch = TAKE(p.scratch);
   s->pick_p = TAKE(p.pick);
 #undef TAKE
+  s->scratch_stride = p.scratch;
+  s->scratch_threads = 1;
+  if (!(s->scratch = dapo_alloc_floats(p.scratch))) goto oom;
   int *ip = s->ints;
   s->pos = ip;
   s->row0 = ip + rows;
@@ -121,6 +128,19 @@ oom:
   dapo_errf(e, DAPO_ENOMEM, "out of memory allocating the KV cache (%zu MiB)",
             gen_state_bytes(c, cap_batch, cap_seq_len) >> 20);
   return NULL;
+}
+
+int gen_state_set_pool(struct gen_state *s, struct pool *p, struct dapo_err *e) {
+  int n = pool_threads(p);
+  if (n > s->scratch_threads) {
+    float *ns = dapo_alloc_floats(s->scratch_stride * (size_t)n);
+    if (!ns) return dapo_errf(e, DAPO_ENOMEM, "out of memory for per-thread attention scratch");
+    free(s->scratch);
+    s->scratch = ns;
+    s->scratch_threads = n;
+  }
+  s->pool = p;
+  return 0;
 }
 
 /* Descending probability, ties by ascending index: a total order, so sorting is deterministic. */
@@ -220,7 +240,7 @@ static void run_rows(struct gen_state *s, const struct model *m, int n_seq, int 
                             .cache_v = s->cache_v + l * layer_cache,
                             .slot = s->slot,
                             .cap_t = s->cap_t};
-    block_forward(c, &m->w.layers[l], &s->acts, &bs, N, &s->rope, s->scratch);
+    block_forward(c, &m->w.layers[l], &s->acts, &bs, N, &s->rope, s->scratch, s->scratch_stride);
   }
   for (int i = 0; i < n_out; i++)
     memcpy(s->sel + (size_t)i * C, s->acts.x_out + (size_t)s->last_row[i] * C, sizeof(float) * C);
@@ -233,9 +253,10 @@ static void embed(struct gen_state *s, const struct model *m, int row, int tok) 
   memcpy(s->acts.x_in + (size_t)row * C, m->w.tok_emb + (size_t)tok * C, sizeof(float) * C);
 }
 
-int gen_run(struct gen_state *s, const struct model *m, int n, const int *const *prompts,
-            const int *prompt_len, struct rng *rngs, const struct sampler_opts *o,
-            struct gen_out *out, const volatile int *cancel, struct dapo_err *e) {
+static int gen_run_impl(struct gen_state *s, const struct model *m, int n,
+                        const int *const *prompts, const int *prompt_len, struct rng *rngs,
+                        const struct sampler_opts *o, struct gen_out *out,
+                        const volatile int *cancel, struct dapo_err *e) {
   const struct model_config *c = &m->cfg;
   int V = c->vocab_size, maxn = o->max_new_tokens;
   if (n < 1 || n > s->cap_batch)
@@ -342,4 +363,14 @@ int gen_run(struct gen_state *s, const struct model *m, int n, const int *const 
     }
   }
   return 0;
+}
+
+int gen_run(struct gen_state *s, const struct model *m, int n, const int *const *prompts,
+            const int *prompt_len, struct rng *rngs, const struct sampler_opts *o,
+            struct gen_out *out, const volatile int *cancel, struct dapo_err *e) {
+  struct pool *saved = pool_current();
+  pool_set_current(s->pool);
+  int rc = gen_run_impl(s, m, n, prompts, prompt_len, rngs, o, out, cancel, e);
+  pool_set_current(saved);
+  return rc;
 }

@@ -39,6 +39,10 @@ struct gen_state *gen_state_new(const struct model *m, int cap_batch, int cap_se
 void gen_state_free(struct gen_state *s);
 size_t gen_state_bytes(const struct model_config *c, int cap_batch, int cap_seq_len);
 
+struct pool;
+/* Runs generation on pool p's threads (borrowed; NULL: serial). Returns 0 or DAPO_ENOMEM. */
+int gen_state_set_pool(struct gen_state *s, struct pool *p, struct dapo_err *e);
+
 /* Generates n <= cap_batch sequences. prompts[i] (borrowed) has prompt_len[i] >= 1 tokens;
  * rngs[i] advances as sequence i samples. Returns 0, DAPO_ECANCELLED when *cancel becomes
  * non-zero (checked between tokens; may be NULL), or an error. */

@@ -8,6 +8,7 @@
 
 #include "block.h"
 #include "kernels.h"
+#include "pool.h"
 
 struct train_state {
   struct model_config cfg;
@@ -28,7 +29,10 @@ struct train_state {
   float *probs;                      /* [R,V] */
   /* backward scratch */
   float *dres, *dxn, *dq, *dk, *dv, *datt, *dff_a, *dff_b, *dsel, *dsel_in;
-  float *scratch; /* 2 * T * T */
+  float *scratch;        /* per thread: 2 * T * T floats (own allocation) */
+  size_t scratch_stride; /* floats per thread */
+  int scratch_threads;
+  struct pool *pool; /* borrowed */
 
   /* the batch of the last forward */
   int have_fwd, N, R, n_seq;
@@ -51,8 +55,8 @@ static void plan(const struct model_config *c, int N, int R, int T, struct layou
   p->sel = (size_t)R * (2 * C + 1);
   p->probs = (size_t)R * V;
   p->bwd = N * (2 * C + 2 * CQ + 2 * CKV + 2 * FF) + (size_t)R * 2 * C;
-  p->scratch = 2 * (size_t)T * T;
-  p->total = p->res + L * p->per_layer + p->sel + p->probs + p->bwd + p->scratch;
+  p->scratch = 2 * (size_t)T * T; /* per thread, allocated separately */
+  p->total = p->res + L * p->per_layer + p->sel + p->probs + p->bwd;
 }
 
 size_t train_state_bytes(const struct model_config *c, int cap_tokens, int cap_resp,
@@ -67,6 +71,7 @@ size_t train_state_bytes(const struct model_config *c, int cap_tokens, int cap_r
 void train_state_free(struct train_state *s) {
   if (!s) return;
   free(s->mem);
+  free(s->scratch);
   free(s->acts);
   free(s->pos);
   rope_table_deinit(&s->rope);
@@ -142,8 +147,11 @@ struct train_state *train_state_new(const struct model *m, int cap_tokens, int c
   s->dff_b = TAKE(N * FF);
   s->dsel = TAKE(R * C);
   s->dsel_in = TAKE(R * C);
-  s->scratch = TAKE(p.scratch);
 #undef TAKE
+  s->scratch_stride = p.scratch;
+  s->scratch_threads = 1;
+  s->scratch = dapo_alloc_floats(p.scratch);
+  if (!s->scratch) goto oom;
   s->mem_floats = p.total;
   return s;
 oom:
@@ -151,6 +159,19 @@ oom:
   dapo_errf(e, DAPO_ENOMEM, "out of memory allocating training activations (%zu MiB)",
             train_state_bytes(c, cap_tokens, cap_resp, cap_seq_len) >> 20);
   return NULL;
+}
+
+int train_state_set_pool(struct train_state *s, struct pool *p, struct dapo_err *e) {
+  int n = pool_threads(p);
+  if (n > s->scratch_threads) {
+    float *ns = dapo_alloc_floats(s->scratch_stride * (size_t)n);
+    if (!ns) return dapo_errf(e, DAPO_ENOMEM, "out of memory for per-thread attention scratch");
+    free(s->scratch);
+    s->scratch = ns;
+    s->scratch_threads = n;
+  }
+  s->pool = p;
+  return 0;
 }
 
 int fwd_batch_resp_tokens(const struct fwd_batch *b) {
@@ -192,6 +213,8 @@ int train_forward(struct train_state *s, const struct model *m, const struct fwd
                   float inv_temp, float *logp, float *entropy, struct dapo_err *e) {
   int rc = fwd_batch_validate(s, m, b, e);
   if (rc) return rc;
+  struct pool *saved = pool_current();
+  pool_set_current(s->pool);
   const struct model_config *c = &m->cfg;
   int C = c->hidden_size, V = c->vocab_size, N = b->seq_off[b->n_seq];
   s->have_fwd = 0;
@@ -218,7 +241,7 @@ int train_forward(struct train_state *s, const struct model *m, const struct fwd
   struct block_seqs bs = {
       .n_seq = b->n_seq, .row0 = s->row0, .t_new = s->t_new, .n_past = s->n_past, .pos = s->pos};
   for (int l = 0; l < c->num_layers; l++)
-    block_forward(c, &m->w.layers[l], &s->acts[l], &bs, N, &s->rope, s->scratch);
+    block_forward(c, &m->w.layers[l], &s->acts[l], &bs, N, &s->rope, s->scratch, s->scratch_stride);
 
   /* final norm and LM head only on the rows that predict response tokens */
   const float *last = s->acts[c->num_layers - 1].x_out;
@@ -236,7 +259,31 @@ int train_forward(struct train_state *s, const struct model *m, const struct fwd
   s->n_seq = b->n_seq;
   s->inv_temp = inv_temp;
   memcpy(s->tokens, b->tokens, sizeof(int) * (size_t)N);
+  pool_set_current(saved);
   return 0;
+}
+
+/* Attention backward of every (sequence, KV head) pair over the pool, interleaved, each thread
+ * with its own scratch; the pairs write disjoint slices of dq, dk and dv. */
+struct attn_bwd_args {
+  struct train_state *s;
+  const struct block_acts *a;
+  int NKV, n_rep, HS, CQ, CKV, NH;
+};
+
+static void attn_bwd_thread(void *ctx, int ti, int nt) {
+  const struct attn_bwd_args *x = ctx;
+  struct train_state *s = x->s;
+  const struct block_acts *a = x->a;
+  float *scr = s->scratch + (size_t)ti * s->scratch_stride;
+  int CQ = x->CQ, CKV = x->CKV, NH = x->NH;
+  for (int task = ti; task < s->n_seq * x->NKV; task += nt) {
+    int i = task / x->NKV, kv = task % x->NKV;
+    size_t r0 = s->row0[i];
+    attention_backward(s->dq + r0 * CQ, s->dk + r0 * CKV, s->dv + r0 * CKV, s->datt + r0 * CQ,
+                       a->q + r0 * CQ, a->k + r0 * CKV, a->v + r0 * CKV, a->lse + r0 * NH,
+                       s->t_new[i], kv * x->n_rep, x->n_rep, kv, x->HS, CQ, CKV, CQ, NH, scr);
+  }
 }
 
 int train_backward(struct train_state *s, struct model *m, const float *dlogp, struct dapo_err *e) {
@@ -244,6 +291,8 @@ int train_backward(struct train_state *s, struct model *m, const float *dlogp, s
     return dapo_errf(e, DAPO_EINVAL, "train_backward: no forward pass to differentiate");
   if (!m->grads) return dapo_errf(e, DAPO_EINVAL, "train_backward: gradients not allocated");
   s->have_fwd = 0;
+  struct pool *saved = pool_current();
+  pool_set_current(s->pool);
   const struct model_config *c = &m->cfg;
   int C = c->hidden_size, V = c->vocab_size, N = s->N, R = s->R, L = c->num_layers;
   int HS = c->head_dim, NH = c->num_heads, NKV = c->num_kv_heads, FF = c->intermediate_size;
@@ -279,14 +328,11 @@ int train_backward(struct train_state *s, struct model *m, const float *dlogp, s
     memset(s->dq, 0, sizeof(float) * (size_t)N * CQ);
     memset(s->dk, 0, sizeof(float) * (size_t)N * CKV);
     memset(s->dv, 0, sizeof(float) * (size_t)N * CKV);
-    for (int i = 0; i < s->n_seq; i++) {
-      size_t r0 = s->row0[i];
-      int T = s->t_new[i];
-      for (int kv = 0; kv < NKV; kv++)
-        attention_backward(s->dq + r0 * CQ, s->dk + r0 * CKV, s->dv + r0 * CKV, s->datt + r0 * CQ,
-                           a->q + r0 * CQ, a->k + r0 * CKV, a->v + r0 * CKV, a->lse + r0 * NH, T,
-                           kv * n_rep, n_rep, kv, HS, CQ, CKV, CQ, NH, s->scratch);
-    }
+    struct attn_bwd_args ab = {s, a, NKV, n_rep, HS, CQ, CKV, NH};
+    if (s->pool && pool_threads(s->pool) > 1 && s->n_seq * NKV > 1)
+      pool_run(s->pool, attn_bwd_thread, &ab);
+    else
+      attn_bwd_thread(&ab, 0, 1);
     rope_backward(s->dq, s->pos, N, CQ, NH, HS, &s->rope);
     rope_backward(s->dk, s->pos, N, CKV, NKV, HS, &s->rope);
     matmul_backward(s->dxn, g->wq, g->bq, s->dq, a->xn1, w->wq, N, C, CQ, 0.0f);
@@ -300,5 +346,6 @@ int train_backward(struct train_state *s, struct model *m, const float *dlogp, s
     const float *src = s->dres + (size_t)n * C;
     for (int i = 0; i < C; i++) d[i] += src[i];
   }
+  pool_set_current(saved);
   return 0;
 }

@@ -31,6 +31,12 @@ struct train_state *train_state_new(const struct model *m, int cap_tokens, int c
                                     int cap_seq_len, struct dapo_err *e);
 void train_state_free(struct train_state *s);
 
+struct pool;
+
+/* Runs this state's passes on pool p's threads (borrowed; NULL: serial, with OpenBLAS's own
+ * threading). Allocates per-thread attention scratch once. Returns 0 or DAPO_ENOMEM. */
+int train_state_set_pool(struct train_state *s, struct pool *p, struct dapo_err *e);
+
 /* Bytes train_state_new would allocate for these capacities (memory planning). */
 size_t train_state_bytes(const struct model_config *c, int cap_tokens, int cap_resp,
                          int cap_seq_len);

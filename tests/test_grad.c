@@ -8,7 +8,9 @@
 #include <string.h>
 
 #include "check.h"
+#include "kernels.h"
 #include "model.h"
+#include "pool.h"
 #include "rng.h"
 #include "train.h"
 
@@ -45,6 +47,8 @@ static double richardson(struct train_state *s, struct model *m, const struct fw
   return (4 * d[1] - d[0]) / 3;
 }
 
+static struct pool *g_pool; /* NULL: serial; else every kernel split over 3 threads */
+
 static void run_case(const char *name, struct model_config cfg, float inv_temp) {
   struct dapo_err e = {0};
   struct model *m = model_new(&cfg, &e);
@@ -74,6 +78,7 @@ static void run_case(const char *name, struct model_config cfg, float inv_temp) 
   for (int i = 0; i < R; i++) w[i] = (float)rng_normal(&r);
 
   struct train_state *s = train_state_new(m, 32, 32, 16, &e);
+  if (s && g_pool) CHECK(train_state_set_pool(s, g_pool, &e) == 0);
   CHECK_MSG(s != NULL, "%s: %s", name, e.msg);
   if (!s) {
     model_free(m);
@@ -146,5 +151,11 @@ int main(void) {
   c3.num_kv_heads = 1;
   c3.head_dim = 6; /* CQ != C */
   run_case("qwen2-bias-mqa-untied", c3, 1.0f);
+  /* again with the parallel paths of every kernel (3 threads, no work threshold) */
+  kernels_set_par_min_work(0);
+  g_pool = pool_new(3);
+  run_case("llama-gqa-tied/pool3", base, 1.0f);
+  run_case("qwen2-bias-mqa-untied/pool3", c3, 1.0f);
+  pool_free(g_pool);
   return check_done("test_grad");
 }

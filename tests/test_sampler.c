@@ -5,7 +5,9 @@
 #include <string.h>
 
 #include "check.h"
+#include "kernels.h"
 #include "model.h"
+#include "pool.h"
 #include "rng.h"
 #include "sampler.h"
 #include "train.h"
@@ -208,10 +210,38 @@ static void test_distribution(float temp, float top_p) {
   }
 }
 
+/* The pool's parallel paths (every kernel split, no work threshold) sample the same tokens. */
+static void test_pool(void) {
+  struct model *m = make_model(ARCH_QWEN2, 0, 2);
+  struct dapo_err e;
+  struct gen_state *s = gen_state_new(m, NSEQ, 64, &e);
+  int pa[5] = {5, 6, 7, 8, 9}, pb[3] = {10, 11, 12};
+  const int *prompts[NSEQ] = {pa, pa, pa, pa, pb, pb, pb, pa};
+  int plen[NSEQ] = {5, 5, 5, 5, 3, 3, 3, 2};
+  uint64_t seeds[NSEQ] = {1, 2, 3, 4, 5, 6, 7, 8};
+  struct sampler_opts o = {.temperature = 1.0f, .top_p = 0.9f, .max_new_tokens = MAXN};
+  struct run serial, par;
+  gen(s, m, NSEQ, prompts, plen, seeds, &o, &serial);
+  struct pool *p = pool_new(3);
+  long old = kernels_par_min_work();
+  kernels_set_par_min_work(0);
+  CHECK(gen_state_set_pool(s, p, &e) == 0);
+  gen(s, m, NSEQ, prompts, plen, seeds, &o, &par);
+  kernels_set_par_min_work(old);
+  CHECK_MSG(!memcmp(serial.tokens, par.tokens, sizeof serial.tokens), "pool changed the tokens");
+  float d = 0;
+  for (int i = 0; i < NSEQ * MAXN; i++) d = fmaxf(d, fabsf(serial.logp[i] - par.logp[i]));
+  CHECK_MSG(d < 1e-4f, "pool changed log-probs by %g", (double)d);
+  gen_state_free(s);
+  pool_free(p);
+  model_free(m);
+}
+
 int main(void) {
   test_model(ARCH_LLAMA, 1, 2);
   test_model(ARCH_QWEN2, 0, 4);
   test_greedy_argmax();
+  test_pool();
   test_distribution(1.0f, 1.0f);
   test_distribution(0.7f, 1.0f);
   test_distribution(1.0f, 0.8f);
