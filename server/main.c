@@ -1,15 +1,26 @@
-/* dapod: entry point. `dapod` / `dapod serve` runs the daemon (issue 4); the other subcommands
- * work offline over libdapo: list presets, save a preset as a checkpoint folder, sample text. */
+/* dapod: entry point. `dapod` / `dapod serve` runs the daemon in visible phases (config
+ * defaults, file, flags, validation; storage; HTTP; wait for SIGINT/SIGTERM; stop in order); the
+ * other subcommands work offline over libdapo: train one job, list presets, save a preset as a
+ * checkpoint folder, sample text. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <libgen.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
+#include "config.h"
+#include "judge.h"
 #include "lm.h"
+#include "log.h"
+#include "server.h"
 #include "runner.h"
 #include "parse.h"
 #include "preset.h"
@@ -17,7 +28,8 @@
 #include "sampler.h"
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: dapod [serve] [--listen HOST:PORT] [--data-dir DIR] [--models-dir DIR]\n"
+  fprintf(f, "usage: dapod [serve] [--config FILE] [--listen HOST:PORT] [--data-dir DIR] "
+             "[--models-dir DIR] [flags]\n"
              "       dapod train --config JOB.json --out DIR\n"
              "       dapod presets\n"
              "       dapod save-preset NAME DIR [--seed N] [--bf16]\n"
@@ -307,21 +319,124 @@ static int cmd_train(int argc, char **argv) {
   return 1;
 }
 
+/* ---- dapod serve ---- */
+
+/* sd_notify(3) without libsystemd: one datagram to $NOTIFY_SOCKET (Type=notify units). */
+static void notify_systemd(const char *msg) {
+  const char *path = getenv("NOTIFY_SOCKET");
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  size_t n = path ? strlen(path) : 0;
+  if (n == 0 || n >= sizeof sa.sun_path || (path[0] != '/' && path[0] != '@')) return;
+  memcpy(sa.sun_path, path, n);
+  if (sa.sun_path[0] == '@') sa.sun_path[0] = '\0'; /* abstract socket */
+  int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  if (sendto(fd, msg, strlen(msg), MSG_NOSIGNAL, (struct sockaddr *)&sa,
+             (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n)) < 0)
+    LOG(WARN, "sd_notify %s: failed", msg);
+  close(fd);
+}
+
+static void serve_help(FILE *f) {
+  usage(f);
+  fprintf(f, "\n");
+  config_print_help(f);
+}
+
+/* argv[0] is "serve" or the program (skipped); the rest are config flags. */
+static int cmd_serve(int argc, char **argv) {
+  struct config cfg;
+  struct dapo_err e = {0};
+  enum config_action act;
+  /* Phase 1: defaults, config file, flags, validation. */
+  if (config_init(&cfg)) {
+    fprintf(stderr, "dapod: out of memory\n");
+    return 1;
+  }
+  if (config_parse_args(&cfg, argc, argv, &act, &e)) {
+    fprintf(stderr, "dapod: %s\n", e.msg);
+    config_deinit(&cfg);
+    return 2;
+  }
+  if (act == CONFIG_HELP || act == CONFIG_PRINT_EXAMPLE) {
+    char *ex = act == CONFIG_PRINT_EXAMPLE ? config_example_text() : NULL;
+    if (act == CONFIG_HELP)
+      serve_help(stdout);
+    else if (ex)
+      fputs(ex, stdout);
+    free(ex);
+    config_deinit(&cfg);
+    return act == CONFIG_PRINT_EXAMPLE && !ex ? 1 : 0;
+  }
+  if (config_finish(&cfg, 0, &e)) {
+    fprintf(stderr, "dapod: %s\n", e.msg);
+    config_deinit(&cfg);
+    return 2;
+  }
+  if (act == CONFIG_PRINT) {
+    char *t = config_to_text(&cfg);
+    if (t) fputs(t, stdout);
+    free(t);
+    config_deinit(&cfg);
+    return t ? 0 : 1;
+  }
+  log_set_level((enum log_level)cfg.log_level);
+
+  /* SIGINT and SIGTERM are blocked in every thread (the HTTP threads inherit the mask) and taken
+   * by sigwait below: no handler runs, no flag is polled. SIGPIPE: a client that hangs up must
+   * not kill the daemon. */
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, NULL);
+  struct sigaction ign = {0};
+  ign.sa_handler = SIG_IGN;
+  sigaction(SIGPIPE, &ign, NULL);
+
+  /* Phase 2: storage, (TODO(jobs): recovery, workers), HTTP. */
+  struct server srv;
+  server_init(&srv, &cfg);
+  if (server_start(&srv, &e)) {
+    fprintf(stderr, "dapod: %s\n", e.msg);
+    server_stop(&srv);
+    judge_global_cleanup();
+    return 1;
+  }
+  struct config_addr bound = srv.cfg.listen;
+  char addr[300];
+  bound.port = srv.port;
+  config_addr_format(&bound, addr, sizeof addr);
+  fprintf(stderr, "dapod: listening on %s://%s\n", srv.cfg.tls_cert[0] ? "https" : "http", addr);
+  fflush(stderr);
+  LOG(INFO, "serving: data_dir %s, models_dir %s, %d HTTP threads", srv.cfg.data_dir,
+      srv.cfg.models_dir, srv.cfg.http_threads);
+  notify_systemd("READY=1");
+
+  /* Phase 3: wait for a signal, then stop in order. */
+  int sig = 0;
+  while (sigwait(&stop, &sig)) {
+  }
+  LOG(INFO, "%s: stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  notify_systemd("STOPPING=1");
+  server_stop(&srv);
+  judge_global_cleanup();
+  LOG(INFO, "stopped");
+  return 0;
+}
+
 int main(int argc, char **argv) {
   const char *cmd = argc > 1 ? argv[1] : "serve";
   if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
-    usage(stdout);
+    serve_help(stdout);
     return 0;
   }
   if (!strcmp(cmd, "presets")) return cmd_presets();
   if (!strcmp(cmd, "train")) return cmd_train(argc, argv);
   if (!strcmp(cmd, "save-preset")) return cmd_save_preset(argc, argv);
   if (!strcmp(cmd, "generate")) return cmd_generate(argc, argv);
-  if (!strcmp(cmd, "serve") || cmd[0] == '-') {
-    fprintf(stderr, "dapod: the HTTP daemon is not built yet (issue 4); offline commands: "
-                    "presets, save-preset, generate (see --help)\n");
-    return 2;
-  }
+  if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
+  if (argc == 1 || cmd[0] == '-') return cmd_serve(argc, argv);
   fprintf(stderr, "dapod: unknown command '%s'\n", cmd);
   usage(stderr);
   return 2;

@@ -1,0 +1,668 @@
+/* The HTTP layer (api/http.h): libmicrohttpd's daemon with its internal thread pool, the route
+ * table, the per-request struct and its lifetime, central body handling (cap, JSON parse with a
+ * depth limit, streaming), the reply helpers and the access log / request counters. */
+#include "http.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <microhttpd.h>
+
+#include "handlers.h"
+#include "log.h"
+#include "parse.h"
+#include "server.h"
+#include "store.h"
+
+/* ---- the route table ---------------------------------------------------------------------
+ * Literal routes come before parameterised ones with the same shape: the first route whose
+ * pattern and method match wins ("/v1/files/validate" before "/v1/files/{id}"). */
+static const struct api_route ROUTES[] = {
+    {"GET", "/healthz", API_BODY_NONE, NULL, NULL, api_health_live},
+    {"GET", "/readyz", API_BODY_NONE, NULL, NULL, api_health_ready},
+    {"GET", "/metrics", API_BODY_NONE, NULL, NULL, api_health_metrics},
+    {"POST", "/v1/files", API_BODY_STREAM, api_files_upload_begin, api_files_upload_chunk,
+     api_files_upload_end},
+    {"GET", "/v1/files", API_BODY_NONE, NULL, NULL, api_files_list},
+    {"POST", "/v1/files/validate", API_BODY_STREAM, api_files_validate_begin,
+     api_files_upload_chunk, api_files_validate_end},
+    {"GET", "/v1/files/{id}", API_BODY_NONE, NULL, NULL, api_files_get},
+    {"DELETE", "/v1/files/{id}", API_BODY_NONE, NULL, NULL, api_files_delete},
+    {"GET", "/v1/files/{id}/content", API_BODY_NONE, NULL, NULL, api_files_content},
+    {"GET", "/v1/models", API_BODY_NONE, NULL, NULL, api_models_list},
+    {"GET", "/v1/models/{id}", API_BODY_NONE, NULL, NULL, api_models_get},
+    {"POST", "/v1/judges/test", API_BODY_JSON, NULL, NULL, api_judges_test},
+    /* TODO(jobs): /v1/jobs..., /v1/jobs/{id}/events/stream (SSE), checkpoints downloads,
+     * /v1/completions. */
+};
+#define NROUTES ((int)(sizeof ROUTES / sizeof ROUTES[0]))
+
+/* Body bytes read and thrown away after a reply was decided (so that the client, which may
+ * still be sending, reads the reply instead of a reset). Beyond this the connection is closed;
+ * a larger announced Content-Length gets the reply before the body (Expect: 100-continue
+ * clients such as curl then never send it). */
+#define DRAIN_MAX ((uint64_t)1 << 20)
+/* Multipart framing on top of max_upload_bytes (part headers, boundaries, small fields). */
+#define MULTIPART_SLACK ((uint64_t)64 << 10)
+
+struct api_http {
+  struct MHD_Daemon *d;
+  struct server *srv;
+  int port;
+  char *tls_cert, *tls_key; /* PEM text, kept while the daemon runs */
+};
+
+/* ---- small helpers ---- */
+
+static double mono_ms_since(const struct timespec *t0) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)(t.tv_sec - t0->tv_sec) * 1e3 + (double)(t.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+double api_req_ms(const struct api_req *r) {
+  return mono_ms_since(&r->start);
+}
+
+const char *api_auth(struct api_req *r) {
+  /* TODO(auth): map "Authorization: Bearer <key>" to the key's name through cfg.api_keys (the
+   * SHA-256 of the key), NULL for an admin key, and reply 401 for a missing or unknown key when
+   * keys are configured. Until then every request is admin (loopback only: config_finish). */
+  (void)r;
+  return NULL;
+}
+
+const char *api_query(struct api_req *r, const char *name) {
+  return MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, name);
+}
+
+const char *api_header(struct api_req *r, const char *name) {
+  return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
+}
+
+int api_content_type_is(const struct api_req *r, const char *type) {
+  const char *ct = r->content_type;
+  if (!ct) return 0;
+  while (*ct == ' ' || *ct == '\t') ct++;
+  size_t n = strlen(type);
+  if (strncasecmp(ct, type, n)) return 0;
+  char c = ct[n];
+  return c == '\0' || c == ';' || c == ' ' || c == '\t';
+}
+
+/* ---- replies ---- */
+
+/* Sets the pending reply; a second reply is a bug in a handler: logged, the first one kept. */
+static int set_reply(struct api_req *r, int status, struct MHD_Response *resp) {
+  if (!resp) return -1;
+  if (r->resp || r->status) {
+    LOG(ERROR, "%s %s: second reply %d after %d ignored", r->method, r->path, status, r->status);
+    MHD_destroy_response(resp);
+    return 0;
+  }
+  r->resp = resp;
+  r->status = status;
+  return 0;
+}
+
+int api_reply_header(struct api_req *r, const char *name, const char *value) {
+  if (!r->resp) return -1;
+  return MHD_add_response_header(r->resp, name, value) == MHD_YES ? 0 : -1;
+}
+
+/* The last resort when nothing else can be built: a static problem body (no allocation). */
+static int reply_static_unavailable(struct api_req *r) {
+  static const char body[] =
+      "{\"type\":\"" API_PROBLEM_BASE "unavailable\",\"title\":\"Service unavailable\","
+      "\"status\":503,\"detail\":\"out of memory\"}\n";
+  struct MHD_Response *resp =
+      MHD_create_response_from_buffer(sizeof body - 1, (void *)body, MHD_RESPMEM_PERSISTENT);
+  if (!resp) return -1;
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/problem+json");
+  return set_reply(r, 503, resp);
+}
+
+static int reply_json_typed(struct api_req *r, int status, json_t *json, const char *ctype) {
+  if (!json) return reply_static_unavailable(r);
+  size_t n = json_dumpb(json, NULL, 0, JSON_COMPACT);
+  char *buf = n ? malloc(n + 1) : NULL;
+  if (buf && json_dumpb(json, buf, n, JSON_COMPACT) != n) {
+    free(buf);
+    buf = NULL;
+  }
+  json_decref(json);
+  if (!buf) return reply_static_unavailable(r);
+  buf[n] = '\n';
+  struct MHD_Response *resp = MHD_create_response_from_buffer(n + 1, buf, MHD_RESPMEM_MUST_FREE);
+  if (!resp) {
+    free(buf);
+    return reply_static_unavailable(r);
+  }
+  if (MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype) != MHD_YES) {
+    MHD_destroy_response(resp);
+    return reply_static_unavailable(r);
+  }
+  return set_reply(r, status, resp);
+}
+
+int api_reply_json_steal(struct api_req *r, int status, json_t *json) {
+  return reply_json_typed(r, status, json, "application/json; charset=utf-8");
+}
+
+int api_reply_error(struct api_req *r, enum api_err code, const char *detail, json_t *errors) {
+  const struct api_err_row *row = api_err_row(code);
+  char type[128];
+  snprintf(type, sizeof type, "%s%s", API_PROBLEM_BASE, row->name);
+  json_t *o = json_object();
+  if (o) {
+    json_object_set_new(o, "type", json_string(type));
+    json_object_set_new(o, "title", json_string(row->title));
+    json_object_set_new(o, "status", json_integer(row->http_status));
+    /* detail must be valid UTF-8 for jansson; fall back to the hint when it is not. */
+    json_t *d = json_string(detail ? detail : row->hint);
+    json_object_set_new(o, "detail", d ? d : json_string(row->hint));
+    if (errors) json_object_set(o, "errors", errors);
+  }
+  json_decref(errors);
+  if (row->http_status >= 500)
+    LOG(WARN, "%s %s: %d %s: %s", r->method, r->path, row->http_status, row->name,
+        detail ? detail : row->hint);
+  return reply_json_typed(r, row->http_status, o, "application/problem+json");
+}
+
+int api_reply_errorf(struct api_req *r, enum api_err code, const char *fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  return api_reply_error(r, code, buf, NULL);
+}
+
+int api_reply_store_error(struct api_req *r, int rc, const struct dapo_err *e) {
+  const char *msg = e && e->msg[0] ? e->msg : store_strerror(rc);
+  switch (rc) {
+  case STORE_ENOTFOUND: return api_reply_error(r, API_ERR_NOT_FOUND, msg, NULL);
+  case STORE_EINUSE: return api_reply_error(r, API_ERR_FILE_IN_USE, msg, NULL);
+  case STORE_ECONFLICT:
+  case STORE_ETRANSITION:
+  case STORE_ESTATE:
+  case STORE_EEXISTS: return api_reply_error(r, API_ERR_CONFLICT, msg, NULL);
+  case DAPO_EINVAL:
+  case DAPO_ERANGE: return api_reply_error(r, API_ERR_INVALID_REQUEST, msg, NULL);
+  case DAPO_ENOMEM: return api_reply_error(r, API_ERR_UNAVAILABLE, msg, NULL);
+  default: return api_reply_error(r, API_ERR_INTERNAL, msg, NULL);
+  }
+}
+
+int api_reply_text(struct api_req *r, int status, const char *content_type, const char *text,
+                   size_t len) {
+  struct MHD_Response *resp =
+      MHD_create_response_from_buffer(len, (void *)text, MHD_RESPMEM_MUST_COPY);
+  if (!resp) return reply_static_unavailable(r);
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+  return set_reply(r, status, resp);
+}
+
+int api_reply_fd(struct api_req *r, int status, const char *content_type, int fd, uint64_t size) {
+  struct MHD_Response *resp = MHD_create_response_from_fd64(size, fd);
+  if (!resp) {
+    close(fd);
+    return reply_static_unavailable(r);
+  }
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+  return set_reply(r, status, resp);
+}
+
+int api_page_params(struct api_req *r, int *limit, const char **after) {
+  const char *l = api_query(r, "limit");
+  struct dapo_err e = {0};
+  *limit = 20;
+  *after = api_query(r, "after");
+  if (l && parse_int(l, 1, STORE_PAGE_MAX, limit, "limit", &e)) {
+    api_reply_errorf(r, API_ERR_INVALID_REQUEST, "limit: '%.64s' is not an integer in [1, %d]", l,
+                     STORE_PAGE_MAX);
+    return -1;
+  }
+  if (*after && !**after) {
+    api_reply_error(r, API_ERR_INVALID_REQUEST, "after: empty id", NULL);
+    return -1;
+  }
+  return 0;
+}
+
+/* ---- routing ---- */
+
+/* Matches the path in buf (a writable copy) against pattern. On success the parameter segments
+ * are cut out of buf with NULs, params point at them, and it returns 1; buf is unchanged
+ * otherwise. */
+static int match(const char *pattern, char *buf, const char **params, int *n_params) {
+  const char *p = pattern;
+  char *s = buf;
+  char *cut[API_MAX_PARAMS];
+  int n = 0;
+  while (*p || *s) {
+    if (*p != '/' || *s != '/') return 0;
+    p++, s++;
+    size_t pl = strcspn(p, "/"), sl = strcspn(s, "/");
+    if (pl >= 2 && p[0] == '{' && p[pl - 1] == '}') {
+      if (sl == 0 || n >= API_MAX_PARAMS) return 0;
+      params[n] = s;
+      cut[n++] = s + sl;
+    } else if (pl != sl || memcmp(p, s, pl)) {
+      return 0;
+    }
+    p += pl;
+    s += sl;
+  }
+  for (int i = 0; i < n; i++) *cut[i] = '\0';
+  *n_params = n;
+  return 1;
+}
+
+static const char *const ALLOW_ORDER[] = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"};
+#define N_ALLOW ((int)(sizeof ALLOW_ORDER / sizeof ALLOW_ORDER[0]))
+
+/* Finds the route for r's method and path: returns it with r->params set, or NULL with allow
+ * holding the methods the path has ("GET, HEAD, DELETE"; empty: unknown path). -1 on OOM. */
+static int route_find(struct api_req *r, const struct api_route **out, char *allow, size_t cap) {
+  size_t plen = strlen(r->path);
+  int seen[N_ALLOW] = {0};
+  *out = NULL;
+  allow[0] = '\0';
+  if (!(r->params_buf = malloc(plen + 1))) return -1;
+  const char *m = !strcmp(r->method, "HEAD") ? "GET" : r->method;
+  for (int i = 0; i < NROUTES; i++) {
+    memcpy(r->params_buf, r->path, plen + 1);
+    const char *params[API_MAX_PARAMS];
+    int n = 0;
+    if (!match(ROUTES[i].pattern, r->params_buf, params, &n)) continue;
+    for (int k = 0; k < N_ALLOW; k++)
+      if (!strcmp(ROUTES[i].method, ALLOW_ORDER[k])) seen[k] = 1;
+    if (!strcmp(ROUTES[i].method, "GET")) seen[1] = 1; /* HEAD */
+    if (strcmp(ROUTES[i].method, m)) continue;
+    r->n_params = n;
+    for (int k = 0; k < n; k++) r->params[k] = params[k];
+    *out = &ROUTES[i];
+    return 0;
+  }
+  size_t len = 0;
+  for (int k = 0; k < N_ALLOW; k++) {
+    if (!seen[k]) continue;
+    int w = snprintf(allow + len, cap - len, "%s%s", len ? ", " : "", ALLOW_ORDER[k]);
+    if (w < 0 || (size_t)w >= cap - len) break;
+    len += (size_t)w;
+  }
+  return 0;
+}
+
+/* ---- JSON bodies ---- */
+
+/* Line and column (1-based) of byte offset at in s. */
+static void line_col(const char *s, size_t at, int *line, int *col) {
+  int l = 1, c = 1;
+  for (size_t i = 0; i < at; i++) {
+    if (s[i] == '\n')
+      l++, c = 1;
+    else
+      c++;
+  }
+  *line = l, *col = c;
+}
+
+/* Jansson has no runtime depth limit (only a compile-time 2048), so the nesting of arrays and
+ * objects is checked before parsing. Returns the offset of the first bracket beyond max, or
+ * (size_t)-1 when the text is within it (strings are skipped; malformed text is left to the
+ * parser). */
+static size_t json_depth_exceeded(const char *s, size_t n, int max) {
+  int depth = 0, in_str = 0;
+  for (size_t i = 0; i < n; i++) {
+    char c = s[i];
+    if (in_str) {
+      if (c == '\\')
+        i++;
+      else if (c == '"')
+        in_str = 0;
+    } else if (c == '"') {
+      in_str = 1;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max) return i;
+    } else if (c == ']' || c == '}') {
+      depth--;
+    }
+  }
+  return (size_t)-1;
+}
+
+/* Parses r->body into r->json, or replies 400 invalid_json. */
+static void parse_json_body(struct api_req *r) {
+  int max = r->srv->cfg.max_json_depth;
+  size_t at = json_depth_exceeded(r->body, r->body_len, max);
+  if (at != (size_t)-1) {
+    int line, col;
+    line_col(r->body, at, &line, &col);
+    api_reply_errorf(r, API_ERR_INVALID_JSON,
+                     "JSON nests deeper than max_json_depth (%d) at line %d, column %d (byte "
+                     "%zu)",
+                     max, line, col, at);
+    return;
+  }
+  json_error_t je;
+  r->json = json_loadb(r->body, r->body_len, JSON_REJECT_DUPLICATES, &je);
+  if (!r->json)
+    api_reply_errorf(r, API_ERR_INVALID_JSON, "invalid JSON at line %d, column %d (byte %d): %s",
+                     je.line, je.column, je.position, je.text);
+}
+
+/* ---- the request's life ---- */
+
+static uint64_t body_cap(const struct api_req *r) {
+  const struct config *c = &r->srv->cfg;
+  if (r->route && r->route->body == API_BODY_STREAM) return c->max_upload_bytes + MULTIPART_SLACK;
+  return c->max_body_bytes;
+}
+
+static int has_body(const struct api_req *r) {
+  return r->content_length > 0 || api_header((struct api_req *)r, "Transfer-Encoding") != NULL;
+}
+
+static void req_free(struct api_req *r) {
+  if (!r) return;
+  if (r->ctx_free) r->ctx_free(r->ctx);
+  if (r->resp) MHD_destroy_response(r->resp);
+  json_decref(r->json);
+  free(r->body);
+  free(r->params_buf);
+  free(r->path);
+  free(r);
+}
+
+static struct api_req *req_new(struct api_http *h, struct MHD_Connection *conn, const char *url,
+                               const char *method) {
+  struct api_req *r = calloc(1, sizeof *r);
+  if (!r) return NULL;
+  clock_gettime(CLOCK_MONOTONIC, &r->start);
+  r->srv = h->srv;
+  r->conn = conn;
+  snprintf(r->method_buf, sizeof r->method_buf, "%s", method);
+  r->method = r->method_buf;
+  if (!(r->path = strdup(url))) {
+    free(r);
+    return NULL;
+  }
+  r->content_length = -1;
+  return r;
+}
+
+/* The first call: headers are known, no body yet. May leave a reply in r. */
+static void req_begin(struct api_req *r) {
+  char allow[64];
+  r->content_type = api_header(r, MHD_HTTP_HEADER_CONTENT_TYPE);
+  const char *cl = api_header(r, MHD_HTTP_HEADER_CONTENT_LENGTH);
+  int64_t v;
+  if (cl && !parse_i64(cl, 0, INT64_MAX, &v, "Content-Length", NULL)) r->content_length = v;
+  r->owner = api_auth(r);
+  if (r->status) return; /* the auth hook replied (401) */
+  if (route_find(r, &r->route, allow, sizeof allow)) {
+    api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory", NULL);
+    return;
+  }
+  if (!r->route) {
+    if (!allow[0]) {
+      api_reply_errorf(r, API_ERR_NOT_FOUND, "no such path: %s %.200s", r->method, r->path);
+    } else if (!strcmp(r->method, "OPTIONS")) {
+      api_reply_text(r, 204, "text/plain", "", 0);
+      api_reply_header(r, MHD_HTTP_HEADER_ALLOW, allow);
+    } else {
+      api_reply_errorf(r, API_ERR_METHOD_NOT_ALLOWED, "%s is not allowed on %.200s (allowed: %s)",
+                       r->method, r->path, allow);
+      api_reply_header(r, MHD_HTTP_HEADER_ALLOW, allow);
+    }
+    return;
+  }
+  uint64_t cap = body_cap(r);
+  if (r->content_length > 0 && (uint64_t)r->content_length > cap) {
+    if (r->route->body == API_BODY_STREAM)
+      api_reply_errorf(r, API_ERR_PAYLOAD_TOO_LARGE,
+                       "upload of %lld bytes exceeds max_upload_bytes (%llu bytes)",
+                       (long long)r->content_length,
+                       (unsigned long long)r->srv->cfg.max_upload_bytes);
+    else
+      api_reply_errorf(r, API_ERR_PAYLOAD_TOO_LARGE,
+                       "request body of %lld bytes exceeds max_body_bytes (%llu bytes)",
+                       (long long)r->content_length, (unsigned long long)cap);
+    return;
+  }
+  if (r->route->body == API_BODY_JSON && has_body(r) &&
+      !api_content_type_is(r, "application/json")) {
+    api_reply_errorf(r, API_ERR_UNSUPPORTED_MEDIA,
+                     "this endpoint takes Content-Type: application/json (got %.100s)",
+                     r->content_type ? r->content_type : "none");
+    return;
+  }
+  if (r->route->begin && r->route->begin(r) && !r->status)
+    api_reply_error(r, API_ERR_INTERNAL, "the request could not be started", NULL);
+}
+
+/* A body chunk for a request without a reply yet. */
+static void req_chunk(struct api_req *r, const char *data, size_t n) {
+  uint64_t cap = body_cap(r);
+  if (r->body_bytes > cap) {
+    if (r->route->body == API_BODY_STREAM)
+      api_reply_errorf(r, API_ERR_PAYLOAD_TOO_LARGE, "upload exceeds max_upload_bytes (%llu bytes)",
+                       (unsigned long long)r->srv->cfg.max_upload_bytes);
+    else
+      api_reply_errorf(r, API_ERR_PAYLOAD_TOO_LARGE,
+                       "request body exceeds max_body_bytes (%llu bytes)", (unsigned long long)cap);
+    return;
+  }
+  if (r->route->body == API_BODY_STREAM) {
+    if (r->route->chunk(r, data, n) && !r->status)
+      api_reply_error(r, API_ERR_INTERNAL, "the upload could not be processed", NULL);
+    return;
+  }
+  if (r->body_len + n + 1 > r->body_cap) {
+    size_t want = r->body_cap ? r->body_cap : 4096;
+    while (want < r->body_len + n + 1) want *= 2;
+    if (want > cap + 1) want = (size_t)cap + 1;
+    char *nb = realloc(r->body, want);
+    if (!nb) {
+      api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory reading the request body", NULL);
+      return;
+    }
+    r->body = nb;
+    r->body_cap = want;
+  }
+  memcpy(r->body + r->body_len, data, n);
+  r->body_len += n;
+  r->body[r->body_len] = '\0';
+}
+
+/* The last call: the whole body is in. */
+static void req_finish(struct api_req *r) {
+  if (r->route->body == API_BODY_JSON && r->body_len) parse_json_body(r);
+  if (r->status) return;
+  if (r->route->handle(r) && !r->status)
+    api_reply_error(r, API_ERR_INTERNAL, "the request could not be answered", NULL);
+  if (!r->status) {
+    LOG(ERROR, "%s %s: the handler gave no reply", r->method, r->path);
+    api_reply_error(r, API_ERR_INTERNAL, "the handler gave no reply", NULL);
+  }
+}
+
+static enum MHD_Result queue(struct api_req *r) {
+  if (!r->resp) return MHD_NO;
+  enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)r->status, r->resp);
+  MHD_destroy_response(r->resp);
+  r->resp = NULL;
+  if (ret != MHD_YES)
+    LOG(WARN, "%s %s: could not queue the %d reply", r->method, r->path, r->status);
+  return ret;
+}
+
+static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url,
+                                 const char *method, const char *version, const char *upload_data,
+                                 size_t *upload_data_size, void **con_cls) {
+  struct api_http *h = cls;
+  struct api_req *r = *con_cls;
+  (void)version;
+  if (!r) {
+    if (!(r = req_new(h, conn, url, method))) return MHD_NO;
+    *con_cls = r;
+    req_begin(r);
+    /* A reply decided before the body is queued at the last call, after the body (if any) was
+     * drained, so that the connection stays usable and a client still sending reads the reply.
+     * Only an announced body too large to drain gets the reply at once: libmicrohttpd then
+     * sends it without reading the body (an Expect: 100-continue client, such as curl for large
+     * uploads, never sends it) and closes the connection. */
+    if (r->resp && r->content_length > 0 && (uint64_t)r->content_length > DRAIN_MAX)
+      return queue(r);
+    return MHD_YES;
+  }
+  if (*upload_data_size) {
+    size_t n = *upload_data_size;
+    *upload_data_size = 0;
+    r->body_bytes += n;
+    if (r->status) {
+      r->drained += n;
+      return r->drained > DRAIN_MAX ? MHD_NO : MHD_YES;
+    }
+    req_chunk(r, upload_data, n);
+    return MHD_YES;
+  }
+  if (!r->status) req_finish(r);
+  return queue(r);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+  struct api_http *h = cls;
+  struct api_req *r = *con_cls;
+  (void)conn;
+  if (!r) return;
+  double ms = api_req_ms(r);
+  if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && r->status)
+    LOG(DEBUG, "%s %s: connection ended before the %d reply was sent (%d)", r->method, r->path,
+        r->status, (int)toe);
+  if (h->srv->cfg.access_log) log_access(r->method, r->path, r->status, ms);
+  if (r->status) server_count_request(h->srv, r->method, r->status, ms / 1e3);
+  req_free(r);
+  *con_cls = NULL;
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
+  char buf[512];
+  (void)cls;
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  size_t n = strlen(buf);
+  while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r')) buf[--n] = '\0';
+  LOG(WARN, "http: %s", buf);
+}
+
+/* ---- the daemon ---- */
+
+/* Reads a PEM file (at most 1 MiB) into an owned string. */
+static char *read_pem(const char *path, struct dapo_err *e) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    dapo_errf(e, DAPO_EIO, "%s: %s", path, strerror(errno));
+    return NULL;
+  }
+  size_t cap = 1 << 20, len = 0;
+  char *buf = malloc(cap + 1);
+  ssize_t k = 0;
+  while (buf && len < cap && (k = read(fd, buf + len, cap - len)) > 0) len += (size_t)k;
+  close(fd);
+  if (!buf || k < 0 || len == cap) {
+    dapo_errf(e, buf ? DAPO_EIO : DAPO_ENOMEM, "%s: %s", path,
+              !buf    ? "out of memory"
+              : k < 0 ? strerror(errno)
+                      : "larger than 1 MiB");
+    free(buf);
+    return NULL;
+  }
+  buf[len] = '\0';
+  return buf;
+}
+
+struct api_http *api_http_start(struct server *srv, struct dapo_err *e) {
+  const struct config *c = &srv->cfg;
+  struct api_http *h = calloc(1, sizeof *h);
+  if (!h) {
+    dapo_errf(e, DAPO_ENOMEM, "out of memory");
+    return NULL;
+  }
+  h->srv = srv;
+  char port[16], addr[300];
+  snprintf(port, sizeof port, "%d", c->listen.port);
+  config_addr_format(&c->listen, addr, sizeof addr);
+  struct addrinfo hints = {0}, *ai = NULL;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  int g = getaddrinfo(c->listen.host[0] ? c->listen.host : NULL, port, &hints, &ai);
+  if (g || !ai) {
+    dapo_errf(e, DAPO_EINVAL, "listen %s: %s", addr, g ? gai_strerror(g) : "no address");
+    free(h);
+    return NULL;
+  }
+  struct sockaddr_storage ss;
+  memcpy(&ss, ai->ai_addr, ai->ai_addrlen);
+  int family = ai->ai_family;
+  freeaddrinfo(ai);
+
+  unsigned flags =
+      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+  if (family == AF_INET6) flags |= MHD_USE_IPv6;
+  struct MHD_OptionItem tls[3] = {{MHD_OPTION_END, 0, NULL}};
+  if (c->tls_cert && c->tls_cert[0]) {
+    if (!(h->tls_cert = read_pem(c->tls_cert, e)) || !(h->tls_key = read_pem(c->tls_key, e))) {
+      api_http_stop(h);
+      return NULL;
+    }
+    flags |= MHD_USE_TLS;
+    tls[0] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, h->tls_cert};
+    tls[1] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, h->tls_key};
+    tls[2] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
+  }
+  errno = 0;
+  h->d = MHD_start_daemon(
+      flags, (uint16_t)c->listen.port, NULL, NULL, on_access, h, MHD_OPTION_EXTERNAL_LOGGER,
+      on_mhd_log, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE,
+      (unsigned)c->http_threads, MHD_OPTION_CONNECTION_LIMIT, (unsigned)c->max_connections,
+      MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)c->max_connections_per_ip,
+      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)c->connection_timeout_s,
+      MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)c->max_header_bytes, MHD_OPTION_NOTIFY_COMPLETED,
+      on_completed, h, MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
+  if (!h->d) {
+    int err = errno;
+    dapo_errf(e, DAPO_EIO, "cannot serve HTTP on %s: %s", addr,
+              err ? strerror(err) : "libmicrohttpd refused to start (see the log above)");
+    api_http_stop(h);
+    return NULL;
+  }
+  const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
+  h->port = info && info->port ? info->port : c->listen.port;
+  return h;
+}
+
+void api_http_stop(struct api_http *h) {
+  if (!h) return;
+  if (h->d) MHD_stop_daemon(h->d);
+  free(h->tls_cert);
+  free(h->tls_key);
+  free(h);
+}
+
+int api_http_port(const struct api_http *h) {
+  return h->port;
+}

@@ -1,0 +1,261 @@
+/* Handlers: GET /v1/models, GET /v1/models/{id}. Base models are the presets (core/preset.h)
+ * and every sub-folder of models_dir in the Hugging Face layout; a folder that is not a usable
+ * model is listed with status "invalid" and an error naming the file and key at fault, so that a
+ * user sees why it is not offered. Folders are inspected without loading weights: config.json is
+ * parsed (model_config_from_json) and the weight and tokenizer files must exist; the weights
+ * themselves are checked when a job or a completion opens the model.
+ * TODO(jobs): checkpoints are models too ("{job_id}:step-{n}", kind "checkpoint"). */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "handlers.h"
+#include "http.h"
+#include "model.h"
+#include "models.h"
+#include "preset.h"
+#include "server.h"
+
+#define MAX_FOLDERS 1000                  /* sub-folders inspected per listing */
+#define CONFIG_JSON_MAX ((size_t)1 << 20) /* config.json is small */
+
+static const char *arch_name(enum model_arch a) {
+  return a == ARCH_QWEN2 ? "qwen2" : "llama";
+}
+
+/* Parameters of a model with config c, counted as core/model.c lays them out (a tied lm_head
+ * is not counted twice). */
+static int64_t count_params(const struct model_config *c) {
+  int64_t C = c->hidden_size, V = c->vocab_size, FF = c->intermediate_size;
+  int64_t Q = (int64_t)c->num_heads * c->head_dim, KV = (int64_t)c->num_kv_heads * c->head_dim;
+  int64_t layer = C + C * Q + 2 * C * KV + Q * C + C + 3 * C * FF;
+  if (c->qkv_bias) layer += Q + 2 * KV;
+  return V * C + (int64_t)c->num_layers * layer + C + (c->tie_word_embeddings ? 0 : V * C);
+}
+
+static json_t *config_summary(const struct model_config *c) {
+  return json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:b, s:i, s:i}",
+                   "architecture", arch_name(c->arch), "vocab_size", c->vocab_size, "hidden_size",
+                   c->hidden_size, "intermediate_size", c->intermediate_size, "num_hidden_layers",
+                   c->num_layers, "num_attention_heads", c->num_heads, "num_key_value_heads",
+                   c->num_kv_heads, "head_dim", c->head_dim, "max_position_embeddings",
+                   c->max_position_embeddings, "tie_word_embeddings", c->tie_word_embeddings,
+                   "qkv_bias", c->qkv_bias, "bos_token_id", c->bos_token_id, "eos_token_id",
+                   c->eos_token_id);
+}
+
+static json_t *preset_json(const struct preset *p) {
+  json_t *o =
+      json_pack("{s:s, s:s, s:s, s:s, s:s, s:n, s:s, s:I}", "id", p->name, "object", "model",
+                "kind", "preset", "owned_by", "dapod", "status", "ready", "created_at",
+                "description", p->description, "parameters", (json_int_t)count_params(&p->cfg));
+  if (o) json_object_set_new(o, "config", config_summary(&p->cfg));
+  return o;
+}
+
+/* 1 when dir/name is a regular file; its size into *bytes (may be NULL). */
+static int is_file(const char *dir, const char *name, int64_t *bytes) {
+  char p[4096];
+  struct stat st;
+  if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, name) >= sizeof p) return 0;
+  if (stat(p, &st) || !S_ISREG(st.st_mode)) return 0;
+  if (bytes) *bytes = st.st_size;
+  return 1;
+}
+
+/* Reads and parses dir/config.json into c; on failure a message naming the problem. */
+static int read_config(const char *dir, struct model_config *c, int64_t *mtime,
+                       struct dapo_err *e) {
+  char p[4096];
+  if ((size_t)snprintf(p, sizeof p, "%s/config.json", dir) >= sizeof p)
+    return dapo_errf(e, DAPO_EINVAL, "path too long");
+  int fd = open(p, O_RDONLY | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st)) {
+    int err = errno;
+    if (fd >= 0) close(fd);
+    return dapo_errf(e, DAPO_EIO, "config.json: %s", strerror(err));
+  }
+  *mtime = st.st_mtime;
+  if (!S_ISREG(st.st_mode) || (size_t)st.st_size > CONFIG_JSON_MAX) {
+    close(fd);
+    return dapo_errf(e, DAPO_EFORMAT, "config.json: not a regular file of at most 1 MiB");
+  }
+  json_error_t je;
+  json_t *j = json_loadfd(fd, JSON_REJECT_DUPLICATES, &je);
+  close(fd);
+  if (!j)
+    return dapo_errf(e, DAPO_EFORMAT, "config.json: line %d, column %d: %s", je.line, je.column,
+                     je.text);
+  int rc = model_config_from_json(c, j, e);
+  json_decref(j);
+  if (!rc) rc = model_config_validate(c, e);
+  return rc;
+}
+
+/* The model object of folder models_dir/name. Never NULL except out of memory: a folder that is
+ * not a usable model gets status "invalid" and an "error". */
+static json_t *folder_json(const char *models_dir, const char *name) {
+  char dir[4096];
+  struct dapo_err e = {0};
+  struct model_config c;
+  int64_t mtime = 0, wbytes = 0, tbytes = 0;
+  int rc = 0;
+  const char *weights = NULL;
+  if ((size_t)snprintf(dir, sizeof dir, "%s/%s", models_dir, name) >= sizeof dir)
+    rc = dapo_errf(&e, DAPO_EINVAL, "path too long");
+  if (!rc && preset_find(name))
+    rc = dapo_errf(&e, DAPO_EINVAL, "the folder's name is taken by the preset '%s'", name);
+  if (!rc) rc = read_config(dir, &c, &mtime, &e);
+  if (!rc) {
+    if (is_file(dir, "model.safetensors", &wbytes))
+      weights = "model.safetensors";
+    else if (is_file(dir, "model.safetensors.index.json", &wbytes))
+      weights = "model.safetensors.index.json";
+    else
+      rc = dapo_errf(&e, DAPO_EFORMAT,
+                     "no weights: model.safetensors or model.safetensors.index.json is missing");
+  }
+  if (!rc && !is_file(dir, "tokenizer.json", &tbytes))
+    rc = dapo_errf(&e, DAPO_EFORMAT, "tokenizer.json is missing");
+  json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s}", "id", name, "object", "model", "kind",
+                        "folder", "owned_by", "dapod", "status", rc ? "invalid" : "ready");
+  if (!o) return NULL;
+  json_object_set_new(o, "created_at", mtime ? json_integer(mtime) : json_null());
+  if (rc) {
+    json_object_set_new(o, "error", json_string(e.msg));
+    return o;
+  }
+  json_object_set_new(o, "parameters", json_integer(count_params(&c)));
+  json_object_set_new(o, "weights", json_string(weights));
+  json_object_set_new(o, "config", config_summary(&c));
+  return o;
+}
+
+/* A folder name offered as a model id: not hidden, not a checkpoint being written. */
+static int folder_name_ok(const char *name) {
+  return name[0] && name[0] != '.' && !strstr(name, ".tmp-");
+}
+
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Sorted names of the sub-folders of dir (owned, free each and the array); a missing folder
+ * gives none. Returns 0 or -1 (out of memory). */
+static int list_folders(const char *dir, char ***out, int *n_out) {
+  *out = NULL;
+  *n_out = 0;
+  DIR *d = opendir(dir);
+  if (!d) return 0;
+  char **v = NULL;
+  int n = 0, cap = 0, rc = 0;
+  struct dirent *de;
+  while ((de = readdir(d)) && n < MAX_FOLDERS) {
+    if (!folder_name_ok(de->d_name)) continue;
+    char p[4096];
+    struct stat st;
+    if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, de->d_name) >= sizeof p) continue;
+    if (stat(p, &st) || !S_ISDIR(st.st_mode)) continue;
+    if (n == cap) {
+      cap = cap ? cap * 2 : 16;
+      char **nv = realloc(v, sizeof *v * (size_t)cap);
+      if (!nv) {
+        rc = -1;
+        break;
+      }
+      v = nv;
+    }
+    if (!(v[n] = strdup(de->d_name))) {
+      rc = -1;
+      break;
+    }
+    n++;
+  }
+  closedir(d);
+  if (rc) {
+    for (int i = 0; i < n; i++) free(v[i]);
+    free(v);
+    return -1;
+  }
+  if (n) qsort(v, (size_t)n, sizeof *v, cmp_str);
+  *out = v;
+  *n_out = n;
+  return 0;
+}
+
+int api_model_find(const struct server *s, const char *id, json_t **obj_out) {
+  *obj_out = NULL;
+  const struct preset *p = preset_find(id);
+  if (p) return (*obj_out = preset_json(p)) ? 0 : -1;
+  if (!folder_name_ok(id) || strchr(id, '/')) return 1;
+  char dir[4096];
+  struct stat st;
+  if ((size_t)snprintf(dir, sizeof dir, "%s/%s", s->cfg.models_dir, id) >= sizeof dir ||
+      stat(dir, &st) || !S_ISDIR(st.st_mode))
+    return 1;
+  return (*obj_out = folder_json(s->cfg.models_dir, id)) ? 0 : -1;
+}
+
+int api_models_list(struct api_req *r) {
+  int limit;
+  const char *after;
+  if (api_page_params(r, &limit, &after)) return 0;
+  char **names = NULL;
+  int n_names = 0;
+  if (list_folders(r->srv->cfg.models_dir, &names, &n_names))
+    return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory listing models", NULL);
+  /* One ordered sequence: presets in table order, then folders by name. */
+  int total = preset_count() + n_names, start = 0;
+  if (after) {
+    start = -1;
+    for (int i = 0; i < total && start < 0; i++) {
+      const char *id = i < preset_count() ? preset_get(i)->name : names[i - preset_count()];
+      if (!strcmp(id, after)) start = i + 1;
+    }
+  }
+  json_t *data = json_array(), *o = NULL;
+  int end = start < 0 ? 0 : (start + limit < total ? start + limit : total);
+  for (int i = start < 0 ? 0 : start; data && i < end; i++) {
+    json_t *m = i < preset_count() ? preset_json(preset_get(i))
+                                   : folder_json(r->srv->cfg.models_dir, names[i - preset_count()]);
+    if (json_array_append_new(data, m)) {
+      json_decref(data);
+      data = NULL;
+    }
+  }
+  for (int i = 0; i < n_names; i++) free(names[i]);
+  free(names);
+  if (start < 0) {
+    json_decref(data);
+    return api_reply_errorf(r, API_ERR_INVALID_REQUEST, "after: no such model '%.128s'", after);
+  }
+  if (data) {
+    int more = end < total;
+    o = json_pack("{s:s, s:o, s:b}", "object", "list", "data", data, "has_more", more);
+    if (o)
+      json_object_set_new(
+          o, "next_after",
+          more && json_array_size(data)
+              ? json_copy(json_object_get(json_array_get(data, json_array_size(data) - 1), "id"))
+              : json_null());
+  }
+  return api_reply_json_steal(r, 200, o);
+}
+
+int api_models_get(struct api_req *r) {
+  json_t *o = NULL;
+  int rc = api_model_find(r->srv, r->params[0], &o);
+  if (rc < 0) return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory", NULL);
+  if (rc > 0)
+    return api_reply_errorf(r, API_ERR_NOT_FOUND,
+                            "no such model: '%.128s' is neither a preset nor a folder in the "
+                            "models directory",
+                            r->params[0]);
+  return api_reply_json_steal(r, 200, o);
+}

@@ -1,0 +1,23 @@
+/* Streaming SHA-256 (FIPS 180-4) for uploads: the content hash of a file is computed while it is
+ * written, chunk by chunk. (server/store.c has a private one-shot copy for body hashes; the two
+ * could share this one once the storage owner moves it.) */
+#ifndef DAPOD_API_SHA256_H
+#define DAPOD_API_SHA256_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct sha256_ctx {
+  uint32_t h[8];
+  uint64_t len; /* bytes hashed */
+  unsigned char buf[64];
+  size_t n; /* bytes in buf */
+};
+
+void sha256_begin(struct sha256_ctx *c);
+void sha256_feed(struct sha256_ctx *c, const void *data, size_t len);
+/* Finishes and writes 64 lower-case hex digits and a NUL into out; c must be begun again to be
+ * reused. */
+void sha256_end_hex(struct sha256_ctx *c, char out[65]);
+
+#endif

@@ -1,0 +1,115 @@
+/* The daemon's process state (server.h): start storage then HTTP, stop in reverse, and the
+ * request counters behind GET /metrics. */
+#include "server.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "http.h"
+#include "log.h"
+#include "store.h"
+
+const double server_latency_bounds[SRV_LATENCY_BUCKETS] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                           0.25,  0.5,   1,    2.5,   5,    10};
+
+void server_init(struct server *s, struct config *cfg) {
+  memset(s, 0, sizeof *s);
+  s->cfg = *cfg;
+  memset(cfg, 0, sizeof *cfg);
+}
+
+/* Removes "<id>.jsonl.tmp" files a previous process left behind (uploads cut short by a crash):
+ * they were never inserted, so nothing refers to them. */
+static void sweep_tmp_uploads(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  struct dirent *de;
+  while ((de = readdir(d))) {
+    size_t n = strlen(de->d_name);
+    if (n <= 10 || strcmp(de->d_name + n - 10, ".jsonl.tmp")) continue;
+    char p[4096];
+    if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, de->d_name) >= sizeof p) continue;
+    if (!unlink(p)) LOG(INFO, "removed an unfinished upload: %s", p);
+  }
+  closedir(d);
+}
+
+int server_start(struct server *s, struct dapo_err *e) {
+  clock_gettime(CLOCK_MONOTONIC, &s->start_mono);
+  s->started_at = (int64_t)time(NULL);
+  if (!(s->store = store_open(s->cfg.data_dir, e))) return e ? e->code : DAPO_EIO;
+  size_t n = strlen(s->cfg.data_dir) + 8;
+  if (!(s->files_dir = malloc(n))) {
+    server_stop(s);
+    return dapo_errf(e, DAPO_ENOMEM, "out of memory");
+  }
+  snprintf(s->files_dir, n, "%s/files", s->cfg.data_dir);
+  if (mkdir(s->files_dir, 0700) && errno != EEXIST) {
+    int err = errno;
+    dapo_errf(e, DAPO_EIO, "%s: %s", s->files_dir, strerror(err));
+    server_stop(s);
+    return DAPO_EIO;
+  }
+  sweep_tmp_uploads(s->files_dir);
+  /* TODO(jobs): recover jobs left running, start the workers and the bus here (DAEMON.md). */
+  if (!(s->http = api_http_start(s, e))) {
+    int rc = e ? e->code : DAPO_EIO;
+    server_stop(s);
+    return rc;
+  }
+  s->port = api_http_port(s->http);
+  atomic_store(&s->ready, 1);
+  return 0;
+}
+
+void server_stop(struct server *s) {
+  atomic_store(&s->ready, 0);
+  /* TODO(jobs): ask running jobs to pause at a safe point within cfg.shutdown_grace_s and wake
+   * SSE readers so that their streams end, before HTTP stops (MHD_stop_daemon waits for them). */
+  api_http_stop(s->http);
+  s->http = NULL;
+  store_close(s->store);
+  s->store = NULL;
+  free(s->files_dir);
+  s->files_dir = NULL;
+  config_deinit(&s->cfg);
+}
+
+static enum server_http_method method_of(const char *m) {
+  static const char *const NAMES[] = {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"};
+  for (int i = 0; i < (int)(sizeof NAMES / sizeof NAMES[0]); i++)
+    if (!strcmp(m, NAMES[i])) return (enum server_http_method)i;
+  return SRV_M_OTHER;
+}
+
+const char *server_method_name(enum server_http_method m) {
+  static const char *const NAMES[SRV_M_COUNT] = {"GET",    "HEAD",  "POST",    "PUT",
+                                                 "DELETE", "PATCH", "OPTIONS", "other"};
+  return (int)m >= 0 && m < SRV_M_COUNT ? NAMES[m] : "other";
+}
+
+void server_count_request(struct server *s, const char *method, int status, double seconds) {
+  struct server_counters *c = &s->counters;
+  if (status >= SRV_STATUS_MIN && status <= SRV_STATUS_MAX)
+    atomic_fetch_add_explicit(&c->requests[method_of(method)][status - SRV_STATUS_MIN], 1,
+                              memory_order_relaxed);
+  int b = 0;
+  while (b < SRV_LATENCY_BUCKETS && seconds > server_latency_bounds[b]) b++;
+  atomic_fetch_add_explicit(&c->latency_bucket[b], 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&c->latency_count, 1, memory_order_relaxed);
+  if (seconds > 0)
+    atomic_fetch_add_explicit(&c->latency_sum_us, (uint_fast64_t)(seconds * 1e6),
+                              memory_order_relaxed);
+}
+
+double server_uptime(const struct server *s) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)(t.tv_sec - s->start_mono.tv_sec) +
+         (double)(t.tv_nsec - s->start_mono.tv_nsec) / 1e9;
+}

@@ -1,0 +1,85 @@
+/* The daemon's process state: one struct server, passed explicitly to every part of the process
+ * (the HTTP layer reaches it through each request). main fills cfg, then server_start opens the
+ * storage and starts HTTP; server_stop undoes it in reverse order. */
+#ifndef DAPOD_SERVER_H
+#define DAPOD_SERVER_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "config.h"
+#include "error.h"
+
+struct store;
+struct api_http;
+
+/* Request counters for GET /metrics, by method and status, plus a latency histogram. Updated
+ * with relaxed atomics from the HTTP threads (one request = one update, in the completion
+ * callback); read without a lock, so a scrape may see a request counted in one family and not
+ * yet in another. */
+enum server_http_method {
+  SRV_M_GET = 0,
+  SRV_M_HEAD,
+  SRV_M_POST,
+  SRV_M_PUT,
+  SRV_M_DELETE,
+  SRV_M_PATCH,
+  SRV_M_OPTIONS,
+  SRV_M_OTHER,
+  SRV_M_COUNT
+};
+#define SRV_STATUS_MIN 100
+#define SRV_STATUS_MAX 599
+#define SRV_N_STATUS (SRV_STATUS_MAX - SRV_STATUS_MIN + 1)
+/* Upper bounds (seconds) of the latency buckets; +Inf is implicit. */
+#define SRV_LATENCY_BUCKETS 12
+extern const double server_latency_bounds[SRV_LATENCY_BUCKETS];
+
+struct server_counters {
+  atomic_uint_fast64_t requests[SRV_M_COUNT][SRV_N_STATUS];     /* by method and status */
+  atomic_uint_fast64_t latency_bucket[SRV_LATENCY_BUCKETS + 1]; /* non-cumulative; last: +Inf */
+  atomic_uint_fast64_t latency_count;
+  atomic_uint_fast64_t latency_sum_us; /* microseconds */
+};
+
+struct server {
+  struct config cfg;          /* effective configuration; owned (config_deinit in server_stop) */
+  struct store *store;        /* SQLite storage, the truth; owned; NULL until server_start */
+  struct api_http *http;      /* the HTTP daemon (api/http.h); owned; NULL when not serving */
+  char *files_dir;            /* data_dir/files: uploaded datasets (owned) */
+  int64_t started_at;         /* Unix seconds of server_start */
+  struct timespec start_mono; /* CLOCK_MONOTONIC at server_start: dapod_uptime_seconds */
+  atomic_int ready;           /* 1 from "storage open and HTTP up" to the start of server_stop */
+  int port; /* the bound HTTP port (the configured one, or the one picked for 0) */
+  struct server_counters counters; /* GET /metrics */
+  /* TODO(jobs): struct workers *workers;  job threads, each with its compute pool (DAEMON.md)
+   * TODO(jobs): struct bus *bus;          wake-ups for SSE readers after an event is stored
+   * TODO(jobs): startup recovery of running/pausing/cancelling jobs before HTTP starts, and
+   *             asking running jobs to pause within cfg.shutdown_grace_s in server_stop. */
+};
+
+/* Initialises s around cfg, which is moved in (the caller's struct is zeroed and must not be
+ * deinitialised again): s then owns it. cfg must have passed config_finish. */
+void server_init(struct server *s, struct config *cfg);
+
+/* Opens the storage under cfg.data_dir (creating data_dir and data_dir/files), then starts HTTP
+ * on cfg.listen and sets ready. On failure everything started is stopped again and e names the
+ * problem (the address in use, a storage error...). Not thread-safe; call once. */
+int server_start(struct server *s, struct dapo_err *e);
+
+/* Stops in order: not ready, HTTP (in-flight requests finish, no new ones), storage; then frees
+ * everything s owns, cfg included. Safe after a failed or no server_start; idempotent. */
+void server_stop(struct server *s);
+
+/* Counts one finished request (method as sent, status as answered, duration in seconds) in
+ * s->counters. Thread-safe (relaxed atomics). */
+void server_count_request(struct server *s, const char *method, int status, double seconds);
+
+/* Name of a method bucket ("GET", ..., "other"). Borrowed static string. */
+const char *server_method_name(enum server_http_method m);
+
+/* Seconds since server_start (monotonic clock). */
+double server_uptime(const struct server *s);
+
+#endif
