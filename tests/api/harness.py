@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -41,9 +42,12 @@ class Response:
 class Daemon:
     """One dapod process. Use as a context manager or call start()/stop()."""
 
-    def __init__(self, dapod, args=(), data_dir=None):
+    def __init__(self, dapod, args=(), data_dir=None, listen="127.0.0.1:0"):
         self.dapod = dapod
         self.args = list(args)
+        self.listen = listen
+        self.scheme = "http"
+        self.host = None
         self.tmp = tempfile.mkdtemp(prefix="dapod-api-")
         self.data_dir = data_dir or os.path.join(self.tmp, "var")
         self.models_dir = os.path.join(self.tmp, "models")
@@ -58,7 +62,7 @@ class Daemon:
     # ---- lifecycle ----
 
     def start(self):
-        cmd = [self.dapod, "serve", "--listen", "127.0.0.1:0", "--data-dir", self.data_dir,
+        cmd = [self.dapod, "serve", "--listen", self.listen, "--data-dir", self.data_dir,
                "--models-dir", self.models_dir] + self.args
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE)
@@ -91,8 +95,11 @@ class Daemon:
                 self.lines.append(line)
             marker = "dapod: listening on "
             if line.startswith(marker) and self.port is None:
-                url = line[len(marker):].strip()
-                self.port = int(url.rsplit(":", 1)[1])
+                url = line[len(marker):].strip()  # http://127.0.0.1:PORT, https://[::1]:PORT
+                self.scheme, rest = url.split("://", 1)
+                host, port = rest.rsplit(":", 1)
+                self.host = host.strip("[]")
+                self.port = int(port)
                 self._listening.set()
         self._listening.set()  # EOF: wake start() if it is still waiting
 
@@ -136,7 +143,11 @@ class Daemon:
     # ---- HTTP ----
 
     def request(self, method, path, body=None, headers=None, timeout=30):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        if self.scheme == "https":
+            conn = http.client.HTTPSConnection(self.host, self.port, timeout=timeout,
+                                               context=ssl._create_unverified_context())
+        else:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
         try:
             conn.request(method, path, body=body, headers=headers or {})
             resp = conn.getresponse()
@@ -160,7 +171,7 @@ class Daemon:
     def raw_exchange(self, head, body=b"", timeout=30):
         """Sends head (the request line and headers, CRLF-terminated) and body on a plain socket
         and returns (status, headers, body) of the first non-1xx response."""
-        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as s:
+        with socket.create_connection((self.host, self.port), timeout=timeout) as s:
             s.sendall(head + body)
             f = s.makefile("rb")
             while True:

@@ -10,6 +10,8 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import unittest
@@ -501,6 +503,37 @@ class TestLifecycle(unittest.TestCase):
             d.start()
             self.assertEqual(d.stop(signal.SIGINT), 0, d.log())
             self.assertIn("stopped", d.log())
+        finally:
+            d.cleanup()
+
+    def test_ipv6_loopback(self):
+        try:
+            socket.socket(socket.AF_INET6).close()
+        except OSError:
+            self.skipTest("no IPv6")
+        d = harness.Daemon(DAPOD, listen="[::1]:0")
+        try:
+            d.start()
+            self.assertEqual(d.host, "::1")
+            self.assertEqual(d.get("/healthz").status, 200)
+            self.assertEqual(d.stop(), 0, d.log())
+        finally:
+            d.cleanup()
+
+    def test_tls(self):
+        if not shutil.which("openssl"):
+            self.skipTest("no openssl command to make a certificate")
+        d = harness.Daemon(DAPOD)
+        try:
+            cert, key = os.path.join(d.tmp, "cert.pem"), os.path.join(d.tmp, "key.pem")
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+                            key, "-out", cert, "-days", "1", "-subj", "/CN=localhost"],
+                           check=True, capture_output=True, timeout=120)
+            d.args += ["--tls-cert", cert, "--tls-key", key]
+            d.start()
+            self.assertEqual(d.scheme, "https")
+            self.assertEqual(d.get("/healthz").json(), {"status": "ok"})
+            self.assertEqual(d.stop(), 0, d.log())
         finally:
             d.cleanup()
 
