@@ -501,6 +501,13 @@ static void req_finish(struct api_req *r) {
 
 static enum MHD_Result queue(struct api_req *r) {
   if (!r->resp) return MHD_NO;
+  /* A refused request's route state goes before the refusal does, so that its side effects (a
+   * temporary upload file) are gone when the client reads the error. */
+  if (r->status >= 400 && r->ctx_free) {
+    r->ctx_free(r->ctx);
+    r->ctx = NULL;
+    r->ctx_free = NULL;
+  }
   enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)r->status, r->resp);
   MHD_destroy_response(r->resp);
   r->resp = NULL;

@@ -53,7 +53,9 @@ struct api_req {
   char *body;               /* API_BODY_NONE/JSON: the body (owned, NUL-terminated) */
   size_t body_len, body_cap;
   json_t *json; /* API_BODY_JSON: the parsed body (owned; NULL when empty) */
-  void *ctx;    /* route state for streamed bodies (owned through ctx_free) */
+  /* Route state for streamed bodies, owned through ctx_free: freed when the request completes,
+   * or just before an error reply (status >= 400) is queued. */
+  void *ctx;
   void (*ctx_free)(void *ctx);
   struct timespec start; /* CLOCK_MONOTONIC at the first call: access log, latency */
   /* The pending reply (set by api_reply_*, queued by the dispatcher). */
