@@ -99,6 +99,18 @@ int api_content_type_is(const struct api_req *r, const char *type) {
   return c == '\0' || c == ';' || c == ' ' || c == '\t';
 }
 
+json_t *api_json_text(const char *s) {
+  json_t *j = json_string(s);
+  if (j) return j;
+  char *c = strdup(s);
+  if (!c) return NULL;
+  for (char *p = c; *p; p++)
+    if ((unsigned char)*p >= 0x80) *p = '?';
+  j = json_string(c);
+  free(c);
+  return j;
+}
+
 /* ---- replies ---- */
 
 /* Sets the pending reply; a second reply is a bug in a handler: logged, the first one kept. */
@@ -167,9 +179,7 @@ int api_reply_error(struct api_req *r, enum api_err code, const char *detail, js
     json_object_set_new(o, "type", json_string(type));
     json_object_set_new(o, "title", json_string(row->title));
     json_object_set_new(o, "status", json_integer(row->http_status));
-    /* detail must be valid UTF-8 for jansson; fall back to the hint when it is not. */
-    json_t *d = json_string(detail ? detail : row->hint);
-    json_object_set_new(o, "detail", d ? d : json_string(row->hint));
+    json_object_set_new(o, "detail", api_json_text(detail ? detail : row->hint));
     if (errors) json_object_set(o, "errors", errors);
   }
   json_decref(errors);
@@ -470,6 +480,7 @@ static void req_chunk(struct api_req *r, const char *data, size_t n) {
       api_reply_error(r, API_ERR_INTERNAL, "the upload could not be processed", NULL);
     return;
   }
+  /* body_bytes (= body_len + n here) <= cap was checked above, so cap + 1 always fits. */
   if (r->body_len + n + 1 > r->body_cap) {
     size_t want = r->body_cap ? r->body_cap : 4096;
     while (want < r->body_len + n + 1) want *= 2;

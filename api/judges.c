@@ -16,7 +16,8 @@
 #define JUDGE_TEST_MAX_ITEMS 256
 
 static void add_err(json_t *errors, const char *field, const char *msg) {
-  json_array_append_new(errors, json_pack("{s:s, s:s}", "field", field, "message", msg));
+  json_array_append_new(errors, json_pack("{s:o, s:o}", "field", api_json_text(field), "message",
+                                          api_json_text(msg)));
 }
 
 /* judge_new's message "judge.url: host ... " -> field "judge.url", message the rest. */
@@ -177,7 +178,7 @@ int api_judges_test(struct api_req *r) {
                 "requests", st.n_requests, "retries", st.n_retries, "judge_timeout", st.n_timeout,
                 "judge_http_error", st.n_http_error, "judge_parse_error", st.n_parse_error,
                 "reward_out_of_range", st.n_out_of_range);
-  if (reply) json_object_set_new(reply, "error", rc ? json_string(e.msg) : json_null());
+  if (reply) json_object_set_new(reply, "error", rc ? api_json_text(e.msg) : json_null());
   judge_results_release(res, (int)n);
   judge_free(j);
   free(it), free(res);

@@ -16,6 +16,7 @@
 
 #include "handlers.h"
 #include "http.h"
+#include "log.h"
 #include "model.h"
 #include "models.h"
 #include "preset.h"
@@ -128,7 +129,7 @@ static json_t *folder_json(const char *models_dir, const char *name) {
   if (!o) return NULL;
   json_object_set_new(o, "created_at", mtime ? json_integer(mtime) : json_null());
   if (rc) {
-    json_object_set_new(o, "error", json_string(e.msg));
+    json_object_set_new(o, "error", api_json_text(e.msg));
     return o;
   }
   json_object_set_new(o, "parameters", json_integer(count_params(&c)));
@@ -137,9 +138,13 @@ static json_t *folder_json(const char *models_dir, const char *name) {
   return o;
 }
 
-/* A folder name offered as a model id: not hidden, not a checkpoint being written. */
+/* A folder name offered as a model id: UTF-8 (ids are JSON strings), not hidden, not a
+ * checkpoint being written. */
 static int folder_name_ok(const char *name) {
-  return name[0] && name[0] != '.' && !strstr(name, ".tmp-");
+  if (!name[0] || name[0] == '.' || strstr(name, ".tmp-")) return 0;
+  json_t *probe = json_string(name);
+  json_decref(probe);
+  return probe != NULL;
 }
 
 static int cmp_str(const void *a, const void *b) {
@@ -157,7 +162,10 @@ static int list_folders(const char *dir, char ***out, int *n_out) {
   int n = 0, cap = 0, rc = 0;
   struct dirent *de;
   while ((de = readdir(d)) && n < MAX_FOLDERS) {
-    if (!folder_name_ok(de->d_name)) continue;
+    if (!folder_name_ok(de->d_name)) {
+      if (de->d_name[0] != '.') LOG(DEBUG, "models: folder name skipped: not UTF-8 or temporary");
+      continue;
+    }
     char p[4096];
     struct stat st;
     if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, de->d_name) >= sizeof p) continue;

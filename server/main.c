@@ -2,6 +2,8 @@
  * defaults, file, flags, validation; storage; HTTP; wait for SIGINT/SIGTERM; stop in order); the
  * other subcommands work offline over libdapo: train one job, list presets, save a preset as a
  * checkpoint folder, sample text. */
+#include <errno.h>
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,7 +11,6 @@
 
 #include <libgen.h>
 #include <limits.h>
-#include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -337,6 +338,18 @@ static void notify_systemd(const char *msg) {
   close(fd);
 }
 
+/* The self-pipe of SIGINT/SIGTERM: the handler writes one byte, main waits for it. */
+static int g_stop_pipe[2] = {-1, -1};
+static volatile sig_atomic_t g_stop_signal;
+
+static void on_stop_signal(int sig) {
+  int saved = errno;
+  g_stop_signal = sig;
+  ssize_t k = write(g_stop_pipe[1], "x", 1); /* a full pipe already holds a wake-up */
+  (void)k;
+  errno = saved;
+}
+
 static void serve_help(FILE *f) {
   usage(f);
   fprintf(f, "\n");
@@ -382,15 +395,22 @@ static int cmd_serve(int argc, char **argv) {
   }
   log_set_level((enum log_level)cfg.log_level);
 
-  /* SIGINT and SIGTERM are blocked in every thread (the HTTP threads inherit the mask) and taken
-   * by sigwait below: no handler runs, no flag is polled. SIGPIPE: a client that hangs up must
-   * not kill the daemon. */
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop, NULL);
-  struct sigaction ign = {0};
+  /* SIGINT/SIGTERM: the handler only records the signal and writes a byte to a pipe that the
+   * main thread waits on (a self-pipe; sigwait with blocked signals is not enough, since
+   * libraries such as OpenBLAS start threads before main that would take the signal with its
+   * default action). SIGPIPE: a client that hangs up must not kill the daemon. */
+  if (pipe2(g_stop_pipe, O_CLOEXEC)) {
+    fprintf(stderr, "dapod: pipe: %s\n", strerror(errno));
+    config_deinit(&cfg);
+    return 1;
+  }
+  fcntl(g_stop_pipe[1], F_SETFL, O_NONBLOCK);
+  struct sigaction sa = {0}, ign = {0};
+  sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_RESTART; /* other threads' system calls go on; the pipe wakes main */
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
   ign.sa_handler = SIG_IGN;
   sigaction(SIGPIPE, &ign, NULL);
 
@@ -401,6 +421,8 @@ static int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "dapod: %s\n", e.msg);
     server_stop(&srv);
     judge_global_cleanup();
+    close(g_stop_pipe[0]);
+    close(g_stop_pipe[1]);
     return 1;
   }
   struct config_addr bound = srv.cfg.listen;
@@ -414,13 +436,15 @@ static int cmd_serve(int argc, char **argv) {
   notify_systemd("READY=1");
 
   /* Phase 3: wait for a signal, then stop in order. */
-  int sig = 0;
-  while (sigwait(&stop, &sig)) {
+  char byte;
+  while (read(g_stop_pipe[0], &byte, 1) < 0 && errno == EINTR) {
   }
-  LOG(INFO, "%s: stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  LOG(INFO, "%s: stopping", g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM");
   notify_systemd("STOPPING=1");
   server_stop(&srv);
   judge_global_cleanup();
+  close(g_stop_pipe[0]);
+  close(g_stop_pipe[1]);
   LOG(INFO, "stopped");
   return 0;
 }

@@ -439,6 +439,8 @@ class TestModels(DaemonCase):
                 open(os.path.join(models, "noweights", "config.json"), "w") as dst:
             dst.write(src.read())
         os.makedirs(os.path.join(models, ".hidden"))
+        # a folder whose name is not UTF-8 cannot be a model id, and must not break the list
+        os.makedirs(os.path.join(os.fsencode(models), b"bad\xffname"))
         try:
             cls.d.start()
         except Exception:
@@ -467,6 +469,7 @@ class TestModels(DaemonCase):
         self.assertEqual(mine["config"], by_id["tiny"]["config"])
         self.assertEqual(mine["weights"], "model.safetensors")
         self.assertNotIn(".hidden", by_id)
+        self.assertEqual(len(by_id), 3 + 3)  # presets; mytiny, broken, noweights
 
     def test_broken_folders_are_reported(self):
         by_id = {m["id"]: m for m in self.assertJson(self.d.get("/v1/models"), 200)["data"]}
