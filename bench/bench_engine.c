@@ -1,0 +1,466 @@
+/* Benchmark of our engine (bench/README.md): the SGEMM peak of the OpenBLAS we link, training
+ * tokens/s (train_forward + train_backward + adamw_step on 4096 packed tokens) and generation
+ * tokens/s (gen_run with a KV cache, batch 16 sharing one prompt, and batch 1) for one model
+ * shape. Prints a human summary on stderr and JSON lines on stdout for bench/run.sh; it reports,
+ * it never fails on a time. FLOP counts (model FLOPs, the same for any engine):
+ *   P_blk   = L * (C*CQ + 2*C*CKV + CQ*C + 3*C*FF)             weights of the block matmuls
+ *   forward = 2*N*P_blk + 2*R*V*C + L * 4*NH*HS * sum_s T_s(T_s+1)/2
+ *   train   = 3 * forward                                        (backward = 2 x forward)
+ *   generate= prefill of the shared prompt once + per decoded row at context t:
+ *             2*P_blk + 2*V*C + L * 4*NH*HS * t
+ * N tokens, R response tokens (rows through the LM head), T_s sequence lengths; embedding
+ * lookups, norms, softmax and the optimizer are not counted.
+ * Usage: bench_engine --sgemm | --model tiny|small|medium [--serve] [--train-steps N]
+ *        [--gen-reps N] [--gen-new N] [--threads N] [--phase train|gen]
+ * --serve answers commands on stdin (see serve()) so that bench_torch.py --pair can interleave
+ * our measurements with PyTorch's; --phase runs one phase only, for perf. */
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "adamw.h"
+#include "model.h"
+#include "rng.h"
+#include "sampler.h"
+#include "train.h"
+
+#define N_SEQ 16
+#define SEQ_LEN 256
+#define PROMPT_LEN 64
+#define GEN_PROMPT 32
+#define GEN_BATCH 16
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Peak resident set of this process in KiB: VmHWM (ru_maxrss would carry over the peak of a
+ * parent that forked us, such as bench_torch.py's Python with torch loaded). */
+static long peak_rss_kib(void) {
+  long kib = -1;
+  char line[256];
+  FILE *f = fopen("/proc/self/status", "r");
+  while (f && fgets(line, sizeof line, f))
+    if (!strncmp(line, "VmHWM:", 6)) {
+      char *end = NULL;
+      kib = strtol(line + 6, &end, 10);
+      break;
+    }
+  if (f) fclose(f);
+  if (kib < 0) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    kib = ru.ru_maxrss;
+  }
+  return kib;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* ---- SGEMM peak ----------------------------------------------------------------------------- */
+
+/* GFLOP/s of C[M,N] = A[M,K] . B^T (B stored [N,K], as our linear layers), best of reps. */
+static double sgemm_gflops(int M, int N, int K, int reps) {
+  float *a = dapo_alloc_floats((size_t)M * K), *b = dapo_alloc_floats((size_t)N * K),
+        *c = dapo_alloc_floats((size_t)M * N);
+  double best = 0;
+  if (!a || !b || !c) goto out;
+  for (size_t i = 0; i < (size_t)M * K; i++) a[i] = (float)(i % 7) * 0.1f;
+  for (size_t i = 0; i < (size_t)N * K; i++) b[i] = (float)(i % 5) * 0.1f;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a, K, b, K, 0.0f, c, N);
+  for (int r = 0; r < reps; r++) {
+    double t0 = now_s();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a, K, b, K, 0.0f, c, N);
+    double g = 2.0 * M * N * K / (now_s() - t0) * 1e-9;
+    if (g > best) best = g;
+  }
+out:
+  free(a);
+  free(b);
+  free(c);
+  return best;
+}
+
+static int run_sgemm(void) {
+  int nt = openblas_get_num_threads();
+  static const int shapes[][3] = {{1024, 1024, 1024}, {2048, 2048, 2048}, {4096, 1376, 512}};
+  static const char *names[] = {"1024^3", "2048^3", "4096x1376x512 (medium up_proj)"};
+  int threads[2] = {1, nt};
+  double peak[2] = {0, 0};
+  json_t *j = json_object(), *rows = json_array();
+  fprintf(stderr, "OpenBLAS core %s, %d threads configured (%s)\n", openblas_get_corename(), nt,
+          openblas_get_config());
+  for (int ti = 0; ti < (nt > 1 ? 2 : 1); ti++) {
+    openblas_set_num_threads(threads[ti]);
+    for (int s = 0; s < 3; s++) {
+      double g = sgemm_gflops(shapes[s][0], shapes[s][1], shapes[s][2], 4);
+      if (g > peak[ti]) peak[ti] = g;
+      fprintf(stderr, "sgemm %-32s %d thread(s): %7.1f GFLOP/s\n", names[s], threads[ti], g);
+      json_array_append_new(rows, json_pack("{s:s, s:i, s:f}", "shape", names[s], "threads",
+                                            threads[ti], "gflops", g));
+    }
+  }
+  /* the decoding shape: M = 16 rows (a group) against a [1376, 512] weight */
+  openblas_set_num_threads(nt);
+  double g16 = sgemm_gflops(16, 1376, 512, 50);
+  fprintf(stderr, "sgemm M=16 x 1376x512 (decode, %d threads): %.1f GFLOP/s\n", nt, g16);
+  json_object_set_new(j, "side", json_string("ours"));
+  json_object_set_new(j, "kind", json_string("sgemm"));
+  json_object_set_new(j, "corename", json_string(openblas_get_corename()));
+  json_object_set_new(j, "threads", json_integer(nt));
+  json_object_set_new(j, "peak_1", json_real(peak[0]));
+  json_object_set_new(j, "peak_n", json_real(nt > 1 ? peak[1] : peak[0]));
+  json_object_set_new(j, "sgemm_m16", json_real(g16));
+  json_object_set_new(j, "rows", rows);
+  json_dumpf(j, stdout, JSON_COMPACT);
+  fputc('\n', stdout);
+  json_decref(j);
+  return 0;
+}
+
+/* ---- models --------------------------------------------------------------------------------- */
+
+static int model_shape(const char *name, struct model_config *c) {
+  struct model_config base = {.arch = ARCH_LLAMA,
+                              .max_position_embeddings = 512,
+                              .rms_norm_eps = 1e-5f,
+                              .rope_theta = 10000.0f,
+                              .tie_word_embeddings = 0,
+                              .bos_token_id = 1,
+                              .eos_token_id = 2,
+                              .initializer_range = 0.02f};
+  *c = base;
+  if (!strcmp(name, "tiny")) {
+    c->vocab_size = 32, c->hidden_size = 64, c->intermediate_size = 176, c->num_layers = 2;
+    c->num_heads = c->num_kv_heads = 4;
+  } else if (!strcmp(name, "small")) {
+    c->vocab_size = 512, c->hidden_size = 288, c->intermediate_size = 768, c->num_layers = 6;
+    c->num_heads = c->num_kv_heads = 6;
+  } else if (!strcmp(name, "medium")) {
+    c->vocab_size = 4096, c->hidden_size = 512, c->intermediate_size = 1376, c->num_layers = 8;
+    c->num_heads = c->num_kv_heads = 8;
+  } else {
+    return -1;
+  }
+  c->head_dim = c->hidden_size / c->num_heads;
+  return 0;
+}
+
+static double block_mm_params(const struct model_config *c) {
+  double C = c->hidden_size, CQ = (double)c->num_heads * c->head_dim,
+         CKV = (double)c->num_kv_heads * c->head_dim, FF = c->intermediate_size;
+  return c->num_layers * (C * CQ + 2 * C * CKV + CQ * C + 3 * C * FF);
+}
+
+/* Model FLOPs of a forward over new rows at positions past .. past + t_new - 1 of one sequence,
+ * with `heads` rows through the LM head. */
+static double fwd_flops(const struct model_config *c, int t_new, int past, int heads) {
+  double pairs = 0;
+  for (int i = 0; i < t_new; i++) pairs += past + i + 1;
+  return 2.0 * t_new * block_mm_params(c) + 2.0 * heads * c->vocab_size * c->hidden_size +
+         (double)c->num_layers * 4.0 * c->num_heads * c->head_dim * pairs;
+}
+
+/* Everything one model's measurements need, allocated once. */
+struct bench {
+  const char *name;
+  struct model *m;
+  struct train_state *ts;
+  struct adamw opt;
+  struct adamw_cfg oc;
+  int64_t step;                                /* training steps taken */
+  int off[N_SEQ + 1], plen[N_SEQ], *tokens, R; /* the training batch */
+  float *w, *logp, *ent;                       /* [N] loss weights, outputs */
+  double train_flops;                          /* model FLOPs of one training step */
+  struct gen_state *gs;                        /* generation */
+  int gen_new, prompt[GEN_PROMPT], *gtok, glen[GEN_BATCH], gfin[GEN_BATCH];
+  float *glogp;
+  struct rng r;
+};
+
+static void bench_free(struct bench *b) {
+  adamw_deinit(&b->opt);
+  train_state_free(b->ts);
+  gen_state_free(b->gs);
+  model_free(b->m);
+  free(b->tokens);
+  free(b->w);
+  free(b->logp);
+  free(b->ent);
+  free(b->gtok);
+  free(b->glogp);
+}
+
+static int bench_init(struct bench *b, const char *name, int train, int gen, int gen_new,
+                      struct dapo_err *e) {
+  struct model_config cfg;
+  int N = N_SEQ * SEQ_LEN, rc = 0;
+  memset(b, 0, sizeof *b);
+  b->name = name;
+  b->gen_new = gen_new;
+  rng_seed(&b->r, 5, 0);
+  if (model_shape(name, &cfg))
+    return dapo_errf(e, DAPO_EINVAL, "unknown model '%s' (tiny, small, medium)", name);
+  if (!(b->m = model_new(&cfg, e)) || (rc = model_alloc_grads(b->m, e))) return rc ? rc : e->code;
+  model_init_random(b->m, 1);
+  for (int i = 0; i <= N_SEQ; i++) b->off[i] = i * SEQ_LEN;
+  for (int i = 0; i < N_SEQ; i++) b->plen[i] = PROMPT_LEN;
+  b->R = N_SEQ * (SEQ_LEN - PROMPT_LEN);
+  b->train_flops = 3.0 * N_SEQ * fwd_flops(&cfg, SEQ_LEN, 0, 0) +
+                   3.0 * 2.0 * b->R * cfg.vocab_size * cfg.hidden_size;
+  b->tokens = malloc(sizeof(int) * (size_t)N);
+  b->w = malloc(sizeof(float) * (size_t)N);
+  b->logp = malloc(sizeof(float) * (size_t)N);
+  b->ent = malloc(sizeof(float) * (size_t)N);
+  b->gtok = malloc(sizeof(int) * (size_t)GEN_BATCH * gen_new);
+  b->glogp = malloc(sizeof(float) * (size_t)GEN_BATCH * gen_new);
+  if (!b->tokens || !b->w || !b->logp || !b->ent || !b->gtok || !b->glogp)
+    return dapo_errf(e, DAPO_ENOMEM, "out of memory");
+  for (int i = 0; i < N; i++) b->tokens[i] = (int)rng_below(&b->r, (uint64_t)cfg.vocab_size);
+  for (int i = 0; i < b->R; i++) b->w[i] = (float)rng_normal(&b->r) / (float)b->R;
+  for (int i = 0; i < GEN_PROMPT; i++)
+    b->prompt[i] = (int)rng_below(&b->r, (uint64_t)cfg.vocab_size);
+  b->oc = adamw_cfg_default();
+  if (train) {
+    if (!(b->ts = train_state_new(b->m, N, b->R, SEQ_LEN, e))) return e->code;
+    if ((rc = adamw_init(&b->opt, b->m, &b->oc, e))) return rc;
+  }
+  if (gen && !(b->gs = gen_state_new(b->m, GEN_BATCH, GEN_PROMPT + gen_new, e))) return e->code;
+  return 0;
+}
+
+/* One training step (forward, zeroed gradients, backward, AdamW); t[0..3] = step, forward,
+ * backward, optimizer seconds. */
+static int bench_train_step(struct bench *b, double t[4], struct dapo_err *e) {
+  struct fwd_batch fb = {
+      .n_seq = N_SEQ, .tokens = b->tokens, .seq_off = b->off, .prompt_len = b->plen};
+  int rc;
+  double t0 = now_s();
+  if ((rc = train_forward(b->ts, b->m, &fb, 1.0f, b->logp, b->ent, e))) return rc;
+  double t1 = now_s();
+  model_zero_grads(b->m);
+  if ((rc = train_backward(b->ts, b->m, b->w, e))) return rc;
+  double t2 = now_s();
+  if ((rc = adamw_step(&b->opt, b->m, adamw_lr_at(&b->oc, b->step++), NULL, e))) return rc;
+  double t3 = now_s();
+  t[0] = t3 - t0, t[1] = t1 - t0, t[2] = t2 - t1, t[3] = t3 - t2;
+  return 0;
+}
+
+/* One gen_run of n sequences sharing the prompt (temperature 1, no stop tokens); *secs. */
+static int bench_gen(struct bench *b, int n, uint64_t seed, double *secs, struct dapo_err *e) {
+  const int *prompts[GEN_BATCH];
+  int plens[GEN_BATCH];
+  struct rng rngs[GEN_BATCH];
+  for (int i = 0; i < n; i++) {
+    prompts[i] = b->prompt;
+    plens[i] = GEN_PROMPT;
+    rng_seed(&rngs[i], seed, (uint64_t)i);
+  }
+  struct sampler_opts so = {.temperature = 1.0f, .top_p = 1.0f, .max_new_tokens = b->gen_new};
+  struct gen_out go = {.tokens = b->gtok, .logp = b->glogp, .len = b->glen, .finish = b->gfin};
+  double t0 = now_s();
+  int rc = gen_run(b->gs, b->m, n, prompts, plens, rngs, &so, &go, NULL, e);
+  *secs = now_s() - t0;
+  return rc;
+}
+
+/* Model FLOPs of generating gen_new tokens for n sequences sharing the prompt. */
+static double gen_flops(const struct bench *b, int n) {
+  double f = fwd_flops(&b->m->cfg, GEN_PROMPT, 0, 1);
+  for (int i = 1; i < b->gen_new; i++) f += n * fwd_flops(&b->m->cfg, 1, GEN_PROMPT + i - 1, 1);
+  return f;
+}
+
+static json_t *info_json(const struct bench *b) {
+  json_t *j = json_object();
+  json_object_set_new(j, "side", json_string("ours"));
+  json_object_set_new(j, "kind", json_string("model"));
+  json_object_set_new(j, "model", json_string(b->name));
+  json_object_set_new(j, "corename", json_string(openblas_get_corename()));
+  json_object_set_new(j, "threads", json_integer(openblas_get_num_threads()));
+  json_object_set_new(j, "params", json_integer((json_int_t)b->m->n_params));
+  json_object_set_new(j, "train_flops", json_real(b->train_flops));
+  json_object_set_new(j, "gen_flops_b16", json_real(gen_flops(b, GEN_BATCH)));
+  json_object_set_new(j, "gen_flops_b1", json_real(gen_flops(b, 1)));
+  json_object_set_new(j, "gen_new", json_integer(b->gen_new));
+  json_object_set_new(j, "tokens_per_step", json_integer(N_SEQ * SEQ_LEN));
+  json_object_set_new(j, "peak_rss_kib", json_integer(peak_rss_kib()));
+  return j;
+}
+
+static void emit(json_t *j) {
+  json_dumpf(j, stdout, JSON_COMPACT);
+  fputc('\n', stdout);
+  fflush(stdout);
+  json_decref(j);
+}
+
+/* One-shot mode: medians of train_steps steps and gen_reps generations after a warm-up each.
+ * phase: 0 both, 1 training only, 2 generation only (for profiling one phase with perf). */
+static int run_model(const char *name, int train_steps, int gen_reps, int gen_new, int phase) {
+  struct bench b;
+  struct dapo_err e = {0};
+  int rc = bench_init(&b, name, phase != 2, phase != 1, gen_new, &e);
+  double st[4][64], t[4];
+  json_t *j = NULL, *gen = NULL;
+  if (rc) goto out;
+  j = info_json(&b);
+  if (train_steps > 64) train_steps = 64;
+  if (gen_reps > 64) gen_reps = 64;
+  if (phase != 2) {
+    for (int s = -1; s < train_steps; s++) { /* step -1 warms up */
+      if ((rc = bench_train_step(&b, t, &e))) goto out;
+      for (int k = 0; s >= 0 && k < 4; k++) st[k][s] = t[k];
+    }
+    double step = median(st[0], train_steps), N = N_SEQ * SEQ_LEN;
+    double tf = median(st[1], train_steps), tb = median(st[2], train_steps),
+           to = median(st[3], train_steps);
+    fprintf(stderr,
+            "%s: %zu params (%.0f in block matmuls); train %d x %d tokens (prompt %d): %.0f "
+            "tok/s, %.1f GFLOP/s, step %.3f s = forward %.3f + backward %.3f + adamw %.3f "
+            "(medians of %d)\n",
+            name, b.m->n_params, block_mm_params(&b.m->cfg), N_SEQ, SEQ_LEN, PROMPT_LEN, N / step,
+            b.train_flops / step * 1e-9, step, tf, tb, to, train_steps);
+    json_object_set_new(j, "train",
+                        json_pack("{s:f, s:f, s:f, s:f, s:f, s:i}", "tok_s", N / step, "step_s",
+                                  step, "forward_s", tf, "backward_s", tb, "adamw_s", to, "steps",
+                                  train_steps));
+    json_object_set_new(j, "peak_rss_kib_train", json_integer(peak_rss_kib()));
+  }
+  if (phase != 1) {
+    gen = json_object();
+    int batches[2] = {GEN_BATCH, 1};
+    for (int bi = 0; bi < 2; bi++) {
+      int n = batches[bi];
+      for (int rep = -1; rep < gen_reps; rep++) /* rep -1 warms up */
+        if ((rc = bench_gen(&b, n, 100 + (uint64_t)(rep + 1), rep >= 0 ? &st[0][rep] : t, &e)))
+          goto out;
+      double secs = median(st[0], gen_reps), fl = gen_flops(&b, n);
+      double tok_s = (double)n * gen_new / secs;
+      fprintf(stderr,
+              "%s: generate batch %2d, prompt %d, %d new tokens: %.0f tok/s, %.1f GFLOP/s\n", name,
+              n, GEN_PROMPT, gen_new, tok_s, fl / secs * 1e-9);
+      json_object_set_new(
+          gen, n == 1 ? "b1" : "b16",
+          json_pack("{s:i, s:f, s:f}", "batch", n, "tok_s", tok_s, "seconds", secs));
+    }
+    json_object_set_new(j, "gen", gen);
+    gen = NULL;
+  }
+  json_object_set_new(j, "peak_rss_kib", json_integer(peak_rss_kib()));
+  emit(j);
+  j = NULL;
+out:
+  if (rc) fprintf(stderr, "bench_engine: %s: %s\n", name, e.msg);
+  json_decref(gen);
+  json_decref(j);
+  bench_free(&b);
+  return rc ? 1 : 0;
+}
+
+/* Serve mode, for measurements interleaved with PyTorch's (bench_torch.py --pair): after setup,
+ * prints the info object, then answers each command line on stdin with one JSON line:
+ *   train       {"step_s", "forward_s", "backward_s", "adamw_s"}   one training step
+ *   gen16 SEED  {"seconds"}                                         one generation, batch 16
+ *   gen1 SEED   {"seconds"}                                         batch 1
+ *   info        the info object (peak RSS so far)
+ *   quit
+ * An error answers {"error": message} and ends the process. */
+static int serve(const char *name, int gen_new) {
+  struct bench b;
+  struct dapo_err e = {0};
+  int rc = bench_init(&b, name, 1, 1, gen_new, &e);
+  char line[256];
+  if (!rc) emit(info_json(&b));
+  while (!rc && fgets(line, sizeof line, stdin)) {
+    double t[4];
+    unsigned long long seed = 0;
+    line[strcspn(line, "\r\n")] = '\0';
+    if (!strcmp(line, "quit")) break;
+    if (!strcmp(line, "info")) {
+      emit(info_json(&b));
+    } else if (!strcmp(line, "train")) {
+      if (!(rc = bench_train_step(&b, t, &e)))
+        emit(json_pack("{s:f, s:f, s:f, s:f}", "step_s", t[0], "forward_s", t[1], "backward_s",
+                       t[2], "adamw_s", t[3]));
+    } else if (sscanf(line, "gen16 %llu", &seed) == 1 || sscanf(line, "gen1 %llu", &seed) == 1) {
+      int n = !strncmp(line, "gen16", 5) ? GEN_BATCH : 1;
+      if (!(rc = bench_gen(&b, n, seed, &t[0], &e))) emit(json_pack("{s:f}", "seconds", t[0]));
+    } else {
+      rc = dapo_errf(&e, DAPO_EINVAL, "unknown command '%.100s'", line);
+    }
+  }
+  if (rc) {
+    emit(json_pack("{s:s}", "error", e.msg));
+    fprintf(stderr, "bench_engine: %s: %s\n", name, e.msg);
+  }
+  bench_free(&b);
+  return rc ? 1 : 0;
+}
+
+/* Positive integer flag value; exits with usage on junk. */
+static int parse_pos(const char *flag, const char *s) {
+  char *end = NULL;
+  long v = strtol(s, &end, 10);
+  if (!*s || *end || v < 1 || v > 100000) {
+    fprintf(stderr, "bench_engine: %s: '%s' is not a positive integer\n", flag, s);
+    exit(2);
+  }
+  return (int)v;
+}
+
+int main(int argc, char **argv) {
+  const char *model = NULL;
+  int sgemm = 0, serve_mode = 0, train_steps = 3, gen_reps = 3, gen_new = 128, phase = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--sgemm") || !strcmp(a, "--serve")) {
+      *(!strcmp(a, "--sgemm") ? &sgemm : &serve_mode) = 1;
+      continue;
+    }
+    if (!v) {
+      fprintf(stderr,
+              "usage: bench_engine --sgemm | --model tiny|small|medium [--serve] "
+              "[--train-steps N] [--gen-reps N] [--gen-new N] [--threads N] [--phase train|gen]\n");
+      return 2;
+    }
+    i++;
+    if (!strcmp(a, "--model"))
+      model = v;
+    else if (!strcmp(a, "--train-steps"))
+      train_steps = parse_pos(a, v);
+    else if (!strcmp(a, "--gen-reps"))
+      gen_reps = parse_pos(a, v);
+    else if (!strcmp(a, "--gen-new"))
+      gen_new = parse_pos(a, v);
+    else if (!strcmp(a, "--phase") && (!strcmp(v, "train") || !strcmp(v, "gen")))
+      phase = !strcmp(v, "train") ? 1 : 2;
+    else if (!strcmp(a, "--threads"))
+      openblas_set_num_threads(parse_pos(a, v));
+    else {
+      fprintf(stderr, "bench_engine: unknown flag %s\n", a);
+      return 2;
+    }
+  }
+  if (sgemm) return run_sgemm();
+  if (!model) {
+    fprintf(stderr, "bench_engine: --sgemm or --model NAME\n");
+    return 2;
+  }
+  return serve_mode ? serve(model, gen_new)
+                    : run_model(model, train_steps, gen_reps, gen_new, phase);
+}

@@ -1,0 +1,411 @@
+#!/usr/bin/python3
+"""The PyTorch side of bench/run.sh (see bench/README.md), the pairing with our engine, and the
+final report.
+
+  bench_torch.py --probe                      thread settings tried on the small model; JSON line
+  bench_torch.py --model NAME [--engine PATH] [--probe-file F] [--train-steps N] [--gen-reps N]
+                 [--gen-new N]                PyTorch's figures for one model; with --engine, our
+                                              engine (bench_engine --serve, a child process) is
+                                              measured alternately with PyTorch; JSON lines
+  bench_torch.py --report FILE...             the comparison table from those JSON lines (needs
+                                              no torch)
+
+The model is tests/torch_ref/llama.py's (transformers' eager Llama), the work the same as
+bench_engine's: a training step (response log-probs + entropies of 16 x 256 packed tokens with
+prompts of 64, loss sum_t w_t logp_t, backward, clip_grad_norm_, torch.optim.AdamW) and
+generation with a KV cache (llama.generate: shared prefill, then one eager [B, 1] forward per
+token with the cache grown by torch.cat; temperature 1, no stop tokens). Threads: intra-op via
+torch.set_num_threads, OpenBLAS's pool via openblas_set_num_threads on the libopenblas.so.0 that
+torch itself loaded. Reports, never fails on time.
+"""
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+N_SEQ, SEQ_LEN, PROMPT_LEN, GEN_PROMPT, GEN_BATCH = 16, 256, 64, 32, 16
+
+MODELS = {
+    "tiny": dict(vocab_size=32, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                 num_attention_heads=4),
+    "small": dict(vocab_size=512, hidden_size=288, intermediate_size=768, num_hidden_layers=6,
+                  num_attention_heads=6),
+    "medium": dict(vocab_size=4096, hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
+                   num_attention_heads=8),
+}
+
+
+def rss_kib():
+    """Peak resident set of this process, KiB (VmHWM; ru_maxrss as a fallback)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+# ---------------------------------------------------------------------------------------------
+# measuring (imports torch lazily so that --report works anywhere)
+
+
+class Torch:
+    def __init__(self):
+        import ctypes
+        import torch
+
+        sys.path.insert(0, os.path.join(HERE, "..", "tests", "torch_ref"))
+        import llama
+
+        self.torch, self.llama = torch, llama
+        self.rss_after_import = rss_kib()
+        self.blas = None
+        for path in [l.split()[-1] for l in open("/proc/self/maps") if "openblas" in l]:
+            if path.endswith(".so") or ".so." in path:
+                self.blas = ctypes.CDLL(path)
+                break
+        if self.blas is not None:
+            self.blas.openblas_get_corename.restype = ctypes.c_char_p
+
+    def corename(self):
+        return self.blas.openblas_get_corename().decode() if self.blas else "unknown"
+
+    def set_threads(self, torch_threads, blas_threads):
+        self.torch.set_num_threads(torch_threads)
+        if self.blas is not None:
+            self.blas.openblas_set_num_threads(blas_threads)
+
+    def threads(self):
+        b = self.blas.openblas_get_num_threads() if self.blas else -1
+        return self.torch.get_num_threads(), b
+
+    def model(self, name):
+        torch, llama = self.torch, self.llama
+        d = dict(MODELS[name], model_type="llama", max_position_embeddings=512, rms_norm_eps=1e-5,
+                 tie_word_embeddings=False)
+        torch.manual_seed(1)
+        m = llama.LlamaForCausalLM(llama.Config(d))
+        with torch.no_grad():
+            for n, p in m.named_parameters():
+                if n.endswith("norm.weight"):
+                    p.fill_(1.0)
+                else:
+                    p.normal_(0.0, 0.02)
+        return m
+
+    def batch(self, vocab, n_seq=N_SEQ):
+        g = self.torch.Generator().manual_seed(5)
+        seqs = []
+        for _ in range(n_seq):
+            toks = self.torch.randint(0, vocab, (SEQ_LEN,), generator=g).tolist()
+            seqs.append((toks, PROMPT_LEN))
+        R = n_seq * (SEQ_LEN - PROMPT_LEN)
+        w = (self.torch.randn(R, generator=g) / R).tolist()
+        return seqs, w
+
+    def trainer(self, model, n_seq=N_SEQ):
+        """A function running one training step, returning (step, forward, backward, optimizer)
+        seconds: response log-probs and entropies, loss sum_t w_t logp_t, backward,
+        clip_grad_norm_, AdamW."""
+        torch, llama = self.torch, self.llama
+        seqs, w = self.batch(model.config.vocab_size, n_seq)
+        opt = llama.make_adamw(model, 1e-6)
+        wt = torch.tensor(w)
+
+        def step():
+            t0 = time.perf_counter()
+            model.zero_grad(set_to_none=True)
+            logp, ent = llama.response_logprobs(model, seqs, 1.0)
+            loss = (wt * logp).sum()
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            t3 = time.perf_counter()
+            return (t3 - t0, t1 - t0, t2 - t1, t3 - t2)
+
+        return step
+
+    def gen_once(self, model, n, new, seed):
+        """Seconds of one generation: n continuations of the shared prompt, new tokens each."""
+        torch = self.torch
+        g = torch.Generator().manual_seed(7)
+        prompt = torch.randint(0, model.config.vocab_size, (GEN_PROMPT,), generator=g).tolist()
+        g.manual_seed(seed)
+        t0 = time.perf_counter()
+        self.llama.generate(model, prompt, n, new, 1.0, generator=g)
+        return time.perf_counter() - t0
+
+
+SETTINGS = [(1, 2), (2, 1), (2, 2), (1, 1)]  # (torch intra-op threads, OpenBLAS threads)
+
+
+def probe(args):
+    """Tries each thread setting on the small model: a training step of 8 x 256 tokens and short
+    generations (batch 16 and 1, 24 new tokens). Two rounds over the settings, interleaved, keep
+    each setting's best figure (the machine is shared: a slow round is someone else's load)."""
+    T = Torch()
+    m = T.model("small")
+    T.set_threads(1, 2)
+    step = T.trainer(m, n_seq=8)
+    step()  # allocator, thread pools
+    res = {s: dict(train=0.0, gen16=0.0, gen1=0.0) for s in SETTINGS}
+    for _ in range(2):
+        for tt, bt in SETTINGS:
+            T.set_threads(tt, bt)
+            r = res[(tt, bt)]
+            r["train"] = max(r["train"], 8 * SEQ_LEN / step()[0])
+            r["gen16"] = max(r["gen16"], GEN_BATCH * 24 / T.gen_once(m, GEN_BATCH, 24, 1))
+            r["gen1"] = max(r["gen1"], 24 / T.gen_once(m, 1, 24, 1))
+    rows = []
+    for (tt, bt), r in res.items():
+        rows.append(dict(torch_threads=tt, blas_threads=bt, **r))
+        print("probe torch %d / OpenBLAS %d: train %.0f tok/s, generate b16 %.0f, b1 %.0f tok/s"
+              % (tt, bt, r["train"], r["gen16"], r["gen1"]), file=sys.stderr)
+    best = {k: max(rows, key=lambda r: r[k]) for k in ("train", "gen16", "gen1")}
+    out = dict(side="torch", kind="probe", rows=rows,
+               best={k: [v["torch_threads"], v["blas_threads"]] for k, v in best.items()},
+               corename=T.corename())
+    print(json.dumps(out))
+
+
+class Engine:
+    """bench_engine --serve as a child process: one command, one JSON answer."""
+
+    def __init__(self, path, model, gen_new):
+        self.p = subprocess.Popen([path, "--model", model, "--serve", "--gen-new", str(gen_new)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.info = self.read()
+
+    def read(self):
+        line = self.p.stdout.readline()
+        if not line:
+            raise RuntimeError("bench_engine exited (status %s)" % self.p.wait())
+        r = json.loads(line)
+        if "error" in r:
+            raise RuntimeError("bench_engine: " + r["error"])
+        return r
+
+    def ask(self, cmd):
+        self.p.stdin.write(cmd + "\n")
+        self.p.stdin.flush()
+        return self.read()
+
+    def close(self):
+        info = self.ask("info")
+        self.p.stdin.write("quit\n")
+        self.p.stdin.close()
+        self.p.wait()
+        return info
+
+
+def med(v):
+    v = sorted(v)
+    n = len(v)
+    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+
+
+def measure(args):
+    """PyTorch's figures for one model; with --engine, our engine's too, measured alternately
+    (ours, torch, torch, ours, ...) so that a change of load hits both sides alike. The ratio of
+    each pair of measurements is kept: their median is the reported speed-up."""
+    T = Torch()
+    best = {"train": [1, 2], "gen16": [1, 2], "gen1": [1, 2]}  # BENCHMARKS.md's best, by default
+    if args.probe_file:
+        with open(args.probe_file) as f:
+            best = json.loads(f.read())["best"]
+    eng = Engine(args.engine, args.model, args.gen_new) if args.engine else None
+    m = T.model(args.model)
+    n_params = sum(p.numel() for p in m.parameters())
+    settle = 0.2  # s between sides: spinning BLAS / OpenMP workers of the other side go idle
+
+    def paired(n, ours_fn, torch_fn):
+        """n measurements of each side after one warm-up each, order alternating per pair."""
+        ours, peer = [], []
+        if eng:
+            ours_fn()
+        torch_fn()
+        for i in range(n):
+            first_ours = i % 2 == 0
+            for side in ((0, 1) if first_ours else (1, 0)):
+                if side == 0 and eng:
+                    time.sleep(settle)
+                    ours.append(ours_fn())
+                elif side == 1:
+                    time.sleep(settle if eng else 0)
+                    peer.append(torch_fn())
+        return ours, peer
+
+    out_t = dict(side="torch", kind="model", model=args.model, params=n_params,
+                 corename=T.corename(), torch_version=T.torch.__version__,
+                 rss_kib_after_import=T.rss_after_import)
+    pair = dict(side="pair", kind="pair", model=args.model)
+    # training
+    T.set_threads(*best["train"])
+    step = T.trainer(m)
+    ours, peer = paired(args.train_steps,
+                        lambda: eng.ask("train"),
+                        lambda: dict(zip(("step_s", "forward_s", "backward_s", "adamw_s"), step())))
+    tr = {k: med([p[k] for p in peer]) for k in peer[0]}
+    tr.update(tok_s=N_SEQ * SEQ_LEN / tr["step_s"], steps=len(peer),
+              settings="torch %d / OpenBLAS %d" % T.threads())
+    out_t["train"] = tr
+    out_t["peak_rss_kib_train"] = rss_kib()
+    print("%s: torch train %.0f tok/s, step %.3f s = forward %.3f + backward %.3f + adamw %.3f (%s)"
+          % (args.model, tr["tok_s"], tr["step_s"], tr["forward_s"], tr["backward_s"],
+             tr["adamw_s"], tr["settings"]), file=sys.stderr)
+    if eng:
+        o = {k: med([p[k] for p in ours]) for k in ours[0]}
+        o.update(tok_s=N_SEQ * SEQ_LEN / o["step_s"], steps=len(ours))
+        eng.info["train"] = o
+        pair["train"] = med([p["step_s"] / q["step_s"] for p, q in zip(peer, ours)])
+        print("%s: ours  train %.0f tok/s, step %.3f s = forward %.3f + backward %.3f + adamw %.3f"
+              % (args.model, o["tok_s"], o["step_s"], o["forward_s"], o["backward_s"],
+                 o["adamw_s"]), file=sys.stderr)
+    # generation
+    out_t["gen"] = {}
+    if eng:
+        eng.info["gen"] = {}
+    seeds = iter(range(1000, 100000))
+    for key, n in (("b16", GEN_BATCH), ("b1", 1)):
+        T.set_threads(*best["gen16" if n > 1 else "gen1"])
+        ours, peer = paired(args.gen_reps,
+                            lambda: eng.ask("gen%d %d" % (n, next(seeds)))["seconds"],
+                            lambda: T.gen_once(m, n, args.gen_new, next(seeds)))
+        t = med(peer)
+        out_t["gen"][key] = dict(batch=n, seconds=t, tok_s=n * args.gen_new / t,
+                                 settings="torch %d / OpenBLAS %d" % T.threads())
+        msg = "%s: generate batch %2d: torch %.0f tok/s (%s)" % (
+            args.model, n, n * args.gen_new / t, out_t["gen"][key]["settings"])
+        if eng:
+            to = med(ours)
+            eng.info["gen"][key] = dict(batch=n, seconds=to, tok_s=n * args.gen_new / to)
+            pair[key] = med([p / q for p, q in zip(peer, ours)])
+            msg += ", ours %.0f tok/s" % (n * args.gen_new / to)
+        print(msg, file=sys.stderr)
+    out_t["peak_rss_kib"] = rss_kib()
+    if eng:
+        info = eng.close()
+        eng.info["peak_rss_kib"] = info["peak_rss_kib"]
+        print(json.dumps(eng.info))
+        print(json.dumps(pair))
+    print(json.dumps(out_t))
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+
+
+def report(files):
+    recs = []
+    for fn in files:
+        with open(fn) as f:
+            for line in f:
+                line = line.strip()
+                if line.startswith("{"):
+                    recs.append(json.loads(line))
+                    recs[-1]["_file"] = os.path.basename(fn)
+    sgs = [r for r in recs if r.get("kind") == "sgemm"]
+    pr = next((r for r in recs if r.get("kind") == "probe"), None)
+    ours = {r["model"]: r for r in recs if r.get("kind") == "model" and r["side"] == "ours"}
+    peer = {r["model"]: r for r in recs if r.get("kind") == "model" and r["side"] == "torch"}
+    pairs = {r["model"]: r for r in recs if r.get("kind") == "pair"}
+    peak = max(r["peak_n"] for r in sgs) if sgs else None
+    print()
+    for sg in sgs:
+        print("SGEMM peak (%s): %.1f GFLOP/s at 1 thread, %.1f at %d threads; M=16 decode shape "
+              "%.1f; OpenBLAS core %s" % (sg["_file"], sg["peak_1"], sg["peak_n"],
+                                          sg["threads"], sg["sgemm_m16"], sg["corename"]))
+    if pr:
+        print("PyTorch thread probe (small model, tok/s, best of 2): " + "; ".join(
+            "torch %d/BLAS %d: train %.0f, gen16 %.0f, gen1 %.0f"
+            % (r["torch_threads"], r["blas_threads"], r["train"], r["gen16"], r["gen1"])
+            for r in pr["rows"]))
+    any_ours = next(iter(ours.values()), None)
+    if any_ours:
+        print("ours: OpenBLAS %d threads (%s), the engine's own code single-threaded" %
+              (any_ours["threads"], any_ours["corename"]))
+    print("GFLOP/s: model FLOPs (bench_engine.c's header), train = 3 x (2 N P_blk + 2 R V C + "
+          "4 L NH HS sum T(T+1)/2); %% peak: of the best measured SGEMM at the configured threads "
+          "(%s GFLOP/s)" % ("%.1f" % peak if peak else "?"))
+    if pairs:
+        print("ours/torch: median of the ratios of alternating pairs of measurements "
+              "(robust to load changes); tok/s: medians")
+    print()
+    hdr = ("model", "work", "ours tok/s", "torch tok/s", "ours/torch", "ours GFLOP/s", "% peak",
+           "torch GFLOP/s", "% peak", "peak RSS ours MiB", "peak RSS torch MiB", "torch setting")
+    rows = []
+    for name in ("tiny", "small", "medium"):
+        if name not in ours:
+            continue
+        o, p, pa = ours[name], peer.get(name), pairs.get(name, {})
+        for work, key in (("train", "train"), ("gen b16", "b16"), ("gen b1", "b1")):
+            if work == "train":
+                ot, pt = o.get("train"), p["train"] if p else None
+                flops = o["train_flops"]
+                sec = lambda x: x["step_s"]  # noqa: E731
+                orss, prss = o["peak_rss_kib"], p["peak_rss_kib"] if p else None
+            else:
+                ot, pt = o.get("gen", {}).get(key), p["gen"][key] if p else None
+                flops = o["gen_flops_" + key]
+                sec = lambda x: x["seconds"]  # noqa: E731
+                orss, prss = None, None  # one process-wide peak per model, on the train row
+            if ot is None:
+                continue
+            of = flops / sec(ot) * 1e-9
+            pf = flops / sec(pt) * 1e-9 if pt else None
+            ratio = pa.get(key) or (ot["tok_s"] / pt["tok_s"] if pt else None)
+            pct = lambda g: "%.0f%%" % (100 * g / peak) if (peak and g is not None) else "-"  # noqa: E731
+            rows.append((
+                name, work, "%.0f" % ot["tok_s"], "%.0f" % pt["tok_s"] if pt else "-",
+                "%.2fx" % ratio if ratio else "-",
+                "%.1f" % of, pct(of), "%.1f" % pf if pf is not None else "-", pct(pf),
+                "%.0f" % (orss / 1024) if orss else "", "%.0f" % (prss / 1024) if prss else "",
+                pt["settings"] if pt else "-"))
+    widths = [max(len(str(r[i])) for r in rows + [hdr]) for i in range(len(hdr))]
+    line = lambda r: "  ".join(str(v).rjust(w) if 2 <= i < 11 else str(v).ljust(w)  # noqa: E731
+                               for i, (v, w) in enumerate(zip(r, widths))).rstrip()
+    print(line(hdr))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print(line(r))
+    if peer:
+        p0 = next(iter(peer.values()))
+        print("\nPyTorch %s; its RSS includes ~%.0f MiB of the torch import itself."
+              % (p0.get("torch_version", "?"), p0["rss_kib_after_import"] / 1024))
+    print("Training: 16 sequences x 256 tokens (prompt 64) a step, forward + backward + AdamW. "
+          "Generation: a 32-token prompt shared by the batch, 128 new tokens, temperature 1, "
+          "no stop tokens; tok/s counts new tokens.")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", choices=sorted(MODELS))
+    ap.add_argument("--probe", action="store_true")
+    ap.add_argument("--probe-file")
+    ap.add_argument("--engine", help="bench_engine to measure alternately with PyTorch")
+    ap.add_argument("--report", nargs="+")
+    ap.add_argument("--train-steps", type=int, default=3)
+    ap.add_argument("--gen-reps", type=int, default=3)
+    ap.add_argument("--gen-new", type=int, default=128)
+    args = ap.parse_args()
+    if args.report:
+        report(args.report)
+    elif args.probe:
+        probe(args)
+    elif args.model:
+        measure(args)
+    else:
+        ap.error("--model, --probe or --report")
+
+
+if __name__ == "__main__":
+    main()
