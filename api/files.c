@@ -125,7 +125,7 @@ static int write_all(int fd, const char *p, size_t n) {
 static int feed(struct upload *up, const char *data, size_t n) {
   struct api_req *r = up->r;
   uint64_t cap = r->srv->cfg.max_upload_bytes;
-  if (n > cap - up->bytes || up->bytes > cap)
+  if (up->bytes > cap || n > cap - up->bytes)
     return api_reply_errorf(r, API_ERR_PAYLOAD_TOO_LARGE,
                             "the file exceeds max_upload_bytes (%llu bytes); nothing was stored",
                             (unsigned long long)cap),
@@ -254,7 +254,7 @@ static int upload_begin(struct api_req *r, int keep) {
       return api_reply_error(r, API_ERR_INVALID_REQUEST,
                              "multipart/form-data without a usable boundary parameter", NULL);
   }
-  if (keep && open_tmp(up)) return 0;
+  if (keep) open_tmp(up); /* replies itself on failure */
   return 0;
 }
 
