@@ -326,16 +326,44 @@ void swiglu_backward(float *dg, float *du, const float *dh, const float *g, cons
 
 /* ---- Attention -------------------------------------------------------------------------- */
 
-/* Dot product with eight independent accumulators (vectorisable without reassociation flags;
- * the summation order is fixed, so results are deterministic). */
-static float dot(const float *a, const float *b, int n) {
-  float acc[8] = {0};
-  int i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
-  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < n; i++) s += a[i] * b[i];
-  return s;
+static float softmax_causal(float *s, int lim, int n_ctx);
+
+/* One query row against lim cached keys/values (decoding): scores, softmax, weighted sum of
+ * values; returns the log-sum-exp. Compiled twice (AVX2 and baseline, chosen at load time): the
+ * operations and their order are the same in both (ISO C: no FMA contraction), only the vector
+ * width differs, so results do not depend on the machine. */
+__attribute__((target_clones("avx2", "default"))) static float
+attn_decode_row(float *restrict o, const float *restrict qi, const float *restrict kb,
+                const float *restrict vb, int lim, int HS, int ldkv, float scale,
+                float *restrict s) {
+  for (int j = 0; j < lim; j++) {
+    const float *kj = kb + (size_t)j * ldkv;
+    float acc[8] = {0};
+    int d = 0;
+    for (; d + 8 <= HS; d += 8)
+      for (int u = 0; u < 8; u++) acc[u] += qi[d + u] * kj[d + u];
+    float t = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; d < HS; d++) t += qi[d] * kj[d];
+    s[j] = scale * t;
+  }
+  float l = softmax_causal(s, lim, lim);
+  /* o = sum_j s[j] v_j, eight lanes of o at a time held in registers across all j */
+  int d = 0;
+  for (; d + 8 <= HS; d += 8) {
+    float t[8] = {0};
+    for (int j = 0; j < lim; j++) {
+      const float *vj = vb + (size_t)j * ldkv + d;
+      float p = s[j];
+      for (int u = 0; u < 8; u++) t[u] += p * vj[u];
+    }
+    for (int u = 0; u < 8; u++) o[d + u] = t[u];
+  }
+  for (; d < HS; d++) {
+    float t = 0;
+    for (int j = 0; j < lim; j++) t += s[j] * vb[(size_t)j * ldkv + d];
+    o[d] = t;
+  }
+  return l;
 }
 
 /* Softmax of row s[0..lim) in place, zeroing s[lim..n_ctx); returns the log-sum-exp. */
@@ -365,18 +393,10 @@ void attention_forward(float *out, float *lse, const float *q, const float *k, c
     for (int r = 0; r < n_rep; r++) {
       int h = h0 + r;
       for (int i = 0; i < t_new; i++) {
-        const float *qi = q + (size_t)i * ldq + (size_t)h * HS;
-        float *oi = out + (size_t)i * ldo + (size_t)h * HS;
-        int lim = n_past + i + 1;
-        for (int j = 0; j < lim; j++) scratch[j] = scale * dot(qi, kb + (size_t)j * ldkv, HS);
-        float l = softmax_causal(scratch, lim, lim);
+        float l = attn_decode_row(out + (size_t)i * ldo + (size_t)h * HS,
+                                  q + (size_t)i * ldq + (size_t)h * HS, kb, vb, n_past + i + 1, HS,
+                                  ldkv, scale, scratch);
         if (lse) lse[(size_t)i * NH + h] = l;
-        for (int d = 0; d < HS; d++) oi[d] = 0.0f;
-        for (int j = 0; j < lim; j++) {
-          const float *vj = vb + (size_t)j * ldkv;
-          float p = scratch[j];
-          for (int d = 0; d < HS; d++) oi[d] += p * vj[d];
-        }
       }
     }
     return;
