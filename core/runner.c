@@ -488,6 +488,9 @@ static int setup(struct trainer *t) {
   if (!(t->ts = train_state_new(t->lm.model, t->cap_tokens, t->cap_tokens, t->cap_t, &e)) ||
       !(t->gs = gen_state_new(t->lm.model, t->gen_cap, t->cap_t, &e)))
     return fail_err(t, "out_of_memory", NULL, &e);
+  if (t->o && t->o->pool &&
+      (train_state_set_pool(t->ts, t->o->pool, &e) || gen_state_set_pool(t->gs, t->o->pool, &e)))
+    return fail_err(t, "out_of_memory", NULL, &e);
   size_t T = (size_t)t->cap_tokens, G = (size_t)t->gen_cap, M = (size_t)hp->max_new_tokens;
   t->b_tok = malloc(sizeof(int) * T);
   t->b_off = malloc(sizeof(int) * (T + 1));

@@ -20,6 +20,8 @@
 #include "hparams.h"
 #include "judge.h"
 
+struct pool;
+
 struct job_spec {
   char *model;           /* preset name or model folder path (owned) */
   char *training_file;   /* path (owned) */
@@ -56,6 +58,9 @@ struct runner_opts {
   const volatile int *pause;               /* non-zero: stop at the next safe point with a
                                               checkpoint of the last completed step */
   int stop_after_step;                     /* > 0: pause after this step (tests, CLI) */
+  struct pool *pool; /* compute threads of this job (borrowed; core/pool.h); NULL: serial kernels
+                        with OpenBLAS's own threading. Results are reproducible for a given
+                        thread count. */
 };
 
 enum runner_status { RUNNER_SUCCEEDED, RUNNER_PAUSED, RUNNER_CANCELLED, RUNNER_FAILED };

@@ -24,6 +24,7 @@
 #include "server.h"
 #include "runner.h"
 #include "parse.h"
+#include "pool.h"
 #include "preset.h"
 #include "rng.h"
 #include "sampler.h"
@@ -31,7 +32,7 @@
 static void usage(FILE *f) {
   fprintf(f, "usage: dapod [serve] [--config FILE] [--listen HOST:PORT] [--data-dir DIR] "
              "[--models-dir DIR] [flags]\n"
-             "       dapod train --config JOB.json --out DIR\n"
+             "       dapod train --config JOB.json --out DIR [--threads N] [--stop-after-step N]\n"
              "       dapod presets\n"
              "       dapod save-preset NAME DIR [--seed N] [--bf16]\n"
              "       dapod generate MODEL --prompt TEXT [--max-tokens N] [--temperature T]\n"
@@ -247,7 +248,7 @@ static int resolve_path(json_t *body, const char *key, const char *base, int may
 
 static int cmd_train(int argc, char **argv) {
   const char *config = NULL, *out = NULL;
-  int stop_after = 0;
+  int stop_after = 0, threads = pool_cpu_count();
   struct dapo_err e = {0};
   for (int i = 2; i < argc; i++) {
     if (!strcmp(argv[i], "--config") && i + 1 < argc)
@@ -302,9 +303,12 @@ static int cmd_train(int argc, char **argv) {
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
   struct runner_hooks hooks = {.event = train_event};
-  struct runner_opts opts = {.cancel = &g_cancel, .pause = &g_pause, .stop_after_step = stop_after};
+  struct pool *pool = pool_new(threads);
+  struct runner_opts opts = {
+      .cancel = &g_cancel, .pause = &g_pause, .stop_after_step = stop_after, .pool = pool};
   struct runner_result res;
   runner_run(&spec, out, &hooks, &opts, &res);
+  pool_free(pool);
   jobspec_deinit(&spec);
   switch (res.status) {
   case RUNNER_SUCCEEDED: fprintf(stderr, "succeeded at step %lld\n", (long long)res.step); return 0;

@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "kernels.h"
+#include "pool.h"
 #include "runner.h"
 
 static char tmpdir[] = "/tmp/dapo-runner-XXXXXX";
@@ -69,6 +71,8 @@ static int on_event(void *ctx, const char *type, const json_t *data) {
   return 0;
 }
 
+static struct pool *g_pool; /* NULL: serial kernels */
+
 static json_t *job(const char *train, int steps, int dynamic, int extra_ckpt) {
   json_t *b = json_pack(
       "{s:s,s:s,s:{s:s},s:i,s:{s:i,s:i,s:i,s:i,s:f,s:b,s:i,s:i,s:i,s:i,s:f}}", "model", "tiny",
@@ -91,7 +95,8 @@ static int run(json_t *body, const char *out, struct collect *c, int stop_after,
   }
   CHECK(n == 0);
   struct runner_hooks h = {.ctx = c, .event = on_event};
-  struct runner_opts o = {.stop_after_step = stop_after, .cancel = c ? c->cancel : NULL};
+  struct runner_opts o = {
+      .stop_after_step = stop_after, .cancel = c ? c->cancel : NULL, .pool = g_pool};
   runner_run(&s, out, &h, &o, res);
   if (res->status == RUNNER_FAILED)
     fprintf(stderr, "run failed: %s: %s\n", res->code, res->message);
@@ -256,6 +261,13 @@ int main(void) {
   write_dataset(train, 100);
   write_dataset(small, 6); /* 3 prompts a step: an epoch every 2 steps */
   test_resume(train, 1, 3, "dyn");
+  /* the same on the compute pool's parallel paths (2 threads, every kernel split) */
+  g_pool = pool_new(2);
+  kernels_set_par_min_work(0);
+  test_resume(train, 1, 3, "dyn-pool");
+  kernels_set_par_min_work(32768);
+  pool_free(g_pool);
+  g_pool = NULL;
   test_resume(small, 0, 2, "epoch-boundary");
   test_cancel_and_shortfall(train);
   test_spec_errors();
