@@ -25,8 +25,8 @@ if /usr/bin/python3 -c 'import torch' 2>/dev/null; then have_torch=1; fi
 args_for() {
   case "$1" in
   tiny) echo "--train-steps 9 --gen-reps 5" ;;
-  small) echo "--train-steps 5 --gen-reps 3" ;;
-  *) echo "--train-steps 3 --gen-reps 3" ;;
+  small) echo "--train-steps 4 --gen-reps 3" ;;
+  *) echo "--train-steps 2 --gen-reps 2" ;;
   esac
 }
 
