@@ -32,7 +32,8 @@
 # --keep DIR keeps every run's outputs (checkpoints, rollouts, metrics) in DIR; --report-only
 # with --keep DIR and the same --tasks/--arms/--seeds/--steps prints the tables again
 # from DIR without training.
-# env:   DAPOD=/path/to/dapod (default: build/server/dapod next to this folder)
+# env:   DAPOD=/path/to/dapod (default: build/server/dapod next to this folder);
+#        DAPOD_THREADS=N threads per run where dapod has --threads (default cores / --jobs)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -87,6 +88,14 @@ if [ $report_only = 0 ]; then
 cp "$DAPOD" "$work/dapod" # a rebuild of build/ during the runs cannot disturb them
 DAPOD=$work/dapod
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+# Newer dapod builds run a job on a thread pool (dapod train --threads N, default all cores):
+# split the cores between the runs that go side by side.
+train_args=()
+probe=$("$DAPOD" train --threads 1 2>&1 || true)
+if [[ $probe != *"unknown argument '--threads'"* ]]; then
+  per=$(($(nproc) / jobs)); [ "$per" -ge 1 ] || per=1
+  train_args=(--threads "${DAPOD_THREADS:-$per}")
+fi
 
 "$PY" - "$work" "$steps" "$every" "$tasks" "$arms" "$seeds" <<'EOF'
 import json, os, sys
@@ -125,7 +134,8 @@ run_one() { # name
   local n=$1 d=$work/$1 t0 rc=0
   t0=$(date +%s)
   rm -rf "$d"; mkdir -p "$d"
-  "$DAPOD" train --config "$work/job-$n.json" --out "$d/out" >"$d/metrics.jsonl" 2>"$d/log.txt" ||
+  "$DAPOD" train --config "$work/job-$n.json" --out "$d/out" "${train_args[@]}" \
+    >"$d/metrics.jsonl" 2>"$d/log.txt" ||
     rc=$?
   echo $(($(date +%s) - t0)) >"$d/secs"
   echo $rc >"$d/rc"

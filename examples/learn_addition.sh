@@ -16,7 +16,8 @@
 #
 # usage: examples/learn_addition.sh [--hard] [--seeds "1 2 3 4 5"] [--steps N] [--eval-every N]
 #                                   [--jobs N] [--threshold X] [--keep DIR]
-# env:   DAPOD=/path/to/dapod (default: build/server/dapod next to this folder)
+# env:   DAPOD=/path/to/dapod (default: build/server/dapod next to this folder);
+#        DAPOD_THREADS=N threads per run where dapod has --threads (default cores / --jobs)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -57,6 +58,14 @@ cp "$DAPOD" "$work/dapod"
 DAPOD=$work/dapod
 # The tiny model gains nothing from BLAS threads; runs go side by side instead.
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+# Newer dapod builds run a job on a thread pool (dapod train --threads N, default all cores):
+# split the cores between the runs that go side by side.
+train_args=()
+probe=$("$DAPOD" train --threads 1 2>&1 || true)
+if [[ $probe != *"unknown argument '--threads'"* ]]; then
+  per=$(($(nproc) / jobs)); [ "$per" -ge 1 ] || per=1
+  train_args=(--threads "${DAPOD_THREADS:-$per}")
+fi
 
 # dataset and one job file per seed (relative paths resolve against the job file's folder)
 "$PY" - "$work" "$hard" "$steps" "$eval_every" $seeds <<'EOF'
@@ -87,7 +96,7 @@ run_one() { # seed
   local s=$1 t0 rc=0
   t0=$(date +%s)
   rm -rf "$work/seed$s"
-  "$DAPOD" train --config "$work/job-seed$s.json" --out "$work/seed$s" \
+  "$DAPOD" train --config "$work/job-seed$s.json" --out "$work/seed$s" "${train_args[@]}" \
     >"$work/metrics-seed$s.jsonl" 2>"$work/log-seed$s.txt" || rc=$?
   echo $(($(date +%s) - t0)) >"$work/secs-seed$s"
   echo $rc >"$work/rc-seed$s"
