@@ -143,11 +143,13 @@ int gen_state_set_pool(struct gen_state *s, struct pool *p, struct dapo_err *e) 
   return 0;
 }
 
-/* Descending probability, ties by ascending index: a total order, so sorting is deterministic. */
-static const float *cmp_p;
-static int cmp_desc(const void *a, const void *b) {
+/* Descending probability, ties by ascending index: a total order, so sorting is deterministic.
+ * The probabilities come through qsort_r's argument (no shared state: samplers of different
+ * jobs run at the same time). */
+static int cmp_desc(const void *a, const void *b, void *ctx) {
+  const float *p = ctx;
   int i = *(const int *)a, j = *(const int *)b;
-  if (cmp_p[i] != cmp_p[j]) return cmp_p[i] > cmp_p[j] ? -1 : 1;
+  if (p[i] != p[j]) return p[i] > p[j] ? -1 : 1;
   return i - j;
 }
 
@@ -189,8 +191,7 @@ int sampler_pick(float *logits, int V, const struct sampler_opts *o, struct rng 
     int n = 0;
     for (int j = 0; j < V; j++)
       if (scratch_p[j] >= cutoff) scratch_idx[n++] = j;
-    cmp_p = scratch_p;
-    qsort(scratch_idx, (size_t)n, sizeof(int), cmp_desc);
+    qsort_r(scratch_idx, (size_t)n, sizeof(int), cmp_desc, scratch_p);
     double target = o->top_p * sum, c = 0;
     int last = n - 1;
     for (int i = 0; i < n; i++) {

@@ -255,7 +255,9 @@ static int cmd_train(int argc, char **argv) {
       config = argv[++i];
     else if (!strcmp(argv[i], "--out") && i + 1 < argc)
       out = argv[++i];
-    else if (!strcmp(argv[i], "--stop-after-step") && i + 1 < argc) {
+    else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+      if (parse_int(argv[++i], 1, 1024, &threads, "--threads", &e)) return fail(&e);
+    } else if (!strcmp(argv[i], "--stop-after-step") && i + 1 < argc) {
       if (parse_int(argv[++i], 1, 1 << 30, &stop_after, "--stop-after-step", &e)) return fail(&e);
     } else {
       fprintf(stderr, "dapod train: unknown argument '%s'\n", argv[i]);

@@ -1,6 +1,7 @@
 /* Sampler: reproducibility, batch-of-G == G single runs, KV-cache decoding agrees with the
  * training forward (log-probs of the sampled tokens), greedy == argmax, and the temperature /
  * top-p distribution checked statistically on a known logit vector. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -237,11 +238,46 @@ static void test_pool(void) {
   model_free(m);
 }
 
+/* Two samplers at once (two jobs' workers): each must stay inside its own nucleus. With
+ * top_p 0.05 on 4096 logits rising (thread 0) or falling (thread 1) with the token id, the
+ * nucleus is a few tokens at one end; a shared sort context would mix the two. */
+struct race_arg {
+  int dir, outside;
+};
+
+static void *race_thread(void *p) {
+  struct race_arg *a = p;
+  enum { V = 4096 };
+  static _Thread_local float logits[V], sp[V];
+  static _Thread_local int idx[V];
+  struct sampler_opts o = {.temperature = 1.0f, .top_p = 0.05f, .max_new_tokens = 1};
+  struct rng r;
+  rng_seed(&r, 11, (uint64_t)a->dir);
+  for (int it = 0; it < 1500; it++) {
+    for (int j = 0; j < V; j++) logits[j] = (a->dir ? (float)(V - j) : (float)j) * 0.01f;
+    float lp;
+    int t = sampler_pick(logits, V, &o, &r, &lp, idx, sp);
+    a->outside += a->dir ? t > 600 : t < V - 600;
+  }
+  return NULL;
+}
+
+static void test_concurrent_pick(void) {
+  pthread_t th[2];
+  struct race_arg args[2] = {{0, 0}, {1, 0}};
+  for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, race_thread, &args[i]);
+  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  CHECK_MSG(args[0].outside == 0 && args[1].outside == 0,
+            "concurrent samplers left their nucleus %d and %d times", args[0].outside,
+            args[1].outside);
+}
+
 int main(void) {
   test_model(ARCH_LLAMA, 1, 2);
   test_model(ARCH_QWEN2, 0, 4);
   test_greedy_argmax();
   test_pool();
+  test_concurrent_pick();
   test_distribution(1.0f, 1.0f);
   test_distribution(0.7f, 1.0f);
   test_distribution(1.0f, 0.8f);
