@@ -24,8 +24,11 @@
 #include "adamw.h"
 #include "model.h"
 #include "rng.h"
+#include "pool.h"
 #include "sampler.h"
 #include "train.h"
+
+static struct pool *g_pool; /* the engine's compute pool (core/pool.h), or NULL */
 
 #define N_SEQ 16
 #define SEQ_LEN 256
@@ -236,9 +239,11 @@ static int bench_init(struct bench *b, const char *name, int train, int gen, int
   b->oc = adamw_cfg_default();
   if (train) {
     if (!(b->ts = train_state_new(b->m, N, b->R, SEQ_LEN, e))) return e->code;
+    if (g_pool && train_state_set_pool(b->ts, g_pool, e)) return e->code;
     if ((rc = adamw_init(&b->opt, b->m, &b->oc, e))) return rc;
   }
   if (gen && !(b->gs = gen_state_new(b->m, GEN_BATCH, GEN_PROMPT + gen_new, e))) return e->code;
+  if (gen && g_pool && gen_state_set_pool(b->gs, g_pool, e)) return e->code;
   return 0;
 }
 
@@ -291,7 +296,11 @@ static json_t *info_json(const struct bench *b) {
   json_object_set_new(j, "kind", json_string("model"));
   json_object_set_new(j, "model", json_string(b->name));
   json_object_set_new(j, "corename", json_string(openblas_get_corename()));
-  json_object_set_new(j, "threads", json_integer(openblas_get_num_threads()));
+  json_object_set_new(j, "threads",
+                      json_integer(g_pool ? pool_threads(g_pool) : openblas_get_num_threads()));
+  json_object_set_new(j, "engine_threads",
+                      json_string(g_pool ? "compute pool (OpenBLAS 1 thread inside)"
+                                         : "OpenBLAS threads, engine code serial"));
   json_object_set_new(j, "params", json_integer((json_int_t)b->m->n_params));
   json_object_set_new(j, "train_flops", json_real(b->train_flops));
   json_object_set_new(j, "gen_flops_b16", json_real(gen_flops(b, GEN_BATCH)));
@@ -425,6 +434,7 @@ static int parse_pos(const char *flag, const char *s) {
 
 int main(int argc, char **argv) {
   const char *model = NULL;
+  int pool_n = pool_cpu_count();
   int sgemm = 0, serve_mode = 0, train_steps = 3, gen_reps = 3, gen_new = 128, phase = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -433,9 +443,9 @@ int main(int argc, char **argv) {
       continue;
     }
     if (!v) {
-      fprintf(stderr,
-              "usage: bench_engine --sgemm | --model tiny|small|medium [--serve] "
-              "[--train-steps N] [--gen-reps N] [--gen-new N] [--threads N] [--phase train|gen]\n");
+      fprintf(stderr, "usage: bench_engine --sgemm | --model tiny|small|medium [--serve] "
+                      "[--train-steps N] [--gen-reps N] [--gen-new N] [--threads N | "
+                      "--blas-threads N] [--phase train|gen]\n");
       return 2;
     }
     i++;
@@ -450,13 +460,17 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--phase") && (!strcmp(v, "train") || !strcmp(v, "gen")))
       phase = !strcmp(v, "train") ? 1 : 2;
     else if (!strcmp(a, "--threads"))
+      pool_n = parse_pos(a, v);
+    else if (!strcmp(a, "--blas-threads")) {
+      pool_n = 0; /* the engine's kernels serial, OpenBLAS's own threads inside */
       openblas_set_num_threads(parse_pos(a, v));
-    else {
+    } else {
       fprintf(stderr, "bench_engine: unknown flag %s\n", a);
       return 2;
     }
   }
   if (sgemm) return run_sgemm();
+  if (pool_n > 0) g_pool = pool_new(pool_n); /* OpenBLAS single-threaded inside the pool */
   if (!model) {
     fprintf(stderr, "bench_engine: --sgemm or --model NAME\n");
     return 2;

@@ -331,8 +331,9 @@ def report(files):
             for r in pr["rows"]))
     any_ours = next(iter(ours.values()), None)
     if any_ours:
-        print("ours: OpenBLAS %d threads (%s), the engine's own code single-threaded" %
-              (any_ours["threads"], any_ours["corename"]))
+        print("ours: %d threads: %s (OpenBLAS core %s)" %
+              (any_ours["threads"], any_ours.get("engine_threads", "OpenBLAS threads"),
+               any_ours["corename"]))
     print("GFLOP/s: model FLOPs (bench_engine.c's header), train = 3 x (2 N P_blk + 2 R V C + "
           "4 L NH HS sum T(T+1)/2); %% peak: of the best measured SGEMM at the configured threads "
           "(%s GFLOP/s)" % ("%.1f" % peak if peak else "?"))
