@@ -25,6 +25,8 @@ static const struct api_err_row ROWS[API_ERR_COUNT] = {
      "send a smaller body: JSON bodies up to max_body_bytes, uploads up to max_upload_bytes"},
     {API_ERR_UNSUPPORTED_MEDIA, "unsupported_media_type", 415, "Unsupported media type",
      "send the Content-Type that the endpoint accepts (detail lists them)"},
+    {API_ERR_RANGE_NOT_SATISFIABLE, "range_not_satisfiable", 416, "Range not satisfiable",
+     "ask for bytes within the file: Content-Range gives its size"},
     {API_ERR_VALIDATION_FAILED, "validation_failed", 422, "Validation failed",
      "fix every entry of errors[]: each names the field or line at fault"},
     {API_ERR_TOO_MANY_REQUESTS, "too_many_requests", 429, "Too many requests",

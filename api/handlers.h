@@ -32,4 +32,34 @@ int api_models_get(struct api_req *r);
 /* judges.c: POST /v1/judges/test */
 int api_judges_test(struct api_req *r);
 
+/* jobs.c: POST /v1/jobs, GET /v1/jobs, GET /v1/jobs/{id} (?wait=N), DELETE /v1/jobs/{id},
+ * POST /v1/jobs/{id}/cancel|pause|resume, GET /v1/jobs/{id}/metrics */
+int api_jobs_create(struct api_req *r);
+int api_jobs_list(struct api_req *r);
+int api_jobs_get(struct api_req *r);
+int api_jobs_delete(struct api_req *r);
+int api_jobs_cancel(struct api_req *r);
+int api_jobs_pause(struct api_req *r);
+int api_jobs_resume(struct api_req *r);
+int api_jobs_metrics(struct api_req *r);
+
+/* events.c: GET /v1/jobs/{id}/events, GET /v1/jobs/{id}/events/stream (SSE) */
+int api_events_list(struct api_req *r);
+int api_events_stream(struct api_req *r);
+
+/* checkpoints.c: GET /v1/jobs/{id}/checkpoints, GET /v1/jobs/{id}/checkpoints/{step}/{file} */
+int api_checkpoints_list(struct api_req *r);
+int api_checkpoints_file(struct api_req *r);
+
+/* rollouts.c: GET /v1/jobs/{id}/rollouts?step=N */
+int api_rollouts_get(struct api_req *r);
+
+/* completions.c: POST /v1/completions */
+int api_completions_create(struct api_req *r);
+
+/* jobs.c, shared: reads job id visible to r->owner into out, or replies (404 ...) and returns
+ * -1 (the handler then returns 0). */
+struct store_job;
+int api_job_load(struct api_req *r, const char *id, struct store_job *out);
+
 #endif

@@ -1,6 +1,7 @@
-/* Handlers: GET /healthz (liveness), GET /readyz (readiness: storage open; workers later),
+/* Handlers: GET /healthz (liveness), GET /readyz (readiness: storage open, workers up),
  * GET /metrics (Prometheus text exposition 0.0.4: HTTP requests by method and status, request
- * latency histogram, uptime, jobs by status from the store). */
+ * latency histogram, uptime, jobs by status from the store, busy workers, tokens generated and
+ * trained). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,15 +11,17 @@
 #include "http.h"
 #include "server.h"
 #include "store.h"
+#include "workers.h"
 
 int api_health_live(struct api_req *r) {
   return api_reply_json_steal(r, 200, json_pack("{s:s}", "status", "ok"));
 }
 
 int api_health_ready(struct api_req *r) {
-  /* TODO(jobs): also require the workers to be up. */
   if (!atomic_load(&r->srv->ready) || !r->srv->store)
     return api_reply_error(r, API_ERR_UNAVAILABLE, "not ready: storage is not open", NULL);
+  if (!workers_up(r->srv->workers))
+    return api_reply_error(r, API_ERR_UNAVAILABLE, "not ready: the workers are not running", NULL);
   return api_reply_json_steal(r, 200, json_pack("{s:s}", "status", "ready"));
 }
 
@@ -122,7 +125,18 @@ int api_health_metrics(struct api_req *r) {
       add(&t, "dapod_jobs{status=\"%s\"} %lld\n", store_job_status_name((enum store_job_status)k),
           (long long)counts[k]);
   }
-  /* TODO(jobs): dapod_tokens_trained_total, dapod_tokens_generated_total, dapod_workers_busy. */
+  uint64_t gen = 0, trained = 0;
+  workers_tokens(s->workers, &gen, &trained);
+  add(&t,
+      "# HELP dapod_workers Job threads.\n# TYPE dapod_workers gauge\ndapod_workers %d\n"
+      "# HELP dapod_workers_busy Job threads running a job now.\n"
+      "# TYPE dapod_workers_busy gauge\ndapod_workers_busy %d\n"
+      "# HELP dapod_tokens_generated_total Tokens sampled by jobs since the daemon started.\n"
+      "# TYPE dapod_tokens_generated_total counter\ndapod_tokens_generated_total %llu\n"
+      "# HELP dapod_tokens_trained_total Response tokens trained on since the daemon started.\n"
+      "# TYPE dapod_tokens_trained_total counter\ndapod_tokens_trained_total %llu\n",
+      s->cfg.workers, workers_busy(s->workers), (unsigned long long)gen,
+      (unsigned long long)trained);
   if (t.oom) {
     free(t.s);
     return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory building the metrics", NULL);

@@ -1,11 +1,13 @@
 /* The HTTP layer (api/http.h): libmicrohttpd's daemon with its internal thread pool, the route
  * table, the per-request struct and its lifetime, central body handling (cap, JSON parse with a
- * depth limit, streaming), the reply helpers and the access log / request counters. */
+ * depth limit, streaming), the reply helpers, the access log / request counters, and the hub
+ * that resumes suspended connections (event streams, long-polls) when the bus publishes. */
 #include "http.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +19,7 @@
 
 #include <microhttpd.h>
 
+#include "bus.h"
 #include "handlers.h"
 #include "log.h"
 #include "parse.h"
@@ -41,8 +44,21 @@ static const struct api_route ROUTES[] = {
     {"GET", "/v1/models", API_BODY_NONE, NULL, NULL, api_models_list},
     {"GET", "/v1/models/{id}", API_BODY_NONE, NULL, NULL, api_models_get},
     {"POST", "/v1/judges/test", API_BODY_JSON, NULL, NULL, api_judges_test},
-    /* TODO(jobs): /v1/jobs..., /v1/jobs/{id}/events/stream (SSE), checkpoints downloads,
-     * /v1/completions. */
+    {"POST", "/v1/jobs", API_BODY_JSON, NULL, NULL, api_jobs_create},
+    {"GET", "/v1/jobs", API_BODY_NONE, NULL, NULL, api_jobs_list},
+    {"GET", "/v1/jobs/{id}", API_BODY_NONE, NULL, NULL, api_jobs_get},
+    {"DELETE", "/v1/jobs/{id}", API_BODY_NONE, NULL, NULL, api_jobs_delete},
+    {"POST", "/v1/jobs/{id}/cancel", API_BODY_NONE, NULL, NULL, api_jobs_cancel},
+    {"POST", "/v1/jobs/{id}/pause", API_BODY_NONE, NULL, NULL, api_jobs_pause},
+    {"POST", "/v1/jobs/{id}/resume", API_BODY_NONE, NULL, NULL, api_jobs_resume},
+    {"GET", "/v1/jobs/{id}/events", API_BODY_NONE, NULL, NULL, api_events_list},
+    {"GET", "/v1/jobs/{id}/events/stream", API_BODY_NONE, NULL, NULL, api_events_stream},
+    {"GET", "/v1/jobs/{id}/metrics", API_BODY_NONE, NULL, NULL, api_jobs_metrics},
+    {"GET", "/v1/jobs/{id}/checkpoints", API_BODY_NONE, NULL, NULL, api_checkpoints_list},
+    {"GET", "/v1/jobs/{id}/checkpoints/{step}/{file}", API_BODY_NONE, NULL, NULL,
+     api_checkpoints_file},
+    {"GET", "/v1/jobs/{id}/rollouts", API_BODY_NONE, NULL, NULL, api_rollouts_get},
+    {"POST", "/v1/completions", API_BODY_JSON, NULL, NULL, api_completions_create},
 };
 #define NROUTES ((int)(sizeof ROUTES / sizeof ROUTES[0]))
 
@@ -54,11 +70,32 @@ static const struct api_route ROUTES[] = {
 /* Multipart framing on top of max_upload_bytes (part headers, boundaries, small fields). */
 #define MULTIPART_SLACK ((uint64_t)64 << 10)
 
+/* A connection suspended until its job's next event, its deadline, or the stop. */
+struct waiter {
+  struct MHD_Connection *conn;
+  char job_id[STORE_ID_MAX];
+  int64_t after_id;
+  int64_t deadline_ms;
+  struct waiter *next;
+};
+
+struct api_hub {
+  struct server *srv;
+  pthread_mutex_t mu;  /* guards list and closing; suspend and resume happen under it */
+  pthread_cond_t cond; /* closing (for the thread once the bus is closed) */
+  struct waiter *list;
+  int closing;
+  pthread_t th;
+  int started;
+  int streams; /* open event streams (under mu) */
+};
+
 struct api_http {
   struct MHD_Daemon *d;
   struct server *srv;
   int port;
   char *tls_cert, *tls_key; /* PEM text, kept while the daemon runs */
+  struct api_hub hub;
 };
 
 /* ---- small helpers ---- */
@@ -170,7 +207,8 @@ int api_reply_json_steal(struct api_req *r, int status, json_t *json) {
   return reply_json_typed(r, status, json, "application/json; charset=utf-8");
 }
 
-int api_reply_error(struct api_req *r, enum api_err code, const char *detail, json_t *errors) {
+int api_reply_error_ext(struct api_req *r, enum api_err code, const char *detail, json_t *errors,
+                        const json_t *ext) {
   const struct api_err_row *row = api_err_row(code);
   char type[128];
   snprintf(type, sizeof type, "%s%s", API_PROBLEM_BASE, row->name);
@@ -181,12 +219,17 @@ int api_reply_error(struct api_req *r, enum api_err code, const char *detail, js
     json_object_set_new(o, "status", json_integer(row->http_status));
     json_object_set_new(o, "detail", api_json_text(detail ? detail : row->hint));
     if (errors) json_object_set(o, "errors", errors);
+    if (ext) json_object_update_missing(o, (json_t *)ext);
   }
   json_decref(errors);
   if (row->http_status >= 500)
     LOG(WARN, "%s %s: %d %s: %s", r->method, r->path, row->http_status, row->name,
         detail ? detail : row->hint);
   return reply_json_typed(r, row->http_status, o, "application/problem+json");
+}
+
+int api_reply_error(struct api_req *r, enum api_err code, const char *detail, json_t *errors) {
+  return api_reply_error_ext(r, code, detail, errors, NULL);
 }
 
 int api_reply_errorf(struct api_req *r, enum api_err code, const char *fmt, ...) {
@@ -231,6 +274,157 @@ int api_reply_fd(struct api_req *r, int status, const char *content_type, int fd
   }
   MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
   return set_reply(r, status, resp);
+}
+
+int api_reply_fd_range(struct api_req *r, int status, const char *content_type, int fd,
+                       uint64_t offset, uint64_t len) {
+  struct MHD_Response *resp = MHD_create_response_from_fd_at_offset64(len, fd, offset);
+  if (!resp) {
+    close(fd);
+    return reply_static_unavailable(r);
+  }
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+  return set_reply(r, status, resp);
+}
+
+int api_reply_response(struct api_req *r, int status, struct MHD_Response *resp) {
+  if (!resp) return reply_static_unavailable(r);
+  return set_reply(r, status, resp);
+}
+
+/* ---- the hub: suspended connections, resumed by bus events, deadlines or the stop ---- */
+
+int64_t api_now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+static void *hub_main(void *arg) {
+  struct api_hub *h = arg;
+  struct bus *bus = h->srv->bus;
+  for (;;) {
+    uint64_t gen = bus_generation(bus);
+    int bus_done = bus_closed(bus);
+    int64_t now = api_now_ms(), next = now + 60000;
+    pthread_mutex_lock(&h->mu);
+    for (struct waiter **p = &h->list; *p;) {
+      struct waiter *w = *p;
+      if (h->closing || bus_done || now >= w->deadline_ms ||
+          bus_last_id(bus, w->job_id) > w->after_id) {
+        MHD_resume_connection(w->conn);
+        *p = w->next;
+        free(w);
+        continue;
+      }
+      if (w->deadline_ms < next) next = w->deadline_ms;
+      p = &w->next;
+    }
+    if (h->closing || bus_done) {
+      /* nothing waits any more (api_hub_suspend refuses now): sleep until the stop */
+      while (!h->closing) pthread_cond_wait(&h->cond, &h->mu);
+      pthread_mutex_unlock(&h->mu);
+      return NULL;
+    }
+    pthread_mutex_unlock(&h->mu);
+    bus_wait_any(bus, gen, (int)(next - now));
+  }
+}
+
+int api_hub_suspend(struct api_hub *h, struct MHD_Connection *conn, const char *job_id,
+                    int64_t after_id, int64_t deadline_ms) {
+  struct bus *bus = h->srv->bus;
+  pthread_mutex_lock(&h->mu);
+  if (h->closing || !h->started || bus_closed(bus)) {
+    pthread_mutex_unlock(&h->mu);
+    return -1;
+  }
+  if (bus_last_id(bus, job_id) > after_id) {
+    pthread_mutex_unlock(&h->mu);
+    return 1;
+  }
+  struct waiter *w = calloc(1, sizeof *w);
+  if (!w) {
+    pthread_mutex_unlock(&h->mu);
+    return -1;
+  }
+  w->conn = conn;
+  snprintf(w->job_id, sizeof w->job_id, "%s", job_id);
+  w->after_id = after_id;
+  w->deadline_ms = deadline_ms;
+  w->next = h->list;
+  h->list = w;
+  MHD_suspend_connection(conn);
+  pthread_mutex_unlock(&h->mu);
+  bus_kick(bus); /* the hub recomputes its next deadline */
+  return 0;
+}
+
+int api_wait_event(struct api_req *r, const char *job_id, int64_t after_id, int64_t deadline_ms) {
+  int rc = api_hub_suspend(r->hub, r->conn, job_id, after_id, deadline_ms);
+  if (rc == 0) r->suspended = 1;
+  return rc;
+}
+
+int api_hub_closing(struct api_hub *h) {
+  pthread_mutex_lock(&h->mu);
+  int c = h->closing || bus_closed(h->srv->bus);
+  pthread_mutex_unlock(&h->mu);
+  return c;
+}
+
+int api_hub_stream_enter(struct api_hub *h, int max) {
+  pthread_mutex_lock(&h->mu);
+  int ok = h->streams < max;
+  if (ok) h->streams++;
+  pthread_mutex_unlock(&h->mu);
+  return ok ? 0 : -1;
+}
+
+void api_hub_stream_leave(struct api_hub *h) {
+  pthread_mutex_lock(&h->mu);
+  h->streams--;
+  pthread_mutex_unlock(&h->mu);
+}
+
+static int hub_start(struct api_hub *h, struct server *srv) {
+  h->srv = srv;
+  if (pthread_mutex_init(&h->mu, NULL)) return -1;
+  if (pthread_cond_init(&h->cond, NULL)) {
+    pthread_mutex_destroy(&h->mu);
+    return -1;
+  }
+  if (!srv->bus || pthread_create(&h->th, NULL, hub_main, h)) return 0; /* no waiting then */
+  h->started = 1;
+  return 0;
+}
+
+/* Resumes every suspended connection (their handlers answer, their streams end) and joins the
+ * hub's thread; later suspends are refused. Before MHD_stop_daemon, which must find none. */
+static void hub_close(struct api_hub *h) {
+  if (!h->srv) return;
+  pthread_mutex_lock(&h->mu);
+  h->closing = 1;
+  for (struct waiter *w = h->list, *next; w; w = next) {
+    next = w->next;
+    MHD_resume_connection(w->conn);
+    free(w);
+  }
+  h->list = NULL;
+  pthread_cond_broadcast(&h->cond);
+  pthread_mutex_unlock(&h->mu);
+  if (h->started) {
+    bus_kick(h->srv->bus);
+    pthread_join(h->th, NULL);
+    h->started = 0;
+  }
+}
+
+static void hub_free(struct api_hub *h) {
+  if (!h->srv) return;
+  pthread_cond_destroy(&h->cond);
+  pthread_mutex_destroy(&h->mu);
+  h->srv = NULL;
 }
 
 int api_page_params(struct api_req *r, int *limit, const char **after) {
@@ -402,6 +596,7 @@ static struct api_req *req_new(struct api_http *h, struct MHD_Connection *conn, 
   if (!r) return NULL;
   clock_gettime(CLOCK_MONOTONIC, &r->start);
   r->srv = h->srv;
+  r->hub = &h->hub;
   r->conn = conn;
   snprintf(r->method_buf, sizeof r->method_buf, "%s", method);
   r->method = r->method_buf;
@@ -500,11 +695,11 @@ static void req_chunk(struct api_req *r, const char *data, size_t n) {
 
 /* The last call: the whole body is in. */
 static void req_finish(struct api_req *r) {
-  if (r->route->body == API_BODY_JSON && r->body_len) parse_json_body(r);
+  if (r->route->body == API_BODY_JSON && r->body_len && !r->json) parse_json_body(r);
   if (r->status) return;
-  if (r->route->handle(r) && !r->status)
+  if (r->route->handle(r) && !r->status && !r->suspended)
     api_reply_error(r, API_ERR_INTERNAL, "the request could not be answered", NULL);
-  if (!r->status) {
+  if (!r->status && !r->suspended) {
     LOG(ERROR, "%s %s: the handler gave no reply", r->method, r->path);
     api_reply_error(r, API_ERR_INTERNAL, "the handler gave no reply", NULL);
   }
@@ -558,6 +753,10 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
     return MHD_YES;
   }
   if (!r->status) req_finish(r);
+  if (r->suspended) { /* api_wait_event: the handler runs again after the resume */
+    r->suspended = 0;
+    return MHD_YES;
+  }
   return queue(r);
 }
 
@@ -575,6 +774,17 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   if (r->status) server_count_request(h->srv, r->method, r->status, ms / 1e3);
   req_free(r);
   *con_cls = NULL;
+}
+
+/* libmicrohttpd's unescaping of the path and the query arguments, except that a decoded NUL
+ * ("%00") becomes DEL (0x7f) instead of silently cutting the string: "a%00.png" must not be
+ * read as "a". No route or name accepts a control character, so such a request fails. */
+static size_t unescape_no_nul(void *cls, struct MHD_Connection *c, char *s) {
+  (void)cls, (void)c;
+  size_t n = MHD_http_unescape(s);
+  for (size_t i = 0; i < n; i++)
+    if (s[i] == '\0') s[i] = 0x7f;
+  return n;
 }
 
 static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
@@ -620,6 +830,11 @@ struct api_http *api_http_start(struct server *srv, struct dapo_err *e) {
     return NULL;
   }
   h->srv = srv;
+  if (hub_start(&h->hub, srv)) {
+    dapo_errf(e, DAPO_ENOMEM, "cannot start the HTTP hub");
+    free(h);
+    return NULL;
+  }
   char port[16], addr[300];
   snprintf(port, sizeof port, "%d", c->listen.port);
   config_addr_format(&c->listen, addr, sizeof addr);
@@ -630,7 +845,7 @@ struct api_http *api_http_start(struct server *srv, struct dapo_err *e) {
   int g = getaddrinfo(c->listen.host[0] ? c->listen.host : NULL, port, &hints, &ai);
   if (g || !ai) {
     dapo_errf(e, DAPO_EINVAL, "listen %s: %s", addr, g ? gai_strerror(g) : "no address");
-    free(h);
+    api_http_stop(h);
     return NULL;
   }
   struct sockaddr_storage ss;
@@ -660,7 +875,8 @@ struct api_http *api_http_start(struct server *srv, struct dapo_err *e) {
       MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)c->max_connections_per_ip,
       MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)c->connection_timeout_s,
       MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)c->max_header_bytes, MHD_OPTION_NOTIFY_COMPLETED,
-      on_completed, h, MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
+      on_completed, h, MHD_OPTION_UNESCAPE_CALLBACK, unescape_no_nul, h, MHD_OPTION_ARRAY, tls,
+      MHD_OPTION_END);
   if (!h->d) {
     int err = errno;
     dapo_errf(e, DAPO_EIO, "cannot serve HTTP on %s: %s", addr,
@@ -675,7 +891,9 @@ struct api_http *api_http_start(struct server *srv, struct dapo_err *e) {
 
 void api_http_stop(struct api_http *h) {
   if (!h) return;
+  hub_close(&h->hub); /* no connection may stay suspended when the daemon stops */
   if (h->d) MHD_stop_daemon(h->d);
+  hub_free(&h->hub);
   free(h->tls_cert);
   free(h->tls_key);
   free(h);

@@ -20,6 +20,7 @@
 
 struct server;
 struct api_http;
+struct api_hub;
 struct MHD_Connection;
 struct MHD_Response;
 
@@ -60,7 +61,9 @@ struct api_req {
   struct timespec start; /* CLOCK_MONOTONIC at the first call: access log, latency */
   /* The pending reply (set by api_reply_*, queued by the dispatcher). */
   struct MHD_Response *resp;
-  int status; /* 0 until a reply exists */
+  int status;          /* 0 until a reply exists */
+  int suspended;       /* the handler suspended the request (api_wait_event): no reply yet */
+  struct api_hub *hub; /* borrowed: the daemon's suspend/resume hub */
 };
 
 /* A route. begin (may be NULL) runs once the headers are known; for API_BODY_STREAM, chunk
@@ -135,6 +138,50 @@ int api_reply_text(struct api_req *r, int status, const char *content_type, cons
  * with the given Content-Type and Content-Length, sent from the file (sendfile where possible),
  * never read into memory. */
 int api_reply_fd(struct api_req *r, int status, const char *content_type, int fd, uint64_t size);
+
+/* Replies status with resp (stolen: a response built by the handler, e.g. from a callback for
+ * an event stream). Returns 0, or -1 (resp NULL: nothing could be built). */
+int api_reply_response(struct api_req *r, int status, struct MHD_Response *resp);
+
+/* Replies len bytes of the open file fd from offset (fd stolen: closed when sent or on failure)
+ * with the given Content-Type; sent from the file, never read into memory. */
+int api_reply_fd_range(struct api_req *r, int status, const char *content_type, int fd,
+                       uint64_t offset, uint64_t len);
+
+/* api_reply_error with extension members: the members of ext (borrowed object, may be NULL) are
+ * added to the problem (e.g. {"job_status": "succeeded"} for a 409 of the status machine). */
+int api_reply_error_ext(struct api_req *r, enum api_err code, const char *detail, json_t *errors,
+                        const json_t *ext);
+
+/* ---- waiting without holding an HTTP thread ----
+ * A request (or an event stream's reader) that waits for a job's next event is suspended
+ * (MHD_suspend_connection) and registered with the hub: a thread that resumes it when the bus
+ * publishes an event after after_id for the job, when its deadline passes, or when the daemon
+ * stops. No HTTP thread is held while it waits and nothing polls. */
+
+/* Milliseconds of CLOCK_MONOTONIC (for deadlines). */
+int64_t api_now_ms(void);
+
+/* Suspends request r until job_id has an event after after_id, deadline_ms (api_now_ms clock)
+ * passes or the daemon stops; the route's handle then runs again (r->ctx keeps its state). The
+ * handler returns 0 without a reply after a 0 return. Returns 0 (suspended), 1 (an event after
+ * after_id is already there: answer or look again now) or -1 (the daemon is stopping: answer
+ * now). Only from a route's handle. */
+int api_wait_event(struct api_req *r, const char *job_id, int64_t after_id, int64_t deadline_ms);
+
+/* The same for a connection whose response is produced by a content-reader callback (an event
+ * stream): called from that callback, which then returns 0; libmicrohttpd calls it again after
+ * the resume. Same returns. */
+int api_hub_suspend(struct api_hub *h, struct MHD_Connection *conn, const char *job_id,
+                    int64_t after_id, int64_t deadline_ms);
+
+/* 1 once the daemon is stopping (streams end). */
+int api_hub_closing(struct api_hub *h);
+
+/* Event streams open now: api_hub_stream_enter counts one more unless max are open (then it
+ * returns -1 and counts nothing); api_hub_stream_leave counts one less. */
+int api_hub_stream_enter(struct api_hub *h, int max);
+void api_hub_stream_leave(struct api_hub *h);
 
 /* Adds a header to the reply just built (Location, Allow, Content-Disposition ...). Returns 0 or
  * -1 (no reply yet, or out of memory). */

@@ -3,8 +3,9 @@
  * model is listed with status "invalid" and an error naming the file and key at fault, so that a
  * user sees why it is not offered. Folders are inspected without loading weights: config.json is
  * parsed (model_config_from_json) and the weight and tokenizer files must exist; the weights
- * themselves are checked when a job or a completion opens the model.
- * TODO(jobs): checkpoints are models too ("{job_id}:step-{n}", kind "checkpoint"). */
+ * themselves are checked when a job or a completion opens the model. Fine-tuned checkpoints are
+ * models too: "{job_id}:step-{n}", kind "checkpoint", listed after the base models (jobs oldest
+ * first, steps in order). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -19,11 +20,14 @@
 #include "log.h"
 #include "model.h"
 #include "models.h"
+#include "parse.h"
 #include "preset.h"
 #include "server.h"
+#include "store.h"
 
 #define MAX_FOLDERS 1000                  /* sub-folders inspected per listing */
 #define CONFIG_JSON_MAX ((size_t)1 << 20) /* config.json is small */
+#define MAX_CKPT_MODELS 10000             /* checkpoints considered per listing */
 
 static const char *arch_name(enum model_arch a) {
   return a == ARCH_QWEN2 ? "qwen2" : "llama";
@@ -197,10 +201,76 @@ static int list_folders(const char *dir, char ***out, int *n_out) {
   return 0;
 }
 
-int api_model_find(const struct server *s, const char *id, json_t **obj_out) {
+/* ---- checkpoints as models ---- */
+
+void api_model_ckpt_id(const char *job_id, long long step, char *buf, size_t cap) {
+  snprintf(buf, cap, "%s:step-%lld", job_id, step);
+}
+
+/* Splits "{job_id}:step-{n}" into job (cap bytes) and *step. 0 when id has that shape. */
+static int parse_ckpt_id(const char *id, char *job, size_t cap, int64_t *step) {
+  const char *colon = strchr(id, ':');
+  if (!colon || (size_t)(colon - id) >= cap || colon == id || strncmp(colon + 1, "step-", 5))
+    return -1;
+  const char *n = colon + 6;
+  if (*n < '0' || *n > '9' || parse_i64(n, 0, INT64_MAX, step, "step", NULL)) return -1;
+  memcpy(job, id, (size_t)(colon - id));
+  job[colon - id] = '\0';
+  return 0;
+}
+
+/* The model object of checkpoint c of job_id (never NULL except out of memory). */
+static json_t *ckpt_json(const char *job_id, const struct store_ckpt *c) {
+  char id[STORE_ID_MAX + 32];
+  struct dapo_err e = {0};
+  struct model_config mc;
+  int64_t mtime = 0;
+  api_model_ckpt_id(job_id, (long long)c->step, id, sizeof id);
+  int rc = read_config(c->path, &mc, &mtime, &e);
+  json_t *o =
+      json_pack("{s:s, s:s, s:s, s:s, s:s, s:I, s:s, s:I}", "id", id, "object", "model", "kind",
+                "checkpoint", "owned_by", "dapod", "status", rc ? "invalid" : "ready", "created_at",
+                (json_int_t)c->created_at, "job_id", job_id, "step", (json_int_t)c->step);
+  if (!o) return NULL;
+  if (rc) {
+    json_object_set_new(o, "error", api_json_text(e.msg));
+    return o;
+  }
+  json_object_set_new(o, "parameters", json_integer(count_params(&mc)));
+  json_object_set_new(o, "weights", json_string("model.safetensors"));
+  json_object_set_new(o, "config", config_summary(&mc));
+  return o;
+}
+
+/* The checkpoint row of model id "{job_id}:step-{n}" visible to owner. 0, 1 (none), -1 (OOM). */
+static int ckpt_lookup(const struct server *s, const char *id, const char *owner, char *job,
+                       size_t cap, struct store_ckpt *out) {
+  int64_t step;
+  struct dapo_err e = {0};
+  memset(out, 0, sizeof *out);
+  if (!s->store || parse_ckpt_id(id, job, cap, &step)) return 1;
+  struct store_job j;
+  int rc = store_job_get(s->store, job, owner, &j, &e);
+  store_job_deinit(&j);
+  if (!rc) rc = store_ckpt_get(s->store, job, step, out, &e);
+  if (rc == DAPO_ENOMEM) return -1;
+  return rc ? 1 : 0;
+}
+
+int api_model_find_owned(const struct server *s, const char *id, const char *owner,
+                         json_t **obj_out) {
   *obj_out = NULL;
   const struct preset *p = preset_find(id);
   if (p) return (*obj_out = preset_json(p)) ? 0 : -1;
+  if (strchr(id, ':')) {
+    char job[STORE_ID_MAX];
+    struct store_ckpt c;
+    int rc = ckpt_lookup(s, id, owner, job, sizeof job, &c);
+    if (rc) return rc;
+    *obj_out = ckpt_json(job, &c);
+    store_ckpt_deinit(&c);
+    return *obj_out ? 0 : -1;
+  }
   if (!folder_name_ok(id) || strchr(id, '/')) return 1;
   char dir[4096];
   struct stat st;
@@ -210,28 +280,159 @@ int api_model_find(const struct server *s, const char *id, json_t **obj_out) {
   return (*obj_out = folder_json(s->cfg.models_dir, id)) ? 0 : -1;
 }
 
+int api_model_find(const struct server *s, const char *id, json_t **obj_out) {
+  return api_model_find_owned(s, id, NULL, obj_out);
+}
+
+int api_model_resolve(const struct server *s, const char *id, const char *owner, char **spec_out,
+                      char *msg, size_t cap) {
+  *spec_out = NULL;
+  if (preset_find(id)) return (*spec_out = strdup(id)) ? 0 : -1;
+  if (strchr(id, ':')) {
+    char job[STORE_ID_MAX];
+    struct store_ckpt c;
+    int rc = ckpt_lookup(s, id, owner, job, sizeof job, &c);
+    if (rc > 0)
+      snprintf(msg, cap, "no such model: '%.128s' is not a checkpoint of a job of yours", id);
+    if (rc) return rc;
+    *spec_out = strdup(c.path);
+    store_ckpt_deinit(&c);
+    return *spec_out ? 0 : -1;
+  }
+  json_t *o = NULL;
+  int rc = api_model_find_owned(s, id, owner, &o);
+  if (rc > 0)
+    snprintf(msg, cap,
+             "no such model: '%.128s' is neither a preset, a folder in the models directory nor "
+             "a checkpoint",
+             id);
+  if (rc) return rc;
+  const char *status = json_string_value(json_object_get(o, "status"));
+  if (!status || strcmp(status, "ready")) {
+    snprintf(msg, cap, "model '%.128s' is not usable: %.300s", id,
+             json_string_value(json_object_get(o, "error"))
+                 ? json_string_value(json_object_get(o, "error"))
+                 : "invalid");
+    json_decref(o);
+    return 1;
+  }
+  json_decref(o);
+  size_t n = strlen(s->cfg.models_dir) + strlen(id) + 2;
+  if (!(*spec_out = malloc(n))) return -1;
+  snprintf(*spec_out, n, "%s/%s", s->cfg.models_dir, id);
+  return 0;
+}
+
+/* One checkpoint model of the listing. */
+struct ckpt_ref {
+  char job[STORE_ID_MAX];
+  char id[STORE_ID_MAX + 32];
+  struct store_ckpt c;
+};
+
+static void ckpt_refs_free(struct ckpt_ref *v, int n) {
+  for (int i = 0; i < n; i++) store_ckpt_deinit(&v[i].c);
+  free(v);
+}
+
+/* Every checkpoint visible to owner, jobs oldest first, steps in order (at most
+ * MAX_CKPT_MODELS). Returns 0 or -1 (out of memory or a store error, logged). */
+static int list_ckpts(const struct server *s, const char *owner, struct ckpt_ref **out,
+                      int *n_out) {
+  struct store_job_list all = {0};
+  struct dapo_err e = {0};
+  char after[STORE_ID_MAX] = "";
+  char(*ids)[STORE_ID_MAX] = NULL;
+  size_t n_ids = 0, cap_ids = 0;
+  int rc = 0, n = 0, cap = 0;
+  struct ckpt_ref *v = NULL;
+  *out = NULL;
+  *n_out = 0;
+  for (;;) { /* job ids, newest first */
+    rc = store_job_list(s->store, owner, NULL, STORE_PAGE_MAX, after[0] ? after : NULL, &all, &e);
+    if (rc) break;
+    for (size_t i = 0; i < all.n && !rc; i++) {
+      if (n_ids == cap_ids) {
+        cap_ids = cap_ids ? cap_ids * 2 : 64;
+        void *nv = realloc(ids, cap_ids * sizeof *ids);
+        if (!nv) {
+          rc = -1;
+          break;
+        }
+        ids = nv;
+      }
+      memcpy(ids[n_ids++], all.v[i].id, STORE_ID_MAX);
+    }
+    int more = !rc && all.has_more && all.n && n_ids < MAX_CKPT_MODELS;
+    if (more) snprintf(after, sizeof after, "%s", all.v[all.n - 1].id);
+    store_job_list_deinit(&all);
+    if (!more) break;
+  }
+  for (size_t k = n_ids; !rc && k-- > 0 && n < MAX_CKPT_MODELS;) { /* oldest job first */
+    struct store_ckpt_list cl = {0};
+    if ((rc = store_ckpt_list(s->store, ids[k], &cl, &e))) break;
+    for (size_t i = 0; i < cl.n && n < MAX_CKPT_MODELS; i++) {
+      if (n == cap) {
+        cap = cap ? cap * 2 : 64;
+        void *nv = realloc(v, (size_t)cap * sizeof *v);
+        if (!nv) {
+          rc = -1;
+          break;
+        }
+        v = nv;
+      }
+      memset(&v[n], 0, sizeof v[n]);
+      memcpy(v[n].job, ids[k], STORE_ID_MAX);
+      api_model_ckpt_id(ids[k], (long long)cl.v[i].step, v[n].id, sizeof v[n].id);
+      v[n].c = cl.v[i]; /* moved */
+      memset(&cl.v[i], 0, sizeof cl.v[i]);
+      n++;
+    }
+    store_ckpt_list_deinit(&cl);
+  }
+  free(ids);
+  if (rc) {
+    if (rc != -1) LOG(ERROR, "models: listing checkpoints: %s", e.msg);
+    ckpt_refs_free(v, n);
+    return -1;
+  }
+  *out = v;
+  *n_out = n;
+  return 0;
+}
+
 int api_models_list(struct api_req *r) {
   int limit;
   const char *after;
   if (api_page_params(r, &limit, &after)) return 0;
   char **names = NULL;
-  int n_names = 0;
+  int n_names = 0, n_ckpts = 0;
+  struct ckpt_ref *ckpts = NULL;
   if (list_folders(r->srv->cfg.models_dir, &names, &n_names))
     return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory listing models", NULL);
-  /* One ordered sequence: presets in table order, then folders by name. */
-  int total = preset_count() + n_names, start = 0;
+  if (list_ckpts(r->srv, r->owner, &ckpts, &n_ckpts)) {
+    for (int i = 0; i < n_names; i++) free(names[i]);
+    free(names);
+    return api_reply_error(r, API_ERR_INTERNAL, "listing the checkpoints failed", NULL);
+  }
+  /* One ordered sequence: presets in table order, folders by name, then checkpoints. */
+  int np = preset_count(), total = np + n_names + n_ckpts, start = 0;
   if (after) {
     start = -1;
     for (int i = 0; i < total && start < 0; i++) {
-      const char *id = i < preset_count() ? preset_get(i)->name : names[i - preset_count()];
+      const char *id = i < np             ? preset_get(i)->name
+                       : i < np + n_names ? names[i - np]
+                                          : ckpts[i - np - n_names].id;
       if (!strcmp(id, after)) start = i + 1;
     }
   }
   json_t *data = json_array(), *o = NULL;
   int end = start < 0 ? 0 : (start + limit < total ? start + limit : total);
   for (int i = start < 0 ? 0 : start; data && i < end; i++) {
-    json_t *m = i < preset_count() ? preset_json(preset_get(i))
-                                   : folder_json(r->srv->cfg.models_dir, names[i - preset_count()]);
+    json_t *m = i < np ? preset_json(preset_get(i))
+                : i < np + n_names
+                    ? folder_json(r->srv->cfg.models_dir, names[i - np])
+                    : ckpt_json(ckpts[i - np - n_names].job, &ckpts[i - np - n_names].c);
     if (json_array_append_new(data, m)) {
       json_decref(data);
       data = NULL;
@@ -239,6 +440,7 @@ int api_models_list(struct api_req *r) {
   }
   for (int i = 0; i < n_names; i++) free(names[i]);
   free(names);
+  ckpt_refs_free(ckpts, n_ckpts);
   if (start < 0) {
     json_decref(data);
     return api_reply_errorf(r, API_ERR_INVALID_REQUEST, "after: no such model '%.128s'", after);
@@ -258,12 +460,12 @@ int api_models_list(struct api_req *r) {
 
 int api_models_get(struct api_req *r) {
   json_t *o = NULL;
-  int rc = api_model_find(r->srv, r->params[0], &o);
+  int rc = api_model_find_owned(r->srv, r->params[0], r->owner, &o);
   if (rc < 0) return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory", NULL);
   if (rc > 0)
     return api_reply_errorf(r, API_ERR_NOT_FOUND,
-                            "no such model: '%.128s' is neither a preset nor a folder in the "
-                            "models directory",
+                            "no such model: '%.128s' is neither a preset, a folder in the "
+                            "models directory nor a checkpoint",
                             r->params[0]);
   return api_reply_json_steal(r, 200, o);
 }

@@ -1,5 +1,6 @@
 /* dapod: entry point. `dapod` / `dapod serve` runs the daemon in visible phases (config
- * defaults, file, flags, validation; storage; HTTP; wait for SIGINT/SIGTERM; stop in order); the
+ * defaults, file, flags, validation; storage, recovery, workers, HTTP; wait for SIGINT/SIGTERM;
+ * stop in order: jobs pause at a safe point, streams end, HTTP, workers, storage); the
  * other subcommands work offline over libdapo: train one job, list presets, save a preset as a
  * checkpoint folder, sample text. */
 #include <errno.h>
@@ -420,7 +421,7 @@ static int cmd_serve(int argc, char **argv) {
   ign.sa_handler = SIG_IGN;
   sigaction(SIGPIPE, &ign, NULL);
 
-  /* Phase 2: storage, (TODO(jobs): recovery, workers), HTTP. */
+  /* Phase 2: storage, recovery of jobs left live, bus, workers, HTTP (server_start). */
   struct server srv;
   server_init(&srv, &cfg);
   if (server_start(&srv, &e)) {
@@ -437,8 +438,8 @@ static int cmd_serve(int argc, char **argv) {
   config_addr_format(&bound, addr, sizeof addr);
   fprintf(stderr, "dapod: listening on %s://%s\n", srv.cfg.tls_cert[0] ? "https" : "http", addr);
   fflush(stderr);
-  LOG(INFO, "serving: data_dir %s, models_dir %s, %d HTTP threads", srv.cfg.data_dir,
-      srv.cfg.models_dir, srv.cfg.http_threads);
+  LOG(INFO, "serving: data_dir %s, models_dir %s, %d HTTP threads, %d workers", srv.cfg.data_dir,
+      srv.cfg.models_dir, srv.cfg.http_threads, srv.cfg.workers);
   notify_systemd("READY=1");
 
   /* Phase 3: wait for a signal, then stop in order. */

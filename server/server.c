@@ -1,5 +1,5 @@
-/* The daemon's process state (server.h): start storage then HTTP, stop in reverse, and the
- * request counters behind GET /metrics. */
+/* The daemon's process state (server.h): start storage, recovery, bus, workers, then HTTP; stop
+ * in reverse; and the request counters behind GET /metrics. */
 #include "server.h"
 
 #include <dirent.h>
@@ -10,9 +10,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "bus.h"
 #include "http.h"
 #include "log.h"
 #include "store.h"
+#include "workers.h"
 
 const double server_latency_bounds[SRV_LATENCY_BUCKETS] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1,
                                                            0.25,  0.5,   1,    2.5,   5,    10};
@@ -39,26 +41,42 @@ static void sweep_tmp_uploads(const char *dir) {
   closedir(d);
 }
 
+/* dir/name as a new string, created (mode 0700) when missing. */
+static char *make_subdir(const char *dir, const char *name, struct dapo_err *e) {
+  size_t n = strlen(dir) + strlen(name) + 2;
+  char *p = malloc(n);
+  if (!p) {
+    dapo_errf(e, DAPO_ENOMEM, "out of memory");
+    return NULL;
+  }
+  snprintf(p, n, "%s/%s", dir, name);
+  if (mkdir(p, 0700) && errno != EEXIST) {
+    dapo_errf(e, DAPO_EIO, "%s: %s", p, strerror(errno));
+    free(p);
+    return NULL;
+  }
+  return p;
+}
+
 int server_start(struct server *s, struct dapo_err *e) {
   clock_gettime(CLOCK_MONOTONIC, &s->start_mono);
   s->started_at = (int64_t)time(NULL);
   if (!(s->store = store_open(s->cfg.data_dir, e))) return e ? e->code : DAPO_EIO;
-  size_t n = strlen(s->cfg.data_dir) + 8;
-  if (!(s->files_dir = malloc(n))) {
+  if (!(s->files_dir = make_subdir(s->cfg.data_dir, "files", e)) ||
+      !(s->jobs_dir = make_subdir(s->cfg.data_dir, "jobs", e))) {
+    int rc = e ? e->code : DAPO_EIO;
+    server_stop(s);
+    return rc;
+  }
+  sweep_tmp_uploads(s->files_dir);
+  if (!(s->bus = bus_new())) {
     server_stop(s);
     return dapo_errf(e, DAPO_ENOMEM, "out of memory");
   }
-  snprintf(s->files_dir, n, "%s/files", s->cfg.data_dir);
-  if (mkdir(s->files_dir, 0700) && errno != EEXIST) {
-    int err = errno;
-    dapo_errf(e, DAPO_EIO, "%s: %s", s->files_dir, strerror(err));
-    server_stop(s);
-    return DAPO_EIO;
-  }
-  sweep_tmp_uploads(s->files_dir);
-  /* TODO(jobs): recover jobs left running, start the workers and the bus here (DAEMON.md). */
-  if (!(s->http = api_http_start(s, e))) {
-    int rc = e ? e->code : DAPO_EIO;
+  int rc = workers_recover(s, e);
+  if (!rc && !(s->workers = workers_start(s, e))) rc = e ? e->code : DAPO_EIO;
+  if (!rc && !(s->http = api_http_start(s, e))) rc = e ? e->code : DAPO_EIO;
+  if (rc) {
     server_stop(s);
     return rc;
   }
@@ -69,15 +87,42 @@ int server_start(struct server *s, struct dapo_err *e) {
 
 void server_stop(struct server *s) {
   atomic_store(&s->ready, 0);
-  /* TODO(jobs): ask running jobs to pause at a safe point within cfg.shutdown_grace_s and wake
-   * SSE readers so that their streams end, before HTTP stops (MHD_stop_daemon waits for them). */
+  int left = 0;
+  if (s->workers) {
+    left = workers_stop(s->workers, s->cfg.shutdown_grace_s);
+    if (left)
+      LOG(WARN,
+          "%d job%s did not reach a safe point within shutdown_grace_s (%d s); %s recovered "
+          "at the next start",
+          left, left > 1 ? "s" : "", s->cfg.shutdown_grace_s, left > 1 ? "they are" : "it is");
+  }
+  if (s->bus) bus_close(s->bus); /* event streams and long-polls end */
   api_http_stop(s->http);
   s->http = NULL;
+  if (left) return; /* a worker still uses the store and the bus: the process exit ends it */
+  workers_free(s->workers);
+  s->workers = NULL;
+  bus_free(s->bus);
+  s->bus = NULL;
   store_close(s->store);
   s->store = NULL;
   free(s->files_dir);
   s->files_dir = NULL;
+  free(s->jobs_dir);
+  s->jobs_dir = NULL;
   config_deinit(&s->cfg);
+}
+
+void server_job_changed(struct server *s, const char *job_id) {
+  int64_t id = 0;
+  struct dapo_err e = {0};
+  if (!s->bus || !s->store) return;
+  if (store_event_last_id(s->store, job_id, &id, &e)) {
+    LOG(WARN, "job %s: reading its last event id: %s", job_id, e.msg);
+    bus_kick(s->bus); /* readers re-read the store on any wake-up */
+    return;
+  }
+  bus_publish(s->bus, job_id, id);
 }
 
 static enum server_http_method method_of(const char *m) {

@@ -13,6 +13,8 @@
 
 struct store;
 struct api_http;
+struct workers;
+struct bus;
 
 /* Request counters for GET /metrics, by method and status, plus a latency histogram. Updated
  * with relaxed atomics from the HTTP threads (one request = one update, in the completion
@@ -53,24 +55,32 @@ struct server {
   atomic_int ready;           /* 1 from "storage open and HTTP up" to the start of server_stop */
   int port; /* the bound HTTP port (the configured one, or the one picked for 0) */
   struct server_counters counters; /* GET /metrics */
-  /* TODO(jobs): struct workers *workers;  job threads, each with its compute pool (DAEMON.md)
-   * TODO(jobs): struct bus *bus;          wake-ups for SSE readers after an event is stored
-   * TODO(jobs): startup recovery of running/pausing/cancelling jobs before HTTP starts, and
-   *             asking running jobs to pause within cfg.shutdown_grace_s in server_stop. */
+  struct workers *workers;         /* job threads, each with its compute pool (workers.h); owned */
+  struct bus *bus;                 /* wake-ups for event readers after an event is stored; owned */
+  char *jobs_dir;                  /* data_dir/jobs: one output folder per job (owned) */
 };
 
 /* Initialises s around cfg, which is moved in (the caller's struct is zeroed and must not be
  * deinitialised again): s then owns it. cfg must have passed config_finish. */
 void server_init(struct server *s, struct config *cfg);
 
-/* Opens the storage under cfg.data_dir (creating data_dir and data_dir/files), then starts HTTP
- * on cfg.listen and sets ready. On failure everything started is stopped again and e names the
- * problem (the address in use, a storage error...). Not thread-safe; call once. */
+/* Opens the storage under cfg.data_dir (creating data_dir, data_dir/files and data_dir/jobs),
+ * recovers the jobs a previous process left live (workers_recover), starts the bus, the workers
+ * and HTTP on cfg.listen, and sets ready. On failure everything started is stopped again and e
+ * names the problem (the address in use, a storage error...). Not thread-safe; call once. */
 int server_start(struct server *s, struct dapo_err *e);
 
-/* Stops in order: not ready, HTTP (in-flight requests finish, no new ones), storage; then frees
- * everything s owns, cfg included. Safe after a failed or no server_start; idempotent. */
+/* Stops in order: not ready; running jobs are asked to pause at a safe point (queued again for
+ * the next start) and get up to cfg.shutdown_grace_s to reach it; the bus closes (every event
+ * stream and long-poll ends); HTTP (in-flight requests finish, no new ones); the workers are
+ * joined; storage. Then frees everything s owns, cfg included. When a job is still running after
+ * the grace period, the workers and storage are left to the process's exit (the job is recovered
+ * at the next start). Safe after a failed or no server_start; idempotent. */
 void server_stop(struct server *s);
+
+/* A job's events changed in the store (an event appended, a status set): publishes its last
+ * event id on the bus, waking its stream readers and long-polls. Thread-safe. */
+void server_job_changed(struct server *s, const char *job_id);
 
 /* Counts one finished request (method as sent, status as answered, duration in seconds) in
  * s->counters. Thread-safe (relaxed atomics). */

@@ -1,0 +1,245 @@
+/* Handlers: GET /v1/jobs/{id}/events (the job's event log, paginated by event id) and
+ * GET /v1/jobs/{id}/events/stream (the same events as Server-Sent Events).
+ *
+ * A stream is a libmicrohttpd content-reader callback over the store: it keeps the last id it
+ * sent, reads newer events by id (so a Last-Event-ID replay and live delivery are one code path)
+ * in batches, and when there are none it suspends its connection with the hub (api_hub_suspend)
+ * until the bus publishes the job's next event or the heartbeat is due; no HTTP thread waits and
+ * nothing polls. A reader only reads the store, so subscribers cost the job nothing. Memory per
+ * stream is one batch; a live client that falls more than sse_backlog_events behind the job is
+ * disconnected and resumes with its Last-Event-ID. After `end` the stream closes; it also closes
+ * when the daemon stops. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <microhttpd.h>
+
+#include "bus.h"
+#include "handlers.h"
+#include "http.h"
+#include "log.h"
+#include "parse.h"
+#include "server.h"
+#include "store.h"
+
+#define EVENTS_PAGE_DEFAULT 20
+#define EVENTS_PAGE_MAX 100
+#define STREAM_BATCH 50           /* events read from the store at a time */
+#define STREAM_BLOCK (16 * 1024)  /* libmicrohttpd's block size for the callback */
+#define STREAM_BUF_MAX (64 << 20) /* one batch never needs more */
+
+static json_t *event_json(const struct store_event *ev) {
+  return json_pack("{s:I, s:s, s:s, s:O, s:I}", "id", (json_int_t)ev->id, "object", "event", "type",
+                   ev->type, "data", ev->data ? ev->data : json_object(), "created_at",
+                   (json_int_t)ev->created_at);
+}
+
+int api_events_list(struct api_req *r) {
+  const char *id = r->params[0];
+  const char *l = api_query(r, "limit"), *a = api_query(r, "after");
+  int limit = EVENTS_PAGE_DEFAULT;
+  int64_t after = 0;
+  if (l && parse_int(l, 1, EVENTS_PAGE_MAX, &limit, "limit", NULL))
+    return api_reply_errorf(r, API_ERR_INVALID_REQUEST,
+                            "limit: '%.32s' is not an integer in [1, %d]", l, EVENTS_PAGE_MAX);
+  if (a && parse_i64(a, 0, INT64_MAX, &after, "after", NULL))
+    return api_reply_errorf(r, API_ERR_INVALID_REQUEST,
+                            "after: '%.32s' is not an event id (a non-negative integer)", a);
+  struct store_job job;
+  if (api_job_load(r, id, &job)) return 0;
+  store_job_deinit(&job);
+  struct store_event_list el = {0};
+  struct dapo_err e = {0};
+  int rc = store_event_list(r->srv->store, id, after, limit, &el, &e);
+  if (rc) return api_reply_store_error(r, rc, &e);
+  json_t *data = json_array();
+  for (size_t i = 0; data && i < el.n; i++)
+    if (json_array_append_new(data, event_json(&el.v[i]))) {
+      json_decref(data);
+      data = NULL;
+    }
+  json_t *o =
+      data ? json_pack("{s:s, s:o, s:b}", "object", "list", "data", data, "has_more", el.has_more)
+           : NULL;
+  if (o)
+    json_object_set_new(o, "next_after",
+                        el.has_more && el.n ? json_integer(el.v[el.n - 1].id) : json_null());
+  store_event_list_deinit(&el);
+  return api_reply_json_steal(r, 200, o);
+}
+
+/* ---- the stream ---- */
+
+struct stream {
+  struct server *srv;
+  struct api_hub *hub;
+  struct MHD_Connection *conn;
+  char job_id[STORE_ID_MAX];
+  int64_t last_id;      /* the last event id written to buf */
+  int live;             /* the replay reached the newest event once */
+  int ended;            /* `end` is in buf: close after it */
+  int64_t heartbeat_ms; /* when the next heartbeat is due (api_now_ms clock) */
+  char *buf;            /* pending bytes [off, len) */
+  size_t len, off, cap;
+};
+
+static void stream_free(void *cls) {
+  struct stream *s = cls;
+  if (!s) return;
+  api_hub_stream_leave(s->hub);
+  free(s->buf);
+  free(s);
+}
+
+static int buf_add(struct stream *s, const char *p, size_t n) {
+  if (s->len + n > s->cap) {
+    size_t cap = s->cap ? s->cap : 4096;
+    while (cap < s->len + n) cap *= 2;
+    if (cap > STREAM_BUF_MAX) return -1;
+    char *nb = realloc(s->buf, cap);
+    if (!nb) return -1;
+    s->buf = nb, s->cap = cap;
+  }
+  memcpy(s->buf + s->len, p, n);
+  s->len += n;
+  return 0;
+}
+
+/* One event in SSE framing: id, event, one-line JSON data, blank line. */
+static int frame(struct stream *s, const struct store_event *ev) {
+  char head[96];
+  int h = snprintf(head, sizeof head, "id: %lld\nevent: %s\ndata: ", (long long)ev->id, ev->type);
+  char *data = json_dumps(ev->data ? ev->data : json_object(), JSON_COMPACT | JSON_ENCODE_ANY);
+  if (!data) return -1;
+  int rc = buf_add(s, head, (size_t)h) || buf_add(s, data, strlen(data)) || buf_add(s, "\n\n", 2);
+  free(data);
+  return rc ? -1 : 0;
+}
+
+static void heartbeat(struct stream *s) {
+  static const char hb[] = "event: heartbeat\ndata: {}\n\n";
+  buf_add(s, hb, sizeof hb - 1);
+}
+
+static int64_t heartbeat_due(const struct stream *s) {
+  return api_now_ms() + (int64_t)s->srv->cfg.sse_heartbeat_s * 1000;
+}
+
+/* Reads the next batch of events after last_id into buf. Returns the number read, or -1. */
+static int refill(struct stream *s) {
+  struct store_event_list el = {0};
+  struct dapo_err e = {0};
+  if (store_event_list(s->srv->store, s->job_id, s->last_id, STREAM_BATCH, &el, &e)) {
+    LOG(WARN, "event stream of %s: %s", s->job_id, e.msg);
+    return -1;
+  }
+  int n = 0;
+  for (size_t i = 0; i < el.n && !s->ended; i++, n++) {
+    if (frame(s, &el.v[i])) {
+      store_event_list_deinit(&el);
+      return -1;
+    }
+    s->last_id = el.v[i].id;
+    if (!strcmp(el.v[i].type, "end")) s->ended = 1;
+  }
+  store_event_list_deinit(&el);
+  return n;
+}
+
+/* 1 when the job is gone or finished (nothing will follow what the store has). */
+static int job_over(struct stream *s) {
+  struct store_job job;
+  struct dapo_err e = {0};
+  int rc = store_job_get(s->srv->store, s->job_id, NULL, &job, &e);
+  if (rc) return rc == STORE_ENOTFOUND;
+  int over = store_job_status_terminal(job.status);
+  store_job_deinit(&job);
+  return over;
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max) {
+  struct stream *s = cls;
+  (void)pos;
+  for (;;) {
+    if (s->off < s->len) {
+      size_t n = s->len - s->off < max ? s->len - s->off : max;
+      memcpy(out, s->buf + s->off, n);
+      s->off += n;
+      if (s->off == s->len) s->off = s->len = 0;
+      return (ssize_t)n;
+    }
+    if (s->ended || api_hub_closing(s->hub)) return MHD_CONTENT_READER_END_OF_STREAM;
+    if (s->live) {
+      /* A client this far behind is let go: it reconnects with its Last-Event-ID. */
+      int64_t newest = bus_last_id(s->srv->bus, s->job_id);
+      if (newest - s->last_id > s->srv->cfg.sse_backlog_events) {
+        LOG(INFO, "event stream of %s: client %lld events behind, disconnected", s->job_id,
+            (long long)(newest - s->last_id));
+        return MHD_CONTENT_READER_END_OF_STREAM;
+      }
+    }
+    int n = refill(s);
+    if (n < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+    if (n > 0) {
+      s->heartbeat_ms = heartbeat_due(s);
+      continue;
+    }
+    s->live = 1;
+    if (job_over(s)) return MHD_CONTENT_READER_END_OF_STREAM; /* e.g. replay after `end` */
+    if (api_now_ms() >= s->heartbeat_ms) {
+      heartbeat(s);
+      s->heartbeat_ms = heartbeat_due(s);
+      continue;
+    }
+    int rc = api_hub_suspend(s->hub, s->conn, s->job_id, s->last_id, s->heartbeat_ms);
+    if (rc == 0) return 0; /* called again after the resume */
+    if (rc < 0) return MHD_CONTENT_READER_END_OF_STREAM;
+    /* rc == 1: an event arrived meanwhile: read it */
+  }
+}
+
+int api_events_stream(struct api_req *r) {
+  const char *id = r->params[0];
+  const char *lei = api_header(r, "Last-Event-ID");
+  const char *q = api_query(r, "last_event_id");
+  int64_t last = 0;
+  if (!lei) lei = q;
+  if (lei && parse_i64(lei, 0, INT64_MAX, &last, "Last-Event-ID", NULL))
+    return api_reply_errorf(r, API_ERR_INVALID_REQUEST,
+                            "Last-Event-ID: '%.32s' is not an event id (a non-negative integer)",
+                            lei);
+  struct store_job job;
+  if (api_job_load(r, id, &job)) return 0;
+  store_job_deinit(&job);
+  if (api_hub_stream_enter(r->hub, r->srv->cfg.max_sse_subscribers)) {
+    int rc = api_reply_errorf(r, API_ERR_UNAVAILABLE,
+                              "%d event streams are open (max_sse_subscribers); retry later",
+                              r->srv->cfg.max_sse_subscribers);
+    api_reply_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "5");
+    return rc;
+  }
+  struct stream *s = calloc(1, sizeof *s);
+  if (!s) {
+    api_hub_stream_leave(r->hub);
+    return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory", NULL);
+  }
+  s->srv = r->srv;
+  s->hub = r->hub;
+  s->conn = r->conn;
+  snprintf(s->job_id, sizeof s->job_id, "%s", id);
+  s->last_id = last;
+  s->heartbeat_ms = heartbeat_due(s);
+  /* An immediate comment line: the client sees the headers and a first byte at once. */
+  buf_add(s, ": stream\n\n", 10);
+  struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK,
+                                                                stream_read, s, stream_free);
+  if (!resp) {
+    stream_free(s);
+    return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory", NULL);
+  }
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+  MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+  return api_reply_response(r, 200, resp);
+}

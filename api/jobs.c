@@ -1,0 +1,493 @@
+/* Handlers: POST /v1/jobs (create: validated at once, every problem listed; Idempotency-Key),
+ * GET /v1/jobs (list: ?status=&limit=&after=), GET /v1/jobs/{id} (?wait=N long-polls for a
+ * status change on a suspended connection), DELETE /v1/jobs/{id} (finished jobs, with their
+ * folder), POST /v1/jobs/{id}/cancel|pause|resume (the status machine; the full job object back),
+ * GET /v1/jobs/{id}/metrics (JSON array, one object per step; ?format=csv). */
+#include <errno.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <microhttpd.h>
+
+#include "bus.h"
+#include "handlers.h"
+#include "http.h"
+#include "log.h"
+#include "models.h"
+#include "parse.h"
+#include "runner.h"
+#include "server.h"
+#include "store.h"
+#include "workers.h"
+
+#define IDEMPOTENCY_KEY_MAX 255
+#define WAIT_MAX_S 600 /* ?wait=N: the longest long-poll */
+#define CSV_MAX ((size_t)64 << 20)
+
+/* ---- the job object ---- */
+
+static json_t *or_null(json_t *v) {
+  return v ? json_incref(v) : json_null();
+}
+
+static json_t *time_or_null(int64_t t) {
+  return t ? json_integer(t) : json_null();
+}
+
+/* The job object of API.md (new reference; NULL when out of memory). */
+static json_t *job_json(struct server *srv, const struct store_job *j) {
+  json_t *spec = j->spec, *res = j->resolved;
+  json_t *o = json_object();
+  if (!o) return NULL;
+  json_object_set_new(o, "id", json_string(j->id));
+  json_object_set_new(o, "object", json_string("job"));
+  json_object_set_new(o, "status", json_string(store_job_status_name(j->status)));
+  json_object_set_new(o, "phase", j->phase ? json_string(j->phase) : json_null());
+  json_object_set_new(o, "queue_position",
+                      j->status == STORE_JOB_QUEUED && j->queue_position
+                          ? json_integer(j->queue_position)
+                          : json_null());
+  json_object_set_new(o, "model", or_null(json_object_get(spec, "model")));
+  json_object_set_new(o, "training_file", json_string(j->training_file));
+  json_object_set_new(o, "validation_file",
+                      j->validation_file ? json_string(j->validation_file) : json_null());
+  json_object_set_new(o, "judge", or_null(json_object_get(res, "judge")));
+  json_object_set_new(o, "hyperparameters", or_null(json_object_get(res, "hyperparameters")));
+  json_object_set_new(o, "seed", or_null(json_object_get(res, "seed")));
+  json_object_set_new(o, "metadata", j->metadata ? json_incref(j->metadata) : json_object());
+  json_object_set_new(o, "suffix", j->suffix ? json_string(j->suffix) : json_null());
+  json_object_set_new(o, "step", json_integer(j->step));
+  json_object_set_new(o, "total_steps", json_integer(j->total_steps));
+  json_object_set_new(o, "created_at", json_integer(j->created_at));
+  json_object_set_new(o, "started_at", time_or_null(j->started_at));
+  json_object_set_new(o, "finished_at", time_or_null(j->finished_at));
+  json_object_set_new(o, "error", or_null(j->error));
+  json_object_set_new(o, "latest_metrics", or_null(j->latest_metrics));
+  json_t *steps = json_array();
+  struct store_ckpt_list cl = {0};
+  struct dapo_err e = {0};
+  int64_t last = -1;
+  if (steps && !store_ckpt_list(srv->store, j->id, &cl, &e)) {
+    for (size_t i = 0; i < cl.n; i++) {
+      json_array_append_new(steps, json_integer(cl.v[i].step));
+      last = cl.v[i].step;
+    }
+    store_ckpt_list_deinit(&cl);
+  }
+  json_object_set_new(o, "checkpoints", steps ? steps : json_null());
+  char model[STORE_ID_MAX + 32];
+  api_model_ckpt_id(j->id, (long long)last, model, sizeof model);
+  json_object_set_new(o, "fine_tuned_model",
+                      j->status == STORE_JOB_SUCCEEDED && last >= 0 ? json_string(model)
+                                                                    : json_null());
+  return o;
+}
+
+int api_job_load(struct api_req *r, const char *id, struct store_job *out) {
+  struct dapo_err e = {0};
+  int rc = store_job_get(r->srv->store, id, r->owner, out, &e);
+  if (!rc) return 0;
+  if (rc == STORE_ENOTFOUND)
+    api_reply_errorf(r, API_ERR_NOT_FOUND, "no such job: %.64s", id);
+  else
+    api_reply_store_error(r, rc, &e);
+  return -1;
+}
+
+static int reply_job(struct api_req *r, int status, const struct store_job *j) {
+  return api_reply_json_steal(r, status, job_json(r->srv, j));
+}
+
+/* ---- create ---- */
+
+/* Counts jobs of owner (NULL: all) with status (NULL: queued, running, pausing, paused). */
+static int count_jobs(struct server *srv, const char *owner, const char *status, int stop_at,
+                      int *n_out) {
+  static const char *const LIVE[] = {"queued", "running", "pausing", "paused", "cancelling"};
+  int n = 0;
+  for (size_t k = 0; k < (status ? 1 : sizeof LIVE / sizeof LIVE[0]) && n < stop_at; k++) {
+    char after[STORE_ID_MAX] = "";
+    for (;;) {
+      struct store_job_list l = {0};
+      struct dapo_err e = {0};
+      int rc = store_job_list(srv->store, owner, status ? status : LIVE[k], STORE_PAGE_MAX,
+                              after[0] ? after : NULL, &l, &e);
+      if (rc) return rc;
+      n += (int)l.n;
+      int more = l.has_more && l.n && n < stop_at;
+      if (more) snprintf(after, sizeof after, "%s", l.v[l.n - 1].id);
+      store_job_list_deinit(&l);
+      if (!more) break;
+    }
+  }
+  *n_out = n;
+  return 0;
+}
+
+/* The resolved fields shown in the job object: judge, hyperparameters, seed. */
+static json_t *resolved_of(const struct job_spec *spec) {
+  json_t *all = jobspec_to_json(spec);
+  json_t *o =
+      all ? json_pack("{s:O, s:O, s:O}", "judge", json_object_get(all, "judge"), "hyperparameters",
+                      json_object_get(all, "hyperparameters"), "seed", json_object_get(all, "seed"))
+          : NULL;
+  json_decref(all);
+  return o;
+}
+
+int api_jobs_create(struct api_req *r) {
+  struct server *srv = r->srv;
+  const char *key = api_header(r, "Idempotency-Key");
+  if (key && (!*key || strlen(key) > IDEMPOTENCY_KEY_MAX))
+    return api_reply_errorf(r, API_ERR_INVALID_REQUEST, "Idempotency-Key: must be 1..%d characters",
+                            IDEMPOTENCY_KEY_MAX);
+  if (!json_is_object(r->json))
+    return api_reply_error(
+        r, API_ERR_VALIDATION_FAILED, "the body must be a JSON object",
+        json_pack("[{s:s, s:s}]", "field", "", "message",
+                  "expected a JSON object with at least model and training_file"));
+  char id[STORE_ID_MAX];
+  if (store_new_id("job", id)) return api_reply_error(r, API_ERR_INTERNAL, "no job id", NULL);
+  json_t *errors = json_array();
+  struct job_spec spec;
+  int n = errors ? workers_build_spec(srv, r->json, r->owner, id, &spec, errors) : -1;
+  if (n < 0) {
+    json_decref(errors);
+    return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory validating the job", NULL);
+  }
+  if (n > 0) {
+    jobspec_deinit(&spec);
+    char detail[64];
+    snprintf(detail, sizeof detail, "%d problem%s in the job", n, n > 1 ? "s" : "");
+    return api_reply_error(r, API_ERR_VALIDATION_FAILED, detail, errors);
+  }
+  json_decref(errors);
+  int queued = 0, live = 0;
+  if (count_jobs(srv, NULL, "queued", srv->cfg.max_queued_jobs, &queued) ||
+      (r->owner && count_jobs(srv, r->owner, NULL, srv->cfg.max_jobs_per_key, &live))) {
+    jobspec_deinit(&spec);
+    return api_reply_error(r, API_ERR_INTERNAL, "counting the queue failed", NULL);
+  }
+  if (queued >= srv->cfg.max_queued_jobs || (r->owner && live >= srv->cfg.max_jobs_per_key)) {
+    jobspec_deinit(&spec);
+    int rc = api_reply_errorf(r, API_ERR_TOO_MANY_REQUESTS, "%s",
+                              queued >= srv->cfg.max_queued_jobs
+                                  ? "the queue is full (max_queued_jobs); retry later"
+                                  : "this key has max_jobs_per_key live jobs; retry later");
+    api_reply_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "30");
+    return rc;
+  }
+  json_t *resolved = resolved_of(&spec);
+  json_t *md = json_object_get(r->json, "metadata");
+  struct store_job_new nj = {
+      .owner = r->owner ? r->owner : "",
+      .spec = r->json,
+      .resolved = resolved,
+      .metadata = json_is_object(md) ? md : NULL,
+      .suffix = json_string_value(json_object_get(r->json, "suffix")),
+      .training_file = json_string_value(json_object_get(r->json, "training_file")),
+      .validation_file = json_string_value(json_object_get(r->json, "validation_file")),
+      .total_steps = spec.hp.total_steps,
+      .idempotency_key = key,
+  };
+  struct store_job job;
+  struct dapo_err e = {0};
+  int existed = 0;
+  int rc = resolved ? store_job_insert(srv->store, &nj, &job, &existed, &e) : DAPO_ENOMEM;
+  json_decref(resolved);
+  jobspec_deinit(&spec);
+  if (rc == STORE_ECONFLICT)
+    return api_reply_errorf(r, API_ERR_CONFLICT,
+                            "Idempotency-Key '%.64s' was used before with a different body", key);
+  if (rc) return api_reply_store_error(r, rc, &e);
+  if (!existed) {
+    LOG(INFO, "job %s queued (model %s)", job.id,
+        json_string_value(json_object_get(r->json, "model")));
+    server_job_changed(srv, job.id);
+    workers_wake(srv->workers);
+  }
+  char loc[STORE_ID_MAX + 16];
+  snprintf(loc, sizeof loc, "/v1/jobs/%s", job.id);
+  rc = reply_job(r, existed ? 200 : 201, &job);
+  store_job_deinit(&job);
+  if (!rc) api_reply_header(r, MHD_HTTP_HEADER_LOCATION, loc);
+  return rc;
+}
+
+/* ---- read ---- */
+
+int api_jobs_list(struct api_req *r) {
+  int limit;
+  const char *after;
+  if (api_page_params(r, &limit, &after)) return 0;
+  const char *status = api_query(r, "status");
+  struct dapo_err e = {0};
+  enum store_job_status st;
+  if (status && store_job_status_parse(status, &st, &e))
+    return api_reply_errorf(r, API_ERR_INVALID_REQUEST, "status: %s", e.msg);
+  struct store_job_list l = {0};
+  int rc = store_job_list(r->srv->store, r->owner, status, limit, after, &l, &e);
+  if (rc == STORE_ENOTFOUND)
+    return api_reply_errorf(r, API_ERR_INVALID_REQUEST, "after: no such job '%.64s'", after);
+  if (rc) return api_reply_store_error(r, rc, &e);
+  json_t *data = json_array();
+  for (size_t i = 0; data && i < l.n; i++)
+    if (json_array_append_new(data, job_json(r->srv, &l.v[i]))) {
+      json_decref(data);
+      data = NULL;
+    }
+  json_t *o =
+      data ? json_pack("{s:s, s:o, s:b}", "object", "list", "data", data, "has_more", l.has_more)
+           : NULL;
+  if (o)
+    json_object_set_new(o, "next_after",
+                        l.has_more && l.n ? json_string(l.v[l.n - 1].id) : json_null());
+  store_job_list_deinit(&l);
+  return api_reply_json_steal(r, 200, o);
+}
+
+/* ?wait=N: the status seen first and the deadline (kept across suspensions in r->ctx). */
+struct long_poll {
+  enum store_job_status status0;
+  int64_t deadline_ms;
+};
+
+int api_jobs_get(struct api_req *r) {
+  const char *id = r->params[0];
+  struct long_poll *lp = r->ctx;
+  struct store_job job;
+  if (!lp) {
+    const char *w = api_query(r, "wait");
+    int wait = 0;
+    if (w && parse_int(w, 0, WAIT_MAX_S, &wait, "wait", NULL))
+      return api_reply_errorf(r, API_ERR_INVALID_REQUEST,
+                              "wait: '%.32s' is not a number of seconds in [0, %d]", w, WAIT_MAX_S);
+    if (api_job_load(r, id, &job)) return 0;
+    if (wait > 0 && !store_job_status_terminal(job.status)) {
+      if (!(lp = calloc(1, sizeof *lp))) {
+        store_job_deinit(&job);
+        return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory", NULL);
+      }
+      lp->status0 = job.status;
+      lp->deadline_ms = api_now_ms() + (int64_t)wait * 1000;
+      r->ctx = lp;
+      r->ctx_free = free;
+    }
+  } else if (api_job_load(r, id, &job)) {
+    return 0;
+  }
+  /* A few rounds at most: each is a status read, then a wait for the next event. */
+  for (int round = 0; lp && round < 8; round++) {
+    if (job.status != lp->status0 || api_now_ms() >= lp->deadline_ms) break;
+    int64_t last = 0;
+    struct dapo_err e = {0};
+    if (store_event_last_id(r->srv->store, id, &last, &e)) break;
+    int rc = api_wait_event(r, id, last, lp->deadline_ms);
+    if (rc == 0) {
+      store_job_deinit(&job);
+      return 0; /* suspended: this handler runs again on the next event or the deadline */
+    }
+    if (rc < 0) break;
+    store_job_deinit(&job);
+    if (api_job_load(r, id, &job)) return 0;
+  }
+  int rc = reply_job(r, 200, &job);
+  store_job_deinit(&job);
+  return rc;
+}
+
+/* ---- lifecycle ---- */
+
+/* Replies 409 for a request the status machine refuses, with the job's current status. */
+static int reply_transition(struct api_req *r, const char *id, const char *what,
+                            const struct dapo_err *e) {
+  struct store_job job;
+  if (api_job_load(r, id, &job)) return 0;
+  const char *name = store_job_status_name(job.status);
+  json_t *ext = json_pack("{s:s}", "job_status", name);
+  char detail[640];
+  snprintf(detail, sizeof detail, "job %s is %s: it cannot be %s (%s)", id, name, what, e->msg);
+  int rc = api_reply_error_ext(r, API_ERR_CONFLICT, detail, NULL, ext);
+  json_decref(ext);
+  store_job_deinit(&job);
+  return rc;
+}
+
+enum action { ACT_CANCEL, ACT_PAUSE, ACT_RESUME };
+
+static int lifecycle(struct api_req *r, enum action act) {
+  struct server *srv = r->srv;
+  const char *id = r->params[0];
+  struct store_job job;
+  struct dapo_err e = {0};
+  int rc = act == ACT_CANCEL  ? store_job_request_cancel(srv->store, id, r->owner, &job, &e)
+           : act == ACT_PAUSE ? store_job_request_pause(srv->store, id, r->owner, &job, &e)
+                              : store_job_request_resume(srv->store, id, r->owner, &job, &e);
+  if (rc == STORE_ETRANSITION)
+    return reply_transition(r, id,
+                            act == ACT_CANCEL  ? "cancelled"
+                            : act == ACT_PAUSE ? "paused"
+                                               : "resumed",
+                            &e);
+  if (rc == STORE_ENOTFOUND)
+    return api_reply_errorf(r, API_ERR_NOT_FOUND, "no such job: %.64s", id);
+  if (rc) return api_reply_store_error(r, rc, &e);
+  if (act == ACT_CANCEL) workers_signal(srv->workers, id, 1, 0);
+  if (act == ACT_PAUSE) workers_signal(srv->workers, id, 0, 1);
+  server_job_changed(srv, id);
+  if (act == ACT_RESUME) workers_wake(srv->workers);
+  rc = reply_job(r, 200, &job);
+  store_job_deinit(&job);
+  return rc;
+}
+
+int api_jobs_cancel(struct api_req *r) {
+  return lifecycle(r, ACT_CANCEL);
+}
+
+int api_jobs_pause(struct api_req *r) {
+  return lifecycle(r, ACT_PAUSE);
+}
+
+int api_jobs_resume(struct api_req *r) {
+  return lifecycle(r, ACT_RESUME);
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+  (void)st, (void)ftw;
+  if ((flag == FTW_DP ? rmdir(path) : unlink(path)) && errno != ENOENT)
+    LOG(WARN, "deleting %s: %s", path, strerror(errno));
+  return 0;
+}
+
+int api_jobs_delete(struct api_req *r) {
+  struct server *srv = r->srv;
+  const char *id = r->params[0];
+  struct dapo_err e = {0};
+  int rc = store_job_delete(srv->store, id, r->owner, &e);
+  if (rc == STORE_ESTATE) return reply_transition(r, id, "deleted before it has finished", &e);
+  if (rc == STORE_ENOTFOUND)
+    return api_reply_errorf(r, API_ERR_NOT_FOUND, "no such job: %.64s", id);
+  if (rc) return api_reply_store_error(r, rc, &e);
+  char dir[4096];
+  if (!workers_job_dir(srv, id, dir, sizeof dir))
+    nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); /* a missing folder is fine */
+  bus_forget(srv->bus, id);
+  LOG(INFO, "job %s deleted", id);
+  return api_reply_json_steal(
+      r, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object", "job", "deleted", 1));
+}
+
+/* ---- metrics ---- */
+
+/* One object per step: the training metrics with the step's evaluation merged in. */
+static json_t *metrics_rows(const struct store_metric_list *l) {
+  json_t *rows = json_array();
+  json_t *cur = NULL;
+  int64_t cur_step = -1;
+  for (size_t i = 0; rows && i < l->n; i++) {
+    if (!cur || l->v[i].step != cur_step) {
+      cur = json_object();
+      if (!cur || json_array_append_new(rows, cur)) {
+        json_decref(rows);
+        return NULL;
+      }
+      cur_step = l->v[i].step;
+      json_object_set_new(cur, "step", json_integer(cur_step));
+    }
+    json_object_update(cur, l->v[i].data);
+  }
+  return rows;
+}
+
+static int cmp_keys(const void *a, const void *b) {
+  const char *x = *(const char *const *)a, *y = *(const char *const *)b;
+  if (!strcmp(x, "step")) return -1;
+  if (!strcmp(y, "step")) return 1;
+  return strcmp(x, y);
+}
+
+/* A CSV field: numbers and booleans as JSON writes them, strings quoted ("" doubled). */
+static void csv_value(FILE *f, const json_t *v) {
+  if (!v || json_is_null(v)) return;
+  if (json_is_string(v)) {
+    fputc('"', f);
+    for (const char *p = json_string_value(v); *p; p++) {
+      if (*p == '"') fputc('"', f);
+      fputc(*p, f);
+    }
+    fputc('"', f);
+    return;
+  }
+  char *t = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+  if (t) fputs(t, f);
+  free(t);
+}
+
+static int reply_csv(struct api_req *r, const json_t *rows) {
+  json_t *keyset = json_object();
+  size_t i;
+  json_t *row;
+  json_array_foreach(rows, i, row) {
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)row, k, v) json_object_set_new(keyset, k, json_true());
+  }
+  size_t nk = json_object_size(keyset);
+  const char **keys = malloc(sizeof *keys * (nk ? nk : 1));
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = keys ? open_memstream(&buf, &len) : NULL;
+  if (!f) {
+    free(keys);
+    json_decref(keyset);
+    return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory", NULL);
+  }
+  size_t n = 0;
+  const char *k;
+  json_t *v;
+  json_object_foreach(keyset, k, v) keys[n++] = k;
+  qsort(keys, n, sizeof *keys, cmp_keys);
+  for (size_t c = 0; c < n; c++) fprintf(f, "%s%s", c ? "," : "", keys[c]);
+  fputs("\r\n", f);
+  json_array_foreach(rows, i, row) {
+    for (size_t c = 0; c < n; c++) {
+      if (c) fputc(',', f);
+      csv_value(f, json_object_get(row, keys[c]));
+    }
+    fputs("\r\n", f);
+  }
+  int bad = fclose(f) != 0 || len > CSV_MAX;
+  free(keys);
+  json_decref(keyset);
+  int rc = bad ? api_reply_error(r, API_ERR_UNAVAILABLE, "the CSV does not fit", NULL)
+               : api_reply_text(r, 200, "text/csv; charset=utf-8", buf, len);
+  free(buf);
+  return rc;
+}
+
+int api_jobs_metrics(struct api_req *r) {
+  const char *id = r->params[0];
+  const char *format = api_query(r, "format");
+  if (format && strcmp(format, "json") && strcmp(format, "csv"))
+    return api_reply_errorf(r, API_ERR_INVALID_REQUEST, "format: '%.32s' is not json or csv",
+                            format);
+  struct store_job job;
+  if (api_job_load(r, id, &job)) return 0;
+  store_job_deinit(&job);
+  struct store_metric_list l = {0};
+  struct dapo_err e = {0};
+  int rc = store_metrics_list(r->srv->store, id, &l, &e);
+  if (rc) return api_reply_store_error(r, rc, &e);
+  json_t *rows = metrics_rows(&l);
+  store_metric_list_deinit(&l);
+  if (!rows) return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory", NULL);
+  if (format && !strcmp(format, "csv")) {
+    rc = reply_csv(r, rows);
+    json_decref(rows);
+    return rc;
+  }
+  return api_reply_json_steal(r, 200, rows);
+}

@@ -1,0 +1,849 @@
+/* The job threads (workers.h): claim, build the spec, run, record; the in-memory cancel/pause
+ * words of running jobs; startup recovery and the shutdown pause. Built into the dapod_api
+ * library because the spec needs the models registry (api/models.h) and the shared SHA-256. */
+#include "workers.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bus.h"
+#include "http.h"
+#include "log.h"
+#include "models.h"
+#include "parse.h"
+#include "pool.h"
+#include "runner.h"
+#include "server.h"
+#include "sha256.h"
+#include "store.h"
+
+/* A worker waits this long for a wake-up before looking at the queue again anyway (a safety
+ * net: every queueing wakes it), and this long after a failed claim (a store error). */
+#define IDLE_RECHECK_MS 30000
+#define CLAIM_RETRY_MS 1000
+
+/* The in-memory words of the job a worker runs, which the runner polls; "" = idle. */
+struct running {
+  char job_id[STORE_ID_MAX];
+  volatile int cancel, pause;
+};
+
+struct worker {
+  struct workers *w;
+  int idx;
+  pthread_t th;
+  int started;
+  struct pool *pool; /* owned: this worker's compute threads */
+  struct running run;
+};
+
+struct workers {
+  struct server *srv;
+  pthread_mutex_t mu;  /* guards everything below and every worker's run */
+  pthread_cond_t wake; /* a job was queued, or stopping */
+  pthread_cond_t idle; /* a worker finished a job */
+  uint64_t gen;        /* wake-ups so far */
+  int stopping;
+  int busy; /* workers running a job */
+  int n;
+  struct worker *v;
+  atomic_uint_fast64_t tokens_generated, tokens_trained;
+};
+
+/* ---- small helpers ---- */
+
+static struct timespec mono_in(int ms) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  t.tv_sec += ms / 1000;
+  t.tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (t.tv_nsec >= 1000000000L) {
+    t.tv_sec++;
+    t.tv_nsec -= 1000000000L;
+  }
+  return t;
+}
+
+int workers_job_dir(const struct server *srv, const char *job_id, char *buf, size_t cap) {
+  int n = snprintf(buf, cap, "%s/jobs/%s", srv->cfg.data_dir, job_id);
+  return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
+void workers_judge_policy(const struct server *srv, struct judge_policy *pol) {
+  const struct config_list *hosts = &srv->cfg.judge_allowed_hosts;
+  int loop = 1;
+  for (int i = 0; i < hosts->n; i++)
+    if (!config_is_loopback(hosts->v[i])) loop = 0;
+  pol->allowed_hosts = (const char *const *)hosts->v;
+  pol->n_allowed = hosts->n;
+  pol->loopback_only = loop;
+}
+
+/* The newest complete checkpoint (a step-N folder with trainer_state.json) under out_dir, -1
+ * when there is none: the one the runner resumes from. */
+static int64_t newest_checkpoint(const char *out_dir) {
+  char dir[PATH_MAX];
+  if ((size_t)snprintf(dir, sizeof dir, "%s/checkpoints", out_dir) >= sizeof dir) return -1;
+  DIR *d = opendir(dir);
+  if (!d) return -1;
+  int64_t best = -1;
+  struct dirent *de;
+  while ((de = readdir(d))) {
+    int64_t s;
+    if (strncmp(de->d_name, "step-", 5) || parse_i64(de->d_name + 5, 0, INT64_MAX, &s, "", NULL))
+      continue;
+    char p[PATH_MAX + 320];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/%s/trainer_state.json", dir, de->d_name);
+    if (s > best && stat(p, &st) == 0) best = s;
+  }
+  closedir(d);
+  return best;
+}
+
+static void add_err(json_t *errors, const char *field, const char *msg) {
+  json_t *x = json_object();
+  if (!x) return;
+  json_object_set_new(x, "field", json_string(field));
+  json_object_set_new(x, "message", api_json_text(msg));
+  json_array_append_new(errors, x);
+}
+
+/* Appends a "log" event {level, message, step} to job_id and publishes it. */
+static void log_event(struct server *srv, const char *job_id, const char *level, int64_t step,
+                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static void log_event(struct server *srv, const char *job_id, const char *level, int64_t step,
+                      const char *fmt, ...) {
+  char msg[768];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  json_t *d =
+      json_pack("{s:s, s:s, s:I}", "level", level, "message", msg, "step", (json_int_t)step);
+  struct dapo_err e = {0};
+  if (!d || store_event_append(srv->store, job_id, "log", d, NULL, &e))
+    LOG(WARN, "job %s: could not record a log event (%s): %s", job_id, d ? e.msg : "no memory",
+        msg);
+  json_decref(d);
+  server_job_changed(srv, job_id);
+}
+
+/* ---- the job spec ---- */
+
+/* Maps the file id in body[field] to its path, or records why it cannot be used. */
+static int map_file(struct server *srv, json_t *body, const char *field, const char *owner,
+                    json_t *errors) {
+  const char *id = json_string_value(json_object_get(body, field));
+  if (!id || !*id) return 0; /* missing or mistyped: jobspec_parse reports it */
+  struct store_file f;
+  struct dapo_err e = {0};
+  char msg[300];
+  int rc = store_file_get(srv->store, id, owner, &f, &e);
+  if (rc == STORE_ENOTFOUND) {
+    snprintf(msg, sizeof msg, "no such file: '%.128s'", id);
+    add_err(errors, field, msg);
+    return 0;
+  }
+  if (rc == DAPO_ENOMEM) return -1;
+  if (rc) {
+    snprintf(msg, sizeof msg, "file '%.64s' cannot be read: %.200s", id, e.msg);
+    add_err(errors, field, msg);
+    return 0;
+  }
+  if (!f.valid) {
+    snprintf(msg, sizeof msg,
+             "file '%.64s' is invalid (%zu problems reported; GET /v1/files/%.64s lists them): "
+             "upload a corrected file",
+             id, json_array_size(f.errors), id);
+    add_err(errors, field, msg);
+  } else if (json_object_set_new(body, field, json_string(f.path))) {
+    rc = -1;
+  }
+  store_file_deinit(&f);
+  return rc ? -1 : 0;
+}
+
+int workers_build_spec(struct server *srv, const json_t *body, const char *owner,
+                       const char *job_id, struct job_spec *spec, json_t *errors) {
+  memset(spec, 0, sizeof *spec);
+  size_t before = json_array_size(errors);
+  struct judge_policy pol;
+  workers_judge_policy(srv, &pol);
+  if (!json_is_object(body)) {
+    jobspec_parse(body, &pol, spec, errors);
+    return (int)(json_array_size(errors) - before);
+  }
+  json_t *b = json_deep_copy(body);
+  if (!b) return -1;
+  int rc = 0;
+  if (json_object_get(b, "job_id")) {
+    add_err(errors, "job_id", "unknown field (the daemon names the job)");
+    json_object_del(b, "job_id");
+  }
+  const char *model = json_string_value(json_object_get(b, "model"));
+  if (model && *model) {
+    char *path = NULL, msg[512];
+    int m = api_model_resolve(srv, model, owner, &path, msg, sizeof msg);
+    if (m < 0 || (!m && json_object_set_new(b, "model", json_string(path))))
+      rc = -1;
+    else if (m > 0)
+      add_err(errors, "model", msg);
+    free(path);
+  }
+  if (!rc) rc = map_file(srv, b, "training_file", owner, errors);
+  if (!rc) rc = map_file(srv, b, "validation_file", owner, errors);
+  if (!rc && json_object_set_new(b, "job_id", json_string(job_id))) rc = -1;
+  if (!rc) jobspec_parse(b, &pol, spec, errors);
+  json_decref(b);
+  if (rc) {
+    jobspec_deinit(spec);
+    return -1;
+  }
+  return (int)(json_array_size(errors) - before);
+}
+
+/* ---- one running job ---- */
+
+/* Sorted set of steps (events already in the store). */
+struct steps {
+  int64_t *v;
+  size_t n, cap;
+};
+
+static int steps_has(const struct steps *s, int64_t x) {
+  size_t lo = 0, hi = s->n;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (s->v[mid] == x) return 1;
+    if (s->v[mid] < x)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return 0;
+}
+
+static int steps_add(struct steps *s, int64_t x) {
+  if (steps_has(s, x)) return 0;
+  if (s->n == s->cap) {
+    size_t cap = s->cap ? s->cap * 2 : 64;
+    int64_t *nv = realloc(s->v, cap * sizeof *nv);
+    if (!nv) return -1;
+    s->v = nv, s->cap = cap;
+  }
+  size_t i = s->n;
+  while (i > 0 && s->v[i - 1] > x) {
+    s->v[i] = s->v[i - 1];
+    i--;
+  }
+  s->v[i] = x;
+  s->n++;
+  return 0;
+}
+
+struct jobrun {
+  struct worker *wk;
+  struct server *srv;
+  const char *id; /* borrowed: the claimed job's id */
+  char out[PATH_MAX];
+  char phase[32];
+  int64_t step;                   /* the job's recorded step (only ever raised) */
+  struct steps train, eval, ckpt; /* steps whose events are already stored */
+  json_t *latest;                 /* latest_metrics as recorded (owned) */
+};
+
+/* Eval metrics carry "eval/..." keys only; train metrics none. */
+static const char *metrics_kind(const json_t *data) {
+  const char *key;
+  json_t *v;
+  json_object_foreach((json_t *)data, key, v) if (!strncmp(key, "eval/", 5)) return "eval";
+  return "train";
+}
+
+/* Reads which metrics and checkpoint events the job already has (a restart recomputes steps
+ * after its last checkpoint bit-identically; their events must not be stored twice). */
+static int load_seen(struct jobrun *jr) {
+  int64_t after = 0;
+  for (;;) {
+    struct store_event_list l = {0};
+    struct dapo_err e = {0};
+    int rc = store_event_list(jr->srv->store, jr->id, after, STORE_EVENTS_MAX, &l, &e);
+    if (rc) {
+      LOG(ERROR, "job %s: reading its events: %s", jr->id, e.msg);
+      return rc;
+    }
+    for (size_t i = 0; i < l.n && !rc; i++) {
+      const struct store_event *ev = &l.v[i];
+      json_t *st = json_object_get(ev->data, "step");
+      if (!json_is_integer(st)) continue;
+      int64_t s = json_integer_value(st);
+      if (!strcmp(ev->type, "metrics"))
+        rc = steps_add(strcmp(metrics_kind(ev->data), "eval") ? &jr->train : &jr->eval, s);
+      else if (!strcmp(ev->type, "checkpoint"))
+        rc = steps_add(&jr->ckpt, s);
+    }
+    int more = l.has_more && l.n;
+    if (l.n) after = l.v[l.n - 1].id;
+    store_event_list_deinit(&l);
+    if (rc) return DAPO_ENOMEM;
+    if (!more) return 0;
+  }
+}
+
+static int append_event(struct jobrun *jr, const char *type, const json_t *data) {
+  struct dapo_err e = {0};
+  int rc = store_event_append(jr->srv->store, jr->id, type, data, NULL, &e);
+  if (rc) {
+    LOG(ERROR, "job %s: storing a %s event: %s", jr->id, type, e.msg);
+    return rc;
+  }
+  server_job_changed(jr->srv, jr->id);
+  return 0;
+}
+
+static int on_metrics(struct jobrun *jr, const json_t *data) {
+  struct dapo_err e = {0};
+  json_t *st = json_object_get(data, "step");
+  if (!json_is_integer(st)) return append_event(jr, "metrics", data);
+  int64_t step = json_integer_value(st);
+  const char *kind = metrics_kind(data);
+  int eval = !strcmp(kind, "eval");
+  struct steps *seen = eval ? &jr->eval : &jr->train;
+  /* A step recomputed after a restart is not stored again: the row and the event already there
+   * stay the pair that was announced (the timings of a recomputation differ). */
+  if (steps_has(seen, step)) return 0;
+  int rc = store_metrics_put(jr->srv->store, jr->id, step, kind, data, &e);
+  if (rc) {
+    LOG(ERROR, "job %s: storing metrics of step %" PRId64 ": %s", jr->id, step, e.msg);
+    return rc;
+  }
+  /* latest_metrics: the newest step's training metrics, with its evaluation merged in */
+  struct store_job_patch p = {0};
+  json_t *latest = NULL;
+  if (!eval && step >= jr->step) {
+    latest = json_deep_copy(data);
+    p.set = STORE_SET_STEP | STORE_SET_METRICS;
+    p.step = step;
+  } else if (eval && step == jr->step) {
+    latest = jr->latest ? json_deep_copy(jr->latest) : json_object();
+    if (latest) json_object_update(latest, (json_t *)data);
+    p.set = STORE_SET_METRICS;
+  }
+  if (p.set) {
+    if (!latest) return DAPO_ENOMEM;
+    p.latest_metrics = latest;
+    if ((rc = store_job_update(jr->srv->store, jr->id, &p, &e))) {
+      json_decref(latest);
+      LOG(ERROR, "job %s: recording step %" PRId64 ": %s", jr->id, step, e.msg);
+      return rc;
+    }
+    json_decref(jr->latest);
+    jr->latest = latest;
+    if (!eval) jr->step = step;
+  }
+  if (!eval) {
+    struct workers *w = jr->wk->w;
+    json_t *g = json_object_get(data, "tokens/generated"),
+           *t = json_object_get(data, "tokens/trained");
+    if (json_is_integer(g) && json_integer_value(g) > 0)
+      atomic_fetch_add(&w->tokens_generated, (uint_fast64_t)json_integer_value(g));
+    if (json_is_integer(t) && json_integer_value(t) > 0)
+      atomic_fetch_add(&w->tokens_trained, (uint_fast64_t)json_integer_value(t));
+  }
+  if ((rc = append_event(jr, "metrics", data))) return rc;
+  return steps_add(seen, step) ? DAPO_ENOMEM : 0;
+}
+
+/* SHA-256 and size of dir/name. */
+static int hash_file(const char *dir, const char *name, char sha[65], int64_t *bytes) {
+  char p[PATH_MAX + 320];
+  if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, name) >= sizeof p) return -1;
+  int fd = open(p, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  struct sha256_ctx c;
+  sha256_begin(&c);
+  char *buf = malloc(1 << 16);
+  ssize_t k = 0;
+  int64_t n = 0;
+  while (buf && (k = read(fd, buf, 1 << 16)) != 0) {
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    sha256_feed(&c, buf, (size_t)k);
+    n += k;
+  }
+  close(fd);
+  free(buf);
+  if (!buf || k < 0) return -1;
+  sha256_end_hex(&c, sha);
+  *bytes = n;
+  return 0;
+}
+
+/* Removes the index rows of checkpoints the runner pruned (keep_checkpoints). */
+static void prune_rows(struct jobrun *jr) {
+  struct store_ckpt_list l = {0};
+  struct dapo_err e = {0};
+  if (store_ckpt_list(jr->srv->store, jr->id, &l, &e)) return;
+  for (size_t i = 0; i < l.n; i++) {
+    char p[PATH_MAX + 32];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/trainer_state.json", l.v[i].path);
+    if (stat(p, &st) == 0) continue;
+    if (store_ckpt_delete(jr->srv->store, jr->id, l.v[i].step, &e))
+      LOG(WARN, "job %s: unlisting the pruned checkpoint of step %" PRId64 ": %s", jr->id,
+          l.v[i].step, e.msg);
+  }
+  store_ckpt_list_deinit(&l);
+}
+
+/* Indexes the complete checkpoint of step in folder dir (files hashed) with its metrics
+ * (borrowed, may be NULL) and announces it once. */
+static int record_checkpoint(struct jobrun *jr, int64_t step, const char *dir, const json_t *names,
+                             const json_t *metrics) {
+  json_t *files = json_array();
+  if (!files) return DAPO_ENOMEM;
+  for (size_t i = 0; i < json_array_size(names); i++) {
+    const char *name = json_string_value(json_object_get(json_array_get(names, i), "name"));
+    char sha[65];
+    int64_t bytes;
+    if (!name) continue;
+    if (hash_file(dir, name, sha, &bytes)) {
+      LOG(ERROR, "job %s: reading %s/%s: %s", jr->id, dir, name, strerror(errno));
+      json_decref(files);
+      return DAPO_EIO;
+    }
+    json_array_append_new(files, json_pack("{s:s, s:I, s:s}", "name", name, "bytes",
+                                           (json_int_t)bytes, "sha256", sha));
+  }
+  struct dapo_err e = {0};
+  int rc = store_ckpt_put(jr->srv->store, jr->id, step, dir, files, metrics, &e);
+  if (rc) {
+    LOG(ERROR, "job %s: indexing the checkpoint of step %" PRId64 ": %s", jr->id, step, e.msg);
+    json_decref(files);
+    return rc;
+  }
+  prune_rows(jr);
+  if (steps_has(&jr->ckpt, step)) {
+    json_decref(files);
+    return 0;
+  }
+  char model[STORE_ID_MAX + 32];
+  api_model_ckpt_id(jr->id, (long long)step, model, sizeof model);
+  json_t *d = json_pack("{s:I, s:s, s:o, s:O?}", "step", (json_int_t)step, "model", model, "files",
+                        files, "metrics", metrics && !json_is_null(metrics) ? metrics : NULL);
+  if (!d) return DAPO_ENOMEM;
+  rc = append_event(jr, "checkpoint", d);
+  json_decref(d);
+  if (!rc && steps_add(&jr->ckpt, step)) rc = DAPO_ENOMEM;
+  return rc;
+}
+
+static int on_event(void *ctx, const char *type, const json_t *data) {
+  struct jobrun *jr = ctx;
+  if (!strcmp(type, "metrics")) return on_metrics(jr, data);
+  if (!strcmp(type, "checkpoint")) {
+    json_t *st = json_object_get(data, "step");
+    const char *dir = json_string_value(json_object_get(data, "path"));
+    if (!json_is_integer(st) || !dir) {
+      LOG(WARN, "job %s: a checkpoint event without step or path", jr->id);
+      return 0;
+    }
+    return record_checkpoint(jr, json_integer_value(st), dir, json_object_get(data, "files"),
+                             json_object_get(data, "metrics"));
+  }
+  return append_event(jr, type, data);
+}
+
+static void on_phase(void *ctx, const char *phase) {
+  struct jobrun *jr = ctx;
+  if (!strcmp(jr->phase, phase)) return;
+  snprintf(jr->phase, sizeof jr->phase, "%s", phase);
+  struct store_job_patch p = {.set = STORE_SET_PHASE, .phase = phase};
+  struct dapo_err e = {0};
+  if (store_job_update(jr->srv->store, jr->id, &p, &e))
+    LOG(WARN, "job %s: recording phase %s: %s", jr->id, phase, e.msg);
+}
+
+/* Before a (re)start: the runner resumes from the newest complete checkpoint N without telling
+ * of it again. A previous process may have died after writing it but before its checkpoint or
+ * its step's metrics event was stored; those are recorded now from the folder. */
+static int fill_gaps(struct jobrun *jr) {
+  int64_t n = newest_checkpoint(jr->out);
+  if (n < 0 || (steps_has(&jr->ckpt, n) && (n == 0 || steps_has(&jr->train, n)))) return 0;
+  char dir[PATH_MAX + 64], p[PATH_MAX + 96];
+  snprintf(dir, sizeof dir, "%s/checkpoints/step-%" PRId64, jr->out, n);
+  snprintf(p, sizeof p, "%s/trainer_state.json", dir);
+  json_error_t je;
+  json_t *state = json_load_file(p, 0, &je);
+  json_t *metrics = json_object_get(state, "metrics");
+  if (json_is_null(metrics)) metrics = NULL;
+  int rc = 0;
+  if (!steps_has(&jr->ckpt, n)) {
+    static const char *const names[] = {"config.json",           "model.safetensors",
+                                        "tokenizer.json",        "generation_config.json",
+                                        "optimizer.safetensors", "trainer_state.json"};
+    json_t *files = json_array();
+    for (size_t i = 0; files && i < sizeof names / sizeof names[0]; i++) {
+      char f[PATH_MAX + 128];
+      struct stat st;
+      snprintf(f, sizeof f, "%s/%s", dir, names[i]);
+      if (stat(f, &st) == 0) json_array_append_new(files, json_pack("{s:s}", "name", names[i]));
+    }
+    rc = files ? record_checkpoint(jr, n, dir, files, metrics) : DAPO_ENOMEM;
+    json_decref(files);
+  }
+  if (!rc && n > 0 && metrics && !steps_has(&jr->train, n)) rc = on_metrics(jr, metrics);
+  json_decref(state);
+  return rc;
+}
+
+static json_t *error_json(const struct runner_result *res) {
+  return json_pack("{s:s, s:s, s:s?, s:s}", "code", res->code[0] ? res->code : "failed", "message",
+                   res->message[0] ? res->message : "the job failed", "param",
+                   res->param[0] ? res->param : NULL, "category",
+                   res->category[0] ? res->category : "system");
+}
+
+static void set_status(struct server *srv, const char *id, enum store_job_status to,
+                       const json_t *error, const json_t *extra) {
+  struct dapo_err e = {0};
+  if (store_job_set_status(srv->store, id, to, error, extra, NULL, &e))
+    LOG(ERROR, "job %s: setting status %s: %s", id, store_job_status_name(to), e.msg);
+  server_job_changed(srv, id);
+}
+
+/* Records how runner_run ended. */
+static void finish(struct jobrun *jr, const struct runner_result *res) {
+  struct server *srv = jr->srv;
+  struct store_job cur;
+  struct dapo_err e = {0};
+  enum store_job_status now = STORE_JOB_RUNNING;
+  if (!store_job_get(srv->store, jr->id, NULL, &cur, &e)) {
+    now = cur.status;
+    store_job_deinit(&cur);
+  }
+  json_t *err = NULL;
+  switch (res->status) {
+  case RUNNER_SUCCEEDED:
+    LOG(INFO, "job %s succeeded at step %" PRId64, jr->id, res->step);
+    set_status(srv, jr->id, STORE_JOB_SUCCEEDED, NULL, NULL);
+    break;
+  case RUNNER_CANCELLED:
+    LOG(INFO, "job %s cancelled at step %" PRId64, jr->id, res->step);
+    set_status(srv, jr->id, STORE_JOB_CANCELLED, NULL, NULL);
+    break;
+  case RUNNER_FAILED:
+    LOG(INFO, "job %s failed at step %" PRId64 ": %s (%s): %s", jr->id, res->step, res->code,
+        res->category, res->message);
+    err = error_json(res);
+    set_status(srv, jr->id, STORE_JOB_FAILED, err, NULL);
+    json_decref(err);
+    break;
+  case RUNNER_PAUSED:
+    if (now == STORE_JOB_CANCELLING) {
+      set_status(srv, jr->id, STORE_JOB_CANCELLED, NULL, NULL);
+    } else if (now == STORE_JOB_PAUSING) {
+      LOG(INFO, "job %s paused after step %" PRId64, jr->id, res->step);
+      set_status(srv, jr->id, STORE_JOB_PAUSED, NULL, NULL);
+    } else {
+      /* the daemon is stopping: queued again, keeping its place */
+      log_event(srv, jr->id, "info", res->step,
+                "the daemon is stopping: the job stopped after step %" PRId64
+                " with a checkpoint and is queued again; it resumes from there when the daemon "
+                "starts",
+                res->step);
+      set_status(srv, jr->id, STORE_JOB_QUEUED, NULL, NULL);
+    }
+    break;
+  }
+}
+
+static void run_job(struct worker *wk, struct store_job *job) {
+  struct workers *w = wk->w;
+  struct server *srv = w->srv;
+  struct jobrun jr = {.wk = wk, .srv = srv, .id = job->id, .step = job->step};
+  if (job->latest_metrics) jr.latest = json_incref(job->latest_metrics);
+  server_job_changed(srv, job->id); /* the claim's "running" event */
+
+  pthread_mutex_lock(&w->mu);
+  int stopping = w->stopping;
+  if (!stopping) {
+    snprintf(wk->run.job_id, sizeof wk->run.job_id, "%s", job->id);
+    wk->run.cancel = 0;
+    wk->run.pause = 0;
+    w->busy++;
+  }
+  pthread_mutex_unlock(&w->mu);
+  if (stopping) { /* claimed as the daemon began to stop: back to the queue, same place */
+    set_status(srv, job->id, STORE_JOB_QUEUED, NULL, NULL);
+    json_decref(jr.latest);
+    return;
+  }
+  /* A request that reached the store before the record existed. */
+  struct store_job cur;
+  struct dapo_err e = {0};
+  if (!store_job_get(srv->store, job->id, NULL, &cur, &e)) {
+    if (cur.cancel_requested || cur.status == STORE_JOB_CANCELLING) wk->run.cancel = 1;
+    if (cur.pause_requested || cur.status == STORE_JOB_PAUSING) wk->run.pause = 1;
+    store_job_deinit(&cur);
+  }
+
+  json_t *errors = json_array();
+  struct job_spec spec;
+  struct runner_result res = {0};
+  int n = errors ? workers_build_spec(srv, job->spec, NULL, job->id, &spec, errors) : -1;
+  if (n != 0) {
+    res.status = RUNNER_FAILED;
+    json_t *x = json_array_get(errors, 0);
+    snprintf(res.code, sizeof res.code, "%s", n < 0 ? "out_of_memory" : "invalid_spec");
+    snprintf(res.category, sizeof res.category, "%s", n < 0 ? "system" : "user");
+    snprintf(res.param, sizeof res.param, "%s",
+             n < 0 ? "" : json_string_value(json_object_get(x, "field")));
+    snprintf(res.message, sizeof res.message, "%s",
+             n < 0 ? "out of memory" : json_string_value(json_object_get(x, "message")));
+  } else if (workers_job_dir(srv, job->id, jr.out, sizeof jr.out) ||
+             (mkdir(jr.out, 0700) && errno != EEXIST)) {
+    res.status = RUNNER_FAILED;
+    snprintf(res.code, sizeof res.code, "io_error");
+    snprintf(res.category, sizeof res.category, "system");
+    snprintf(res.message, sizeof res.message, "cannot create the job's folder %.400s: %s", jr.out,
+             strerror(errno));
+  } else if (load_seen(&jr) || fill_gaps(&jr)) {
+    res.status = RUNNER_FAILED;
+    snprintf(res.code, sizeof res.code, "event_store_failed");
+    snprintf(res.category, sizeof res.category, "system");
+    snprintf(res.message, sizeof res.message, "could not read or record the job's events");
+  } else {
+    struct judge_policy pol;
+    workers_judge_policy(srv, &pol);
+    struct runner_hooks hooks = {.ctx = &jr, .event = on_event, .phase = on_phase};
+    struct runner_opts opts = {
+        .judge_policy = &pol, .cancel = &wk->run.cancel, .pause = &wk->run.pause, .pool = wk->pool};
+    LOG(INFO, "job %s: running (worker %d, step %" PRId64 " of %" PRId64 ")", job->id, wk->idx,
+        job->step, job->total_steps);
+    runner_run(&spec, jr.out, &hooks, &opts, &res);
+  }
+  jobspec_deinit(&spec);
+  json_decref(errors);
+
+  finish(&jr, &res);
+
+  pthread_mutex_lock(&w->mu);
+  wk->run.job_id[0] = '\0';
+  w->busy--;
+  pthread_cond_broadcast(&w->idle);
+  pthread_mutex_unlock(&w->mu);
+  free(jr.train.v);
+  free(jr.eval.v);
+  free(jr.ckpt.v);
+  json_decref(jr.latest);
+}
+
+static void *worker_main(void *arg) {
+  struct worker *wk = arg;
+  struct workers *w = wk->w;
+  pthread_mutex_lock(&w->mu);
+  while (!w->stopping) {
+    uint64_t seen = w->gen;
+    pthread_mutex_unlock(&w->mu);
+    struct store_job job;
+    struct dapo_err e = {0};
+    int rc = store_job_claim_next(w->srv->store, &job, &e);
+    if (!rc) {
+      run_job(wk, &job);
+      store_job_deinit(&job);
+      pthread_mutex_lock(&w->mu);
+      continue;
+    }
+    if (rc != STORE_ENOTFOUND) LOG(ERROR, "worker %d: claiming a job: %s", wk->idx, e.msg);
+    struct timespec until = mono_in(rc == STORE_ENOTFOUND ? IDLE_RECHECK_MS : CLAIM_RETRY_MS);
+    pthread_mutex_lock(&w->mu);
+    while (!w->stopping && w->gen == seen)
+      if (pthread_cond_timedwait(&w->wake, &w->mu, &until) == ETIMEDOUT) break;
+  }
+  pthread_mutex_unlock(&w->mu);
+  return NULL;
+}
+
+/* ---- the pool of workers ---- */
+
+struct workers *workers_start(struct server *srv, struct dapo_err *e) {
+  struct workers *w = calloc(1, sizeof *w);
+  if (!w) {
+    dapo_errf(e, DAPO_ENOMEM, "out of memory");
+    return NULL;
+  }
+  w->srv = srv;
+  w->n = srv->cfg.workers > 0 ? srv->cfg.workers : 1;
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_mutex_init(&w->mu, NULL);
+  pthread_cond_init(&w->wake, &ca);
+  pthread_cond_init(&w->idle, &ca);
+  pthread_condattr_destroy(&ca);
+  if (!(w->v = calloc((size_t)w->n, sizeof *w->v))) {
+    workers_free(w);
+    dapo_errf(e, DAPO_ENOMEM, "out of memory");
+    return NULL;
+  }
+  for (int i = 0; i < w->n; i++) {
+    struct worker *wk = &w->v[i];
+    wk->w = w;
+    wk->idx = i;
+    if (!(wk->pool = pool_new(srv->cfg.blas_threads > 0 ? srv->cfg.blas_threads : 1))) {
+      workers_stop(w, 0);
+      workers_free(w);
+      dapo_errf(e, DAPO_ENOMEM, "worker %d: cannot start its compute threads", i);
+      return NULL;
+    }
+    int err = pthread_create(&wk->th, NULL, worker_main, wk);
+    if (err) {
+      workers_stop(w, 0);
+      workers_free(w);
+      dapo_errf(e, DAPO_EIO, "cannot start worker %d: %s", i, strerror(err));
+      return NULL;
+    }
+    wk->started = 1;
+  }
+  LOG(INFO, "%d worker%s, %d compute thread%s each", w->n, w->n > 1 ? "s" : "",
+      srv->cfg.blas_threads, srv->cfg.blas_threads > 1 ? "s" : "");
+  return w;
+}
+
+void workers_wake(struct workers *w) {
+  if (!w) return;
+  pthread_mutex_lock(&w->mu);
+  w->gen++;
+  pthread_cond_broadcast(&w->wake);
+  pthread_mutex_unlock(&w->mu);
+}
+
+int workers_signal(struct workers *w, const char *job_id, int cancel, int pause) {
+  if (!w) return 0;
+  int found = 0;
+  pthread_mutex_lock(&w->mu);
+  for (int i = 0; i < w->n; i++) {
+    struct running *run = &w->v[i].run;
+    if (strcmp(run->job_id, job_id)) continue;
+    if (cancel) run->cancel = 1;
+    if (pause) run->pause = 1;
+    found = 1;
+  }
+  pthread_mutex_unlock(&w->mu);
+  return found;
+}
+
+int workers_busy(struct workers *w) {
+  if (!w) return 0;
+  pthread_mutex_lock(&w->mu);
+  int n = w->busy;
+  pthread_mutex_unlock(&w->mu);
+  return n;
+}
+
+int workers_up(struct workers *w) {
+  if (!w) return 0;
+  pthread_mutex_lock(&w->mu);
+  int up = !w->stopping;
+  pthread_mutex_unlock(&w->mu);
+  return up;
+}
+
+void workers_tokens(struct workers *w, uint64_t *generated, uint64_t *trained) {
+  *generated = w ? atomic_load(&w->tokens_generated) : 0;
+  *trained = w ? atomic_load(&w->tokens_trained) : 0;
+}
+
+int workers_stop(struct workers *w, int grace_s) {
+  if (!w) return 0;
+  struct timespec until = mono_in(grace_s * 1000);
+  pthread_mutex_lock(&w->mu);
+  w->stopping = 1;
+  for (int i = 0; i < w->n; i++)
+    if (w->v && w->v[i].run.job_id[0]) {
+      LOG(INFO, "job %s: asking it to stop at a safe point", w->v[i].run.job_id);
+      w->v[i].run.pause = 1;
+    }
+  pthread_cond_broadcast(&w->wake);
+  while (w->busy > 0)
+    if (pthread_cond_timedwait(&w->idle, &w->mu, &until) == ETIMEDOUT) break;
+  int left = w->busy;
+  pthread_mutex_unlock(&w->mu);
+  return left;
+}
+
+void workers_free(struct workers *w) {
+  if (!w) return;
+  pthread_mutex_lock(&w->mu);
+  w->stopping = 1;
+  pthread_cond_broadcast(&w->wake);
+  pthread_mutex_unlock(&w->mu);
+  for (int i = 0; w->v && i < w->n; i++) {
+    if (w->v[i].started) pthread_join(w->v[i].th, NULL);
+    pool_free(w->v[i].pool);
+  }
+  free(w->v);
+  pthread_cond_destroy(&w->wake);
+  pthread_cond_destroy(&w->idle);
+  pthread_mutex_destroy(&w->mu);
+  free(w);
+}
+
+/* ---- startup recovery ---- */
+
+int workers_recover(struct server *srv, struct dapo_err *e) {
+  struct store_job_list l = {0};
+  int rc = store_job_list_live(srv->store, &l, e);
+  if (rc) return rc;
+  for (size_t i = 0; i < l.n; i++) {
+    const struct store_job *j = &l.v[i];
+    char out[PATH_MAX];
+    int64_t ck = workers_job_dir(srv, j->id, out, sizeof out) ? -1 : newest_checkpoint(out);
+    char from[96];
+    if (ck >= 0)
+      snprintf(from, sizeof from, "its newest complete checkpoint (step %" PRId64 ")", ck);
+    else
+      snprintf(from, sizeof from, "the start (it has no complete checkpoint yet)");
+    switch (j->status) {
+    case STORE_JOB_RUNNING:
+      LOG(INFO, "job %s was running when the daemon stopped: queued again", j->id);
+      set_status(srv, j->id, STORE_JOB_QUEUED, NULL, NULL);
+      log_event(srv, j->id, "warning", j->step,
+                "the daemon stopped while the job was running (last recorded step %" PRId64
+                "); it is queued again and resumes from %s",
+                j->step, from);
+      break;
+    case STORE_JOB_PAUSING:
+      LOG(INFO, "job %s was pausing when the daemon stopped: paused", j->id);
+      set_status(srv, j->id, STORE_JOB_PAUSED, NULL, NULL);
+      log_event(srv, j->id, "info", j->step,
+                "the daemon stopped while the job was pausing; it is paused, and resume "
+                "continues from %s",
+                from);
+      break;
+    case STORE_JOB_CANCELLING:
+      LOG(INFO, "job %s was cancelling when the daemon stopped: cancelled", j->id);
+      set_status(srv, j->id, STORE_JOB_CANCELLED, NULL, NULL);
+      break;
+    default: break;
+    }
+  }
+  store_job_list_deinit(&l);
+  return 0;
+}
