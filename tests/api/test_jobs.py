@@ -665,6 +665,25 @@ class TestLifecycle(DaemonCase):
                 s.close()
 
 
+class TestBacklog(DaemonCase):
+    """With a backlog of one event, a live reader is let go whenever it falls behind a burst; it
+    reconnects with its Last-Event-ID and still sees every event exactly once."""
+    ARGS = ("--workers", "1", "--blas-threads", "1", "--sse-backlog-events", "1")
+
+    def test_disconnected_reader_resumes_without_gap(self):
+        jid = self.create_ok(long_hp(6, every=1))["id"]
+        evs, connects = [], 0
+        end = time.monotonic() + DEADLINE_S
+        while not evs or evs[-1]["event"] != "end":
+            self.assertLess(time.monotonic(), end, "no `end` within the deadline")
+            h = {"Last-Event-ID": str(evs[-1]["id"])} if evs else {}
+            evs += self.follow(jid, headers=h)
+            connects += 1
+        self.assertGapless(evs)
+        self.assertOneMetricsPerStep([{"type": e["event"], "data": e["data"]} for e in evs], 6)
+        self.assertGreaterEqual(connects, 1)
+
+
 class TestRestart(unittest.TestCase):
     """A daemon killed mid-job (SIGKILL) or stopped (SIGTERM): the job finishes after a restart
     with nothing lost and nothing told twice."""
