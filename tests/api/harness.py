@@ -23,6 +23,16 @@ START_TIMEOUT_S = 60.0  # generous: the sanitizer build starts slower
 STOP_TIMEOUT_S = 20.0
 
 
+def _die_with_parent():
+    """In the child before exec: SIGKILL when the test process dies (a test runner's timeout, a
+    crash), so that no daemon outlives its test (Linux prctl PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+    except Exception:
+        pass
+
+
 class Response:
     def __init__(self, status, headers, body):
         self.status = status
@@ -65,7 +75,7 @@ class Daemon:
         cmd = [self.dapod, "serve", "--listen", self.listen, "--data-dir", self.data_dir,
                "--models-dir", self.models_dir] + self.args
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE)
+                                     stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
         self._reader = threading.Thread(target=self._read_stderr, daemon=True)
         self._reader.start()
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -92,10 +92,15 @@ class DaemonCase(unittest.TestCase):
         cls.d = harness.Daemon(DAPOD, cls.ARGS)
         try:
             cls.d.start()
-        except Exception:
-            cls.d.cleanup()
+            cls.file_id = cls.upload(read("addition.jsonl"))["id"]
+            cls.prepare()
+        except BaseException:
+            cls.d.cleanup()  # tearDownClass does not run when setUpClass fails
             raise
-        cls.file_id = cls.upload(read("addition.jsonl"))["id"]
+
+    @classmethod
+    def prepare(cls):
+        """What a class sets up on its daemon (runs inside setUpClass's cleanup guard)."""
 
     @classmethod
     def tearDownClass(cls):
@@ -238,8 +243,7 @@ class TestFlow(DaemonCase):
     """The whole quick start on one small job, then everything that reads its results."""
 
     @classmethod
-    def setUpClass(cls):
-        super().setUpClass()
+    def prepare(cls):
         r = cls.d.post_json("/v1/jobs", {"model": "tiny", "training_file": cls.file_id,
                                          "hyperparameters": SMALL_HP, "seed": 7,
                                          "metadata": {"run": "flow"}, "suffix": "add"})
