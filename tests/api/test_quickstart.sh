@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# Keeps the README's quick start true (label api): extracts the shell blocks between
+# `<!-- quickstart:begin -->` and `<!-- quickstart:end -->` of README.md, starts dapod on a free
+# loopback port with a scratch data directory, replaces only the base URL
+# (http://127.0.0.1:8080) with the daemon's, runs the commands with bash -e -o pipefail in a
+# scratch folder that sees the repository's tests/ and examples/ (they write job.json and
+# tiny-dapo/ where they run), then checks that the job succeeded, that the stream ended with
+# `end`, and that the downloaded files are the final checkpoint's (same SHA-256 as its index) and
+# a valid checkpoint: config.json parses with the Hugging Face keys, model.safetensors' header
+# parses and its tensors tile the file. Stops the daemon with SIGTERM and requires exit 0.
+# Exit 77 (skipped) when curl or python3 is missing. Usage: test_quickstart.sh DAPOD
+set -euo pipefail
+dapod=$1
+root=$(cd "$(dirname "$0")/../.." && pwd)
+readme=$root/README.md
+default_url=http://127.0.0.1:8080
+
+for tool in curl python3; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    echo "test_quickstart: $tool not found; skipping" >&2
+    exit 77
+  fi
+done
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/dapod-quickstart.XXXXXX")
+pid=
+cleanup() {
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP # the EXIT trap then stops the daemon
+fail() {
+  echo "test_quickstart: FAIL: $*" >&2
+  if [ -f "$tmp/dapod.log" ]; then
+    echo "--- dapod log (end) ---" >&2
+    tail -n 40 "$tmp/dapod.log" >&2
+  fi
+  exit 1
+}
+
+# ---- the commands, exactly as the README has them ----
+# (only ```sh / ```bash blocks run: a block of example output in between would not)
+awk '/<!-- quickstart:begin -->/ { on = 1; next }
+     /<!-- quickstart:end -->/ { on = 0 }
+     on && /^```/ { if (fence) fence = 0; else { fence = 1; run = ($0 ~ /^```(sh|bash)[ \t]*$/) } next }
+     on && fence && run { print }' "$readme" >"$tmp/readme.sh"
+[ -s "$tmp/readme.sh" ] || fail "no shell block between the quickstart markers of README.md"
+grep -q "$default_url" "$tmp/readme.sh" || fail "the quick start never names $default_url"
+
+# ---- a daemon on a free port ----
+mkdir -p "$tmp/models" "$tmp/work"
+"$dapod" serve --listen 127.0.0.1:0 --data-dir "$tmp/var" --models-dir "$tmp/models" \
+  --workers 1 2>"$tmp/dapod.log" &
+pid=$!
+url=
+for _ in $(seq 600); do # 60 s at most (the sanitizer build starts slower)
+  url=$(sed -n 's/^dapod: listening on \(http:\/\/[^ ]*\)$/\1/p' "$tmp/dapod.log" | head -n 1)
+  [ -n "$url" ] && break
+  kill -0 "$pid" 2>/dev/null || fail "dapod exited before listening"
+  sleep 0.1
+done
+[ -n "$url" ] || fail "dapod did not report its port within 60 s"
+for _ in $(seq 600); do
+  curl -sf "$url/readyz" >/dev/null 2>&1 && break
+  sleep 0.1
+done
+curl -sf "$url/readyz" >/dev/null || fail "dapod at $url is not ready"
+
+# only the base URL changes
+sed "s#$default_url#$url#g" "$tmp/readme.sh" >"$tmp/work/quickstart.sh"
+if grep -q "$default_url" "$tmp/work/quickstart.sh"; then fail "substitution left $default_url"; fi
+ln -s "$root/tests" "$tmp/work/tests"
+[ -d "$root/examples" ] && ln -s "$root/examples" "$tmp/work/examples"
+
+echo "test_quickstart: running the README's quick start against $url" >&2
+start=$(date +%s)
+if ! (cd "$tmp/work" && timeout 300 bash -e -o pipefail quickstart.sh >"$tmp/out.txt" 2>"$tmp/err.txt"); then
+  cat "$tmp/out.txt" "$tmp/err.txt" >&2
+  fail "the quick start's commands failed"
+fi
+echo "test_quickstart: the commands ran in $(($(date +%s) - start)) s" >&2
+
+# ---- what they did ----
+python3 - "$url" "$tmp/work" "$tmp/out.txt" <<'PY' || fail "the quick start's results are wrong"
+import hashlib, json, os, struct, sys, urllib.request
+
+url, work, out = sys.argv[1:4]
+def get(path):
+    with urllib.request.urlopen(url + path, timeout=30) as r:
+        return json.load(r)
+
+def check(cond, what):
+    if not cond:
+        print("test_quickstart: " + what, file=sys.stderr)
+        sys.exit(1)
+
+text = open(out, encoding="utf-8").read()
+check("event: end" in text, "the event stream did not reach `end`:\n" + text[-2000:])
+jobs = get("/v1/jobs")["data"]
+check(len(jobs) == 1, "expected one job, found %d" % len(jobs))
+job = jobs[0]
+check(job["status"] == "succeeded", "the job is %s: %s" % (job["status"], job.get("error")))
+final = job["checkpoints"][-1]
+check(job["fine_tuned_model"] == "%s:step-%d" % (job["id"], final), job["fine_tuned_model"])
+ckpt = [c for c in get("/v1/jobs/%s/checkpoints" % job["id"])["data"] if c["step"] == final][0]
+index = {f["name"]: f for f in ckpt["files"]}
+folder = os.path.join(work, "tiny-dapo")
+for name in ("config.json", "model.safetensors"):
+    path = os.path.join(folder, name)
+    check(os.path.isfile(path), "%s was not downloaded" % name)
+    data = open(path, "rb").read()
+    check(hashlib.sha256(data).hexdigest() == index[name]["sha256"],
+          "%s is not the final checkpoint's (step %d)" % (name, final))
+
+cfg = json.load(open(os.path.join(folder, "config.json")))
+for k in ("architectures", "hidden_size", "intermediate_size", "num_hidden_layers",
+          "num_attention_heads", "num_key_value_heads", "vocab_size", "max_position_embeddings",
+          "rms_norm_eps", "rope_theta", "tie_word_embeddings", "torch_dtype", "bos_token_id",
+          "eos_token_id"):
+    check(k in cfg, "config.json lacks %s" % k)
+
+blob = open(os.path.join(folder, "model.safetensors"), "rb").read()
+check(len(blob) >= 8, "model.safetensors is too short")
+(n,) = struct.unpack("<Q", blob[:8])
+check(8 + n <= len(blob), "model.safetensors: header length %d past the end" % n)
+header = json.loads(blob[8:8 + n].decode("utf-8"))
+header.pop("__metadata__", None)
+sizes = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 4}
+spans = []
+for name, t in header.items():
+    count = 1
+    for d in t["shape"]:
+        count *= d
+    a, b = t["data_offsets"]
+    check(t["dtype"] in sizes and b - a == count * sizes[t["dtype"]],
+          "tensor %s: %s %s does not fill [%d, %d)" % (name, t["dtype"], t["shape"], a, b))
+    spans.append((a, b))
+spans.sort()
+check(spans and spans[0][0] == 0 and spans[-1][1] == len(blob) - 8 - n and
+      all(x[1] == y[0] for x, y in zip(spans, spans[1:])),
+      "model.safetensors: the tensors do not tile the data section")
+check("model.embed_tokens.weight" in header and "model.norm.weight" in header,
+      "model.safetensors lacks the standard tensor names: %s" % sorted(header)[:5])
+check(header["model.embed_tokens.weight"]["shape"] == [cfg["vocab_size"], cfg["hidden_size"]],
+      "embed_tokens does not match config.json")
+print("test_quickstart: job %s succeeded; step %d checkpoint: %d tensors, %d bytes"
+      % (job["id"], final, len(header), len(blob)), file=sys.stderr)
+PY
+
+kill -TERM "$pid"
+rc=0
+wait "$pid" || rc=$?
+pid=
+[ "$rc" -eq 0 ] || fail "dapod exited $rc after SIGTERM"
+echo "test_quickstart: 1 passed, 0 failed" >&2
