@@ -24,6 +24,7 @@
 #include "log.h"
 #include "parse.h"
 #include "server.h"
+#include "sha256.h"
 #include "store.h"
 
 /* ---- the route table ---------------------------------------------------------------------
@@ -110,12 +111,40 @@ double api_req_ms(const struct api_req *r) {
   return mono_ms_since(&r->start);
 }
 
+/* Equal strings of n bytes, in time independent of where they differ. */
+static int equal_ct(const char *a, const char *b, size_t n) {
+  unsigned char d = 0;
+  for (size_t i = 0; i < n; i++) d |= (unsigned char)(a[i] ^ b[i]);
+  return d == 0;
+}
+
 const char *api_auth(struct api_req *r) {
-  /* TODO(auth): map "Authorization: Bearer <key>" to the key's name through cfg.api_keys (the
-   * SHA-256 of the key), NULL for an admin key, and reply 401 for a missing or unknown key when
-   * keys are configured. Until then every request is admin (loopback only: config_finish). */
-  (void)r;
-  return NULL;
+  /* Without keys the daemon only listens on loopback (config_finish) and every request is
+   * admin. With keys, "Authorization: Bearer <key>" is hashed and compared, in constant time,
+   * with every configured SHA-256; the owner is the key's name, or NULL (everything) for an
+   * admin key. Liveness and readiness stay open for probes. */
+  const struct config_api_keys *ks = &r->srv->cfg.api_keys;
+  if (ks->n == 0 || !strcmp(r->path, "/healthz") || !strcmp(r->path, "/readyz")) return NULL;
+  const char *h = api_header(r, MHD_HTTP_HEADER_AUTHORIZATION);
+  int found = -1;
+  if (h && !strncasecmp(h, "Bearer ", 7)) {
+    const char *key = h + 7;
+    while (*key == ' ') key++;
+    struct sha256_ctx c;
+    char hex[65];
+    sha256_begin(&c);
+    sha256_feed(&c, key, strlen(key));
+    sha256_end_hex(&c, hex);
+    for (int i = 0; i < ks->n; i++) /* no early exit: the time does not tell which key */
+      if (equal_ct(hex, ks->v[i].sha256, 64) && found < 0) found = i;
+  }
+  if (found < 0) {
+    api_reply_error(r, API_ERR_UNAUTHORIZED,
+                    h ? "unknown API key" : "missing Authorization: Bearer <key> header", NULL);
+    api_reply_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    return NULL;
+  }
+  return ks->v[found].admin ? NULL : ks->v[found].name;
 }
 
 const char *api_query(struct api_req *r, const char *name) {
