@@ -1,8 +1,7 @@
-/* Streaming SHA-256 (FIPS 180-4) for uploads: the content hash of a file is computed while it is
- * written, chunk by chunk. (server/store.c has a private one-shot copy for body hashes; the two
- * could share this one once the storage owner moves it.) */
-#ifndef DAPOD_API_SHA256_H
-#define DAPOD_API_SHA256_H
+/* Streaming SHA-256 (FIPS 180-4): upload content hashes computed while the file is written,
+ * checkpoint file digests (the downloads' ETag), and the idempotency hash of job bodies. */
+#ifndef DAPO_SHA256_H
+#define DAPO_SHA256_H
 
 #include <stddef.h>
 #include <stdint.h>
