@@ -103,29 +103,6 @@ static int reply_job(struct api_req *r, int status, const struct store_job *j) {
 /* ---- create ---- */
 
 /* Counts jobs of owner (NULL: all) with status (NULL: queued, running, pausing, paused). */
-static int count_jobs(struct server *srv, const char *owner, const char *status, int stop_at,
-                      int *n_out) {
-  static const char *const LIVE[] = {"queued", "running", "pausing", "paused", "cancelling"};
-  int n = 0;
-  for (size_t k = 0; k < (status ? 1 : sizeof LIVE / sizeof LIVE[0]) && n < stop_at; k++) {
-    char after[STORE_ID_MAX] = "";
-    for (;;) {
-      struct store_job_list l = {0};
-      struct dapo_err e = {0};
-      int rc = store_job_list(srv->store, owner, status ? status : LIVE[k], STORE_PAGE_MAX,
-                              after[0] ? after : NULL, &l, &e);
-      if (rc) return rc;
-      n += (int)l.n;
-      int more = l.has_more && l.n && n < stop_at;
-      if (more) snprintf(after, sizeof after, "%s", l.v[l.n - 1].id);
-      store_job_list_deinit(&l);
-      if (!more) break;
-    }
-  }
-  *n_out = n;
-  return 0;
-}
-
 /* The resolved fields shown in the job object: judge, hyperparameters, seed. */
 static json_t *resolved_of(const struct job_spec *spec) {
   json_t *all = jobspec_to_json(spec);
@@ -164,21 +141,6 @@ int api_jobs_create(struct api_req *r) {
     return api_reply_error(r, API_ERR_VALIDATION_FAILED, detail, errors);
   }
   json_decref(errors);
-  int queued = 0, live = 0;
-  if (count_jobs(srv, NULL, "queued", srv->cfg.max_queued_jobs, &queued) ||
-      (r->owner && count_jobs(srv, r->owner, NULL, srv->cfg.max_jobs_per_key, &live))) {
-    jobspec_deinit(&spec);
-    return api_reply_error(r, API_ERR_INTERNAL, "counting the queue failed", NULL);
-  }
-  if (queued >= srv->cfg.max_queued_jobs || (r->owner && live >= srv->cfg.max_jobs_per_key)) {
-    jobspec_deinit(&spec);
-    int rc = api_reply_errorf(r, API_ERR_TOO_MANY_REQUESTS, "%s",
-                              queued >= srv->cfg.max_queued_jobs
-                                  ? "the queue is full (max_queued_jobs); retry later"
-                                  : "this key has max_jobs_per_key live jobs; retry later");
-    api_reply_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "30");
-    return rc;
-  }
   json_t *resolved = resolved_of(&spec);
   json_t *md = json_object_get(r->json, "metadata");
   struct store_job_new nj = {
@@ -191,6 +153,8 @@ int api_jobs_create(struct api_req *r) {
       .validation_file = json_string_value(json_object_get(r->json, "validation_file")),
       .total_steps = spec.hp.total_steps,
       .idempotency_key = key,
+      .max_queued = srv->cfg.max_queued_jobs,
+      .max_live_owner = r->owner ? srv->cfg.max_jobs_per_key : 0,
   };
   struct store_job job;
   struct dapo_err e = {0};
@@ -201,6 +165,11 @@ int api_jobs_create(struct api_req *r) {
   if (rc == STORE_ECONFLICT)
     return api_reply_errorf(r, API_ERR_CONFLICT,
                             "Idempotency-Key '%.64s' was used before with a different body", key);
+  if (rc == STORE_EFULL) {
+    rc = api_reply_error(r, API_ERR_TOO_MANY_REQUESTS, e.msg, NULL);
+    api_reply_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "30");
+    return rc;
+  }
   if (rc) return api_reply_store_error(r, rc, &e);
   if (!existed) {
     LOG(INFO, "job %s queued (model %s)", job.id,

@@ -125,6 +125,8 @@ enum stmt_id {
   S_FILE_DELETE,
   S_FILE_EXISTS,
   S_JOB_BY_IDEM,
+  S_COUNT_QUEUED,
+  S_COUNT_LIVE_OWNER,
   S_JOB_INSERT,
   S_JOB_GET,
   S_JOB_SEQ,
@@ -167,6 +169,9 @@ static const char *const stmt_sql[S_COUNT] = {
     [S_FILE_DELETE] = "DELETE FROM files WHERE id = ?1",
     [S_FILE_EXISTS] = "SELECT 1 FROM files WHERE id = ?1",
     [S_JOB_BY_IDEM] = "SELECT id, body_hash FROM jobs WHERE owner = ?1 AND idempotency_key = ?2",
+    [S_COUNT_QUEUED] = "SELECT COUNT(*) FROM jobs WHERE status = 'queued'",
+    [S_COUNT_LIVE_OWNER] =
+        "SELECT COUNT(*) FROM jobs WHERE owner = ?1 AND status NOT IN " TERMINAL_SQL,
     [S_JOB_INSERT] = "INSERT INTO jobs (id, owner, status, spec, resolved, metadata, suffix, "
                      "training_file, validation_file, created_at, total_steps, queue_seq, "
                      "idempotency_key, body_hash) VALUES "
@@ -383,6 +388,7 @@ const char *store_strerror(int code) {
   case STORE_ESTATE: return "wrong_job_state";
   case STORE_EEXISTS: return "already_exists";
   case STORE_ESCHEMA: return "schema_too_new";
+  case STORE_EFULL: return "limit_reached";
   }
   return dapo_strerror(code);
 }
@@ -1084,6 +1090,29 @@ static int job_insert_locked(struct store *st, const struct store_job_new *nj, c
     if (r != SQLITE_DONE) rc = sql_fail(st, e, "idempotency lookup");
     done(s);
     if (rc) goto out;
+  }
+  for (int k = 0; k < 2; k++) {
+    int lim = k ? nj->max_live_owner : nj->max_queued;
+    if (lim <= 0) continue;
+    if (!(s = stmt(st, k ? S_COUNT_LIVE_OWNER : S_COUNT_QUEUED, e))) {
+      rc = e ? e->code : DAPO_EIO;
+      goto out;
+    }
+    if (k) bind_text(s, 1, nj->owner);
+    int r = sqlite3_step(s);
+    int64_t n = r == SQLITE_ROW ? sqlite3_column_int64(s, 0) : -1;
+    done(s);
+    if (n < 0) {
+      rc = sql_fail(st, e, "counting jobs");
+      goto out;
+    }
+    if (n >= lim) {
+      rc = dapo_errf(e, STORE_EFULL,
+                     k ? "this key has %lld unfinished jobs (max_jobs_per_key %d); retry later"
+                       : "the queue holds %lld jobs (max_queued_jobs %d); retry later",
+                     (long long)n, lim);
+      goto out;
+    }
   }
   const char *files[2] = {nj->training_file, nj->validation_file};
   const char *fields[2] = {"training_file", "validation_file"};

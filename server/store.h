@@ -43,6 +43,7 @@ enum {
                                append an event to a finished job) */
   STORE_EEXISTS = -105,     /* a row with this id already exists */
   STORE_ESCHEMA = -106,     /* the database was written by a newer dapod */
+  STORE_EFULL = -107,       /* a limit on queued or live jobs is reached */
 };
 
 /* Stable snake_case name of a STORE_E* or DAPO_E* code ("not_found", "illegal_transition",
@@ -188,13 +189,17 @@ struct store_job_new {
   const char *validation_file; /* or NULL */
   int64_t total_steps;
   const char *idempotency_key; /* or NULL; at most 255 bytes */
+  int max_queued;              /* > 0: STORE_EFULL when this many jobs are queued */
+  int max_live_owner;          /* > 0: STORE_EFULL when this owner has this many unfinished jobs */
 };
 /* Creates a queued job at the back of the queue, with event 1 {"status": "queued"}, and reads it
  * back into out (owned fields). The files named must exist (STORE_ENOTFOUND naming the field);
  * checking that the caller may use them is the caller's job. With an idempotency key: when this
  * owner already created a job with that key, the same body (store_body_hash of spec) gives that
  * job back in out with *existed = 1 and stores nothing; a different body is STORE_ECONFLICT.
- * existed may be NULL. */
+ * The limits (max_queued, max_live_owner) are checked after that lookup, in the same
+ * transaction, so a retried request still gets its job when the queue is full. existed may be
+ * NULL. */
 int store_job_insert(struct store *st, const struct store_job_new *nj, struct store_job *out,
                      int *existed, struct dapo_err *e);
 /* Reads job id (owner as in store_file_get). */

@@ -76,6 +76,44 @@ class AuthTest(unittest.TestCase):
         self.assertEqual(r.status, 200, r)
 
 
+class QueueLimitTest(unittest.TestCase):
+    """max_queued_jobs: a new job past the limit is 429 with Retry-After, but a retry of an
+    accepted request (same Idempotency-Key and body) still gets its job (200)."""
+
+    def test_full_queue_and_idempotent_retry(self):
+        with harness.Daemon(DAPOD, args=["--max-queued-jobs", "1", "--workers", "1"]) as d:
+            with open(os.path.join(DATA, "addition.jsonl"), "rb") as f:
+                body = f.read()
+            r = d.request("POST", "/v1/files?purpose=train&filename=a.jsonl", body,
+                          headers={"Content-Type": "application/x-ndjson"})
+            fid = r.json()["id"]
+
+            def job(steps):
+                return {"model": "tiny", "training_file": fid,
+                        "hyperparameters": {"total_steps": steps, "max_new_tokens": 2,
+                                            "group_size": 2, "prompt_batch_size": 1}}
+            ids = []
+            first = d.post_json("/v1/jobs", job(100000))  # occupies the one worker
+            self.assertEqual(first.status, 201, first)
+            ids.append(first.json()["id"])
+            for _ in range(100):  # wait until the worker took it
+                if d.get("/v1/jobs/" + ids[0]).json()["status"] == "running":
+                    break
+                d.get("/v1/jobs/%s?wait=1" % ids[0])
+            queued = d.post_json("/v1/jobs", job(2), headers={"Idempotency-Key": "k1"})
+            self.assertEqual(queued.status, 201, queued)
+            ids.append(queued.json()["id"])
+            full = d.post_json("/v1/jobs", job(3))
+            self.assertEqual(full.status, 429, full)
+            self.assertEqual(full.header("Retry-After"), "30")
+            self.assertIn("max_queued_jobs", full.json()["detail"])
+            again = d.post_json("/v1/jobs", job(2), headers={"Idempotency-Key": "k1"})
+            self.assertEqual(again.status, 200, again)
+            self.assertEqual(again.json()["id"], ids[1])
+            for i in ids:
+                d.request("POST", "/v1/jobs/%s/cancel" % i, b"")
+
+
 def main():
     global DAPOD
     ap = argparse.ArgumentParser()
