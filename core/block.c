@@ -2,9 +2,33 @@
  * RMSNorm -> SwiGLU MLP -> residual. */
 #include "block.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "pool.h"
+
+int thread_scratch_init(struct thread_scratch *t, size_t stride, struct dapo_err *e) {
+  t->stride = stride;
+  t->threads = 1;
+  t->buf = dapo_alloc_floats(stride);
+  return t->buf ? 0 : dapo_errf(e, DAPO_ENOMEM, "out of memory for attention scratch");
+}
+
+int thread_scratch_fit(struct thread_scratch *t, const struct pool *p, struct dapo_err *e) {
+  int n = pool_threads(p);
+  if (n <= t->threads) return 0;
+  float *nb = dapo_alloc_floats(t->stride * (size_t)n);
+  if (!nb) return dapo_errf(e, DAPO_ENOMEM, "out of memory for per-thread attention scratch");
+  free(t->buf);
+  t->buf = nb;
+  t->threads = n;
+  return 0;
+}
+
+void thread_scratch_deinit(struct thread_scratch *t) {
+  free(t->buf);
+  t->buf = NULL;
+}
 
 /* Attention of every (sequence, KV head) pair, spread over the pool: task t goes to thread
  * t mod n (interleaved, so that long and short sequences mix), each thread with its own

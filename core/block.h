@@ -4,8 +4,11 @@
 #ifndef DAPO_BLOCK_H
 #define DAPO_BLOCK_H
 
+#include "error.h"
 #include "kernels.h"
 #include "model.h"
+
+struct pool;
 
 /* One layer's activations over N packed rows. x_in, x_mid and x_out may all be the same buffer
  * (in-place residual stream, for inference). Shapes: x_* xn* [N,C], rstd* [N], q/att [N,CQ],
@@ -26,6 +29,19 @@ struct block_seqs {
   const int *slot;
   int cap_t;
 };
+
+/* Attention scratch, one slice of `stride` floats per thread of the pool the state runs on. */
+struct thread_scratch {
+  float *buf; /* owned: stride * threads floats */
+  size_t stride;
+  int threads;
+};
+
+/* One thread's worth; 0 or DAPO_ENOMEM. */
+int thread_scratch_init(struct thread_scratch *t, size_t stride, struct dapo_err *e);
+/* Grows to the pool's thread count (allocation only when it grows). */
+int thread_scratch_fit(struct thread_scratch *t, const struct pool *p, struct dapo_err *e);
+void thread_scratch_deinit(struct thread_scratch *t);
 
 /* scratch: one slice of scratch_stride floats per thread of the calling thread's pool (pool.h),
  * each at least max over sequences of t_new * (n_past + t_new) floats. */

@@ -16,15 +16,13 @@ struct gen_state {
   int cap_batch, cap_t, cap_rows;
   float *mem;
   struct rope_table rope;
-  float *cache_k, *cache_v; /* [L][cap_batch * cap_t][CKV] */
-  struct block_acts acts;   /* one set, x_in == x_mid == x_out */
-  float *sel, *logits;      /* [cap_rows, C], [cap_rows, V] */
-  float *scratch;           /* per thread cap_t * cap_t (own allocation) */
-  size_t scratch_stride;
-  int scratch_threads;
-  struct pool *pool; /* borrowed */
-  float *pick_p;     /* [V] */
-  int *ints;         /* pos, row0, t_new, n_past, slot: cap_rows each; idx[V]; misc */
+  float *cache_k, *cache_v;  /* [L][cap_batch * cap_t][CKV] */
+  struct block_acts acts;    /* one set, x_in == x_mid == x_out */
+  float *sel, *logits;       /* [cap_rows, C], [cap_rows, V] */
+  struct thread_scratch scr; /* attention scratch per pool thread */
+  struct pool *pool;         /* borrowed */
+  float *pick_p;             /* [V] */
+  int *ints;                 /* pos, row0, t_new, n_past, slot: cap_rows each; idx[V]; misc */
   int *pos, *row0, *t_new, *n_past, *slot, *pick_idx, *active, *src, *last_row;
 };
 
@@ -56,7 +54,7 @@ size_t gen_state_bytes(const struct model_config *c, int cap_batch, int cap_seq_
 void gen_state_free(struct gen_state *s) {
   if (!s) return;
   free(s->mem);
-  free(s->scratch);
+  thread_scratch_deinit(&s->scr);
   free(s->ints);
   rope_table_deinit(&s->rope);
   free(s);
@@ -109,9 +107,7 @@ struct gen_state *gen_state_new(const struct model *m, int cap_batch, int cap_se
   s->logits = TAKE(p.logits);
   s->pick_p = TAKE(p.pick);
 #undef TAKE
-  s->scratch_stride = p.scratch;
-  s->scratch_threads = 1;
-  if (!(s->scratch = dapo_alloc_floats(p.scratch))) goto oom;
+  if (thread_scratch_init(&s->scr, p.scratch, NULL)) goto oom;
   int *ip = s->ints;
   s->pos = ip;
   s->row0 = ip + rows;
@@ -131,16 +127,9 @@ oom:
 }
 
 int gen_state_set_pool(struct gen_state *s, struct pool *p, struct dapo_err *e) {
-  int n = pool_threads(p);
-  if (n > s->scratch_threads) {
-    float *ns = dapo_alloc_floats(s->scratch_stride * (size_t)n);
-    if (!ns) return dapo_errf(e, DAPO_ENOMEM, "out of memory for per-thread attention scratch");
-    free(s->scratch);
-    s->scratch = ns;
-    s->scratch_threads = n;
-  }
-  s->pool = p;
-  return 0;
+  int rc = thread_scratch_fit(&s->scr, p, e);
+  if (!rc) s->pool = p;
+  return rc;
 }
 
 /* Descending probability, ties by ascending index: a total order, so sorting is deterministic.
@@ -241,7 +230,7 @@ static void run_rows(struct gen_state *s, const struct model *m, int n_seq, int 
                             .cache_v = s->cache_v + l * layer_cache,
                             .slot = s->slot,
                             .cap_t = s->cap_t};
-    block_forward(c, &m->w.layers[l], &s->acts, &bs, N, &s->rope, s->scratch, s->scratch_stride);
+    block_forward(c, &m->w.layers[l], &s->acts, &bs, N, &s->rope, s->scr.buf, s->scr.stride);
   }
   for (int i = 0; i < n_out; i++)
     memcpy(s->sel + (size_t)i * C, s->acts.x_out + (size_t)s->last_row[i] * C, sizeof(float) * C);

@@ -29,10 +29,8 @@ struct train_state {
   float *probs;                      /* [R,V] */
   /* backward scratch */
   float *dres, *dxn, *dq, *dk, *dv, *datt, *dff_a, *dff_b, *dsel, *dsel_in;
-  float *scratch;        /* per thread: 2 * T * T floats (own allocation) */
-  size_t scratch_stride; /* floats per thread */
-  int scratch_threads;
-  struct pool *pool; /* borrowed */
+  struct thread_scratch scr; /* attention scratch per pool thread */
+  struct pool *pool;         /* borrowed */
 
   /* the batch of the last forward */
   int have_fwd, N, R, n_seq;
@@ -71,7 +69,7 @@ size_t train_state_bytes(const struct model_config *c, int cap_tokens, int cap_r
 void train_state_free(struct train_state *s) {
   if (!s) return;
   free(s->mem);
-  free(s->scratch);
+  thread_scratch_deinit(&s->scr);
   free(s->acts);
   free(s->pos);
   rope_table_deinit(&s->rope);
@@ -148,10 +146,7 @@ struct train_state *train_state_new(const struct model *m, int cap_tokens, int c
   s->dsel = TAKE(R * C);
   s->dsel_in = TAKE(R * C);
 #undef TAKE
-  s->scratch_stride = p.scratch;
-  s->scratch_threads = 1;
-  s->scratch = dapo_alloc_floats(p.scratch);
-  if (!s->scratch) goto oom;
+  if (thread_scratch_init(&s->scr, p.scratch, NULL)) goto oom;
   s->mem_floats = p.total;
   return s;
 oom:
@@ -162,16 +157,9 @@ oom:
 }
 
 int train_state_set_pool(struct train_state *s, struct pool *p, struct dapo_err *e) {
-  int n = pool_threads(p);
-  if (n > s->scratch_threads) {
-    float *ns = dapo_alloc_floats(s->scratch_stride * (size_t)n);
-    if (!ns) return dapo_errf(e, DAPO_ENOMEM, "out of memory for per-thread attention scratch");
-    free(s->scratch);
-    s->scratch = ns;
-    s->scratch_threads = n;
-  }
-  s->pool = p;
-  return 0;
+  int rc = thread_scratch_fit(&s->scr, p, e);
+  if (!rc) s->pool = p;
+  return rc;
 }
 
 int fwd_batch_resp_tokens(const struct fwd_batch *b) {
@@ -241,7 +229,7 @@ int train_forward(struct train_state *s, const struct model *m, const struct fwd
   struct block_seqs bs = {
       .n_seq = b->n_seq, .row0 = s->row0, .t_new = s->t_new, .n_past = s->n_past, .pos = s->pos};
   for (int l = 0; l < c->num_layers; l++)
-    block_forward(c, &m->w.layers[l], &s->acts[l], &bs, N, &s->rope, s->scratch, s->scratch_stride);
+    block_forward(c, &m->w.layers[l], &s->acts[l], &bs, N, &s->rope, s->scr.buf, s->scr.stride);
 
   /* final norm and LM head only on the rows that predict response tokens */
   const float *last = s->acts[c->num_layers - 1].x_out;
@@ -275,7 +263,7 @@ static void attn_bwd_thread(void *ctx, int ti, int nt) {
   const struct attn_bwd_args *x = ctx;
   struct train_state *s = x->s;
   const struct block_acts *a = x->a;
-  float *scr = s->scratch + (size_t)ti * s->scratch_stride;
+  float *scr = s->scr.buf + (size_t)ti * s->scr.stride;
   int CQ = x->CQ, CKV = x->CKV, NH = x->NH;
   for (int task = ti; task < s->n_seq * x->NKV; task += nt) {
     int i = task / x->NKV, kv = task % x->NKV;
