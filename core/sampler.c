@@ -24,6 +24,7 @@ struct gen_state {
   float *pick_p;             /* [V] */
   int *ints;                 /* pos, row0, t_new, n_past, slot: cap_rows each; idx[V]; misc */
   int *pos, *row0, *t_new, *n_past, *slot, *pick_idx, *active, *src, *last_row;
+  int *iota; /* 0, 1, 2, ...: the row offsets of a decoding slice */
 };
 
 struct glayout {
@@ -42,7 +43,7 @@ static void gplan(const struct model_config *c, int B, int T, struct glayout *p)
   p->scratch = (size_t)T * T;
   p->pick = V;
   p->total = p->cache + p->acts + p->sel + p->logits + p->pick;
-  p->ints = rows * 5 + V + 3 * (size_t)B + rows;
+  p->ints = rows * 5 + V + 3 * (size_t)B + rows + rows;
 }
 
 size_t gen_state_bytes(const struct model_config *c, int cap_batch, int cap_seq_len) {
@@ -118,6 +119,8 @@ struct gen_state *gen_state_new(const struct model *m, int cap_batch, int cap_se
   s->active = s->pick_idx + c->vocab_size;
   s->src = s->active + cap_batch;
   s->last_row = s->src + cap_batch;
+  s->iota = s->last_row + rows;
+  for (size_t i = 0; i < rows; i++) s->iota[i] = (int)i;
   return s;
 oom:
   gen_state_free(s);
@@ -238,6 +241,63 @@ static void run_rows(struct gen_state *s, const struct model *m, int n_seq, int 
   matmul_forward(s->logits, s->sel, m->w.lm_head, NULL, n_out, C, c->vocab_size, 0.0f);
 }
 
+/* One decoding step of rows [lo, hi) on the calling thread alone: decoding rows are independent
+ * sequences, so each pool thread runs its slice through every layer with serial kernels, one
+ * pool_run per step instead of one per kernel (whose wake-ups would cost more than the work). */
+struct decode_args {
+  struct gen_state *s;
+  const struct model *m;
+  int n_act;
+};
+
+static void decode_slice(void *ctx, int ti, int nt) {
+  const struct decode_args *x = ctx;
+  struct gen_state *s = x->s;
+  const struct model *m = x->m;
+  const struct model_config *c = &m->cfg;
+  int lo, hi;
+  pool_split(x->n_act, ti, nt, &lo, &hi);
+  if (lo >= hi) return;
+  struct pool *saved = pool_current();
+  pool_set_current(NULL);
+  size_t C = c->hidden_size, CQ = (size_t)c->num_heads * c->head_dim,
+         CKV = (size_t)c->num_kv_heads * c->head_dim, FF = c->intermediate_size, V = c->vocab_size,
+         L0 = (size_t)lo;
+  const struct block_acts *a = &s->acts;
+  struct block_acts v = {.x_in = a->x_in + L0 * C,
+                         .xn1 = a->xn1 + L0 * C,
+                         .rstd1 = a->rstd1 + L0,
+                         .q = a->q + L0 * CQ,
+                         .k = a->k + L0 * CKV,
+                         .v = a->v + L0 * CKV,
+                         .att = a->att + L0 * CQ,
+                         .lse = NULL,
+                         .xn2 = a->xn2 + L0 * C,
+                         .rstd2 = a->rstd2 + L0,
+                         .g = a->g + L0 * FF,
+                         .u = a->u + L0 * FF,
+                         .h = a->h + L0 * FF};
+  v.x_mid = v.x_out = v.x_in;
+  int n = hi - lo;
+  size_t layer_cache = (size_t)s->cap_batch * s->cap_t * CKV;
+  for (int l = 0; l < c->num_layers; l++) {
+    struct block_seqs bs = {.n_seq = n,
+                            .row0 = s->iota,
+                            .t_new = s->t_new + lo,
+                            .n_past = s->n_past + lo,
+                            .pos = s->pos + lo,
+                            .cache_k = s->cache_k + l * layer_cache,
+                            .cache_v = s->cache_v + l * layer_cache,
+                            .slot = s->slot + lo,
+                            .cap_t = s->cap_t};
+    block_forward(c, &m->w.layers[l], &v, &bs, n, &s->rope, s->scr.buf + (size_t)ti * s->scr.stride,
+                  s->scr.stride);
+  }
+  rmsnorm_forward(s->sel + L0 * C, v.rstd2, v.x_out, m->w.final_norm, n, (int)C, c->rms_norm_eps);
+  matmul_forward(s->logits + L0 * V, s->sel + L0 * C, m->w.lm_head, NULL, n, (int)C, (int)V, 0.0f);
+  pool_set_current(saved);
+}
+
 static void embed(struct gen_state *s, const struct model *m, int row, int tok) {
   int C = m->cfg.hidden_size;
   memcpy(s->acts.x_in + (size_t)row * C, m->w.tok_emb + (size_t)tok * C, sizeof(float) * C);
@@ -340,7 +400,15 @@ static int gen_run_impl(struct gen_state *s, const struct model *m, int n,
       n_act++;
     }
     if (n_act == 0) break;
-    run_rows(s, m, n_act, n_act, n_act);
+    struct decode_args da = {s, m, n_act};
+    if (s->pool && pool_threads(s->pool) > 1 && n_act > 1) {
+      pool_run(s->pool, decode_slice, &da);
+    } else { /* one sequence: per-kernel wake-ups cost more than they save */
+      struct pool *saved = pool_current();
+      pool_set_current(NULL);
+      run_rows(s, m, n_act, n_act, n_act);
+      pool_set_current(saved);
+    }
     for (int k = 0; k < n_act; k++) {
       int q = s->active[k], len = out->len[q];
       float lp;
