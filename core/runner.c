@@ -372,10 +372,9 @@ static int load_dataset(struct trainer *t, const char *path, const char *which,
   return 0;
 }
 
-/* Newest complete checkpoint step under out/checkpoints, or -1. */
-static int64_t latest_checkpoint(const char *out) {
+int64_t runner_latest_checkpoint(const char *out) {
   char dir[PATH_MAX];
-  snprintf(dir, sizeof dir, "%s/checkpoints", out);
+  if ((size_t)snprintf(dir, sizeof dir, "%s/checkpoints", out) >= sizeof dir) return -1;
   DIR *d = opendir(dir);
   if (!d) return -1;
   int64_t best = -1;
@@ -409,7 +408,7 @@ static int setup(struct trainer *t) {
   if (mkdir_p(sub))
     return failf(t, "io_error", "system", NULL, "cannot create %s: %s", sub, strerror(errno));
 
-  int64_t from = latest_checkpoint(t->out);
+  int64_t from = runner_latest_checkpoint(t->out);
   t->res->resumed_from = from;
   json_t *state = NULL;
   if (from >= 0) {

@@ -76,6 +76,10 @@ struct runner_result {
   char message[512];
 };
 
+/* The newest complete checkpoint (a step-N folder with trainer_state.json) under
+ * out_dir/checkpoints, the one runner_run resumes from; -1 when there is none. */
+int64_t runner_latest_checkpoint(const char *out_dir);
+
 /* Runs (or resumes) the job into out_dir. Returns 0 when res->status says what happened
  * (including a failed job, described in res), or a negative code only for invalid arguments. */
 int runner_run(const struct job_spec *spec, const char *out_dir, const struct runner_hooks *h,

@@ -91,28 +91,6 @@ void workers_judge_policy(const struct server *srv, struct judge_policy *pol) {
   pol->loopback_only = loop;
 }
 
-/* The newest complete checkpoint (a step-N folder with trainer_state.json) under out_dir, -1
- * when there is none: the one the runner resumes from. */
-static int64_t newest_checkpoint(const char *out_dir) {
-  char dir[PATH_MAX];
-  if ((size_t)snprintf(dir, sizeof dir, "%s/checkpoints", out_dir) >= sizeof dir) return -1;
-  DIR *d = opendir(dir);
-  if (!d) return -1;
-  int64_t best = -1;
-  struct dirent *de;
-  while ((de = readdir(d))) {
-    int64_t s;
-    if (strncmp(de->d_name, "step-", 5) || parse_i64(de->d_name + 5, 0, INT64_MAX, &s, "", NULL))
-      continue;
-    char p[PATH_MAX + 320];
-    struct stat st;
-    snprintf(p, sizeof p, "%s/%s/trainer_state.json", dir, de->d_name);
-    if (s > best && stat(p, &st) == 0) best = s;
-  }
-  closedir(d);
-  return best;
-}
-
 static void add_err(json_t *errors, const char *field, const char *msg) {
   json_t *x = json_object();
   if (!x) return;
@@ -483,7 +461,7 @@ static void on_phase(void *ctx, const char *phase) {
  * of it again. A previous process may have died after writing it but before its checkpoint or
  * its step's metrics event was stored; those are recorded now from the folder. */
 static int fill_gaps(struct jobrun *jr) {
-  int64_t n = newest_checkpoint(jr->out);
+  int64_t n = runner_latest_checkpoint(jr->out);
   if (n < 0 || (steps_has(&jr->ckpt, n) && (n == 0 || steps_has(&jr->train, n)))) return 0;
   char dir[PATH_MAX + 64], p[PATH_MAX + 96];
   snprintf(dir, sizeof dir, "%s/checkpoints/step-%" PRId64, jr->out, n);
@@ -814,7 +792,7 @@ int workers_recover(struct server *srv, struct dapo_err *e) {
   for (size_t i = 0; i < l.n; i++) {
     const struct store_job *j = &l.v[i];
     char out[PATH_MAX];
-    int64_t ck = workers_job_dir(srv, j->id, out, sizeof out) ? -1 : newest_checkpoint(out);
+    int64_t ck = workers_job_dir(srv, j->id, out, sizeof out) ? -1 : runner_latest_checkpoint(out);
     char from[96];
     if (ck >= 0)
       snprintf(from, sizeof from, "its newest complete checkpoint (step %" PRId64 ")", ck);
