@@ -8,7 +8,7 @@ PKGS=(build-essential cmake pkg-config git
       libopenblas-dev libjansson-dev libmicrohttpd-dev libcurl4-openssl-dev libpcre2-dev
       uuid-dev libsqlite3-dev
       python3 python3-torch python3-numpy
-      clang-format)
+      clang-format curl openssl)
 
 missing=()
 for p in "${PKGS[@]}"; do
