@@ -60,6 +60,10 @@ static const struct api_route ROUTES[] = {
      api_checkpoints_file},
     {"GET", "/v1/jobs/{id}/rollouts", API_BODY_NONE, NULL, NULL, api_rollouts_get},
     {"POST", "/v1/completions", API_BODY_JSON, NULL, NULL, api_completions_create},
+    {"GET", "/", API_BODY_NONE, NULL, NULL, api_static_root},
+    {"GET", "/ui", API_BODY_NONE, NULL, NULL, api_static_root},
+    {"GET", "/ui/", API_BODY_NONE, NULL, NULL, api_static_file},
+    {"GET", "/ui/{file}", API_BODY_NONE, NULL, NULL, api_static_file},
 };
 #define NROUTES ((int)(sizeof ROUTES / sizeof ROUTES[0]))
 
@@ -123,28 +127,42 @@ const char *api_auth(struct api_req *r) {
    * admin. With keys, "Authorization: Bearer <key>" is hashed and compared, in constant time,
    * with every configured SHA-256; the owner is the key's name, or NULL (everything) for an
    * admin key. Liveness and readiness stay open for probes. */
-  const struct config_api_keys *ks = &r->srv->cfg.api_keys;
-  if (ks->n == 0 || !strcmp(r->path, "/healthz") || !strcmp(r->path, "/readyz")) return NULL;
+  /* The key set is read under the server's keys_lock (SIGHUP replaces it whole): the name is
+   * copied out before the lock is released. */
+  if (!strcmp(r->path, "/healthz") || !strcmp(r->path, "/readyz")) return NULL;
+  /* The dashboard's static files (api/static.c) hold no data: browsers load them without a key,
+   * and the page sends the key the user enters with its API calls. */
+  if (!strcmp(r->path, "/") || !strcmp(r->path, "/ui") || !strncmp(r->path, "/ui/", 4))
+    return NULL;
   const char *h = api_header(r, MHD_HTTP_HEADER_AUTHORIZATION);
-  int found = -1;
+  char hex[65] = "";
   if (h && !strncasecmp(h, "Bearer ", 7)) {
     const char *key = h + 7;
     while (*key == ' ') key++;
     struct sha256_ctx c;
-    char hex[65];
     sha256_begin(&c);
     sha256_feed(&c, key, strlen(key));
     sha256_end_hex(&c, hex);
+  }
+  pthread_rwlock_rdlock(&r->srv->keys_lock);
+  const struct config_api_keys *ks = &r->srv->cfg.api_keys;
+  int found = -1, admin = 0, none = ks->n == 0;
+  if (hex[0])
     for (int i = 0; i < ks->n; i++) /* no early exit: the time does not tell which key */
       if (equal_ct(hex, ks->v[i].sha256, 64) && found < 0) found = i;
+  if (found >= 0) {
+    snprintf(r->owner_buf, sizeof r->owner_buf, "%s", ks->v[found].name);
+    admin = ks->v[found].admin;
   }
+  pthread_rwlock_unlock(&r->srv->keys_lock);
+  if (none) return NULL;
   if (found < 0) {
     api_reply_error(r, API_ERR_UNAUTHORIZED,
                     h ? "unknown API key" : "missing Authorization: Bearer <key> header", NULL);
     api_reply_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     return NULL;
   }
-  return ks->v[found].admin ? NULL : ks->v[found].name;
+  return admin ? NULL : r->owner_buf;
 }
 
 const char *api_query(struct api_req *r, const char *name) {

@@ -47,6 +47,7 @@ struct api_req {
   const char *params[API_MAX_PARAMS]; /* path parameters in pattern order: {id} -> params[0] */
   int n_params;
   const char *owner;        /* whose resources: NULL = admin / no auth (see api_auth) */
+  char owner_buf[65];       /* the key's name that owner points to (a copy: keys reload) */
   const char *content_type; /* the request's Content-Type or NULL (libmicrohttpd's) */
   int64_t content_length;   /* -1 when not given (chunked or no body) */
   uint64_t body_bytes;      /* body bytes received so far */
@@ -93,8 +94,9 @@ int api_http_port(const struct api_http *h);
 
 /* ---- what handlers use ---- */
 
-/* The owner whose resources a request may see: NULL means all (admin). Until API keys are
- * implemented every request is admin; the hook is here so that handlers already pass it on. */
+/* The owner whose resources a request may see: NULL means all (admin, or no keys configured).
+ * With keys, a missing or unknown Bearer key gets a 401 reply (and NULL). The returned name is
+ * a copy in r->owner_buf, so a key set replaced by SIGHUP meanwhile does not matter. */
 const char *api_auth(struct api_req *r);
 
 /* A query argument (decoded; borrowed, lives as long as the request) or NULL. */

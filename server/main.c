@@ -1,8 +1,8 @@
 /* dapod: entry point. `dapod` / `dapod serve` runs the daemon in visible phases (config
- * defaults, file, flags, validation; storage, recovery, workers, HTTP; wait for SIGINT/SIGTERM;
- * stop in order: jobs pause at a safe point, streams end, HTTP, workers, storage); the
- * other subcommands work offline over libdapo: train one job, list presets, save a preset as a
- * checkpoint folder, sample text. */
+ * defaults, file, flags, validation; storage, recovery, workers, HTTP; wait for SIGINT/SIGTERM,
+ * SIGHUP reloading the API keys; stop in order: jobs pause at a safe point, streams end, HTTP,
+ * workers, storage); the other subcommands work offline over libdapo: train one job, list
+ * presets, save a preset as a checkpoint folder, sample text. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stddef.h>
@@ -357,6 +357,65 @@ static void on_stop_signal(int sig) {
   errno = saved;
 }
 
+/* SIGHUP: the handler writes 'h' to the same pipe; main re-reads the configuration. */
+static void on_hup_signal(int sig) {
+  int saved = errno;
+  (void)sig;
+  ssize_t k = write(g_stop_pipe[1], "h", 1);
+  (void)k;
+  errno = saved;
+}
+
+/* SIGHUP: parses the serve arguments again (so the config file is re-read and flags still win)
+ * and, when the result passes config_finish for the running listen address, swaps in its
+ * api_keys atomically (server_set_api_keys). Only api_keys change at run time; other keys that
+ * differ are named in a warning and wait for a restart. An invalid file, or one that would turn
+ * authentication off (keys -> none), keeps the keys in use. Runs on the main thread, the only
+ * writer of srv->cfg, which therefore reads srv->cfg without the lock. */
+static void reload_config(struct server *srv, int argc, char **argv) {
+  struct config fresh;
+  struct dapo_err e = {0};
+  enum config_action act;
+  if (config_init(&fresh)) {
+    LOG(ERROR, "SIGHUP: out of memory; the API keys in use stay");
+    return;
+  }
+  int rc = config_parse_args(&fresh, argc, argv, &act, &e);
+  if (!rc) {
+    fresh.listen = srv->cfg.listen; /* the address actually served decides the loopback rule */
+    rc = config_finish(&fresh, 0, &e);
+  }
+  if (!rc && srv->cfg.api_keys.n && !fresh.api_keys.n)
+    rc = dapo_errf(&e, DAPO_EINVAL,
+                   "api_keys: the new configuration has none; turning authentication off "
+                   "needs a restart");
+  if (rc) {
+    LOG(ERROR, "SIGHUP: configuration not reloaded, the %d API keys in use stay: %s",
+        srv->cfg.api_keys.n, e.msg);
+    config_deinit(&fresh);
+    return;
+  }
+  char ignored[512] = "";
+  json_t *was = config_to_json(&srv->cfg), *now = config_to_json(&fresh);
+  const char *k;
+  json_t *v;
+  json_object_foreach(was, k, v) {
+    if (!strcmp(k, "api_keys") || json_equal(v, json_object_get(now, k))) continue;
+    size_t n = strlen(ignored);
+    snprintf(ignored + n, sizeof ignored - n, "%s%s", n ? ", " : "", k);
+  }
+  json_decref(was);
+  json_decref(now);
+  int admins = 0;
+  for (int i = 0; i < fresh.api_keys.n; i++) admins += fresh.api_keys.v[i].admin != 0;
+  int n_new = fresh.api_keys.n;
+  server_set_api_keys(srv, &fresh.api_keys); /* fresh now holds the old keys */
+  LOG(INFO, "SIGHUP: API keys reloaded: %d key%s (%d admin), %d before", n_new,
+      n_new == 1 ? "" : "s", admins, fresh.api_keys.n);
+  if (ignored[0]) LOG(WARN, "SIGHUP: changed settings that need a restart (ignored): %s", ignored);
+  config_deinit(&fresh);
+}
+
 static void serve_help(FILE *f) {
   usage(f);
   fprintf(f, "\n");
@@ -418,6 +477,8 @@ static int cmd_serve(int argc, char **argv) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
+  sa.sa_handler = on_hup_signal;
+  sigaction(SIGHUP, &sa, NULL);
   ign.sa_handler = SIG_IGN;
   sigaction(SIGPIPE, &ign, NULL);
 
@@ -442,9 +503,16 @@ static int cmd_serve(int argc, char **argv) {
       srv.cfg.models_dir, srv.cfg.http_threads, srv.cfg.workers);
   notify_systemd("READY=1");
 
-  /* Phase 3: wait for a signal, then stop in order. */
-  char byte;
-  while (read(g_stop_pipe[0], &byte, 1) < 0 && errno == EINTR) {
+  /* Phase 3: wait for a signal (SIGHUP reloads the API keys), then stop in order. */
+  for (;;) {
+    char byte;
+    ssize_t k = read(g_stop_pipe[0], &byte, 1);
+    if (k < 0 && errno == EINTR) continue;
+    if (k == 1 && byte == 'h') {
+      reload_config(&srv, argc, argv);
+      continue;
+    }
+    break;
   }
   LOG(INFO, "%s: stopping", g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM");
   notify_systemd("STOPPING=1");

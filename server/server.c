@@ -23,6 +23,19 @@ void server_init(struct server *s, struct config *cfg) {
   memset(s, 0, sizeof *s);
   s->cfg = *cfg;
   memset(cfg, 0, sizeof *cfg);
+  pthread_rwlockattr_t a;
+  pthread_rwlockattr_init(&a);
+  pthread_rwlockattr_setkind_np(&a, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+  pthread_rwlock_init(&s->keys_lock, &a);
+  pthread_rwlockattr_destroy(&a);
+}
+
+void server_set_api_keys(struct server *s, struct config_api_keys *keys) {
+  pthread_rwlock_wrlock(&s->keys_lock);
+  struct config_api_keys old = s->cfg.api_keys;
+  s->cfg.api_keys = *keys;
+  pthread_rwlock_unlock(&s->keys_lock);
+  *keys = old;
 }
 
 /* Removes "<id>.jsonl.tmp" files a previous process left behind (uploads cut short by a crash):

@@ -4,6 +4,7 @@
 #ifndef DAPOD_SERVER_H
 #define DAPOD_SERVER_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <time.h>
@@ -58,11 +59,20 @@ struct server {
   struct workers *workers;         /* job threads, each with its compute pool (workers.h); owned */
   struct bus *bus;                 /* wake-ups for event readers after an event is stored; owned */
   char *jobs_dir;                  /* data_dir/jobs: one output folder per job (owned) */
+  /* Guards cfg.api_keys, the one setting that changes at run time (SIGHUP): readers are the
+   * HTTP threads (api_auth), the writer server_set_api_keys. Writer-preferring, so that a
+   * reload is not starved by a steady stream of requests. */
+  pthread_rwlock_t keys_lock;
 };
 
 /* Initialises s around cfg, which is moved in (the caller's struct is zeroed and must not be
  * deinitialised again): s then owns it. cfg must have passed config_finish. */
 void server_init(struct server *s, struct config *cfg);
+
+/* Replaces cfg.api_keys with *keys (moved in: *keys receives the old set, which the caller
+ * frees) atomically: a request is checked against the old set or the new one, never a mix.
+ * Thread-safe. */
+void server_set_api_keys(struct server *s, struct config_api_keys *keys);
 
 /* Opens the storage under cfg.data_dir (creating data_dir, data_dir/files and data_dir/jobs),
  * recovers the jobs a previous process left live (workers_recover), starts the bus, the workers
