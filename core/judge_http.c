@@ -1025,3 +1025,33 @@ out:
   curl_multi_cleanup(m);
   return rc;
 }
+
+/* ---- The reply parser on its own (fuzzing, tests) ---- */
+
+int judge_http_parse_reply(const char *body, size_t len, int openrlhf, const char *const *ids,
+                           int n, double *rewards, char *what, size_t cap) {
+  if (n < 1 || !ids) return DAPO_EINVAL;
+  struct judge_http h = {.format = openrlhf ? FMT_OPENRLHF : FMT_DAPOD};
+  struct run r = {.h = &h, .ids = ids};
+  struct req q = {.n = n, .reply = (char *)body, .reply_n = body ? len : 0};
+  int rc = 0;
+  q.idx = malloc((size_t)n * sizeof *q.idx);
+  if (!q.idx) return DAPO_ENOMEM;
+  for (int i = 0; i < n; i++) q.idx[i] = i;
+  if (index_request(&r, &q)) {
+    rc = DAPO_ENOMEM;
+    goto out;
+  }
+  int n_range;
+  enum reply_outcome o = parse_reply(&r, &q, &n_range);
+  for (int i = 0; rewards && i < n; i++) rewards[i] = q.v[i].seen ? q.v[i].reward : 0.0;
+  if (what && cap) snprintf(what, cap, "%s%s", o == RO_OK ? "" : q.what, o == RO_OK ? "" : q.tail);
+  rc = o == RO_OK ? 0 : o == RO_PARSE ? 1 : o == RO_MISSING ? 2 : 3;
+out:
+  if (q.v) clear_verdicts(&q);
+  free(q.v);
+  free(q.sorted_ids);
+  free(q.sorted_pos);
+  free(q.idx);
+  return rc;
+}

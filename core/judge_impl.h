@@ -19,6 +19,16 @@ int judge_http_run(const struct judge_http *h, const char *job_id, int64_t step,
                    struct judge_result *res, struct judge_stats *st, const volatile int *cancel,
                    struct dapo_err *e);
 
+/* The http judge's reply parser on its own, for the fuzz target and tests: parses body[0..len) as
+ * the reply to one request for the n >= 1 items with the unique ids ids[0..n), in the "dapod"
+ * (openrlhf 0) or "openrlhf" (1) format, exactly as judge_http_run judges an attempt. Returns 0
+ * when every item has a reward in range, 1 for a malformed reply, 2 when ids are unanswered, 3
+ * when a reward is out of range, DAPO_EINVAL or DAPO_ENOMEM. rewards (may be NULL; n entries)
+ * receives what was read (0 for unanswered items); what (may be NULL; cap bytes) the message the
+ * run would report ("" on success). Thread-safe. */
+int judge_http_parse_reply(const char *body, size_t len, int openrlhf, const char *const *ids,
+                           int n, double *rewards, char *what, size_t cap);
+
 /* Length of the valid UTF-8 sequence at p (at most avail bytes), 0 when it is not one (overlong
  * forms, surrogates and code points above U+10FFFF are not). */
 size_t judge_utf8_len(const unsigned char *p, size_t avail);
