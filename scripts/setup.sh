@@ -5,10 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS=(build-essential cmake pkg-config git
-      libopenblas-dev libjansson-dev libmicrohttpd-dev libcurl4-openssl-dev libpcre2-dev
+      libopenblas-dev libjansson-dev libmicrohttpd-dev libcurl4-openssl-dev libpcre2-dev libutf8proc-dev
       uuid-dev libsqlite3-dev
       python3 python3-torch python3-numpy
-      clang-format curl openssl)
+      clang-format curl openssl
+      clang libclang-rt-14-dev wrk)
 
 missing=()
 for p in "${PKGS[@]}"; do

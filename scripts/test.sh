@@ -17,3 +17,8 @@ echo "== tests under ASan + UBSan"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 (cd build-asan && ctest --output-on-failure --timeout 1800 -j"$jobs" -LE 'format')
+
+echo "== fuzzing (libFuzzer, clang; ~30 s per target)"
+# scripts/fuzz.sh builds tests/fuzz's targets in build-fuzz (clang, -DDAPO_FUZZ=ON) and runs each
+# from its seed corpus; any crash fails the stage (longer runs: scripts/fuzz.sh SECONDS).
+BUILD_DIR=build-fuzz bash scripts/fuzz.sh 30
