@@ -12,6 +12,7 @@
 #include "http.h"
 #include "judge.h"
 #include "server.h"
+#include "workers.h"
 
 #define JUDGE_TEST_MAX_ITEMS 256
 
@@ -126,11 +127,8 @@ int api_judges_test(struct api_req *r) {
   if (n) read_items(items, it, errors);
   struct judge *j = NULL;
   if (json_is_object(spec)) {
-    const struct config_list *hosts = &r->srv->cfg.judge_allowed_hosts;
-    int loop = 1;
-    for (int i = 0; i < hosts->n; i++)
-      if (!config_is_loopback(hosts->v[i])) loop = 0;
-    struct judge_policy pol = {(const char *const *)hosts->v, hosts->n, loop};
+    struct judge_policy pol;
+    workers_judge_policy(r->srv, &pol);
     struct dapo_err e = {0};
     if (!(j = judge_new(spec, &pol, &e))) add_judge_err(errors, e.msg);
   }

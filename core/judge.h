@@ -65,8 +65,17 @@ struct judge_policy {
                                        NULL or n_allowed 0: the loopback set "127.0.0.1",
                                        "localhost", "::1" */
   int n_allowed;
-  int loopback_only; /* refuse to connect unless the resolved address is loopback (127/8, ::1,
-                        ::ffff:127/104); always on with the default loopback set */
+  /* Every address curl is about to connect to is checked (at connect time, so a name that is
+   * rebound after validation is caught): a public address is fine; unspecified, multicast and
+   * reserved ones never are; loopback, link-local and private ones only when the address is
+   * written literally in allowed_hosts (or the URL's host is that literal, or "localhost" for a
+   * loopback address), and private ones (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7) also
+   * for any allowed name when allow_private is set. See docs/RELIABILITY.md. */
+  int allow_private;
+  /* Tests only: "HOST:PORT:ADDRESS" entries handed to CURLOPT_RESOLVE, so that a name resolves
+   * without DNS or /etc/hosts. NULL in the daemon. */
+  const char *const *resolve;
+  int n_resolve;
 };
 
 struct judge;

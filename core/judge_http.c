@@ -1,8 +1,8 @@
 /* The http judge (API.md "Judges"): packs items into requests of at most max_batch without ever
  * splitting a group, keeps `concurrency` requests in flight on one curl multi handle, retries
  * timeouts, connection errors, 429/5xx and malformed replies with exponential backoff, validates
- * every reply, and refuses hosts outside the allowlist (and, loopback-only, any non-loopback
- * address the name resolves to: checked in CURLOPT_OPENSOCKETFUNCTION before each connect). */
+ * every reply, and refuses hosts outside the allowlist and, in CURLOPT_OPENSOCKETFUNCTION before
+ * each connect, addresses in special ranges that the policy does not allow (core/netaddr.h). */
 #include <arpa/inet.h>
 #include <curl/curl.h>
 #include <math.h>
@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "judge_impl.h"
+#include "netaddr.h"
 
 #define HTTP_MAX_REPLY ((size_t)64 << 20) /* bigger replies are parse errors */
 #define HTTP_QUOTE_BYTES 200              /* of a reply body, in error messages */
@@ -32,8 +33,14 @@ struct judge_http {
   char *url; /* as re-serialised by curl's URL parser: what was checked is what is requested */
   int timeout_ms, max_batch, concurrency, max_retries;
   enum wire_format format;
-  int loopback_only;
   struct curl_slist *headers; /* read-only once built: shared by every transfer */
+  /* The connect-time address check (judge_policy): */
+  char *host;         /* the URL's host as curl parsed it, without brackets */
+  int host_localhost; /* host is "localhost": only loopback addresses */
+  char **literals;    /* owned: the allowlist's entries that are IP addresses */
+  int n_literals;
+  int allow_private;
+  struct curl_slist *resolve; /* tests: CURLOPT_RESOLVE entries (judge_policy.resolve) */
 };
 
 /* ---- libcurl's global state ---- */
@@ -146,16 +153,35 @@ static int host_matches(const char *host, const char *allowed) {
   return hl == al && !strncasecmp(host, allowed, hl);
 }
 
+/* 1 when s is an IPv4 or IPv6 address (brackets allowed). */
+static int is_ip_literal(const char *s) {
+  char t[INET6_ADDRSTRLEN + 2];
+  unsigned char buf[sizeof(struct in6_addr)];
+  size_t n = strlen(s);
+  if (n >= 2 && s[0] == '[' && s[n - 1] == ']') s++, n -= 2;
+  if (n >= sizeof t) return 0;
+  memcpy(t, s, n);
+  t[n] = '\0';
+  return inet_pton(AF_INET, t, buf) == 1 || inet_pton(AF_INET6, t, buf) == 1;
+}
+
 static int check_url(struct judge_http *h, const char *url, const struct judge_policy *pol,
                      struct dapo_err *e) {
   static const char *const loopback[] = {"127.0.0.1", "localhost", "::1"};
   const char *const *allowed = loopback;
   int n_allowed = 3;
-  h->loopback_only = 1;
   if (pol && pol->allowed_hosts && pol->n_allowed > 0) {
     allowed = pol->allowed_hosts;
     n_allowed = pol->n_allowed;
-    h->loopback_only = pol->loopback_only != 0;
+  }
+  h->allow_private = pol && pol->allow_private;
+  if (!(h->literals = calloc((size_t)n_allowed, sizeof *h->literals)))
+    return dapo_errf(e, DAPO_ENOMEM, "judge.url: out of memory");
+  for (int i = 0; i < n_allowed; i++) {
+    if (!allowed[i] || !is_ip_literal(allowed[i])) continue;
+    if (!(h->literals[h->n_literals] = strdup(allowed[i])))
+      return dapo_errf(e, DAPO_ENOMEM, "judge.url: out of memory");
+    h->n_literals++;
   }
   int rc = 0;
   char *scheme = NULL, *host = NULL, *full = NULL;
@@ -185,6 +211,16 @@ static int check_url(struct judge_http *h, const char *url, const struct judge_p
                    "configuration; default: 127.0.0.1, localhost, ::1)",
                    host);
     goto out;
+  }
+  {
+    size_t hl = strlen(host);
+    const char *hs = host;
+    if (hl >= 2 && hs[0] == '[' && hs[hl - 1] == ']') hs++, hl -= 2;
+    if (!(h->host = strndup(hs, hl))) {
+      rc = dapo_errf(e, DAPO_ENOMEM, "judge.url: out of memory");
+      goto out;
+    }
+    h->host_localhost = !strcasecmp(h->host, "localhost");
   }
   if (curl_url_get(u, CURLUPART_URL, &full, 0)) {
     rc = dapo_errf(e, DAPO_EINVAL, "judge.url: '%.200s' is not a valid URL", url);
@@ -245,6 +281,13 @@ struct judge_http *judge_http_new(const json_t *spec, const struct judge_policy 
       rc = dapo_errf(e, DAPO_EINVAL, "judge.format: expected \"dapod\" or \"openrlhf\"");
   }
   if (!rc) rc = build_headers(h, json_object_get(spec, "headers"), e);
+  for (int i = 0; !rc && pol && pol->resolve && i < pol->n_resolve; i++) {
+    struct curl_slist *l = curl_slist_append(h->resolve, pol->resolve[i]);
+    if (l)
+      h->resolve = l;
+    else
+      rc = dapo_errf(e, DAPO_ENOMEM, "judge: out of memory");
+  }
   if (rc) {
     judge_http_free(h);
     return NULL;
@@ -255,6 +298,10 @@ struct judge_http *judge_http_new(const json_t *spec, const struct judge_policy 
 void judge_http_free(struct judge_http *h) {
   if (!h) return;
   curl_slist_free_all(h->headers);
+  curl_slist_free_all(h->resolve);
+  for (int i = 0; i < h->n_literals; i++) free(h->literals[i]);
+  free(h->literals);
+  free(h->host);
   free(h->url);
   free(h);
 }
@@ -286,12 +333,14 @@ struct req {
   int reply_too_big;
   int refused; /* the socket callback refused an address */
   char refused_addr[INET6_ADDRSTRLEN];
+  char refused_why[256];
+  const struct judge_http *h; /* the judge, for the socket callback */
   char errbuf[CURL_ERROR_SIZE];
   struct verdict *v;             /* [n] */
   const char **sorted_ids;       /* [n] ids of this request sorted, for lookups */
   int *sorted_pos;               /* [n] position in idx of sorted_ids[k] */
   enum judge_err_kind final_err; /* JE_NONE once done and fine */
-  char what[240];                /* why it failed ("HTTP 500"), for the error message */
+  char what[400];                /* why it failed ("HTTP 500"), for the error message */
   char tail[400];                /* what follows "after N attempts" (": \"<body>\"") */
 };
 
@@ -727,30 +776,46 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *userp) {
   return n;
 }
 
-static int is_loopback(const struct sockaddr *sa) {
-  if (sa->sa_family == AF_INET) {
-    const struct sockaddr_in *a = (const struct sockaddr_in *)sa;
-    return (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+/* Why the address curl is about to connect to is refused (into why), or NULL when allowed: the
+ * rule of judge_policy.allow_private's comment. */
+static const char *address_refusal(const struct judge_http *h, const struct sockaddr *sa, char *why,
+                                   size_t cap) {
+  enum netaddr_class c = netaddr_classify(sa);
+  const char *name = netaddr_class_name(c);
+  if (c == NETADDR_UNSPECIFIED || c == NETADDR_MULTICAST || c == NETADDR_RESERVED) {
+    snprintf(why, cap, "%s %s address is never a judge", c == NETADDR_UNSPECIFIED ? "an" : "a",
+             name);
+    return why;
   }
-  if (sa->sa_family == AF_INET6) {
-    const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
-    if (IN6_IS_ADDR_LOOPBACK(a)) return 1;
-    return IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127;
+  if (h->host_localhost) {
+    if (c == NETADDR_LOOPBACK) return NULL;
+    snprintf(why, cap, "'localhost' resolved to a %s address, not a loopback one", name);
+    return why;
   }
-  return 0;
+  if (c == NETADDR_PUBLIC) return NULL;
+  if (netaddr_equals_literal(sa, h->host)) return NULL; /* the allowed URL names the address */
+  for (int i = 0; i < h->n_literals; i++)
+    if (netaddr_equals_literal(sa, h->literals[i])) return NULL;
+  if (c == NETADDR_PRIVATE && h->allow_private) return NULL;
+  snprintf(why, cap,
+           "'%.80s' resolved to a %s address, which needs the address itself in "
+           "judge_allowed_hosts%s",
+           h->host, name, c == NETADDR_PRIVATE ? " (or judge_allow_private)" : "");
+  return why;
 }
 
-/* Every address curl is about to connect to passes here first (loopback-only judges). */
+/* Every address curl is about to connect to passes here first (address_refusal). */
 static curl_socket_t open_socket(void *clientp, curlsocktype purpose, struct curl_sockaddr *addr) {
   struct req *q = clientp;
-  if (purpose != CURLSOCKTYPE_IPCXN || !is_loopback(&addr->addr)) {
+  const char *why = NULL;
+  if (purpose != CURLSOCKTYPE_IPCXN)
+    why = "not an IP connection";
+  else
+    why = address_refusal(q->h, &addr->addr, q->refused_why, sizeof q->refused_why);
+  if (why) {
     q->refused = 1;
-    const void *src = addr->family == AF_INET6
-                          ? (const void *)&((struct sockaddr_in6 *)&addr->addr)->sin6_addr
-                          : (const void *)&((struct sockaddr_in *)&addr->addr)->sin_addr;
-    if ((addr->family != AF_INET && addr->family != AF_INET6) ||
-        !inet_ntop(addr->family, src, q->refused_addr, sizeof q->refused_addr))
-      snprintf(q->refused_addr, sizeof q->refused_addr, "(address family %d)", addr->family);
+    if (why != q->refused_why) snprintf(q->refused_why, sizeof q->refused_why, "%s", why);
+    netaddr_format(&addr->addr, q->refused_addr, sizeof q->refused_addr);
     return CURL_SOCKET_BAD;
   }
   return socket(addr->family, addr->socktype | SOCK_CLOEXEC, addr->protocol);
@@ -791,10 +856,10 @@ static int start_attempt(const struct run *r, CURLM *m, struct req *q) {
   bad |= curl_easy_setopt(c, CURLOPT_WRITEDATA, q) != CURLE_OK;
   bad |= curl_easy_setopt(c, CURLOPT_ERRORBUFFER, q->errbuf) != CURLE_OK;
   bad |= curl_easy_setopt(c, CURLOPT_PRIVATE, q) != CURLE_OK;
-  if (h->loopback_only) {
-    bad |= curl_easy_setopt(c, CURLOPT_OPENSOCKETFUNCTION, open_socket) != CURLE_OK;
-    bad |= curl_easy_setopt(c, CURLOPT_OPENSOCKETDATA, q) != CURLE_OK;
-  }
+  q->h = h;
+  bad |= curl_easy_setopt(c, CURLOPT_OPENSOCKETFUNCTION, open_socket) != CURLE_OK;
+  bad |= curl_easy_setopt(c, CURLOPT_OPENSOCKETDATA, q) != CURLE_OK;
+  if (h->resolve) bad |= curl_easy_setopt(c, CURLOPT_RESOLVE, h->resolve) != CURLE_OK;
   if (bad || curl_multi_add_handle(m, c) != CURLM_OK) {
     curl_easy_cleanup(c);
     return DAPO_ENOMEM;
@@ -875,10 +940,8 @@ static void finish_attempt(const struct run *r, CURLM *m, struct req *q, CURLcod
     set_body_tail(q, retry ? "" : " (not retried)");
   } else if (q->refused) {
     err = JE_CONNECT;
-    snprintf(q->what, sizeof q->what,
-             "refused to connect to %s: not a loopback address (the judge host allowlist is "
-             "loopback-only)",
-             q->refused_addr);
+    snprintf(q->what, sizeof q->what, "refused to connect to %s: %s", q->refused_addr,
+             q->refused_why);
   } else if (cc == CURLE_OPERATION_TIMEDOUT) {
     err = JE_TIMEOUT;
     retry = 1;

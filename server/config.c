@@ -107,7 +107,13 @@ static const struct crow ROWS[] = {
     {"judge_allowed_hosts", C_LIST, F(judge_allowed_hosts), 1, 1024, "127.0.0.1,localhost,::1",
      NULL,
      "hosts an http judge URL may name: exact host names or IP addresses (IPv6 without "
-     "brackets), compared case-insensitively"},
+     "brackets), compared case-insensitively. Every address a judge connects to is checked at "
+     "connect time: loopback, link-local and private addresses only when written literally "
+     "here (or 'localhost' for loopback); unspecified and multicast never"},
+    {"judge_allow_private", C_BOOL, F(judge_allow_private), 0, 1, "false", NULL,
+     "let allowed judge host names resolve to private addresses (10/8, 172.16/12, 192.168/16, "
+     "100.64/10, fc00::/7), e.g. an internal judge service; loopback and link-local still need "
+     "the address in judge_allowed_hosts"},
     {"shutdown_grace_s", C_INT, F(shutdown_grace_s), 0, 3600, "30", NULL,
      "on SIGTERM or SIGINT, seconds that running jobs get to reach a safe point before exit"},
     {"log_level", C_ENUM, F(log_level), 0, 0, "info", LEVELS, "least severe level that is logged"},

@@ -76,6 +76,7 @@ struct config {
   int sse_backlog_events;                 /* events queued for one slow subscriber */
   int sse_heartbeat_s;                    /* comment line on an idle stream */
   struct config_list judge_allowed_hosts; /* hosts an http judge URL may name */
+  int judge_allow_private;                /* allowed names may resolve to private addresses */
   int shutdown_grace_s;                   /* SIGTERM: time for jobs to reach a safe point */
   int log_level;                          /* enum log_level (log.h) */
   int access_log;                         /* one log line per HTTP request */

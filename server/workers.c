@@ -83,12 +83,9 @@ int workers_job_dir(const struct server *srv, const char *job_id, char *buf, siz
 
 void workers_judge_policy(const struct server *srv, struct judge_policy *pol) {
   const struct config_list *hosts = &srv->cfg.judge_allowed_hosts;
-  int loop = 1;
-  for (int i = 0; i < hosts->n; i++)
-    if (!config_is_loopback(hosts->v[i])) loop = 0;
-  pol->allowed_hosts = (const char *const *)hosts->v;
-  pol->n_allowed = hosts->n;
-  pol->loopback_only = loop;
+  *pol = (struct judge_policy){.allowed_hosts = (const char *const *)hosts->v,
+                               .n_allowed = hosts->n,
+                               .allow_private = srv->cfg.judge_allow_private};
 }
 
 static void add_err(json_t *errors, const char *field, const char *msg) {
