@@ -95,12 +95,33 @@ struct api_hub {
   int streams; /* open event streams (under mu) */
 };
 
+/* A connection, from libmicrohttpd's "started" notification to its "closed" one (the socket
+ * context). libmicrohttpd's connection_timeout_s is an idle timeout that every received byte
+ * resets, so a client sending its request line one byte at a time would hold its connection
+ * (and a slot of max_connections) for ever. The guard thread shuts down the socket of a
+ * connection whose request headers are not complete connection_timeout_s after the connection
+ * opened or its previous request ended; libmicrohttpd then sees the end of the stream and closes
+ * it. A request being served (headers complete) is not affected: event streams and long uploads
+ * stay under the idle timeout alone. */
+struct conn_track {
+  struct conn_track *prev, *next;
+  int fd;           /* the connection's socket (libmicrohttpd's; never closed here) */
+  int awaiting;     /* 1 while request headers are awaited (under conn_mu) */
+  int64_t since_ms; /* api_now_ms() when awaiting began */
+};
+
 struct api_http {
   struct MHD_Daemon *d;
   struct server *srv;
   int port;
   char *tls_cert, *tls_key; /* PEM text, kept while the daemon runs */
   struct api_hub hub;
+  /* the slow-header guard (struct conn_track) */
+  pthread_mutex_t conn_mu; /* guards conns, each track's awaiting/since_ms, guard_stop */
+  pthread_cond_t guard_cond;
+  struct conn_track *conns;
+  pthread_t guard_th;
+  int guard_started, guard_stop;
 };
 
 /* ---- small helpers ---- */
@@ -132,8 +153,7 @@ const char *api_auth(struct api_req *r) {
   if (!strcmp(r->path, "/healthz") || !strcmp(r->path, "/readyz")) return NULL;
   /* The dashboard's static files (api/static.c) hold no data: browsers load them without a key,
    * and the page sends the key the user enters with its API calls. */
-  if (!strcmp(r->path, "/") || !strcmp(r->path, "/ui") || !strncmp(r->path, "/ui/", 4))
-    return NULL;
+  if (!strcmp(r->path, "/") || !strcmp(r->path, "/ui") || !strncmp(r->path, "/ui/", 4)) return NULL;
   const char *h = api_header(r, MHD_HTTP_HEADER_AUTHORIZATION);
   char hex[65] = "";
   if (h && !strncasecmp(h, "Bearer ", 7)) {
@@ -769,6 +789,86 @@ static enum MHD_Result queue(struct api_req *r) {
   return ret;
 }
 
+/* ---- the slow-header guard ---- */
+
+static struct conn_track *track_of(struct MHD_Connection *conn) {
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  return ci ? ci->socket_context : NULL;
+}
+
+/* awaiting: 1 when the connection now waits for the next request's headers. */
+static void track_set(struct api_http *h, struct MHD_Connection *conn, int awaiting) {
+  struct conn_track *t = track_of(conn);
+  if (!t) return;
+  pthread_mutex_lock(&h->conn_mu);
+  t->awaiting = awaiting;
+  t->since_ms = api_now_ms();
+  pthread_mutex_unlock(&h->conn_mu);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+  struct api_http *h = cls;
+  if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    struct conn_track *t = ci ? calloc(1, sizeof *t) : NULL;
+    if (!t) return; /* not guarded: the idle timeout still applies */
+    t->fd = ci->connect_fd;
+    t->awaiting = 1;
+    t->since_ms = api_now_ms();
+    pthread_mutex_lock(&h->conn_mu);
+    t->next = h->conns;
+    if (h->conns) h->conns->prev = t;
+    h->conns = t;
+    pthread_mutex_unlock(&h->conn_mu);
+    *socket_context = t;
+    return;
+  }
+  /* closed: libmicrohttpd closes the socket after this returns, so once the track is off the
+   * list (under conn_mu) the guard can no longer touch a descriptor that gets reused */
+  struct conn_track *t = *socket_context;
+  if (!t) return;
+  pthread_mutex_lock(&h->conn_mu);
+  if (t->prev)
+    t->prev->next = t->next;
+  else
+    h->conns = t->next;
+  if (t->next) t->next->prev = t->prev;
+  pthread_mutex_unlock(&h->conn_mu);
+  free(t);
+  *socket_context = NULL;
+}
+
+static void *guard_main(void *arg) {
+  struct api_http *h = arg;
+  int64_t limit_ms = (int64_t)h->srv->cfg.connection_timeout_s * 1000;
+  pthread_mutex_lock(&h->conn_mu);
+  while (!h->guard_stop) {
+    int64_t now = api_now_ms();
+    int cut = 0;
+    for (struct conn_track *t = h->conns; t; t = t->next) {
+      if (!t->awaiting || now - t->since_ms < limit_ms) continue;
+      shutdown(t->fd, SHUT_RDWR);
+      t->awaiting = 0; /* once */
+      cut++;
+    }
+    if (cut)
+      LOG(WARN,
+          "http: closed %d connection%s that sent no complete request headers within "
+          "connection_timeout_s (%d s)",
+          cut, cut == 1 ? "" : "s", h->srv->cfg.connection_timeout_s);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += 250 * 1000000L; /* a quarter of a second: the granularity of the cut */
+    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(&h->guard_cond, &h->conn_mu, &until);
+  }
+  pthread_mutex_unlock(&h->conn_mu);
+  return NULL;
+}
+
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url,
                                  const char *method, const char *version, const char *upload_data,
                                  size_t *upload_data_size, void **con_cls) {
@@ -776,6 +876,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
   struct api_req *r = *con_cls;
   (void)version;
   if (!r) {
+    track_set(h, conn, 0); /* the headers are in */
     if (!(r = req_new(h, conn, url, method))) return MHD_NO;
     *con_cls = r;
     req_begin(r);
@@ -811,7 +912,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
   struct api_http *h = cls;
   struct api_req *r = *con_cls;
-  (void)conn;
+  if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) track_set(h, conn, 1); /* keep-alive: next */
   if (!r) return;
   double ms = api_req_ms(r);
   if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && r->status)
@@ -845,11 +946,14 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
 
 /* ---- the daemon ---- */
 
-/* Reads a PEM file (at most 1 MiB) into an owned string. */
-static char *read_pem(const char *path, struct dapo_err *e) {
+/* Reads a PEM file (at most 1 MiB) into an owned string; it must hold a "-----BEGIN ...<label>"
+ * line (label "CERTIFICATE", or "PRIVATE KEY" which also matches "RSA PRIVATE KEY" and "EC PRIVATE
+ * KEY"). Errors name the config key. Whether GnuTLS accepts the content is known only when
+ * libmicrohttpd starts. */
+static char *read_pem(const char *path, const char *key, const char *label, struct dapo_err *e) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    dapo_errf(e, DAPO_EIO, "%s: %s", path, strerror(errno));
+    dapo_errf(e, DAPO_EIO, "%s %s: %s", key, path, strerror(errno));
     return NULL;
   }
   size_t cap = 1 << 20, len = 0;
@@ -858,7 +962,7 @@ static char *read_pem(const char *path, struct dapo_err *e) {
   while (buf && len < cap && (k = read(fd, buf + len, cap - len)) > 0) len += (size_t)k;
   close(fd);
   if (!buf || k < 0 || len == cap) {
-    dapo_errf(e, buf ? DAPO_EIO : DAPO_ENOMEM, "%s: %s", path,
+    dapo_errf(e, buf ? DAPO_EIO : DAPO_ENOMEM, "%s %s: %s", key, path,
               !buf    ? "out of memory"
               : k < 0 ? strerror(errno)
                       : "larger than 1 MiB");
@@ -866,6 +970,16 @@ static char *read_pem(const char *path, struct dapo_err *e) {
     return NULL;
   }
   buf[len] = '\0';
+  const char *b = strstr(buf, "-----BEGIN ");
+  const char *eol = b ? strchr(b, '\n') : NULL;
+  const char *l = b ? strstr(b, label) : NULL;
+  if (!b || !l || (eol && l > eol)) {
+    dapo_errf(e, DAPO_EFORMAT,
+              "%s %s: not a PEM file with a %s (no \"-----BEGIN ...%s-----\" line)", key, path,
+              label, label);
+    free(buf);
+    return NULL;
+  }
   return buf;
 }
 
@@ -877,6 +991,8 @@ struct api_http *api_http_start(struct server *srv, struct dapo_err *e) {
     return NULL;
   }
   h->srv = srv;
+  pthread_mutex_init(&h->conn_mu, NULL);
+  pthread_cond_init(&h->guard_cond, NULL);
   if (hub_start(&h->hub, srv)) {
     dapo_errf(e, DAPO_ENOMEM, "cannot start the HTTP hub");
     free(h);
@@ -904,8 +1020,17 @@ struct api_http *api_http_start(struct server *srv, struct dapo_err *e) {
       MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
   if (family == AF_INET6) flags |= MHD_USE_IPv6;
   struct MHD_OptionItem tls[3] = {{MHD_OPTION_END, 0, NULL}};
-  if (c->tls_cert && c->tls_cert[0]) {
-    if (!(h->tls_cert = read_pem(c->tls_cert, e)) || !(h->tls_key = read_pem(c->tls_key, e))) {
+  int use_tls = c->tls_cert && c->tls_cert[0];
+  if (use_tls) {
+    if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
+      dapo_errf(e, DAPO_EINVAL,
+                "tls_cert: this libmicrohttpd was built without TLS (GnuTLS) support; install "
+                "one with it or serve plain HTTP behind a TLS proxy");
+      api_http_stop(h);
+      return NULL;
+    }
+    if (!(h->tls_cert = read_pem(c->tls_cert, "tls_cert", "CERTIFICATE", e)) ||
+        !(h->tls_key = read_pem(c->tls_key, "tls_key", "PRIVATE KEY", e))) {
       api_http_stop(h);
       return NULL;
     }
@@ -922,15 +1047,27 @@ struct api_http *api_http_start(struct server *srv, struct dapo_err *e) {
       MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)c->max_connections_per_ip,
       MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)c->connection_timeout_s,
       MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)c->max_header_bytes, MHD_OPTION_NOTIFY_COMPLETED,
-      on_completed, h, MHD_OPTION_UNESCAPE_CALLBACK, unescape_no_nul, h, MHD_OPTION_ARRAY, tls,
-      MHD_OPTION_END);
+      on_completed, h, MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_UNESCAPE_CALLBACK,
+      unescape_no_nul, h, MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
   if (!h->d) {
     int err = errno;
-    dapo_errf(e, DAPO_EIO, "cannot serve HTTP on %s: %s", addr,
-              err ? strerror(err) : "libmicrohttpd refused to start (see the log above)");
+    if (use_tls && err != EADDRINUSE && err != EACCES && err != EADDRNOTAVAIL)
+      dapo_errf(e, DAPO_EIO,
+                "cannot serve HTTPS on %s: libmicrohttpd/GnuTLS refused tls_cert %s or tls_key %s "
+                "(a certificate and its matching private key, PEM; see the log above)",
+                addr, c->tls_cert, c->tls_key);
+    else
+      dapo_errf(e, DAPO_EIO, "cannot serve HTTP on %s: %s", addr,
+                err ? strerror(err) : "libmicrohttpd refused to start (see the log above)");
     api_http_stop(h);
     return NULL;
   }
+  if (pthread_create(&h->guard_th, NULL, guard_main, h)) {
+    dapo_errf(e, DAPO_ENOMEM, "cannot start the HTTP connection guard");
+    api_http_stop(h);
+    return NULL;
+  }
+  h->guard_started = 1;
   const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
   h->port = info && info->port ? info->port : c->listen.port;
   return h;
@@ -939,8 +1076,17 @@ struct api_http *api_http_start(struct server *srv, struct dapo_err *e) {
 void api_http_stop(struct api_http *h) {
   if (!h) return;
   hub_close(&h->hub); /* no connection may stay suspended when the daemon stops */
+  if (h->guard_started) {
+    pthread_mutex_lock(&h->conn_mu);
+    h->guard_stop = 1;
+    pthread_cond_signal(&h->guard_cond);
+    pthread_mutex_unlock(&h->conn_mu);
+    pthread_join(h->guard_th, NULL);
+  }
   if (h->d) MHD_stop_daemon(h->d);
   hub_free(&h->hub);
+  pthread_mutex_destroy(&h->conn_mu);
+  pthread_cond_destroy(&h->guard_cond);
   free(h->tls_cert);
   free(h->tls_key);
   free(h);
