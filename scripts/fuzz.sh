@@ -5,7 +5,7 @@
 # the JSON dictionary, a 2 GiB RSS limit and a 10 s per-input timeout. A crash leaves its input
 # in BUILD_DIR/fuzz-work/<t>/artifacts/ and fails the script: fix it, then copy the input to
 # tests/fuzz/regressions/<t>/ so that the replay tests keep it.
-# Usage: scripts/fuzz.sh [SECONDS] [TARGET...]   (env BUILD_DIR, FUZZ_JOBS)
+# Usage: scripts/fuzz.sh [SECONDS] [TARGET...]   (env BUILD_DIR, FUZZ_JOBS, FUZZ_SKIP_BUILD)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-300}
@@ -15,8 +15,10 @@ targets=("$@")
 build=${BUILD_DIR:-build-fuzz}
 
 command -v clang >/dev/null || { echo "fuzz.sh: clang is missing (scripts/setup.sh installs it)" >&2; exit 1; }
-CC=clang cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDAPO_FUZZ=ON >/dev/null
-cmake --build "$build" -j"$(nproc)" --target fuzz_targets >/dev/null
+if [ -z "${FUZZ_SKIP_BUILD:-}" ]; then # FUZZ_SKIP_BUILD=1: fuzz the binaries already built
+  CC=clang cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDAPO_FUZZ=ON >/dev/null
+  cmake --build "$build" -j"$(nproc)" --target fuzz_targets >/dev/null
+fi
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
