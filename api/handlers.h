@@ -57,6 +57,11 @@ int api_rollouts_get(struct api_req *r);
 /* completions.c: POST /v1/completions */
 int api_completions_create(struct api_req *r);
 
+/* static.c: GET / and GET /ui (redirect to /ui/), GET /ui/ and GET /ui/{file} (the web
+ * dashboard's files from web_dir; no API key needed) */
+int api_static_root(struct api_req *r);
+int api_static_file(struct api_req *r);
+
 /* jobs.c, shared: reads job id visible to r->owner into out, or replies (404 ...) and returns
  * -1 (the handler then returns 0). */
 struct store_job;

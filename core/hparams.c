@@ -256,3 +256,40 @@ json_t *hparams_to_json(const struct hparams *h) {
 const char *hparams_loss_agg_name(int agg) {
   return agg >= 0 && agg <= 2 ? AGGS[agg] : "?";
 }
+
+/* One value of row r in the API's type: a number, boolean or choice name; null when derived. */
+static json_t *row_value(const struct hrow *r, double x) {
+  if (x == D_DERIVED) return json_null();
+  switch (r->type) {
+  case H_INT: return json_integer((json_int_t)x);
+  case H_NUM: return json_real(x);
+  case H_BOOL: return json_boolean(x != 0);
+  case H_ENUM: return json_string(r->choices[(int)x]);
+  }
+  return json_null();
+}
+
+json_t *hparams_describe(void) {
+  static const char *const TYPES[] = {"integer", "number", "boolean", "string"};
+  json_t *a = json_array();
+  for (int i = 0; a && i < NROWS; i++) {
+    const struct hrow *r = &ROWS[i];
+    json_t *o = json_pack("{s:s, s:s, s:o, s:o, s:s}", "name", r->name, "type", TYPES[r->type],
+                          "default", row_value(r, r->dflt), "grpo_default",
+                          row_value(r, isnan(r->grpo) ? r->dflt : r->grpo), "help", r->help);
+    if (o && (r->type == H_INT || r->type == H_NUM)) {
+      json_object_set_new(o, "minimum", row_value(r, r->min));
+      json_object_set_new(o, "maximum", row_value(r, r->max));
+    }
+    if (o && r->type == H_ENUM) {
+      json_t *c = json_array();
+      for (int k = 0; c && r->choices[k]; k++) json_array_append_new(c, json_string(r->choices[k]));
+      json_object_set_new(o, "choices", c);
+    }
+    if (!o || json_array_append_new(a, o)) {
+      json_decref(a);
+      return NULL;
+    }
+  }
+  return a;
+}

@@ -55,6 +55,12 @@ int hparams_parse(struct hparams *h, const json_t *j, json_t *errors);
 /* A new object with every resolved value (what the job object shows). */
 json_t *hparams_to_json(const struct hparams *h);
 
+/* A new array describing every knob in table order: {name, type ("integer", "number",
+ * "boolean", "string"), default and grpo_default (null when derived from other knobs: the help
+ * says how), minimum and maximum (numbers), choices (strings), help}. NULL when out of memory.
+ * The web dashboard's form is built from it (api/static.c serves it). */
+json_t *hparams_describe(void);
+
 /* Names for enum values as the API spells them. */
 const char *hparams_loss_agg_name(int agg);
 

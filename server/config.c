@@ -7,6 +7,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -68,6 +69,9 @@ static const struct crow ROWS[] = {
     {"models_dir", C_STR, F(models_dir), 1, PATHMAX, "./models", NULL,
      "folder of Hugging Face model folders offered as base models beside the presets; a missing "
      "folder means presets only"},
+    {"web_dir", C_STR, F(web_dir), 0, PATHMAX, "auto", NULL,
+     "folder of the web dashboard's static files, served at /ui/; auto: share/dapod/web beside "
+     "the installed binary (PREFIX/bin/dapod), else web/ of the build tree; empty: no dashboard"},
     {"workers", C_INT, F(workers), 1, 64, "auto", NULL,
      "job threads, i.e. jobs training at once; auto: max(1, cores / 2)"},
     {"blas_threads", C_INT, F(blas_threads), 1, 1024, "auto", NULL,
@@ -883,8 +887,37 @@ static int imin(int a, int b) {
   return a < b ? a : b;
 }
 
+/* web_dir "auto": the dashboard beside the executable, installed (PREFIX/bin/dapod ->
+ * PREFIX/share/dapod/web) or in the build tree (BUILD/server/dapod -> BUILD/web); "" when neither
+ * holds an index.html. Returns 0 or DAPO_ENOMEM. */
+static int resolve_web_dir(struct config *c) {
+  static const char *const REL[] = {"/../share/dapod/web", "/../web"};
+  char exe[PATHMAX + 1], path[PATHMAX + 64], real[PATH_MAX];
+  const char *found = "";
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) {
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (slash) *slash = '\0';
+    for (size_t i = 0; i < sizeof REL / sizeof REL[0] && !*found; i++) {
+      snprintf(path, sizeof path, "%s%s/index.html", exe, REL[i]);
+      if (access(path, R_OK) == 0) {
+        path[strlen(path) - strlen("/index.html")] = '\0';
+        found = realpath(path, real) ? real : path; /* "/usr/share/dapod/web", not "bin/.." */
+      }
+    }
+  }
+  char *v = strdup(found);
+  if (!v) return DAPO_ENOMEM;
+  free(c->web_dir);
+  c->web_dir = v;
+  return 0;
+}
+
 int config_finish(struct config *c, int ncpu, struct dapo_err *e) {
   if (ncpu <= 0) ncpu = config_cpu_count();
+  if (!strcmp(c->web_dir, "auto") && resolve_web_dir(c))
+    return dapo_errf(e, DAPO_ENOMEM, "out of memory");
   if (!c->workers) c->workers = imin(64, imax(1, ncpu / 2));
   if (!c->blas_threads) c->blas_threads = imax(1, ncpu / c->workers);
   if (!c->http_threads) c->http_threads = imin(8, imax(2, ncpu / 4));

@@ -54,27 +54,28 @@ struct config_api_keys {
 /* Every daemon setting. Strings and lists are owned (config_deinit frees them). The int fields
  * documented "auto" hold 0 until config_finish resolves them. */
 struct config {
-  struct config_addr listen;              /* HTTP(S) address */
-  char *tls_cert, *tls_key;               /* PEM paths; "" = plain HTTP; both or neither */
-  struct config_api_keys api_keys;        /* none: unauthenticated, loopback only */
-  char *data_dir;                         /* SQLite database, uploads, checkpoints */
-  char *models_dir;                       /* model folders; a missing folder = presets only */
-  int workers;                            /* job threads; auto */
-  int blas_threads;                       /* BLAS threads per job; auto */
-  int http_threads;                       /* HTTP thread pool; auto */
-  uint64_t memory_limit_bytes;            /* jobs' total memory estimate cap; 0 = none */
-  int max_jobs_per_key;                   /* live (queued, running, paused) jobs per API key */
-  int max_queued_jobs;                    /* queued jobs in total */
-  uint64_t max_body_bytes;                /* JSON request bodies */
-  uint64_t max_upload_bytes;              /* one uploaded file */
-  int max_json_depth;                     /* nesting of request bodies */
-  uint64_t max_header_bytes;              /* request line and headers of one request */
-  int max_connections;                    /* open HTTP connections in total */
-  int max_connections_per_ip;             /* open HTTP connections from one address */
-  int connection_timeout_s;               /* idle connection timeout */
-  int max_sse_subscribers;                /* open event streams in total */
-  int sse_backlog_events;                 /* events queued for one slow subscriber */
-  int sse_heartbeat_s;                    /* comment line on an idle stream */
+  struct config_addr listen;       /* HTTP(S) address */
+  char *tls_cert, *tls_key;        /* PEM paths; "" = plain HTTP; both or neither */
+  struct config_api_keys api_keys; /* none: unauthenticated, loopback only */
+  char *data_dir;                  /* SQLite database, uploads, checkpoints */
+  char *models_dir;                /* model folders; a missing folder = presets only */
+  char *web_dir;                   /* dashboard files; "auto" until config_finish; "" = off */
+  int workers;                     /* job threads; auto */
+  int blas_threads;                /* BLAS threads per job; auto */
+  int http_threads;                /* HTTP thread pool; auto */
+  uint64_t memory_limit_bytes;     /* jobs' total memory estimate cap; 0 = none */
+  int max_jobs_per_key;            /* live (queued, running, paused) jobs per API key */
+  int max_queued_jobs;             /* queued jobs in total */
+  uint64_t max_body_bytes;         /* JSON request bodies */
+  uint64_t max_upload_bytes;       /* one uploaded file */
+  int max_json_depth;              /* nesting of request bodies */
+  uint64_t max_header_bytes;       /* request line and headers of one request */
+  int max_connections;             /* open HTTP connections in total */
+  int max_connections_per_ip;      /* open HTTP connections from one address */
+  int connection_timeout_s;        /* idle connection timeout */
+  int max_sse_subscribers;         /* open event streams in total */
+  int sse_backlog_events;          /* events queued for one slow subscriber */
+  int sse_heartbeat_s;             /* comment line on an idle stream */
   struct config_list judge_allowed_hosts; /* hosts an http judge URL may name */
   int judge_allow_private;                /* allowed names may resolve to private addresses */
   int shutdown_grace_s;                   /* SIGTERM: time for jobs to reach a safe point */
@@ -121,7 +122,9 @@ int config_parse_args(struct config *c, int argc, char **argv, enum config_actio
  * rules between keys: tls_cert and tls_key both or neither; max_connections_per_ip <=
  * max_connections; sse_heartbeat_s < connection_timeout_s (else idle streams time out); and a
  * listen address that is not loopback needs api_keys (API.md). auto: workers = max(1, ncpu/2),
- * blas_threads = max(1, ncpu/workers), http_threads = min(8, max(2, ncpu/4)). */
+ * blas_threads = max(1, ncpu/workers), http_threads = min(8, max(2, ncpu/4)); web_dir "auto"
+ * becomes DIR/../share/dapod/web or DIR/../web (DIR: the executable's folder), the first that
+ * holds an index.html, else "" (no dashboard). */
 int config_finish(struct config *c, int ncpu, struct dapo_err *e);
 
 /* The cores this process may run on (sched_getaffinity; at least 1). */

@@ -4,6 +4,7 @@
  * `test_config --write-example PATH` regenerates systemd/dapod.example.json. */
 #include <dirent.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -145,8 +146,27 @@ static void test_defaults(void) {
   CHECK(c.memory_limit_bytes == 0);
 
   /* no file, no flags: the defaults are valid as they are */
+  CHECK(!strcmp(c.web_dir, "auto"));
   CHECK_MSG(config_finish(&c, 8, &e) == 0, "%s", e.msg);
   CHECK(c.workers == 4 && c.blas_threads == 2 && c.http_threads == 2);
+  {
+    /* web_dir auto: this binary is BUILD/tests/test_config, so BUILD/web (the dashboard the
+     * build copies there) when it exists, else nothing; an explicit value is kept as it is */
+    char exe[4096], want[8192], real[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    CHECK(n > 0);
+    exe[n > 0 ? n : 0] = '\0';
+    *strrchr(exe, '/') = '\0';
+    snprintf(want, sizeof want, "%s/../web/index.html", exe);
+    int have = access(want, R_OK) == 0;
+    want[strlen(want) - strlen("/index.html")] = '\0';
+    const char *w = have && realpath(want, real) ? real : "";
+    CHECK_MSG(!strcmp(c.web_dir, w), "web_dir auto gave '%s', want '%s'", c.web_dir, w);
+  }
+  config_deinit(&c);
+  CHECK(config_init(&c) == 0);
+  CHECK(config_set(&c, "web_dir", "", NULL, &e) == 0);
+  CHECK(config_finish(&c, 8, &e) == 0 && !strcmp(c.web_dir, ""));
   config_deinit(&c);
 
   static const struct {
@@ -672,7 +692,7 @@ static void test_print_round_trip(void) {
   CHECK(json_integer_value(json_object_get(j, "http_threads")) == 3);
   CHECK(json_is_true(json_object_get(json_array_get(json_object_get(j, "api_keys"), 1), "admin")));
   /* every key is printed, nothing else */
-  CHECK(json_object_size(j) == 27);
+  CHECK(json_object_size(j) == 28);
 
   /* every printed key has a flag of the same name ('_' as '-') that takes the printed value */
   struct config d;
@@ -728,7 +748,7 @@ static void test_example(void) {
     CHECK_MSG(json_is_string(json_object_get(ex, ck)), "%s lacks its %s comment", k, ck);
     n++;
   }
-  CHECK(n == 27);
+  CHECK(n == 28);
   CHECK(json_is_string(json_object_get(ex, "_comment")));
   CHECK(!strcmp(str_of(json_object_get(ex, "workers")), "auto"));
   json_decref(ex);
@@ -768,7 +788,7 @@ static void test_help(void) {
   /* one flag line per key: count "(default: " */
   int lines = 0;
   for (const char *p = buf; (p = strstr(p, "(default: ")); p++) lines++;
-  CHECK(lines == 27);
+  CHECK(lines == 28);
   /* nothing wider than 100 columns */
   for (const char *p = buf; *p;) {
     const char *nl = strchr(p, '\n');

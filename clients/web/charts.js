@@ -1,0 +1,106 @@
+// Live step charts with uPlot (loaded from uPlot.esm.js, copied next to the page by the build).
+// When the library is missing (a build without npm) loadUplot() resolves to null and the page
+// says that the charts are unavailable; everything else works.
+
+let uplotPromise = null;
+export function loadUplot() {
+  if (!uplotPromise) {
+    uplotPromise = import('./uPlot.esm.js').then((m) => m.default).catch(() => null);
+  }
+  return uplotPromise;
+}
+
+const PALETTE = ['#2457d6', '#e07a10', '#1a9c5b', '#c2334d', '#7a4cc2', '#4b5563'];
+
+// The charts of the job page: title, then series as [metric key, label].
+export const CHARTS = [
+  { id: 'reward', title: 'Reward and accuracy', series: [['reward/mean', 'reward'], ['accuracy', 'accuracy'], ['eval/accuracy', 'eval accuracy']] },
+  { id: 'entropy', title: 'Entropy (nats/token)', series: [['entropy', 'entropy']] },
+  { id: 'length', title: 'Response length (tokens)', series: [['response_length/mean', 'mean'], ['response_length/max', 'max']] },
+  { id: 'clip', title: 'Clip fractions', series: [['policy/clip_frac_low', 'low'], ['policy/clip_frac_high', 'high'], ['policy/clip_frac_dual', 'dual']] },
+  { id: 'groups', title: 'Groups (dynamic sampling)', series: [['groups/kept', 'kept'], ['groups/sampled', 'sampled']] },
+  { id: 'throughput', title: 'Tokens/s', series: [['throughput/gen_tokens_per_s', 'generation'], ['throughput/train_tokens_per_s', 'training']] },
+];
+
+// Step metrics merged by step (training and eval/ events of the same step).
+export class MetricSeries {
+  constructor() {
+    this.byStep = new Map();
+  }
+
+  add(m) {
+    if (!m || typeof m.step !== 'number') return;
+    const row = this.byStep.get(m.step) || {};
+    Object.assign(row, m);
+    this.byStep.set(m.step, row);
+  }
+
+  // uPlot's columns: [steps, series...]; missing values are null (gaps).
+  columns(series) {
+    const steps = [...this.byStep.keys()].sort((a, b) => a - b)
+      .filter((s) => series.some(([k]) => typeof this.byStep.get(s)[k] === 'number'));
+    const cols = [steps];
+    for (const [k] of series) cols.push(steps.map((s) => {
+      const v = this.byStep.get(s)[k];
+      return typeof v === 'number' ? v : null;
+    }));
+    return cols;
+  }
+}
+
+// One chart in container el; update(metricSeries) redraws with the current points.
+export class StepChart {
+  constructor(uPlot, el, spec) {
+    this.uPlot = uPlot;
+    this.el = el;
+    this.spec = spec;
+    this.plot = null;
+    this.points = 0;
+    this.observer = new ResizeObserver(() => this.resize());
+    this.observer.observe(el);
+  }
+
+  size() {
+    return { width: Math.max(240, this.el.clientWidth - 4), height: 190 };
+  }
+
+  resize() {
+    if (this.plot) this.plot.setSize(this.size());
+  }
+
+  update(metrics) {
+    const data = metrics.columns(this.spec.series);
+    this.points = data[0].length;
+    this.el.dataset.points = String(this.points);
+    if (!this.plot) {
+      const opts = {
+        ...this.size(),
+        legend: { show: true, live: true },
+        cursor: { drag: { x: true, y: false } },
+        scales: { x: { time: false } },
+        axes: [
+          { label: 'step', stroke: '#6b7280', grid: { stroke: '#eef0f3' }, ticks: { stroke: '#eef0f3' } },
+          { stroke: '#6b7280', grid: { stroke: '#eef0f3' }, ticks: { stroke: '#eef0f3' }, size: 56 },
+        ],
+        series: [
+          { label: 'step' },
+          ...this.spec.series.map(([, label], i) => ({
+            label,
+            stroke: PALETTE[i % PALETTE.length],
+            width: 2,
+            points: { show: true, size: 5 },
+            spanGaps: true,
+          })),
+        ],
+      };
+      this.plot = new this.uPlot(opts, data, this.el);
+    } else {
+      this.plot.setData(data);
+    }
+  }
+
+  destroy() {
+    this.observer.disconnect();
+    if (this.plot) this.plot.destroy();
+  }
+}
