@@ -56,6 +56,8 @@ static json_t *job_json(struct server *srv, const struct store_job *j) {
   json_object_set_new(o, "judge", or_null(json_object_get(res, "judge")));
   json_object_set_new(o, "hyperparameters", or_null(json_object_get(res, "hyperparameters")));
   json_object_set_new(o, "seed", or_null(json_object_get(res, "seed")));
+  json_object_set_new(o, "chat_template", or_null(json_object_get(spec, "chat_template")));
+  json_object_set_new(o, "memory", or_null(json_object_get(res, "memory")));
   json_object_set_new(o, "metadata", j->metadata ? json_incref(j->metadata) : json_object());
   json_object_set_new(o, "suffix", j->suffix ? json_string(j->suffix) : json_null());
   json_object_set_new(o, "step", json_integer(j->step));
@@ -130,6 +132,23 @@ int api_jobs_create(struct api_req *r) {
   json_t *errors = json_array();
   struct job_spec spec;
   int n = errors ? workers_build_spec(srv, r->json, r->owner, id, &spec, errors) : -1;
+  struct mem_plan plan = {0};
+  if (n == 0) n = runner_check_job(&spec, &plan, errors); /* model, data, chat template */
+  uint64_t limit = api_memory_limit(srv);
+  if (n == 0 && plan.total > limit) {
+    char msg[512];
+    snprintf(msg, sizeof msg,
+             "the job needs %.1f MiB (weights %.1f, gradients %.1f, optimizer %.1f, reference "
+             "model %.1f, activations %.1f, generation %.1f, buffers %.1f) but the memory limit "
+             "is %.1f MiB (memory_limit_bytes); lower micro_batch_tokens, gen_batch_size or "
+             "max_new_tokens, or pick a smaller model",
+             plan.total / 1048576.0, plan.weights / 1048576.0, plan.gradients / 1048576.0,
+             plan.optimizer / 1048576.0, plan.reference / 1048576.0, plan.activations / 1048576.0,
+             plan.generation / 1048576.0, plan.buffers / 1048576.0, limit / 1048576.0);
+    json_array_append_new(errors,
+                          json_pack("{s:s, s:s}", "field", "hyperparameters", "message", msg));
+    n = 1;
+  }
   if (n < 0) {
     json_decref(errors);
     return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory validating the job", NULL);
@@ -142,6 +161,7 @@ int api_jobs_create(struct api_req *r) {
   }
   json_decref(errors);
   json_t *resolved = resolved_of(&spec);
+  if (resolved) json_object_set_new(resolved, "memory", api_mem_plan_json(&plan));
   json_t *md = json_object_get(r->json, "metadata");
   struct store_job_new nj = {
       .owner = r->owner ? r->owner : "",

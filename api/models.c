@@ -22,6 +22,7 @@
 #include "models.h"
 #include "parse.h"
 #include "preset.h"
+#include "runner.h"
 #include "server.h"
 #include "store.h"
 
@@ -31,16 +32,6 @@
 
 static const char *arch_name(enum model_arch a) {
   return a == ARCH_QWEN2 ? "qwen2" : "llama";
-}
-
-/* Parameters of a model with config c, counted as core/model.c lays them out (a tied lm_head
- * is not counted twice). */
-static int64_t count_params(const struct model_config *c) {
-  int64_t C = c->hidden_size, V = c->vocab_size, FF = c->intermediate_size;
-  int64_t Q = (int64_t)c->num_heads * c->head_dim, KV = (int64_t)c->num_kv_heads * c->head_dim;
-  int64_t layer = C + C * Q + 2 * C * KV + Q * C + C + 3 * C * FF;
-  if (c->qkv_bias) layer += Q + 2 * KV;
-  return V * C + (int64_t)c->num_layers * layer + C + (c->tie_word_embeddings ? 0 : V * C);
 }
 
 static json_t *config_summary(const struct model_config *c) {
@@ -55,10 +46,10 @@ static json_t *config_summary(const struct model_config *c) {
 }
 
 static json_t *preset_json(const struct preset *p) {
-  json_t *o =
-      json_pack("{s:s, s:s, s:s, s:s, s:s, s:n, s:s, s:I}", "id", p->name, "object", "model",
-                "kind", "preset", "owned_by", "dapod", "status", "ready", "created_at",
-                "description", p->description, "parameters", (json_int_t)count_params(&p->cfg));
+  json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:n, s:s, s:I}", "id", p->name, "object",
+                        "model", "kind", "preset", "owned_by", "dapod", "status", "ready",
+                        "created_at", "description", p->description, "parameters",
+                        (json_int_t)model_param_count(&p->cfg));
   if (o) json_object_set_new(o, "config", config_summary(&p->cfg));
   return o;
 }
@@ -136,7 +127,7 @@ static json_t *folder_json(const char *models_dir, const char *name) {
     json_object_set_new(o, "error", api_json_text(e.msg));
     return o;
   }
-  json_object_set_new(o, "parameters", json_integer(count_params(&c)));
+  json_object_set_new(o, "parameters", json_integer(model_param_count(&c)));
   json_object_set_new(o, "weights", json_string(weights));
   json_object_set_new(o, "config", config_summary(&c));
   return o;
@@ -236,7 +227,7 @@ static json_t *ckpt_json(const char *job_id, const struct store_ckpt *c) {
     json_object_set_new(o, "error", api_json_text(e.msg));
     return o;
   }
-  json_object_set_new(o, "parameters", json_integer(count_params(&mc)));
+  json_object_set_new(o, "parameters", json_integer(model_param_count(&mc)));
   json_object_set_new(o, "weights", json_string("model.safetensors"));
   json_object_set_new(o, "config", config_summary(&mc));
   return o;
@@ -458,7 +449,51 @@ int api_models_list(struct api_req *r) {
   return api_reply_json_steal(r, 200, o);
 }
 
+json_t *api_mem_plan_json(const struct mem_plan *p) {
+  return json_pack(
+      "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:{s:i, s:i, s:i}}", "parameters",
+      (json_int_t)p->parameters, "weights_bytes", (json_int_t)p->weights, "gradients_bytes",
+      (json_int_t)p->gradients, "optimizer_bytes", (json_int_t)p->optimizer,
+      "reference_model_bytes", (json_int_t)p->reference, "activations_bytes",
+      (json_int_t)p->activations, "generation_bytes", (json_int_t)p->generation, "buffers_bytes",
+      (json_int_t)p->buffers, "total_bytes", (json_int_t)p->total, "for", "max_sequence_tokens",
+      p->cap_seq_len, "micro_batch_tokens", p->cap_tokens, "generation_batch", p->gen_batch);
+}
+
+uint64_t api_memory_limit(const struct server *s) {
+  if (s->cfg.memory_limit_bytes) return s->cfg.memory_limit_bytes;
+  long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : UINT64_MAX;
+}
+
+#define DEFAULT_PLAN_PROMPT_TOKENS 256 /* the prompt length GET /v1/models/{id} plans for */
+
+/* The model's config: a preset's, or config.json of the folder or checkpoint that id resolves
+ * to. 0, or 1 when it cannot be read. */
+static int model_cfg(const struct server *s, const char *id, const char *owner,
+                     struct model_config *c) {
+  char *spec = NULL, msg[256];
+  if (api_model_resolve(s, id, owner, &spec, msg, sizeof msg)) return 1;
+  const struct preset *p = preset_find(spec);
+  int rc = 0;
+  if (p) {
+    *c = p->cfg;
+  } else {
+    int64_t mtime;
+    struct dapo_err e = {0};
+    rc = read_config(spec, c, &mtime, &e) ? 1 : 0;
+  }
+  free(spec);
+  return rc;
+}
+
 int api_models_get(struct api_req *r) {
+  const char *mp = api_query(r, "max_prompt_tokens");
+  int64_t prompt = DEFAULT_PLAN_PROMPT_TOKENS;
+  if (mp && parse_i64(mp, 1, 1 << 24, &prompt, "max_prompt_tokens", NULL))
+    return api_reply_errorf(r, API_ERR_INVALID_REQUEST,
+                            "max_prompt_tokens: expected an integer in [1, 16777216], got '%.32s'",
+                            mp);
   json_t *o = NULL;
   int rc = api_model_find_owned(r->srv, r->params[0], r->owner, &o);
   if (rc < 0) return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory", NULL);
@@ -467,5 +502,28 @@ int api_models_get(struct api_req *r) {
                             "no such model: '%.128s' is neither a preset, a folder in the "
                             "models directory nor a checkpoint",
                             r->params[0]);
+  struct model_config c;
+  if (!strcmp(json_string_value(json_object_get(o, "status"))
+                  ? json_string_value(json_object_get(o, "status"))
+                  : "",
+              "ready") &&
+      !model_cfg(r->srv, r->params[0], r->owner, &c)) {
+    /* what a job with the default hyperparameters needs, for prompts of `prompt` tokens */
+    struct hparams hp;
+    json_t *none = json_array();
+    hparams_parse(&hp, NULL, none);
+    json_decref(none);
+    struct mem_plan plan;
+    runner_memory_plan(&c, &hp, (int)prompt, 0, &plan);
+    json_t *m = api_mem_plan_json(&plan);
+    if (m) {
+      json_object_set_new(m, "limit_bytes", json_integer((json_int_t)api_memory_limit(r->srv)));
+      json_object_set_new(m, "fits", json_boolean(plan.total <= api_memory_limit(r->srv)));
+      json_object_set_new(
+          m, "assumes",
+          json_pack("{s:s, s:i}", "hyperparameters", "defaults", "max_prompt_tokens", (int)prompt));
+      json_object_set_new(o, "memory", m);
+    }
+  }
   return api_reply_json_steal(r, 200, o);
 }

@@ -5,6 +5,7 @@
 #define DAPOD_API_MODELS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <jansson.h>
 
@@ -26,6 +27,15 @@ int api_model_find_owned(const struct server *s, const char *id, const char *own
  * why; -1 when out of memory. Thread-safe. */
 int api_model_resolve(const struct server *s, const char *id, const char *owner, char **spec_out,
                       char *msg, size_t cap);
+
+struct mem_plan;
+
+/* A memory plan (core/runner.h) as the API shows it: bytes by part and the capacities. */
+json_t *api_mem_plan_json(const struct mem_plan *p);
+
+/* The memory running jobs may use together: memory_limit_bytes, or the machine's physical
+ * memory when that is 0. */
+uint64_t api_memory_limit(const struct server *s);
 
 /* Writes the checkpoint model id "{job_id}:step-{n}" into buf (cap bytes). */
 void api_model_ckpt_id(const char *job_id, long long step, char *buf, size_t cap);

@@ -1,13 +1,87 @@
 /* Opening presets and checkpoint folders with their tokenizers (lm.h). */
 #include "lm.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "chartok.h"
 #include "checkpoint.h"
 #include "preset.h"
+
+#define SIDE_JSON_MAX ((off_t)16 << 20)
+#define TOKENIZER_JSON_MAX ((off_t)256 << 20)
+
+static int read_json(const char *dir, const char *name, size_t flags, off_t max, json_t **out,
+                     struct dapo_err *e) {
+  *out = NULL;
+  char p[4096];
+  if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, name) >= sizeof p)
+    return dapo_errf(e, DAPO_EINVAL, "%s: path too long", name);
+  int fd = open(p, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? 0 : dapo_errf(e, DAPO_EIO, "%s: %s", name, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size > max) {
+    close(fd);
+    return dapo_errf(e, DAPO_EFORMAT, "%s: not a regular file of at most %lld MiB", name,
+                     (long long)(max >> 20));
+  }
+  json_error_t je;
+  json_t *j = json_loadfd(fd, flags, &je);
+  close(fd);
+  if (!j)
+    return dapo_errf(e, DAPO_EFORMAT, "%s: line %d, column %d: %s", name, je.line, je.column,
+                     je.text);
+  if (!json_is_object(j)) {
+    json_decref(j);
+    return dapo_errf(e, DAPO_EFORMAT, "%s: expected a JSON object", name);
+  }
+  *out = j;
+  return 0;
+}
+
+int lm_read_json(const char *dir, const char *name, json_t **out, struct dapo_err *e) {
+  return read_json(dir, name, JSON_DECODE_INT_AS_REAL, SIDE_JSON_MAX, out, e);
+}
+
+static void add_stop(struct lm *lm, json_int_t id) {
+  if (id < 0 || id >= lm->cfg.vocab_size) return;
+  for (int i = 0; i < lm->n_stop; i++)
+    if (lm->stop_ids[i] == id) return;
+  if (lm->n_stop < (int)(sizeof lm->stop_ids / sizeof lm->stop_ids[0]))
+    lm->stop_ids[lm->n_stop++] = (int)id;
+}
+
+/* eos_token_id of generation_config.json: an id or a list of ids (reals from the reader). */
+static int gen_stops(struct lm *lm, struct dapo_err *e) {
+  json_t *v = json_object_get(lm->gen_config, "eos_token_id");
+  if (!v || json_is_null(v)) return 0;
+  size_t n = json_is_array(v) ? json_array_size(v) : 1;
+  for (size_t i = 0; i < n; i++) {
+    json_t *x = json_is_array(v) ? json_array_get(v, i) : v;
+    double d = json_number_value(x);
+    if (!json_is_number(x) || d != (double)(json_int_t)d || d < 0 || d >= lm->cfg.vocab_size)
+      return dapo_errf(e, DAPO_EFORMAT,
+                       "generation_config.json: eos_token_id must be token ids below %d",
+                       lm->cfg.vocab_size);
+    add_stop(lm, (json_int_t)d);
+  }
+  return 0;
+}
+
+int lm_write_extra(const struct lm *lm, const char *tmp_dir, struct dapo_err *e) {
+  if (!lm->tok_config) return 0;
+  char p[4096];
+  snprintf(p, sizeof p, "%s/tokenizer_config.json", tmp_dir);
+  return ckpt_write_json(p, lm->tok_config, e);
+}
+
+static int save_extra(void *ctx, const char *tmp_dir, struct dapo_err *e) {
+  return lm_write_extra(ctx, tmp_dir, e);
+}
 
 int lm_open(const char *spec, uint64_t seed, struct lm *out, struct dapo_err *e) {
   memset(out, 0, sizeof *out);
@@ -16,14 +90,18 @@ int lm_open(const char *spec, uint64_t seed, struct lm *out, struct dapo_err *e)
   if (stat(spec, &st) == 0 && S_ISDIR(st.st_mode)) {
     char *tj = NULL;
     if ((rc = ckpt_load(spec, &out->model, &tj, e))) return rc;
+    out->cfg = out->model->cfg;
     if (!tj) {
       rc = dapo_errf(e, DAPO_EINVAL, "%s: no tokenizer.json in the model folder", spec);
       goto fail;
     }
     out->tok = tok_from_text(tj, e);
     free(tj);
-    if (!out->tok) {
-      rc = dapo_err_prefix(e, "%s: ", spec);
+    if (!out->tok || (rc = lm_read_json(spec, "tokenizer_config.json", &out->tok_config, e)) ||
+        (rc = lm_read_json(spec, "generation_config.json", &out->gen_config, e)) ||
+        (rc = gen_stops(out, e))) {
+      if (!rc) rc = e && e->code ? e->code : DAPO_ENOMEM;
+      dapo_err_prefix(e, "%s: ", spec);
       goto fail;
     }
   } else {
@@ -36,6 +114,7 @@ int lm_open(const char *spec, uint64_t seed, struct lm *out, struct dapo_err *e)
     }
     struct chartok *ct = NULL;
     if ((rc = preset_build(spec, seed, &out->model, &ct, e))) return rc;
+    out->cfg = out->model->cfg;
     json_t *j = chartok_to_json(ct);
     chartok_free(ct);
     out->tok = j ? tok_from_json(j, e) : NULL;
@@ -45,12 +124,73 @@ int lm_open(const char *spec, uint64_t seed, struct lm *out, struct dapo_err *e)
       goto fail;
     }
   }
-  if (tok_vocab_size(out->tok) > out->model->cfg.vocab_size) {
+  if (tok_vocab_size(out->tok) > out->cfg.vocab_size) {
     rc = dapo_errf(e, DAPO_EINVAL,
                    "model '%s': the tokenizer has %d tokens but the embedding only %d rows", spec,
-                   tok_vocab_size(out->tok), out->model->cfg.vocab_size);
+                   tok_vocab_size(out->tok), out->cfg.vocab_size);
     goto fail;
   }
+  add_stop(out, out->cfg.eos_token_id);
+  return 0;
+fail:
+  lm_close(out);
+  return rc;
+}
+
+int lm_open_meta(const char *spec, struct lm *out, struct dapo_err *e) {
+  memset(out, 0, sizeof *out);
+  struct stat st;
+  int rc = 0;
+  if (stat(spec, &st) == 0 && S_ISDIR(st.st_mode)) {
+    json_t *cj = NULL, *tj = NULL;
+    if ((rc = read_json(spec, "config.json", 0, SIDE_JSON_MAX, &cj, e))) goto fail;
+    if (!cj) {
+      rc = dapo_errf(e, DAPO_EINVAL, "no config.json in the model folder");
+      goto fail;
+    }
+    rc = model_config_from_json(&out->cfg, cj, e);
+    json_decref(cj);
+    if (rc || (rc = model_config_validate(&out->cfg, e))) goto fail;
+    if ((rc = read_json(spec, "tokenizer.json", 0, TOKENIZER_JSON_MAX, &tj, e))) goto fail;
+    if (!tj) {
+      rc = dapo_errf(e, DAPO_EINVAL, "no tokenizer.json in the model folder");
+      goto fail;
+    }
+    out->tok = tok_from_json(tj, e);
+    json_decref(tj);
+    if (!out->tok || (rc = lm_read_json(spec, "tokenizer_config.json", &out->tok_config, e)) ||
+        (rc = lm_read_json(spec, "generation_config.json", &out->gen_config, e)) ||
+        (rc = gen_stops(out, e))) {
+      if (!rc) rc = e && e->code ? e->code : DAPO_ENOMEM;
+      goto fail;
+    }
+  } else {
+    const struct preset *p = preset_find(spec);
+    if (!p) {
+      char names[256];
+      preset_names(names, sizeof names);
+      return dapo_errf(e, DAPO_EINVAL,
+                       "model '%s': neither a model folder nor a preset (presets: %s)", spec,
+                       names);
+    }
+    out->cfg = p->cfg;
+    struct chartok *ct = NULL;
+    if ((rc = preset_build(spec, 0, NULL, &ct, e))) return rc;
+    json_t *j = chartok_to_json(ct);
+    chartok_free(ct);
+    out->tok = j ? tok_from_json(j, e) : NULL;
+    json_decref(j);
+    if (!out->tok) {
+      rc = e && e->code ? e->code : DAPO_ENOMEM;
+      goto fail;
+    }
+  }
+  if (tok_vocab_size(out->tok) > out->cfg.vocab_size) {
+    rc = dapo_errf(e, DAPO_EINVAL, "the tokenizer has %d tokens but the embedding only %d rows",
+                   tok_vocab_size(out->tok), out->cfg.vocab_size);
+    goto fail;
+  }
+  add_stop(out, out->cfg.eos_token_id);
   return 0;
 fail:
   lm_close(out);
@@ -62,7 +202,7 @@ int lm_save(const struct lm *lm, const char *dir, int bf16, struct dapo_err *e) 
   char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_ENSURE_ASCII) : NULL;
   json_decref(j);
   if (!text) return dapo_errf(e, DAPO_ENOMEM, "out of memory serialising tokenizer.json");
-  int rc = ckpt_save(dir, lm->model, text, NULL, bf16, e);
+  int rc = ckpt_save_with(dir, lm->model, text, lm->gen_config, bf16, save_extra, (void *)lm, e);
   free(text);
   return rc;
 }
@@ -70,6 +210,7 @@ int lm_save(const struct lm *lm, const char *dir, int bf16, struct dapo_err *e) 
 void lm_close(struct lm *lm) {
   model_free(lm->model);
   tok_free(lm->tok);
-  lm->model = NULL;
-  lm->tok = NULL;
+  json_decref(lm->tok_config);
+  json_decref(lm->gen_config);
+  memset(lm, 0, sizeof *lm);
 }

@@ -146,6 +146,14 @@ int model_config_from_json(struct model_config *c, const json_t *j, struct dapo_
   return model_config_validate(c, e);
 }
 
+int64_t model_param_count(const struct model_config *c) {
+  int64_t C = c->hidden_size, V = c->vocab_size, FF = c->intermediate_size;
+  int64_t Q = (int64_t)c->num_heads * c->head_dim, KV = (int64_t)c->num_kv_heads * c->head_dim;
+  int64_t layer = C + C * Q + 2 * C * KV + Q * C + C + 3 * C * FF;
+  if (c->qkv_bias) layer += Q + 2 * KV;
+  return V * C + (int64_t)c->num_layers * layer + C + (c->tie_word_embeddings ? 0 : V * C);
+}
+
 json_t *model_config_to_json(const struct model_config *c, const char *torch_dtype) {
   int q = c->arch == ARCH_QWEN2;
   json_t *j = json_object();

@@ -39,6 +39,10 @@ struct model_config {
 /* Checks ranges and divisibility; names the offending key in e. */
 int model_config_validate(const struct model_config *c, struct dapo_err *e);
 
+/* Parameters (floats) of a model with config c, as model_new lays them out: a tied lm_head is
+ * not counted twice. Equals model->n_params. */
+int64_t model_param_count(const struct model_config *c);
+
 /* Parses a Hugging Face config.json object (borrowed). Unknown keys are ignored; keys that
  * change the maths and that we do not implement (rope_scaling, attention_bias on Llama,
  * mlp_bias, sliding windows in use, other hidden_act than silu) are refused by name. */

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "adamw.h"
+#include "chat.h"
 #include "checkpoint.h"
 #include "dapo.h"
 #include "dataset.h"
@@ -52,9 +53,9 @@ int jobspec_parse(const json_t *body, const struct judge_policy *pol, struct job
     spec_err(errors, "", "the job body must be a JSON object");
     return 1;
   }
-  static const char *const known[] = {"model",    "training_file",   "validation_file",
-                                      "judge",    "hyperparameters", "seed",
-                                      "metadata", "suffix",          "job_id"};
+  static const char *const known[] = {
+      "model", "training_file", "validation_file", "judge",  "hyperparameters",
+      "seed",  "metadata",      "suffix",          "job_id", "chat_template"};
   const char *key;
   json_t *v;
   json_object_foreach((json_t *)body, key, v) {
@@ -121,6 +122,27 @@ int jobspec_parse(const json_t *body, const struct judge_policy *pol, struct job
     }
     judge_free(j);
   }
+  json_t *ct = json_object_get(body, "chat_template");
+  if (ct && !json_is_null(ct)) {
+    s->chat_template = json_incref(ct);
+    /* everything but "auto" can be checked without the model */
+    if (!json_is_string(ct) || strcmp(json_string_value(ct), "auto")) {
+      struct dapo_err e = {0};
+      struct chat_template *c = chat_from_spec(ct, NULL, &e);
+      if (!c) {
+        const char *colon = strstr(e.msg, ": ");
+        char field[96] = "chat_template";
+        const char *msg = e.msg;
+        if (colon && !strncmp(e.msg, "chat_template", 13) && colon - e.msg < (long)sizeof field) {
+          memcpy(field, e.msg, (size_t)(colon - e.msg));
+          field[colon - e.msg] = '\0';
+          msg = colon + 2;
+        }
+        spec_err(errors, field, msg);
+      }
+      chat_free(c);
+    }
+  }
   hparams_parse(&s->hp, json_object_get(body, "hyperparameters"), errors);
   if (!s->model || !s->training_file || !s->job_id || !s->judge) {
     if ((model && !s->model) || (tf && !s->training_file) || !s->job_id || !s->judge)
@@ -130,9 +152,12 @@ int jobspec_parse(const json_t *body, const struct judge_policy *pol, struct job
 }
 
 json_t *jobspec_to_json(const struct job_spec *s) {
-  return json_pack("{s:s?,s:s?,s:s?,s:O?,s:o,s:I}", "model", s->model, "training_file",
+  /* chat_template only when given, so that specs (and the checkpoints that record them) of jobs
+   * without one stay as they were */
+  return json_pack("{s:s?,s:s?,s:s?,s:O?,s:o,s:I,s:O*}", "model", s->model, "training_file",
                    s->training_file, "validation_file", s->validation_file, "judge", s->judge,
-                   "hyperparameters", hparams_to_json(&s->hp), "seed", (json_int_t)s->seed);
+                   "hyperparameters", hparams_to_json(&s->hp), "seed", (json_int_t)s->seed,
+                   "chat_template", s->chat_template);
 }
 
 void jobspec_deinit(struct job_spec *s) {
@@ -141,6 +166,7 @@ void jobspec_deinit(struct job_spec *s) {
   free(s->validation_file);
   free(s->job_id);
   json_decref(s->judge);
+  json_decref(s->chat_template);
   memset(s, 0, sizeof *s);
 }
 
@@ -168,7 +194,9 @@ struct trainer {
   char out[PATH_MAX - 64];
 
   struct lm lm;
-  struct model *ref; /* frozen starting weights when kl_coef > 0 */
+  struct chat_template *chat;    /* renders `messages` prompts; NULL until one needs it */
+  int chat_stop[2], n_chat_stop; /* the chat template's end-of-turn token */
+  struct model *ref;             /* frozen starting weights when kl_coef > 0 */
   struct adamw opt;
   int have_opt;
   struct train_state *ts;
@@ -321,44 +349,206 @@ static int mkdir_p(const char *path) {
   return mkdir(buf, 0755) && errno != EEXIST ? -1 : 0;
 }
 
-/* Tokenizes every prompt of d once; checks prompt + max_new_tokens fits the context. */
+/* Capacities of a job: longest sequence, tokens of a micro-batch, sequences generated at once. */
+static void caps(const struct hparams *hp, int max_prompt, int with_val, int *cap_t,
+                 int *cap_tokens, int *gen_cap) {
+  *cap_t = max_prompt + hp->max_new_tokens;
+  *cap_tokens = hp->micro_batch_tokens > *cap_t ? hp->micro_batch_tokens : *cap_t;
+  int groups = hp->gen_batch_size / hp->group_size;
+  *gen_cap = (groups > 0 ? groups : 1) * hp->group_size;
+  if (with_val && hp->eval_samples > *gen_cap) *gen_cap = hp->eval_samples;
+}
+
+void runner_memory_plan(const struct model_config *c, const struct hparams *hp,
+                        int max_prompt_tokens, int with_validation, struct mem_plan *p) {
+  memset(p, 0, sizeof *p);
+  struct model_config cc = *c;
+  int cap_t, cap_tokens, gen_cap;
+  caps(hp, max_prompt_tokens, with_validation, &cap_t, &cap_tokens, &gen_cap);
+  if (cap_t > cc.max_position_embeddings) cc.max_position_embeddings = cap_t; /* a bound only */
+  int64_t n = model_param_count(&cc);
+  p->parameters = n;
+  p->weights = (uint64_t)n * sizeof(float);
+  p->gradients = p->weights;
+  p->optimizer = 2 * p->weights;
+  p->reference = hp->kl_coef > 0 ? p->weights : 0;
+  p->activations = train_state_bytes(&cc, cap_tokens, cap_tokens, cap_t);
+  p->generation = gen_state_bytes(&cc, gen_cap, cap_t);
+  size_t T = (size_t)cap_tokens, G = (size_t)gen_cap, M = (size_t)hp->max_new_tokens;
+  p->buffers = T * (3 * sizeof(int) + 4 * sizeof(float) + sizeof(double) + sizeof(void *)) +
+               sizeof(int) + G * M * (sizeof(int) + sizeof(float)) +
+               G * (3 * sizeof(int) + sizeof(struct rng) + sizeof(int *));
+  p->total = p->weights + p->gradients + p->optimizer + p->reference + p->activations +
+             p->generation + p->buffers;
+  p->cap_seq_len = cap_t;
+  p->cap_tokens = cap_tokens;
+  p->gen_batch = gen_cap;
+}
+
+/* ---- checking a job before it is queued -------------------------------------------------- */
+
+static int build_chat(const struct job_spec *spec, const struct lm *lm, struct chat_template **out,
+                      int *stop_id, struct dapo_err *e);
+static int encode_prompt(const struct lm *lm, const struct chat_template *chat,
+                         const struct ds_item *it, int max_new, int **ids, int *n,
+                         struct dapo_err *e);
+
+/* The longest prompt of the file at path (added to errors under field which on failure). */
+static int check_file(const struct job_spec *s, const struct lm *lm, struct chat_template **chat,
+                      const char *path, const char *which, int *max_prompt, json_t *errors) {
+  struct dapo_err e = {0};
+  struct dataset *d = NULL;
+  struct ds_limits lim = {DS_DEFAULT_MAX_LINE_BYTES, DS_DEFAULT_MAX_ITEMS, DS_DEFAULT_MAX_ERRORS};
+  if (ds_load(path, &lim, &d, NULL, &e)) {
+    spec_err(errors, which, e.msg);
+    return 1;
+  }
+  int bad = 0;
+  for (int i = 0; i < ds_count(d) && !bad; i++) {
+    const struct ds_item *it = ds_get(d, i);
+    if (!it->prompt && !*chat) {
+      int id;
+      if (build_chat(s, lm, chat, &id, &e)) {
+        spec_err(errors, "chat_template", e.msg);
+        bad = 1;
+        break;
+      }
+    }
+    int *ids = NULL, k = 0;
+    if (encode_prompt(lm, *chat, it, s->hp.max_new_tokens, &ids, &k, &e)) {
+      char msg[sizeof e.msg + 8];
+      snprintf(msg, sizeof msg, "%s", e.msg);
+      spec_err(errors, which, msg);
+      bad = 1;
+    }
+    free(ids);
+    if (k > *max_prompt) *max_prompt = k;
+  }
+  ds_free(d);
+  return bad;
+}
+
+int runner_check_job(const struct job_spec *s, struct mem_plan *plan, json_t *errors) {
+  size_t before = json_array_size(errors);
+  memset(plan, 0, sizeof *plan);
+  struct lm lm;
+  struct dapo_err e = {0};
+  if (lm_open_meta(s->model, &lm, &e)) {
+    spec_err(errors, "model", e.msg);
+    return (int)(json_array_size(errors) - before);
+  }
+  struct chat_template *chat = NULL;
+  int id, max_prompt = 0;
+  if (s->chat_template && build_chat(s, &lm, &chat, &id, &e))
+    spec_err(errors, "chat_template", e.msg);
+  else if (!check_file(s, &lm, &chat, s->training_file, "training_file", &max_prompt, errors) &&
+           s->validation_file)
+    check_file(s, &lm, &chat, s->validation_file, "validation_file", &max_prompt, errors);
+  runner_memory_plan(&lm.cfg, &s->hp, max_prompt, s->validation_file != NULL, plan);
+  chat_free(chat);
+  lm_close(&lm);
+  return (int)(json_array_size(errors) - before);
+}
+
+/* The chat template of spec on lm (*out, owned) and its end-of-turn token (*stop_id, -1 when it
+ * has none). Errors (message in e) are the user's. */
+static int build_chat(const struct job_spec *spec, const struct lm *lm, struct chat_template **out,
+                      int *stop_id, struct dapo_err *e) {
+  *stop_id = -1;
+  if (!(*out = chat_from_spec(spec->chat_template, lm->tok_config, e)))
+    return e->code ? e->code : DAPO_EINVAL;
+  const char *stop = chat_stop_text(*out);
+  if (!stop) return 0;
+  int k = 0;
+  struct dapo_err ee = {0};
+  if (tok_encode(lm->tok, stop, strlen(stop), stop_id, 1, &k, &ee) || k != 1) {
+    *stop_id = -1;
+    return dapo_errf(e, DAPO_EINVAL,
+                     "chat_template: its end-of-turn text '%.40s' is not one token of this "
+                     "model's tokenizer (a %s template on a model not tuned for it?)",
+                     stop, chat_family(*out));
+  }
+  return 0;
+}
+
+/* A dataset item's prompt as token ids (*ids, owned, one spare slot; *n ids): `messages`
+ * rendered with chat, or the prompt text; an empty prompt becomes the BOS token. Checks that
+ * prompt + max_new_tokens fits the context. Errors name the line (DAPO_ERANGE: too long). */
+static int encode_prompt(const struct lm *lm, const struct chat_template *chat,
+                         const struct ds_item *it, int max_new, int **ids, int *n,
+                         struct dapo_err *e) {
+  *ids = NULL;
+  *n = 0;
+  char *rendered = NULL;
+  if (!it->prompt) {
+    if (!chat)
+      return dapo_errf(e, DAPO_EINVAL, "line %d: 'messages' need a chat template", it->line);
+    if (chat_render(chat, it->messages, &rendered, e))
+      return dapo_err_prefix(e, "line %d: ", it->line);
+  }
+  const char *text = rendered ? rendered : it->prompt;
+  size_t len = strlen(text);
+  int k = 0, rc = 0;
+  int *v = NULL;
+  if ((rc = tok_encode(lm->tok, text, len, NULL, 0, &k, e)) ||
+      (!(v = malloc(sizeof(int) * (size_t)(k + 1))) && (rc = DAPO_ENOMEM)) ||
+      (rc = tok_encode(lm->tok, text, len, v, k, &k, e))) {
+    free(rendered);
+    free(v);
+    if (rc == DAPO_ENOMEM) return dapo_errf(e, DAPO_ENOMEM, "out of memory");
+    return dapo_err_prefix(e, "line %d: ", it->line);
+  }
+  free(rendered);
+  const struct model_config *c = &lm->cfg;
+  if (k == 0) {
+    if (c->bos_token_id < 0) {
+      free(v);
+      return dapo_errf(e, DAPO_EINVAL,
+                       "line %d: the prompt is empty and the model has no BOS token", it->line);
+    }
+    v[k++] = c->bos_token_id;
+  }
+  if (k + max_new > c->max_position_embeddings) {
+    free(v);
+    return dapo_errf(e, DAPO_ERANGE,
+                     "line %d: the prompt has %d tokens; with max_new_tokens %d that exceeds the "
+                     "model's context of %d",
+                     it->line, k, max_new, c->max_position_embeddings);
+  }
+  *ids = v;
+  *n = k;
+  return 0;
+}
+
+/* The trainer's chat template, built once (when the job gives one or a prompt needs it). */
+static int need_chat(struct trainer *t) {
+  if (t->chat) return 0;
+  struct dapo_err e = {0};
+  int id;
+  if (build_chat(t->spec, &t->lm, &t->chat, &id, &e))
+    return failf(t, "invalid_chat_template", "user", "chat_template", "%s", e.msg);
+  if (id >= 0) t->chat_stop[t->n_chat_stop++] = id;
+  return 0;
+}
+
+/* Tokenizes every prompt of d once (`messages` rendered with the job's chat template);
+ * checks prompt + max_new_tokens fits the context. */
 static int tokenize_items(struct trainer *t, const struct dataset *d, const char *which, int ***ids,
                           int **lens, int *max_len) {
   int n = ds_count(d);
   *ids = calloc((size_t)n, sizeof **ids);
   *lens = calloc((size_t)n, sizeof **lens);
   if (!*ids || !*lens) return failf(t, "out_of_memory", "system", which, "out of memory");
-  const struct model_config *c = &t->lm.model->cfg;
   for (int i = 0; i < n; i++) {
     const struct ds_item *it = ds_get(d, i);
-    if (!it->prompt)
-      return failf(t, "invalid_dataset", "user", which,
-                   "%s line %d: 'messages' prompts need a chat template, which this version "
-                   "does not render yet; give 'prompt' as text",
-                   which, it->line);
     struct dapo_err e = {0};
-    size_t len = strlen(it->prompt);
-    int k = 0;
-    if (tok_encode(t->lm.tok, it->prompt, len, NULL, 0, &k, &e))
-      return failf(t, "invalid_dataset", "user", which, "%s line %d: %s", which, it->line, e.msg);
-    int *v = malloc(sizeof(int) * (size_t)(k + 1));
-    if (!v) return failf(t, "out_of_memory", "system", which, "out of memory");
-    (*ids)[i] = v;
-    if (tok_encode(t->lm.tok, it->prompt, len, v, k, &k, &e))
-      return failf(t, "invalid_dataset", "user", which, "%s line %d: %s", which, it->line, e.msg);
-    if (k == 0) {
-      if (c->bos_token_id < 0)
-        return failf(t, "invalid_dataset", "user", which,
-                     "%s line %d: the prompt is empty and the model has no BOS token", which,
-                     it->line);
-      v[k++] = c->bos_token_id;
-    }
+    if (!it->prompt && need_chat(t)) return 1;
+    int k, rc = encode_prompt(&t->lm, t->chat, it, t->hp->max_new_tokens, &(*ids)[i], &k, &e);
+    if (rc == DAPO_ENOMEM) return failf(t, "out_of_memory", "system", which, "out of memory");
+    if (rc)
+      return failf(t, rc == DAPO_ERANGE ? "prompt_too_long" : "invalid_dataset", "user", which,
+                   "%s %s", which, e.msg);
     (*lens)[i] = k;
-    if (k + t->hp->max_new_tokens > c->max_position_embeddings)
-      return failf(t, "prompt_too_long", "user", which,
-                   "%s line %d: the prompt has %d tokens; with max_new_tokens %d that exceeds "
-                   "the model's context of %d",
-                   which, it->line, k, t->hp->max_new_tokens, c->max_position_embeddings);
     if (k > *max_len) *max_len = k;
   }
   return 0;
@@ -471,6 +661,7 @@ static int setup(struct trainer *t) {
       load_dataset(t, t->spec->validation_file, "validation_file", &t->val))
     return 1;
   int max_prompt = 0;
+  if (t->spec->chat_template && need_chat(t)) return 1;
   if (tokenize_items(t, t->train, "training_file", &t->ids, &t->ids_len, &max_prompt)) return 1;
   if (t->val && tokenize_items(t, t->val, "validation_file", &t->vids, &t->vids_len, &max_prompt))
     return 1;
@@ -478,12 +669,8 @@ static int setup(struct trainer *t) {
   if (!(t->judge = judge_new(t->spec->judge, t->o ? t->o->judge_policy : NULL, &e)))
     return fail_err(t, "invalid_judge", "judge", &e);
 
-  /* capacities */
-  t->cap_t = max_prompt + hp->max_new_tokens;
-  t->cap_tokens = hp->micro_batch_tokens > t->cap_t ? hp->micro_batch_tokens : t->cap_t;
-  int groups = hp->gen_batch_size / hp->group_size;
-  t->gen_cap = (groups > 0 ? groups : 1) * hp->group_size;
-  if (t->val && hp->eval_samples > t->gen_cap) t->gen_cap = hp->eval_samples;
+  /* capacities (as runner_memory_plan counts them) */
+  caps(hp, max_prompt, t->val != NULL, &t->cap_t, &t->cap_tokens, &t->gen_cap);
   if (!(t->ts = train_state_new(t->lm.model, t->cap_tokens, t->cap_tokens, t->cap_t, &e)) ||
       !(t->gs = gen_state_new(t->lm.model, t->gen_cap, t->cap_t, &e)))
     return fail_err(t, "out_of_memory", NULL, &e);
@@ -514,12 +701,17 @@ static int setup(struct trainer *t) {
       !t->g_fin || !t->g_plen || !t->g_rng || !t->g_prompts)
     return failf(t, "out_of_memory", "system", NULL, "out of memory for batch buffers");
 
-  const struct model_config *c = &t->lm.model->cfg;
   t->so.top_p = (float)hp->top_p;
   t->so.temperature = (float)hp->temperature;
   t->so.max_new_tokens = hp->max_new_tokens;
   t->so.n_stop = 0;
-  if (c->eos_token_id >= 0) t->so.stop_ids[t->so.n_stop++] = c->eos_token_id;
+  for (int i = 0; i < t->lm.n_stop && t->so.n_stop < SAMPLER_MAX_STOP; i++)
+    t->so.stop_ids[t->so.n_stop++] = t->lm.stop_ids[i];
+  for (int i = 0; i < t->n_chat_stop && t->so.n_stop < SAMPLER_MAX_STOP; i++) {
+    int dup = 0;
+    for (int j = 0; j < t->so.n_stop; j++) dup |= t->so.stop_ids[j] == t->chat_stop[i];
+    if (!dup) t->so.stop_ids[t->so.n_stop++] = t->chat_stop[i];
+  }
   if (from >= 0) return log_event(t, "info", "resumed from the checkpoint of step %" PRId64, from);
   return 0;
 }
@@ -544,6 +736,7 @@ static void teardown(struct trainer *t) {
   if (t->have_opt) adamw_deinit(&t->opt);
   model_free(t->ref);
   lm_close(&t->lm);
+  chat_free(t->chat);
 }
 
 /* ---- generation ----------------------------------------------------------------------------- */
@@ -880,7 +1073,7 @@ static int ckpt_extra(void *ctx, const char *tmp_dir, struct dapo_err *e) {
   char p[PATH_MAX];
   snprintf(p, sizeof p, "%s/optimizer.safetensors", tmp_dir);
   int rc = adamw_save(&t->opt, t->lm.model, p, e);
-  if (rc) return rc;
+  if (rc || (rc = lm_write_extra(&t->lm, tmp_dir, e))) return rc;
   json_t *st =
       json_pack("{s:I,s:{s:I,s:I,s:I},s:o,s:O?}", "step", (json_int_t)t->step, "cursor", "seed",
                 (json_int_t)t->cursor.seed, "epoch", (json_int_t)t->cursor.epoch, "pos",
@@ -949,14 +1142,15 @@ static int checkpoint(struct trainer *t, const json_t *metrics) {
   if (!text) return failf(t, "out_of_memory", "system", NULL, "out of memory");
   struct ckpt_ctx c = {t, metrics};
   struct dapo_err e = {0};
-  int rc = ckpt_save_with(dir, t->lm.model, text, NULL, 0, ckpt_extra, &c, &e);
+  int rc = ckpt_save_with(dir, t->lm.model, text, t->lm.gen_config, 0, ckpt_extra, &c, &e);
   free(text);
   if (rc) return fail_err(t, "io_error", NULL, &e);
   prune(t);
   json_t *files = json_array();
-  static const char *const names[] = {"config.json",           "model.safetensors",
-                                      "tokenizer.json",        "generation_config.json",
-                                      "optimizer.safetensors", "trainer_state.json"};
+  static const char *const names[] = {
+      "config.json",           "model.safetensors",      "tokenizer.json",
+      "tokenizer_config.json", "generation_config.json", "optimizer.safetensors",
+      "trainer_state.json"};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
     char p[PATH_MAX + 32];
     snprintf(p, sizeof p, "%s/%s", dir, names[i]);

@@ -18,6 +18,7 @@
 
 #include "error.h"
 #include "hparams.h"
+#include "model.h"
 #include "judge.h"
 
 struct pool;
@@ -29,7 +30,10 @@ struct job_spec {
   json_t *judge;         /* judge spec object (owned reference) */
   struct hparams hp;     /* resolved */
   uint64_t seed;
-  char *job_id; /* name used in judge requests; "job-local" by default (owned) */
+  char *job_id;          /* name used in judge requests; "job-local" by default (owned) */
+  json_t *chat_template; /* how `messages` prompts are rendered (core/chat.h): NULL when the
+                            body has none ("auto": the model's own template), else the given
+                            value (owned reference) */
 };
 
 /* Parses and validates a job body (borrowed). Problems are appended to errors (a JSON array) as
@@ -75,6 +79,36 @@ struct runner_result {
   char param[96];   /* the field at fault, or "" */
   char message[512];
 };
+
+/* The memory a job allocates, by part, in bytes (what runner_run allocates at set-up; buffers
+ * of the rollouts themselves, the dataset and the tokenizer are not counted). */
+struct mem_plan {
+  int64_t parameters;   /* floats of the model (a tied head counted once) */
+  uint64_t weights;     /* parameters, float32 */
+  uint64_t gradients;   /* one float per parameter */
+  uint64_t optimizer;   /* AdamW's two moments */
+  uint64_t reference;   /* the frozen reference model when kl_coef > 0, else 0 */
+  uint64_t activations; /* the training pass's saved activations for micro_batch_tokens */
+  uint64_t generation;  /* the sampler's KV cache and logits for the generation batch */
+  uint64_t buffers;     /* the runner's per-token batch arrays */
+  uint64_t total;
+  int cap_seq_len; /* longest sequence: max prompt tokens + max_new_tokens */
+  int cap_tokens;  /* tokens of one micro-batch */
+  int gen_batch;   /* sequences generated at once */
+};
+
+/* The plan of a job on a model with config c and hyperparameters hp, whose longest prompt has
+ * max_prompt_tokens tokens; with_validation when it has a validation file (eval_samples may
+ * widen the generation batch). The same capacities runner_run allocates. */
+void runner_memory_plan(const struct model_config *c, const struct hparams *hp,
+                        int max_prompt_tokens, int with_validation, struct mem_plan *p);
+
+/* Checks a parsed job against its model and data before it is queued, without loading weights:
+ * the model's config and tokenizer open, every prompt of the datasets renders (chat template)
+ * and fits the context with max_new_tokens. Problems are appended to errors as {"field",
+ * "message"} (field "model", "chat_template", "training_file", "validation_file"; messages name
+ * the line). *plan is the job's memory plan (for the longest prompt). Returns the problem count. */
+int runner_check_job(const struct job_spec *s, struct mem_plan *plan, json_t *errors);
 
 /* The newest complete checkpoint (a step-N folder with trainer_state.json) under
  * out_dir/checkpoints, the one runner_run resumes from; -1 when there is none. */

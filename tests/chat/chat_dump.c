@@ -1,0 +1,51 @@
+/* Renders conversations with core/chat.c for tests/chat/test_chat_jinja.py. Reads one JSON object
+ * from stdin: {"tokenizer_config": object|null, "spec": any, "conversations": [[messages]...]}
+ * and prints {"family": ..., "stop": ..., "rendered": [string | {"error": message}]}, or
+ * {"error": message} when the template itself is refused. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <jansson.h>
+
+#include "chat.h"
+
+int main(void) {
+  json_error_t je;
+  json_t *in = json_loadf(stdin, JSON_DECODE_INT_AS_REAL, &je);
+  if (!in) {
+    fprintf(stderr, "chat_dump: stdin: %s\n", je.text);
+    return 2;
+  }
+  struct dapo_err e = {0};
+  json_t *cfg = json_object_get(in, "tokenizer_config");
+  struct chat_template *t =
+      chat_from_spec(json_object_get(in, "spec"), json_is_null(cfg) ? NULL : cfg, &e);
+  json_t *out = json_object();
+  if (!t) {
+    json_object_set_new(out, "error", json_string(e.msg));
+  } else {
+    json_object_set_new(out, "family", json_string(chat_family(t)));
+    json_object_set_new(out, "stop",
+                        chat_stop_text(t) ? json_string(chat_stop_text(t)) : json_null());
+    json_object_set_new(out, "resolved", chat_to_json(t));
+    json_t *arr = json_array();
+    size_t i;
+    json_t *conv;
+    json_array_foreach(json_object_get(in, "conversations"), i, conv) {
+      char *s = NULL;
+      struct dapo_err re = {0};
+      if (chat_render(t, conv, &s, &re))
+        json_array_append_new(arr, json_pack("{s:s}", "error", re.msg));
+      else
+        json_array_append_new(arr, json_string(s));
+      free(s);
+    }
+    json_object_set_new(out, "rendered", arr);
+    chat_free(t);
+  }
+  json_dumpf(out, stdout, JSON_ENSURE_ASCII);
+  putchar('\n');
+  json_decref(out);
+  json_decref(in);
+  return 0;
+}
