@@ -1,0 +1,320 @@
+// Browser test of the dapod dashboard (label web): playwright-core drives Debian's
+// /usr/bin/chromium (headless) against a dapod started here on 127.0.0.1 port 0 with a scratch
+// data dir and an API key, serving the build's web/ folder (web_dir auto).
+//
+// The scenario, each step checked against the API itself (Node's fetch with the key):
+//  1. / redirects to the dashboard; the job list asks for the key; a wrong key is refused in
+//     the dialog, the right one is kept in sessionStorage and sent as a Bearer header (never in
+//     a URL, checked over every request the page made).
+//  2. New job: a JSONL upload through the form (the file object matches the API's), a bad
+//     hyperparameter caught in the browser (no request sent), a cross-field one refused by the
+//     daemon and shown next to its field (errors[].field), then a job started from the form.
+//  3. Job page: the reward chart gains points as steps finish over SSE: after Pause the chart
+//     holds exactly job.step points (the API's), after Resume it gains more; Cancel ends it.
+//  4. Rollout viewer: groups and responses of the step as the API's rollouts file has them.
+//  5. A checkpoint's model.safetensors downloaded from the page (fetch + blob with the key):
+//     its SHA-256 equals the checkpoint list's and the bytes the API sends.
+//  6. Without uPlot the page says the charts are unavailable.
+// Screenshots go to --artifacts (printed at the end).
+//
+// Usage: node dashboard.test.mjs --dapod BUILD/server/dapod --data tests/data/addition.jsonl
+//          --artifacts DIR
+
+import { spawn } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { chromium } from 'playwright-core';
+
+const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) => {
+  if (a.startsWith('--')) acc.push([a.slice(2), all[i + 1]]);
+  return acc;
+}, []));
+for (const k of ['dapod', 'data', 'artifacts']) {
+  if (!args[k]) { console.error(`usage: --dapod BIN --data FILE --artifacts DIR (missing --${k})`); process.exit(2); }
+}
+
+const KEY = 'dashboard-test-key-7f3a';
+const WAIT = 90000; // generous: a loaded 2-core machine, a sanitizer build
+const sha256 = (buf) => createHash('sha256').update(buf).digest('hex');
+let failures = 0;
+function check(cond, msg) {
+  if (cond) { console.log(`ok   ${msg}`); return; }
+  failures++;
+  console.log(`FAIL ${msg}`);
+  throw new Error(`check failed: ${msg}`);
+}
+
+// ---- the daemon ----
+
+function startDaemon() {
+  const tmp = mkdtempSync(join(tmpdir(), 'dapod-web-'));
+  const proc = spawn(args.dapod, ['serve', '--listen', '127.0.0.1:0', '--data-dir', join(tmp, 'var'),
+    '--models-dir', join(tmp, 'models'), '--workers', '1', '--blas-threads', '1',
+    '--api-keys', `web:${sha256(KEY)}`], { stdio: ['ignore', 'ignore', 'pipe'] });
+  let log = '';
+  const ready = new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`dapod did not listen in time:\n${log}`)), WAIT);
+    proc.stderr.on('data', (d) => {
+      log += d.toString();
+      const m = log.match(/dapod: listening on (http:\/\/[^\s]+)/);
+      if (m) { clearTimeout(timer); resolve(m[1]); }
+    });
+    proc.on('exit', (c) => reject(new Error(`dapod exited (${c}):\n${log}`)));
+  });
+  return { proc, tmp, ready, log: () => log };
+}
+
+async function waitReady(base) {
+  const end = Date.now() + WAIT;
+  while (Date.now() < end) {
+    try { if ((await fetch(`${base}/readyz`)).status === 200) return; } catch (e) { /* not yet */ }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error('dapod not ready in time');
+}
+
+function stopDaemon(d) {
+  return new Promise((resolve) => {
+    if (d.proc.exitCode !== null) { resolve(d.proc.exitCode); return; }
+    const t = setTimeout(() => d.proc.kill('SIGKILL'), 30000);
+    d.proc.on('exit', (code) => { clearTimeout(t); resolve(code); });
+    d.proc.kill('SIGTERM');
+  });
+}
+
+// ---- the scenario ----
+
+async function main() {
+  mkdirSync(args.artifacts, { recursive: true });
+  const daemon = startDaemon();
+  let browser = null;
+  const shots = [];
+  try {
+    const base = await daemon.ready;
+    await waitReady(base);
+    const apiGet = async (path) => {
+      const r = await fetch(base + path, { headers: { Authorization: `Bearer ${KEY}` } });
+      if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
+      return r;
+    };
+    const apiJson = async (path) => (await apiGet(path)).json();
+
+    browser = await chromium.launch({
+      executablePath: '/usr/bin/chromium',
+      headless: true,
+      args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage'],
+    });
+    const context = await browser.newContext({ viewport: { width: 1400, height: 900 }, acceptDownloads: true });
+    const page = await context.newPage();
+    page.setDefaultTimeout(WAIT);
+    const requests = [];
+    page.on('request', (r) => requests.push({ url: r.url(), method: r.method(), auth: r.headers().authorization || null }));
+    const consoleErrors = [];
+    page.on('pageerror', (e) => consoleErrors.push(String(e)));
+    const shot = async (name) => {
+      const p = join(args.artifacts, `${name}.png`);
+      await page.screenshot({ path: p, fullPage: true });
+      shots.push(p);
+    };
+
+    // 1. the key
+    await page.goto(`${base}/`);
+    check(page.url() === `${base}/ui/`, `/ redirects to /ui/ (${page.url()})`);
+    await page.locator('#key-dialog[open]').waitFor();
+    check(true, 'the job list asks for the API key');
+    await page.fill('#key-input', 'wrong-key');
+    await page.click('#key-save');
+    await page.locator('#key-error:not([hidden])').waitFor();
+    check((await page.textContent('#key-error')).includes('refused'), 'a wrong key is refused in the dialog');
+    await page.fill('#key-input', KEY);
+    await page.click('#key-save');
+    await page.locator('#jobs-table td.empty').waitFor();
+    check(await page.evaluate(() => sessionStorage.getItem('dapod.apiKey')) === 'dashboard-test-key-7f3a', 'the key is kept in sessionStorage');
+    check((await page.textContent('#key-state')) === 'API key set', 'the header says a key is set');
+    await shot('01-jobs-empty');
+
+    // 2. new job: upload, field errors, start
+    await page.click('a[data-nav="new"]');
+    await page.locator('#job-form').waitFor();
+    await page.setInputFiles('#upload-input', args.data);
+    await page.click('#upload-button');
+    await page.locator('#upload-result .alert.ok').waitFor();
+    const files = await apiJson('/v1/files');
+    check(files.data.length === 1 && files.data[0].status === 'valid', 'the upload is stored and valid');
+    const fileObj = files.data[0];
+    check(fileObj.sha256 === sha256(readFileSync(args.data)), 'the stored file has the dataset\'s SHA-256');
+    check(await page.inputValue('#f-training-file') === fileObj.id, 'the uploaded file is chosen as training file');
+    check((await page.textContent('#upload-result')).includes(`${fileObj.n_items} items`), 'the form shows the item count');
+    // defaults from the daemon's table are shown
+    check(await page.getAttribute('#f-hyperparameters-group-size', 'placeholder') === '8', 'group_size shows its default 8');
+    check(await page.getAttribute('#f-hyperparameters-learning-rate', 'placeholder') === '0.00001', 'learning_rate shows its default 1e-5');
+
+    await page.selectOption('#f-model', 'tiny');
+    await page.fill('#f-hyperparameters-total-steps', '2000');
+    await page.fill('#f-hyperparameters-group-size', '1');
+    await page.fill('#f-hyperparameters-prompt-batch-size', '2');
+    await page.fill('#f-hyperparameters-max-new-tokens', '6');
+    const postsBefore = requests.filter((r) => r.method === 'POST' && r.url.endsWith('/v1/jobs')).length;
+    await page.click('#submit-job');
+    const gErr = page.locator('[data-error-for="hyperparameters.group_size"]');
+    await gErr.waitFor();
+    check((await gErr.textContent()).includes('not in [2, 1024]'), `browser validation names group_size's bounds ("${await gErr.textContent()}")`);
+    check(requests.filter((r) => r.method === 'POST' && r.url.endsWith('/v1/jobs')).length === postsBefore, 'nothing was sent for an out-of-range knob');
+
+    await page.fill('#f-hyperparameters-group-size', '4');
+    await page.click('#all-knobs summary');
+    await page.fill('#f-hyperparameters-minibatch-size', '100');
+    await page.selectOption('#f-hyperparameters-dynamic-sampling', 'false');
+    const resp422 = page.waitForResponse((r) => r.url().endsWith('/v1/jobs') && r.request().method() === 'POST');
+    await page.click('#submit-job');
+    const r422 = await resp422;
+    check(r422.status() === 422, 'the daemon refuses minibatch_size > group_size x prompt_batch_size (422)');
+    const problem = await r422.json();
+    const apiMsg = problem.errors.find((e) => e.field === 'hyperparameters.minibatch_size').message;
+    const mErr = page.locator('[data-error-for="hyperparameters.minibatch_size"]');
+    await mErr.waitFor();
+    check(await mErr.textContent() === apiMsg, `the API's message is shown next to minibatch_size ("${apiMsg}")`);
+    check(await page.getAttribute('#f-hyperparameters-minibatch-size', 'class') === 'invalid', 'the field is marked invalid');
+    await mErr.scrollIntoViewIfNeeded();
+    await shot('02-new-job-field-error');
+    check((await apiJson('/v1/jobs')).data.length === 0, 'no job was created by the refused submits');
+
+    await page.fill('#f-hyperparameters-minibatch-size', '');
+    await page.click('#submit-job');
+    await page.waitForURL(/#\/jobs\/job-/);
+    const jobId = page.url().split('#/jobs/')[1];
+    const created = await apiJson(`/v1/jobs/${jobId}`);
+    check(created.model === 'tiny' && created.training_file === fileObj.id, 'the job was created with the form\'s model and file');
+    check(created.hyperparameters.total_steps === 2000 && created.hyperparameters.group_size === 4 &&
+      created.hyperparameters.prompt_batch_size === 2 && created.hyperparameters.max_new_tokens === 6 &&
+      created.hyperparameters.dynamic_sampling === false, 'the job has the form\'s hyperparameters');
+    check(created.hyperparameters.learning_rate === 1e-5, 'an empty knob takes the default');
+
+    // 3. live chart: points arrive, pause, resume, cancel
+    const points = () => page.evaluate(() => Number(document.querySelector('#chart-reward').dataset.points));
+    await page.waitForFunction(() => Number(document.querySelector('#chart-reward')?.dataset.points) >= 2);
+    const early = await points();
+    check(early >= 2, `the reward chart has points while the job runs (${early})`);
+    await page.waitForFunction(() => !document.querySelector('#job-pause').disabled);
+    await page.click('#job-pause');
+    await page.locator('#job-status .badge.st-paused').waitFor();
+    const paused = await apiJson(`/v1/jobs/${jobId}`);
+    check(paused.status === 'paused', 'the job is paused');
+    check(paused.step < 2000, `paused before the end (step ${paused.step})`);
+    await page.waitForFunction((n) => Number(document.querySelector('#chart-reward').dataset.points) === n, paused.step);
+    check(await points() === paused.step, `the chart holds exactly the ${paused.step} finished steps`);
+    const metrics = await apiJson(`/v1/jobs/${jobId}/metrics`);
+    const trained = metrics.filter((m) => m.step >= 1 && m['reward/mean'] !== undefined);
+    check(trained.length === paused.step, 'the API has as many step metrics');
+    const lastM = trained[trained.length - 1];
+    const shownReward = await page.evaluate(() => document.querySelector('.stat .stat-value').textContent);
+    check(Number(shownReward) === Number(lastM['reward/mean'].toPrecision(4)), `the reward tile shows the last step's reward (${shownReward})`);
+    const logRows = await page.locator('#event-log tbody tr.ev-metrics').count();
+    check(logRows === Math.min(paused.step, 500) || logRows > 0, 'metrics events are in the event log');
+    await shot('03-job-paused');
+
+    await page.click('#job-resume');
+    await page.waitForFunction((n) => Number(document.querySelector('#chart-reward').dataset.points) > n, paused.step);
+    const later = await points();
+    check(later > paused.step, `after Resume the chart gained points live (${paused.step} -> ${later})`);
+    for (const id of ['entropy', 'length', 'clip', 'groups', 'throughput']) {
+      check(Number(await page.getAttribute(`#chart-${id}`, 'data-points')) > 0, `chart ${id} has points`);
+    }
+    await page.waitForFunction(() => !document.querySelector('#job-cancel').disabled);
+    await page.click('#job-cancel');
+    await page.locator('#job-status .badge.st-cancelled').waitFor();
+    const final = await apiJson(`/v1/jobs/${jobId}`);
+    check(final.status === 'cancelled', 'Cancel ends the job');
+    await page.locator('#event-log .tag-end').waitFor();
+    check(true, 'the event log shows the stream\'s end');
+    await page.waitForFunction((n) => Number(document.querySelector('#chart-reward').dataset.points) === n, final.step);
+    check(await points() === final.step, `the chart ends with the job's ${final.step} steps`);
+    await page.locator(`#checkpoints details[data-step="${paused.step}"]`).waitFor();
+    await shot('04-job-cancelled');
+
+    // 4. rollout viewer
+    await page.click('#open-rollouts');
+    await page.locator('#rollouts section.group').first().waitFor();
+    const step = Number(await page.inputValue('#rollout-step'));
+    check(step === final.step, `the viewer opens the last step (${step})`);
+    const text = await (await apiGet(`/v1/jobs/${jobId}/rollouts?step=${step}`)).text();
+    const rows = text.split('\n').filter(Boolean).map((l) => JSON.parse(l));
+    const groups = [...new Set(rows.map((r) => r.group))].sort((a, b) => a - b);
+    check(await page.locator('#rollouts section.group').count() === groups.length, `${groups.length} groups shown, as in the rollouts file`);
+    for (const g of groups) {
+      const rs = rows.filter((r) => r.group === g).sort((a, b) => a.index - b.index);
+      const sec = page.locator(`#rollouts section.group[data-group="${g}"]`);
+      check(await sec.locator('tbody tr').count() === rs.length && rs.length === 4, `group ${g}: its G = 4 responses`);
+      const shown = await sec.locator('pre.response').allTextContents();
+      check(shown.every((t, i) => t === (rs[i].response === '' ? '∅ (empty)' : rs[i].response)), `group ${g}: the responses' text`);
+      check((await sec.locator('pre.text').first().textContent()) === rs[0].prompt, `group ${g}: the prompt`);
+      const adv = await sec.locator('tbody tr td:nth-child(6)').allTextContents();
+      check(adv.every((t, i) => Math.abs(Number(t) - rs[i].advantage) <= 1e-3 * Math.max(1, Math.abs(rs[i].advantage))), `group ${g}: the advantages`);
+      const kept = (await sec.locator('.group-head .badge').textContent()) === 'kept';
+      check(kept === rs.some((r) => r.kept), `group ${g}: kept/dropped as the file says`);
+    }
+    await shot('05-rollouts');
+    if (step > 1) {
+      await page.selectOption('#rollout-step', String(step - 1));
+      await page.waitForFunction((s) => document.querySelector('#rollout-summary')?.textContent.startsWith(`step ${s}:`), step - 1);
+      check(true, 'another step can be picked');
+    }
+
+    // 5. download a checkpoint file through the page
+    await page.goto(`${base}/ui/#/jobs/${jobId}`);
+    const ckpts = await apiJson(`/v1/jobs/${jobId}/checkpoints`);
+    const ck = ckpts.data.find((c) => c.step === paused.step);
+    check(ck && ck.files.some((f) => f.name === 'model.safetensors'), `the pause checkpoint (step ${paused.step}) is listed`);
+    const fileMeta = ck.files.find((f) => f.name === 'model.safetensors');
+    const btn = page.locator(`button[data-download="${paused.step}/model.safetensors"]`);
+    await btn.waitFor();
+    const [dl] = await Promise.all([page.waitForEvent('download'), btn.click()]);
+    const dlPath = join(args.artifacts, 'downloaded-model.safetensors');
+    await dl.saveAs(dlPath);
+    const got = readFileSync(dlPath);
+    rmSync(dlPath);
+    check(dl.suggestedFilename() === `${jobId}-step-${paused.step}-model.safetensors`, `download named ${dl.suggestedFilename()}`);
+    check(got.length === fileMeta.bytes, `downloaded ${got.length} bytes, as listed`);
+    check(sha256(got) === fileMeta.sha256, 'the download\'s SHA-256 equals the checkpoint list\'s');
+    const direct = Buffer.from(await (await apiGet(`/v1/jobs/${jobId}/checkpoints/${paused.step}/model.safetensors`)).arrayBuffer());
+    check(Buffer.compare(direct, got) === 0, 'the download equals the bytes the API sends');
+
+    // the job list shows the job
+    await page.goto(`${base}/ui/#/jobs`);
+    await page.locator(`#jobs-table tr[data-job="${jobId}"][data-status="cancelled"]`).waitFor();
+    check(true, 'the job list shows the cancelled job');
+    await shot('06-jobs');
+
+    // keys never in URLs; API calls carry the Bearer key
+    const apiReqs = requests.filter((r) => new URL(r.url).pathname.startsWith('/v1/'));
+    check(requests.every((r) => !r.url.includes(KEY)), `the key is in none of the ${requests.length} URLs`);
+    check(apiReqs.filter((r) => r.auth === `Bearer ${KEY}`).length > 10, 'API calls send Authorization: Bearer <key>');
+    check(apiReqs.some((r) => r.url.includes('/events/stream') && r.auth === `Bearer ${KEY}`), 'the event stream is read with the key header');
+
+    // 6. no uPlot: the page says so
+    await page.route('**/uPlot.esm.js', (route) => route.fulfill({ status: 404, body: '' }));
+    await page.goto(`${base}/ui/#/jobs/${jobId}`);
+    await page.reload();
+    await page.locator('#charts-unavailable').waitFor();
+    check(true, 'without uPlot the job page says the charts are unavailable');
+    await page.unroute('**/uPlot.esm.js');
+
+    check(consoleErrors.length === 0, `no uncaught errors in the page (${consoleErrors.join('; ')})`);
+  } finally {
+    if (browser) await browser.close();
+    const rc = await stopDaemon(daemon);
+    if (rc !== 0) { failures++; console.log(`FAIL dapod exited with ${rc}\n${daemon.log()}`); }
+    rmSync(daemon.tmp, { recursive: true, force: true });
+    console.log(`screenshots: ${shots.join(' ')}`);
+  }
+}
+
+main().then(() => {
+  console.log(failures ? `${failures} check(s) failed` : 'all checks passed');
+  process.exit(failures ? 1 : 0);
+}).catch((e) => {
+  console.log(`FAIL ${e.stack || e}`);
+  process.exit(1);
+});
