@@ -8,7 +8,9 @@ spec and seed, so every step does exactly the same work):
      whole job, and `wrk` hits each read endpoint in turn for --wrk-seconds (GET /healthz,
      /v1/jobs, /v1/jobs/{id}, /v1/jobs/{id}/metrics, /metrics);
   C  baseline again (the machine is shared: A and C bracket its drift).
-A fourth run S has only the SSE subscribers (no wrk). Reported: wrk's requests/s and p50/p99 per
+A fourth run S has only the SSE subscribers (no wrk), a fifth R the subscribers plus a paced poller
+(--rate requests/s over the same endpoints, one keep-alive connection: a realistic dashboard load
+rather than wrk's saturation). Reported: wrk's requests/s and p50/p99 per
 endpoint, SSE connect time and delivery (every subscriber must receive every event of the job
 through `end`), and the median time/step_s of the steps that ran while the load was on, against the
 same steps of A and C. Prints a JSON summary; exits 1 when a check fails (wrong event counts,
@@ -205,6 +207,39 @@ def wrk_run(wrk, url, seconds, conns, threads):
     return res
 
 
+def paced_poll(d, endpoints, rate, jid):
+    """GETs the endpoints in turn at `rate` requests/s (one keep-alive connection) until job jid
+    ends; returns the achieved rate and latency percentiles."""
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=30)
+    lat, i, t0, bad = [], 0, time.monotonic(), 0
+    next_t = t0
+    while True:
+        ep = endpoints[i % len(endpoints)]
+        i += 1
+        t = time.monotonic()
+        conn.request("GET", ep)
+        r = conn.getresponse()
+        body = r.read()
+        lat.append((time.monotonic() - t) * 1e3)
+        if r.status != 200:
+            bad += 1
+        if ep == "/v1/jobs/" + jid and json.loads(body)["status"] in TERMINAL:
+            break
+        next_t += 1.0 / rate
+        delay = next_t - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+    conn.close()
+    if bad:
+        fail("paced poller: %d non-200 replies" % bad)
+    lat.sort()
+    return {"rate_asked": rate, "requests": len(lat),
+            "rate_achieved": round(len(lat) / (time.monotonic() - t0), 1),
+            "p50_ms": round(lat[len(lat) // 2], 2),
+            "p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 2)}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dapod", required=True)
@@ -214,6 +249,8 @@ def main():
     ap.add_argument("--wrk-connections", type=int, default=32)
     ap.add_argument("--wrk-threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--rate", type=float, default=100.0,
+                    help="requests/s of the paced poller of run R")
     cfg = ap.parse_args()
     args = ["--workers", "1", "--blas-threads", "1", "--http-threads", "4",
             "--max-connections", str(cfg.sse + 200),
@@ -266,12 +303,19 @@ def main():
         wait_end(d, js)
         fleet_s.join(event_ids(d, js))
 
-        ta, tb, tc, ts = (step_times(d, j) for j in (ja, jb, jc, js))
+        # R: SSE subscribers and a paced poller (--rate requests/s over the read endpoints)
+        jr = create_job(d, fid, cfg.steps)
+        fleet_r = SseFleet(d.port, jr, cfg.sse)
+        fleet_r.start()
+        paced = paced_poll(d, [ep.replace(jb, jr) for ep in endpoints], cfg.rate, jr)
+        fleet_r.join(event_ids(d, jr))
+
+        ta, tb, tc, ts, tr = (step_times(d, j) for j in (ja, jb, jc, js, jr))
         ma, n = median_of(ta, s0, s1)
         mb, _ = median_of(tb, s0, s1)
         mc, _ = median_of(tc, s0, s1)
         ms_all = [statistics.median(ts.values()), statistics.median(ta.values()),
-                  statistics.median(tc.values())]
+                  statistics.median(tc.values()), statistics.median(tr.values())]
         base_ms = (ma + mc) / 2
         summary.update({
             "wrk": wrk,
@@ -280,7 +324,11 @@ def main():
             "step_s_median": {"A_baseline": round(ma, 4), "B_sse_and_wrk": round(mb, 4),
                               "C_baseline": round(mc, 4), "steps_compared": n},
             "step_time_change_under_wrk_pct": round(100 * (mb - base_ms) / base_ms, 1),
+            "paced": paced,
+            "step_time_change_sse_and_paced_pct": round(
+                100 * (ms_all[3] - (ms_all[1] + ms_all[2]) / 2) / ((ms_all[1] + ms_all[2]) / 2), 1),
             "step_s_median_whole_job": {"S_sse_only": round(ms_all[0], 4),
+                                        "R_sse_and_paced": round(ms_all[3], 4),
                                         "A_baseline": round(ms_all[1], 4),
                                         "C_baseline": round(ms_all[2], 4)},
             "step_time_change_sse_only_pct": round(
