@@ -1043,12 +1043,13 @@ struct api_http *api_http_start(struct server *srv, struct dapo_err *e) {
   h->d = MHD_start_daemon(
       flags, (uint16_t)c->listen.port, NULL, NULL, on_access, h, MHD_OPTION_EXTERNAL_LOGGER,
       on_mhd_log, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE,
-      (unsigned)c->http_threads, MHD_OPTION_CONNECTION_LIMIT, (unsigned)c->max_connections,
-      MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)c->max_connections_per_ip,
-      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)c->connection_timeout_s,
-      MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)c->max_header_bytes, MHD_OPTION_NOTIFY_COMPLETED,
-      on_completed, h, MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_UNESCAPE_CALLBACK,
-      unescape_no_nul, h, MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
+      (unsigned)(c->http_threads > 1 ? c->http_threads : 0), MHD_OPTION_CONNECTION_LIMIT,
+      (unsigned)c->max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+      (unsigned)c->max_connections_per_ip, MHD_OPTION_CONNECTION_TIMEOUT,
+      (unsigned)c->connection_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+      (size_t)c->max_header_bytes, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+      MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_UNESCAPE_CALLBACK, unescape_no_nul,
+      h, MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
   if (!h->d) {
     int err = errno;
     if (use_tls && err != EADDRINUSE && err != EACCES && err != EADDRNOTAVAIL)
