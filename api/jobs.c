@@ -134,7 +134,7 @@ int api_jobs_create(struct api_req *r) {
   int n = errors ? workers_build_spec(srv, r->json, r->owner, id, &spec, errors) : -1;
   struct mem_plan plan = {0};
   if (n == 0) n = runner_check_job(&spec, &plan, errors); /* model, data, chat template */
-  uint64_t limit = api_memory_limit(srv);
+  uint64_t limit = workers_memory_limit(srv);
   if (n == 0 && plan.total > limit) {
     char msg[512];
     snprintf(msg, sizeof msg,

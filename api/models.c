@@ -25,6 +25,7 @@
 #include "runner.h"
 #include "server.h"
 #include "store.h"
+#include "workers.h"
 
 #define MAX_FOLDERS 1000                  /* sub-folders inspected per listing */
 #define CONFIG_JSON_MAX ((size_t)1 << 20) /* config.json is small */
@@ -460,12 +461,6 @@ json_t *api_mem_plan_json(const struct mem_plan *p) {
       p->cap_seq_len, "micro_batch_tokens", p->cap_tokens, "generation_batch", p->gen_batch);
 }
 
-uint64_t api_memory_limit(const struct server *s) {
-  if (s->cfg.memory_limit_bytes) return s->cfg.memory_limit_bytes;
-  long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : UINT64_MAX;
-}
-
 #define DEFAULT_PLAN_PROMPT_TOKENS 256 /* the prompt length GET /v1/models/{id} plans for */
 
 /* The model's config: a preset's, or config.json of the folder or checkpoint that id resolves
@@ -517,8 +512,8 @@ int api_models_get(struct api_req *r) {
     runner_memory_plan(&c, &hp, (int)prompt, 0, &plan);
     json_t *m = api_mem_plan_json(&plan);
     if (m) {
-      json_object_set_new(m, "limit_bytes", json_integer((json_int_t)api_memory_limit(r->srv)));
-      json_object_set_new(m, "fits", json_boolean(plan.total <= api_memory_limit(r->srv)));
+      json_object_set_new(m, "limit_bytes", json_integer((json_int_t)workers_memory_limit(r->srv)));
+      json_object_set_new(m, "fits", json_boolean(plan.total <= workers_memory_limit(r->srv)));
       json_object_set_new(
           m, "assumes",
           json_pack("{s:s, s:i}", "hyperparameters", "defaults", "max_prompt_tokens", (int)prompt));

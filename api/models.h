@@ -33,10 +33,6 @@ struct mem_plan;
 /* A memory plan (core/runner.h) as the API shows it: bytes by part and the capacities. */
 json_t *api_mem_plan_json(const struct mem_plan *p);
 
-/* The memory running jobs may use together: memory_limit_bytes, or the machine's physical
- * memory when that is 0. */
-uint64_t api_memory_limit(const struct server *s);
-
 /* Writes the checkpoint model id "{job_id}:step-{n}" into buf (cap bytes). */
 void api_model_ckpt_id(const char *job_id, long long step, char *buf, size_t cap);
 

@@ -80,8 +80,9 @@ static const struct crow ROWS[] = {
     {"http_threads", C_INT, F(http_threads), 1, 1024, "auto", NULL,
      "HTTP server threads; auto: min(8, max(2, cores / 4))"},
     {"memory_limit_bytes", C_SIZE, F(memory_limit_bytes), 0, TiB * 1024, "0", NULL,
-     "memory that running jobs may use together (by their estimates); a job that would pass it "
-     "waits in the queue; 0: no limit"},
+     "memory that running jobs may use together (by their memory plans); a job that would pass "
+     "it waits at the head of the queue, one that can never fit is refused; 0: the machine's "
+     "physical memory"},
     {"max_jobs_per_key", C_INT, F(max_jobs_per_key), 1, 1000000, "16", NULL,
      "live jobs (queued, running, pausing, paused) one API key may have"},
     {"max_queued_jobs", C_INT, F(max_queued_jobs), 1, 1000000, "1000", NULL,

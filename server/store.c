@@ -4,6 +4,7 @@
 #include "store.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -1374,13 +1375,29 @@ int store_job_next_queued(struct store *st, char id_out[STORE_ID_MAX], struct da
   return rc;
 }
 
-int store_job_claim_next(struct store *st, struct store_job *out, struct dapo_err *e) {
+uint64_t store_job_memory(const struct store_job *j) {
+  json_t *t = json_object_get(json_object_get(j->resolved, "memory"), "total_bytes");
+  return json_is_integer(t) && json_integer_value(t) > 0 ? (uint64_t)json_integer_value(t) : 0;
+}
+
+int store_job_claim_within(struct store *st, uint64_t budget, struct store_job *out,
+                           struct dapo_err *e) {
   char id[STORE_ID_MAX];
   memset(out, 0, sizeof *out);
   LOCK(st);
   int rc = tx_begin(st, e);
   if (rc) goto out;
   rc = next_queued_locked(st, id, e);
+  if (!rc && budget != UINT64_MAX) {
+    struct store_job peek;
+    if (!(rc = job_get_locked(st, id, NULL, &peek, e))) {
+      uint64_t need = store_job_memory(&peek);
+      if (need > budget)
+        rc = dapo_errf(e, STORE_EFULL, "job %s needs %" PRIu64 " bytes; %" PRIu64 " are free", id,
+                       need, budget);
+      store_job_deinit(&peek);
+    }
+  }
   if (!rc) rc = transition(st, id, STORE_JOB_QUEUED, STORE_JOB_RUNNING, NULL, NULL, e);
   if (!rc) rc = job_get_locked(st, id, NULL, out, e);
   rc = tx_end(st, rc, e);
@@ -1388,6 +1405,10 @@ int store_job_claim_next(struct store *st, struct store_job *out, struct dapo_er
 out:
   UNLOCK(st);
   return rc;
+}
+
+int store_job_claim_next(struct store *st, struct store_job *out, struct dapo_err *e) {
+  return store_job_claim_within(st, UINT64_MAX, out, e);
 }
 
 int store_job_queue_position(struct store *st, const char *id, int64_t *pos, struct dapo_err *e) {

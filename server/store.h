@@ -275,6 +275,12 @@ int store_job_next_queued(struct store *st, char id_out[STORE_ID_MAX], struct da
 /* Atomically takes the next queued job and makes it running (as store_job_set_status), reading
  * it into out. STORE_ENOTFOUND: queue empty. What a worker calls. */
 int store_job_claim_next(struct store *st, struct store_job *out, struct dapo_err *e);
+/* The memory plan of a job (resolved.memory.total_bytes; 0 when it has none). */
+uint64_t store_job_memory(const struct store_job *j);
+/* As store_job_claim_next, but only when the next job's memory plan is at most budget bytes:
+ * STORE_EFULL (nothing claimed, the job keeps its place) when it is larger. */
+int store_job_claim_within(struct store *st, uint64_t budget, struct store_job *out,
+                           struct dapo_err *e);
 /* *pos = the job's queue position (1 = next to run), 0 when it is not queued. */
 int store_job_queue_position(struct store *st, const char *id, int64_t *pos, struct dapo_err *e);
 /* Jobs a previous process left running, pausing or cancelling (startup recovery), in queue

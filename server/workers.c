@@ -56,7 +56,8 @@ struct workers {
   pthread_cond_t idle; /* a worker finished a job */
   uint64_t gen;        /* wake-ups so far */
   int stopping;
-  int busy; /* workers running a job */
+  int busy;          /* workers running a job */
+  uint64_t mem_used; /* memory plans of the running jobs, summed (workers_memory_limit) */
   int n;
   struct worker *v;
   atomic_uint_fast64_t tokens_generated, tokens_trained;
@@ -638,14 +639,31 @@ static void *worker_main(void *arg) {
     pthread_mutex_unlock(&w->mu);
     struct store_job job;
     struct dapo_err e = {0};
-    int rc = store_job_claim_next(w->srv->store, &job, &e);
+    /* the claim and the memory account change together: two workers never both take the same
+     * free memory */
+    pthread_mutex_lock(&w->mu);
+    uint64_t limit = workers_memory_limit(w->srv);
+    int rc = store_job_claim_within(w->srv->store, limit > w->mem_used ? limit - w->mem_used : 0,
+                                    &job, &e);
+    uint64_t need = rc ? 0 : store_job_memory(&job);
+    w->mem_used += need;
+    pthread_mutex_unlock(&w->mu);
     if (!rc) {
       run_job(wk, &job);
       store_job_deinit(&job);
       pthread_mutex_lock(&w->mu);
+      w->mem_used -= need;
+      if (need) { /* memory came free: a job waiting for it may fit now */
+        w->gen++;
+        pthread_cond_broadcast(&w->wake);
+      }
       continue;
     }
-    if (rc != STORE_ENOTFOUND) LOG(ERROR, "worker %d: claiming a job: %s", wk->idx, e.msg);
+    if (rc == STORE_EFULL)
+      LOG(DEBUG, "worker %d: the next job waits for memory: %s", wk->idx, e.msg);
+    else if (rc != STORE_ENOTFOUND)
+      LOG(ERROR, "worker %d: claiming a job: %s", wk->idx, e.msg);
+    if (rc == STORE_EFULL) rc = STORE_ENOTFOUND; /* wait for a wake-up like an empty queue */
     struct timespec until = mono_in(rc == STORE_ENOTFOUND ? IDLE_RECHECK_MS : CLAIM_RETRY_MS);
     pthread_mutex_lock(&w->mu);
     while (!w->stopping && w->gen == seen)
@@ -699,6 +717,12 @@ struct workers *workers_start(struct server *srv, struct dapo_err *e) {
   LOG(INFO, "%d worker%s, %d compute thread%s each", w->n, w->n > 1 ? "s" : "",
       srv->cfg.blas_threads, srv->cfg.blas_threads > 1 ? "s" : "");
   return w;
+}
+
+uint64_t workers_memory_limit(const struct server *srv) {
+  if (srv->cfg.memory_limit_bytes) return srv->cfg.memory_limit_bytes;
+  long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : UINT64_MAX;
 }
 
 void workers_wake(struct workers *w) {

@@ -65,6 +65,12 @@ int workers_recover(struct server *srv, struct dapo_err *e);
 int workers_build_spec(struct server *srv, const json_t *body, const char *owner,
                        const char *job_id, struct job_spec *spec, json_t *errors);
 
+/* The memory running jobs may use together, by their plans (core/runner.h mem_plan):
+ * memory_limit_bytes, or the machine's physical memory when that is 0. A worker starts the next
+ * queued job only when its plan fits what the running jobs leave free (queue order is kept: the
+ * job waits at the head); job creation refuses a job whose plan alone exceeds it. */
+uint64_t workers_memory_limit(const struct server *srv);
+
 /* The judge policy of srv's configuration (hosts borrowed from srv->cfg). */
 void workers_judge_policy(const struct server *srv, struct judge_policy *pol);
 
