@@ -244,6 +244,8 @@ struct added {
   int id;
   char *content; /* owned */
   size_t len;
+  char *pat; /* what is matched: content, or its normalized form when normalized (owned) */
+  size_t plen;
   int special, single_word, lstrip, rstrip, normalized;
 };
 
@@ -263,7 +265,8 @@ struct cache_slot {
 
 struct bpe {
   json_t *json;
-  int n_ids; /* 1 + the largest id */
+  int n_ids;   /* 1 + the largest id */
+  int n_model; /* tokens in the model's vocabulary */
   /* model vocabulary: string per id, hash string -> id */
   char *varena;
   size_t *voff; /* [n_ids], SIZE_MAX when the model has no token at that id */
@@ -360,7 +363,7 @@ static int merge_find(const struct bpe *b, int l, int r, int *rank, int *nid) {
 
 /* ---- loading ---- */
 
-static int load_vocab(struct bpe *b, const json_t *vocab, const json_t *added, struct dapo_err *e) {
+static int load_vocab(struct bpe *b, const json_t *vocab, struct dapo_err *e) {
   if (!json_is_object(vocab)) return dapo_errf(e, DAPO_EFORMAT, "model.vocab must be an object");
   size_t nv = json_object_size(vocab);
   if (nv > BPE_MAX_IDS)
@@ -381,13 +384,8 @@ static int load_vocab(struct bpe *b, const json_t *vocab, const json_t *added, s
     total += n + 1;
     if (id > maxid) maxid = (int)id;
   }
-  /* added tokens: checked in load_added; only their ids count here */
-  size_t na = json_array_size(added);
-  for (size_t i = 0; i < na; i++) {
-    json_int_t id = json_integer_value(json_object_get(json_array_get(added, i), "id"));
-    if (id > maxid && id < BPE_MAX_IDS) maxid = (int)id;
-  }
-  b->n_ids = maxid + 1;
+  b->n_model = (int)nv;
+  b->n_ids = maxid + 1; /* load_added may grow it */
   size_t nid = b->n_ids > 0 ? (size_t)b->n_ids : 1;
   b->varena = malloc(total + 1);
   b->voff = malloc(nid * sizeof *b->voff);
@@ -483,7 +481,7 @@ static int load_merges(struct bpe *b, const json_t *merges, struct dapo_err *e) 
   return 0;
 }
 
-static int load_model(struct bpe *b, const json_t *m, const json_t *added, struct dapo_err *e) {
+static int load_model(struct bpe *b, const json_t *m, struct dapo_err *e) {
   if (!json_is_object(m)) return dapo_errf(e, DAPO_EFORMAT, "model must be an object");
   const char *type = type_of(m);
   if (strcmp(type, "BPE") != 0)
@@ -508,14 +506,14 @@ static int load_model(struct bpe *b, const json_t *m, const json_t *added, struc
     return dapo_errf(e, DAPO_EUNSUPPORTED, "model.unk_token is not supported (must be null)");
   if (get_bool(m, "ignore_merges", 0, "model", &b->ignore_merges, e))
     return e ? e->code : DAPO_EFORMAT;
-  int rc = load_vocab(b, json_object_get(m, "vocab"), added, e);
+  int rc = load_vocab(b, json_object_get(m, "vocab"), e);
   if (!rc) rc = load_merges(b, json_object_get(m, "merges"), e);
   return rc;
 }
 
 static int cmp_added_len(const void *pa, const void *pb, void *ctx) {
   const struct bpe *b = ctx;
-  size_t la = b->added[*(const int *)pa].len, lb = b->added[*(const int *)pb].len;
+  size_t la = b->added[*(const int *)pa].plen, lb = b->added[*(const int *)pb].plen;
   if (la != lb) return la > lb ? -1 : 1;
   return *(const int *)pa - *(const int *)pb;
 }
@@ -523,7 +521,8 @@ static int cmp_added_len(const void *pa, const void *pb, void *ctx) {
 static int trie_build(struct bpe *b, struct trie *t, int normalized) {
   int cnt[257] = {0};
   for (int i = 0; i < b->n_added; i++)
-    if (b->added[i].normalized == normalized) cnt[(unsigned char)b->added[i].content[0]]++;
+    if (b->added[i].normalized == normalized && b->added[i].plen)
+      cnt[(unsigned char)b->added[i].pat[0]]++;
   t->start[0] = 0;
   for (int c = 0; c < 256; c++) t->start[c + 1] = t->start[c] + cnt[c];
   t->idx = malloc((size_t)(t->start[256] + 1) * sizeof *t->idx);
@@ -531,13 +530,20 @@ static int trie_build(struct bpe *b, struct trie *t, int normalized) {
   int fill[256];
   for (int c = 0; c < 256; c++) fill[c] = t->start[c];
   for (int i = 0; i < b->n_added; i++)
-    if (b->added[i].normalized == normalized)
-      t->idx[fill[(unsigned char)b->added[i].content[0]]++] = i;
+    if (b->added[i].normalized == normalized && b->added[i].plen)
+      t->idx[fill[(unsigned char)b->added[i].pat[0]]++] = i;
   for (int c = 0; c < 256; c++)
     qsort_r(t->idx + t->start[c], (size_t)cnt[c], sizeof(int), cmp_added_len, b);
   return 0;
 }
 
+static int normalize(const struct bpe *b, const char *s, size_t n, char **res, size_t *rn);
+
+/* Added tokens get their ids as the reference's AddedVocabulary::add_tokens gives them, in file
+ * order: the model's id when the content is in its vocabulary, else the next id after the
+ * vocabulary and the tokens added so far. The file's "id" is only checked for shape: the real
+ * files agree with this, and the reference ignores it too. Tokens are matched specials first,
+ * then the others, in file order; a repeated content keeps its first entry. */
 static int load_added(struct bpe *b, const json_t *added, struct dapo_err *e) {
   if (added && !json_is_null(added) && !json_is_array(added))
     return dapo_errf(e, DAPO_EFORMAT, "added_tokens must be an array");
@@ -546,51 +552,95 @@ static int load_added(struct bpe *b, const json_t *added, struct dapo_err *e) {
     return dapo_errf(e, DAPO_ERANGE, "added_tokens has %zu entries (at most %d)", na,
                      BPE_MAX_ADDED);
   b->added = calloc(na + 1, sizeof *b->added);
-  b->added_of_id = malloc((size_t)(b->n_ids > 0 ? b->n_ids : 1) * sizeof *b->added_of_id);
   size_t slots = pow2_at_least(2 * na + 2);
   b->aslots = calloc(slots, sizeof *b->aslots);
-  if (!b->added || !b->added_of_id || !b->aslots)
+  if (!b->added || !b->aslots)
     return dapo_errf(e, DAPO_ENOMEM, "out of memory loading added_tokens");
   b->amask = slots - 1;
-  for (int i = 0; i < b->n_ids; i++) b->added_of_id[i] = -1;
-  for (size_t i = 0; i < na; i++) {
-    const json_t *a = json_array_get(added, i);
-    char path[48];
-    snprintf(path, sizeof path, "added_tokens[%zu]", i);
-    if (!json_is_object(a)) return dapo_errf(e, DAPO_EFORMAT, "%s must be an object", path);
-    const json_t *id = json_object_get(a, "id"), *c = json_object_get(a, "content");
-    if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= BPE_MAX_IDS)
-      return dapo_errf(e, DAPO_EFORMAT, "%s.id must be an integer in [0, %d)", path, BPE_MAX_IDS);
-    if (!json_is_string(c) || json_string_length(c) == 0 ||
-        json_string_length(c) > BPE_MAX_TOKEN_BYTES)
-      return dapo_errf(e, DAPO_EFORMAT, "%s.content must be a string of 1..%d bytes", path,
-                       BPE_MAX_TOKEN_BYTES);
-    struct added *t = &b->added[b->n_added];
-    t->id = (int)json_integer_value(id);
-    t->len = json_string_length(c);
-    int dflt_norm;
-    if (get_bool(a, "special", 0, path, &t->special, e) ||
-        get_bool(a, "single_word", 0, path, &t->single_word, e) ||
-        get_bool(a, "lstrip", 0, path, &t->lstrip, e) ||
-        get_bool(a, "rstrip", 0, path, &t->rstrip, e))
-      return e ? e->code : DAPO_EFORMAT;
-    dflt_norm = !t->special;
-    if (get_bool(a, "normalized", dflt_norm, path, &t->normalized, e))
-      return e ? e->code : DAPO_EFORMAT;
-    if (b->added_of_id[t->id] >= 0)
-      return dapo_errf(e, DAPO_EFORMAT, "%s: id %d is given to two added tokens", path, t->id);
-    if (added_find(b, json_string_value(c), t->len) >= 0)
-      return dapo_errf(e, DAPO_EFORMAT, "%s: content \"%.64s\" is added twice", path,
-                       json_string_value(c));
-    t->content = malloc(t->len + 1);
-    if (!t->content) return dapo_errf(e, DAPO_ENOMEM, "out of memory loading added_tokens");
-    memcpy(t->content, json_string_value(c), t->len + 1);
-    b->added_of_id[t->id] = b->n_added;
-    size_t s = hash_bytes(t->content, t->len) & b->amask;
-    while (b->aslots[s]) s = (s + 1) & b->amask;
-    b->aslots[s] = b->n_added + 1;
-    b->n_added++;
+  for (int pass = 0; pass < 2; pass++) { /* specials, then the others */
+    for (size_t i = 0; i < na; i++) {
+      const json_t *a = json_array_get(added, i);
+      char path[48];
+      snprintf(path, sizeof path, "added_tokens[%zu]", i);
+      if (!json_is_object(a)) return dapo_errf(e, DAPO_EFORMAT, "%s must be an object", path);
+      const json_t *id = json_object_get(a, "id"), *c = json_object_get(a, "content");
+      if (!json_is_integer(id) || json_integer_value(id) < 0 ||
+          json_integer_value(id) >= BPE_MAX_IDS)
+        return dapo_errf(e, DAPO_EFORMAT, "%s.id must be an integer in [0, %d)", path, BPE_MAX_IDS);
+      if (!json_is_string(c) || json_string_length(c) == 0 ||
+          json_string_length(c) > BPE_MAX_TOKEN_BYTES)
+        return dapo_errf(e, DAPO_EFORMAT, "%s.content must be a string of 1..%d bytes", path,
+                         BPE_MAX_TOKEN_BYTES);
+      struct added t = {0};
+      t.len = json_string_length(c);
+      if (get_bool(a, "special", 0, path, &t.special, e) ||
+          get_bool(a, "single_word", 0, path, &t.single_word, e) ||
+          get_bool(a, "lstrip", 0, path, &t.lstrip, e) ||
+          get_bool(a, "rstrip", 0, path, &t.rstrip, e) ||
+          get_bool(a, "normalized", !t.special, path, &t.normalized, e))
+        return e ? e->code : DAPO_EFORMAT;
+      if (t.special != (pass == 0)) continue;
+      if (utf8_check(json_string_value(c), t.len) != t.len)
+        return dapo_errf(e, DAPO_EFORMAT, "%s.content is not valid UTF-8", path);
+      if (added_find(b, json_string_value(c), t.len) >= 0) continue;
+      t.content = malloc(t.len + 1);
+      if (!t.content) return dapo_errf(e, DAPO_ENOMEM, "out of memory loading added_tokens");
+      memcpy(t.content, json_string_value(c), t.len + 1);
+      t.pat = t.content;
+      t.plen = t.len;
+      t.id = -1;
+      b->added[b->n_added] = t;
+      size_t s = hash_bytes(t.content, t.len) & b->amask;
+      while (b->aslots[s]) s = (s + 1) & b->amask;
+      b->aslots[s] = b->n_added + 1;
+      b->n_added++;
+      if (t.normalized) {
+        char *np;
+        size_t nn;
+        if (normalize(b, t.content, t.len, &np, &nn))
+          return dapo_errf(e, DAPO_ENOMEM, "out of memory loading added_tokens");
+        if (np) {
+          b->added[b->n_added - 1].pat = np;
+          b->added[b->n_added - 1].plen = nn;
+        }
+      }
+    }
   }
+  /* ids in file order */
+  int max_added = -1;
+  for (size_t i = 0; i < na; i++) {
+    const json_t *c = json_object_get(json_array_get(added, i), "content");
+    int k = added_find(b, json_string_value(c), json_string_length(c));
+    if (k < 0 || b->added[k].id >= 0) continue;
+    int id = vocab_find(b, b->added[k].content, b->added[k].len);
+    if (id < 0) {
+      if (max_added < 0)
+        id = b->n_model;
+      else
+        id = max_added >= b->n_model || b->n_model == 0 ? max_added + 1 : b->n_model;
+    }
+    if (id >= BPE_MAX_IDS)
+      return dapo_errf(e, DAPO_ERANGE, "added_tokens[%zu]: id %d beyond %d", i, id, BPE_MAX_IDS);
+    if (id > max_added) max_added = id;
+    b->added[k].id = id;
+  }
+  if (max_added + 1 > b->n_ids) { /* ids past the model's vocabulary */
+    size_t nid = (size_t)max_added + 1;
+    size_t *vo = realloc(b->voff, nid * sizeof *vo);
+    if (vo) b->voff = vo;
+    uint32_t *vl = vo ? realloc(b->vlen, nid * sizeof *vl) : NULL;
+    if (!vl) return dapo_errf(e, DAPO_ENOMEM, "out of memory loading added_tokens");
+    b->vlen = vl;
+    for (size_t i = (size_t)b->n_ids; i < nid; i++) {
+      b->voff[i] = SIZE_MAX;
+      b->vlen[i] = 0;
+    }
+    b->n_ids = max_added + 1;
+  }
+  b->added_of_id = malloc((size_t)(b->n_ids > 0 ? b->n_ids : 1) * sizeof *b->added_of_id);
+  if (!b->added_of_id) return dapo_errf(e, DAPO_ENOMEM, "out of memory loading added_tokens");
+  for (int i = 0; i < b->n_ids; i++) b->added_of_id[i] = -1;
+  for (int k = 0; k < b->n_added; k++) b->added_of_id[b->added[k].id] = k;
   if (trie_build(b, &b->trie_raw, 0) || trie_build(b, &b->trie_norm, 1))
     return dapo_errf(e, DAPO_ENOMEM, "out of memory loading added_tokens");
   return 0;
@@ -641,7 +691,7 @@ static pcre2_code *compile_re(const char *pat, size_t len, int literal, const ch
                               struct dapo_err *e) {
   int err;
   PCRE2_SIZE off;
-  uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+  uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
   pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, len, opts, &err, &off, NULL);
   if (!re) {
     PCRE2_UCHAR msg[160];
@@ -905,11 +955,9 @@ struct bpe *bpe_from_json(const json_t *j, struct dapo_err *e) {
       goto out;
     }
   }
-  const json_t *added = json_object_get(j, "added_tokens");
-  if (!json_is_array(added)) added = NULL;
-  if ((rc = load_model(b, json_object_get(j, "model"), added, e))) goto out;
-  if ((rc = load_added(b, json_object_get(j, "added_tokens"), e))) goto out;
+  if ((rc = load_model(b, json_object_get(j, "model"), e))) goto out;
   if ((rc = load_normalizer(b, json_object_get(j, "normalizer"), "normalizer", 0, e))) goto out;
+  if ((rc = load_added(b, json_object_get(j, "added_tokens"), e))) goto out;
   if ((rc = load_pretok(b, json_object_get(j, "pre_tokenizer"), "pre_tokenizer", 0, e))) goto out;
   if ((rc = load_post(b, json_object_get(j, "post_processor"), "post_processor", 0, e))) goto out;
   if ((rc = load_decoder(b, json_object_get(j, "decoder"), "decoder", e))) goto out;
@@ -938,7 +986,10 @@ void bpe_free(struct bpe *b) {
   free(b->mkeys);
   free(b->mrank);
   free(b->mnew);
-  for (int i = 0; i < b->n_added; i++) free(b->added[i].content);
+  for (int i = 0; i < b->n_added; i++) {
+    if (b->added[i].pat != b->added[i].content) free(b->added[i].pat);
+    free(b->added[i].content);
+  }
   free(b->added);
   free(b->added_of_id);
   free(b->aslots);
@@ -1356,7 +1407,7 @@ static int find_added(const struct bpe *b, const struct trie *t, const char *s, 
     int hit = -1;
     for (int k = t->start[c]; k < t->start[c + 1]; k++) {
       const struct added *a = &b->added[t->idx[k]];
-      if (a->len <= n - i && memcmp(s + i, a->content, a->len) == 0) {
+      if (a->plen <= n - i && memcmp(s + i, a->pat, a->plen) == 0) {
         hit = t->idx[k];
         break;
       }
@@ -1366,7 +1417,7 @@ static int find_added(const struct bpe *b, const struct trie *t, const char *s, 
       continue;
     }
     const struct added *a = &b->added[hit];
-    size_t ms = i, me = i + a->len;
+    size_t ms = i, me = i + a->plen;
     i = me; /* the search goes on after the match as found, before any strip */
     if (a->single_word) {
       size_t adv;
