@@ -129,7 +129,7 @@ function viewJobs(view) {
   view.append(
     h('div', { class: 'page-head' }, h('h1', { text: 'Jobs' }), h('a', { class: 'button primary', href: '#/new', text: 'New job' })),
     h('div', { class: 'card flush' }, h('table', { class: 'table', id: 'jobs-table' },
-      h('thead', {}, h('tr', {}, ['Job', 'Model', 'Status', 'Progress', 'Reward', 'Accuracy', 'Created'].map((t) => h('th', { text: t })))),
+      h('thead', {}, h('tr', {}, ['Job', 'Model', 'Status', 'Progress', 'Reward', 'Accuracy', 'Created'].map((t) => h('th', { text: t, class: ['Reward', 'Accuracy'].includes(t) ? 'num' : null })))),
       tbody)),
     info);
   let timer = null;
@@ -271,7 +271,7 @@ async function viewNew(view) {
       input = h('input', { type: 'text', inputmode: k.type === 'integer' ? 'numeric' : 'decimal', autocomplete: 'off' });
     }
     hpInputs.set(k.name, { input, knob: k });
-    const range = k.minimum !== undefined ? `[${fmt(k.minimum)}, ${fmt(k.maximum)}]` : '';
+    const range = k.minimum !== undefined ? `[${k.minimum}, ${k.maximum}]` : '';
     return field(`hyperparameters.${k.name}`, k.name, input, [k.help, range].filter(Boolean).join(' · '));
   };
   const paintDefaults = () => {
@@ -358,7 +358,7 @@ async function viewNew(view) {
       }
       const v = Number(raw);
       if (v < knob.minimum || v > knob.maximum) {
-        errs.push([f, `${raw} not in [${fmt(knob.minimum)}, ${fmt(knob.maximum)}]`]);
+        errs.push([f, `${raw} not in [${knob.minimum}, ${knob.maximum}]`]);
         continue;
       }
       hp[name] = v;
@@ -456,7 +456,7 @@ async function viewJob(view, id) {
       h('section', { class: 'card' }, h('h2', { text: 'Checkpoints' }), ckptBox),
       h('section', { class: 'card' }, h('h2', { text: 'Event log' }),
         h('div', { class: 'log-scroll' }, h('table', { class: 'table compact', id: 'event-log' },
-          h('thead', {}, h('tr', {}, ['#', 'Time', 'Type', 'Event'].map((t) => h('th', { text: t })))), logBody)))));
+          h('thead', {}, h('tr', {}, ['#', 'Type', 'Event'].map((t) => h('th', { text: t })))), logBody)))));
 
   const paintJob = (j) => {
     job = j;
@@ -557,7 +557,6 @@ async function viewJob(view, id) {
       if (ev.type === 'checkpoint') loadCheckpoints();
       nlog++;
       logBody.prepend(h('tr', { class: `ev-${ev.type}` }, h('td', { class: 'num muted', text: ev.id === null ? '' : String(ev.id) }),
-        h('td', { class: 'small muted', text: new Date().toLocaleTimeString() }),
         h('td', {}, h('span', { class: `tag tag-${ev.type}`, text: ev.type })), h('td', { text: describeEvent(ev) })));
       while (logBody.children.length > 500) logBody.lastChild.remove();
     },
@@ -615,7 +614,7 @@ async function viewRollouts(view, id, stepParam) {
       h('div', { class: 'prompt' }, h('div', { class: 'label', text: 'Prompt' }), h('pre', { class: 'text', text: first.prompt })),
       h('div', { class: 'prompt' }, h('div', { class: 'label', text: 'Answer' }), h('pre', { class: 'text', text: first.answer })),
       h('table', { class: 'table compact responses' },
-        h('thead', {}, h('tr', {}, ['#', 'Response', 'Reward', 'Raw', 'Correct', 'Advantage', 'Length', 'Truncated'].map((t) => h('th', { text: t })))),
+        h('thead', {}, h('tr', {}, ['#', 'Response', 'Reward', 'Raw', 'Correct', 'Advantage', 'Length', 'Truncated'].map((t) => h('th', { text: t, class: ['#', 'Reward', 'Raw', 'Advantage', 'Length'].includes(t) ? 'num' : null })))),
         h('tbody', {}, rs.map((r) => h('tr', { class: r.correct ? 'correct' : '' },
           h('td', { class: 'num', text: String(r.index) }),
           h('td', {}, h('pre', { class: 'text response', text: r.response === '' ? '∅ (empty)' : r.response })),

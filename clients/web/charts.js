@@ -10,6 +10,15 @@ export function loadUplot() {
   return uplotPromise;
 }
 
+// Axis labels: 12k, 1.5M, 4.5715.
+function compact(v) {
+  if (v === null || v === undefined) return '';
+  const a = Math.abs(v);
+  if (a >= 1e6) return `${+(v / 1e6).toFixed(1)}M`;
+  if (a >= 1e4) return `${+(v / 1e3).toFixed(1)}k`;
+  return String(+v.toFixed(6)); // the split's own precision, without float noise
+}
+
 const PALETTE = ['#2457d6', '#e07a10', '#1a9c5b', '#c2334d', '#7a4cc2', '#4b5563'];
 
 // The charts of the job page: title, then series as [metric key, label].
@@ -17,7 +26,7 @@ export const CHARTS = [
   { id: 'reward', title: 'Reward and accuracy', series: [['reward/mean', 'reward'], ['accuracy', 'accuracy'], ['eval/accuracy', 'eval accuracy']] },
   { id: 'entropy', title: 'Entropy (nats/token)', series: [['entropy', 'entropy']] },
   { id: 'length', title: 'Response length (tokens)', series: [['response_length/mean', 'mean'], ['response_length/max', 'max']] },
-  { id: 'clip', title: 'Clip fractions', series: [['policy/clip_frac_low', 'low'], ['policy/clip_frac_high', 'high'], ['policy/clip_frac_dual', 'dual']] },
+  { id: 'clip', title: 'Clip fractions', fraction: true, series: [['policy/clip_frac_low', 'low'], ['policy/clip_frac_high', 'high'], ['policy/clip_frac_dual', 'dual']] },
   { id: 'groups', title: 'Groups (dynamic sampling)', series: [['groups/kept', 'kept'], ['groups/sampled', 'sampled']] },
   { id: 'throughput', title: 'Tokens/s', series: [['throughput/gen_tokens_per_s', 'generation'], ['throughput/train_tokens_per_s', 'training']] },
 ];
@@ -75,12 +84,15 @@ export class StepChart {
     if (!this.plot) {
       const opts = {
         ...this.size(),
-        legend: { show: true, live: true },
+        legend: { show: true, live: false },
         cursor: { drag: { x: true, y: false } },
-        scales: { x: { time: false } },
+        // fractions start at 0 and show at least up to 5 %, so an all-zero series is not a 0..100 axis
+        scales: this.spec.fraction
+          ? { x: { time: false }, y: { range: (u, min, max) => [0, Math.max(0.05, max * 1.1)] } }
+          : { x: { time: false } },
         axes: [
           { label: 'step', stroke: '#6b7280', grid: { stroke: '#eef0f3' }, ticks: { stroke: '#eef0f3' } },
-          { stroke: '#6b7280', grid: { stroke: '#eef0f3' }, ticks: { stroke: '#eef0f3' }, size: 56 },
+          { stroke: '#6b7280', grid: { stroke: '#eef0f3' }, ticks: { stroke: '#eef0f3' }, size: 60, values: (u, vals) => vals.map(compact) },
         ],
         series: [
           { label: 'step' },
