@@ -9,7 +9,8 @@ PKGS=(build-essential cmake pkg-config git
       uuid-dev libsqlite3-dev
       python3 python3-torch python3-numpy python3-jinja2
       clang-format curl openssl
-      clang libclang-rt-14-dev wrk)
+      clang libclang-rt-14-dev wrk
+      chromium)
 
 missing=()
 for p in "${PKGS[@]}"; do
