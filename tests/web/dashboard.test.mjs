@@ -128,6 +128,7 @@ async function main() {
     await page.click('#key-save');
     await page.locator('#key-error:not([hidden])').waitFor();
     check((await page.textContent('#key-error')).includes('refused'), 'a wrong key is refused in the dialog');
+    await shot('00-key-dialog');
     await page.fill('#key-input', KEY);
     await page.click('#key-save');
     await page.locator('#jobs-table td.empty').waitFor();
