@@ -328,14 +328,23 @@ void swiglu_backward(float *dg, float *du, const float *dh, const float *g, cons
 
 static float softmax_causal(float *s, int lim, int n_ctx);
 
+/* target_clones makes an ifunc resolver, which the dynamic loader runs before the
+ * ThreadSanitizer runtime is initialised (and which TSan instruments: a crash at load time), so a
+ * TSan build (scripts/test.sh, DAPO_TSAN) keeps the baseline copy only. */
+#if defined(__SANITIZE_THREAD__)
+#define KERNELS_CLONES_AVX2
+#else
+#define KERNELS_CLONES_AVX2 __attribute__((target_clones("avx2", "default")))
+#endif
+
 /* One query row against lim cached keys/values (decoding): scores, softmax, weighted sum of
  * values; returns the log-sum-exp. Compiled twice (AVX2 and baseline, chosen at load time): the
  * operations and their order are the same in both (ISO C: no FMA contraction), only the vector
  * width differs, so results do not depend on the machine. */
-__attribute__((target_clones("avx2", "default"))) static float
-attn_decode_row(float *restrict o, const float *restrict qi, const float *restrict kb,
-                const float *restrict vb, int lim, int HS, int ldkv, float scale,
-                float *restrict s) {
+KERNELS_CLONES_AVX2 static float attn_decode_row(float *restrict o, const float *restrict qi,
+                                                 const float *restrict kb, const float *restrict vb,
+                                                 int lim, int HS, int ldkv, float scale,
+                                                 float *restrict s) {
   for (int j = 0; j < lim; j++) {
     const float *kj = kb + (size_t)j * ldkv;
     float acc[8] = {0};

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: installs missing Debian packages, builds with CMake, runs the whole suite with
 # ctest, then builds again with AddressSanitizer + UndefinedBehaviorSanitizer and runs the suite
-# there too. This is the README's test command and exactly what .ci/run calls.
+# there too, then the server/worker tests under ThreadSanitizer (build-tsan), then a short fuzz
+# run. This is the README's test command and exactly what .ci/run calls.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -17,6 +18,28 @@ echo "== tests under ASan + UBSan"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 (cd build-asan && ctest --output-on-failure --timeout 1800 -j"$jobs" -LE 'format')
+
+echo "== build (ThreadSanitizer)"
+bash scripts/setup.sh build-tsan -DDAPO_TSAN=ON
+echo "== server and worker tests under ThreadSanitizer"
+# The tests that run threads of ours: the daemon (labels api and security; openapi_lint only lints
+# YAML) and the bus/store/HTTP unit tests. Any report fails the stage: halt_on_error stops the
+# process, and every report is also written under build-tsan/tsan (log_path), which must stay
+# empty. tests/security/tsan.supp lists races inside uninstrumented libraries only.
+rm -rf build-tsan/tsan && mkdir -p build-tsan/tsan
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/security/tsan.supp:log_path=$PWD/build-tsan/tsan/report}
+tsan_rc=0
+(cd build-tsan && ctest --output-on-failure --timeout 1800 -j"$jobs" \
+  -R '^(test_bus|test_store|test_api_units|security_judge_ssrf)$') || tsan_rc=1
+(cd build-tsan && ctest --output-on-failure --timeout 1800 -j"$jobs" -L 'api|security' \
+  -E '^(openapi_lint|security_judge_ssrf)$') || tsan_rc=1
+if [ -n "$(ls -A build-tsan/tsan)" ]; then
+  echo "ThreadSanitizer reports:" >&2
+  cat build-tsan/tsan/* >&2
+  tsan_rc=1
+fi
+unset TSAN_OPTIONS
+[ "$tsan_rc" -eq 0 ] || exit 1
 
 echo "== fuzzing (libFuzzer, clang; ~30 s per target)"
 # scripts/fuzz.sh builds tests/fuzz's targets in build-fuzz (clang, -DDAPO_FUZZ=ON) and runs each
