@@ -203,8 +203,9 @@ struct trainer {
   struct gen_state *gs;
   struct judge *judge;
   struct dataset *train, *val;
-  int **ids, *ids_len;   /* prompt token ids per training item */
-  int **vids, *vids_len; /* per validation item */
+  int **ids, *ids_len;    /* prompt token ids per training item */
+  int **vids, *vids_len;  /* per validation item */
+  char **texts, **vtexts; /* rendered `messages` prompts per item (NULL for `prompt` items) */
   struct ds_cursor cursor;
   int64_t step;
   int cap_t, cap_tokens, gen_cap;
@@ -390,7 +391,7 @@ void runner_memory_plan(const struct model_config *c, const struct hparams *hp,
 static int build_chat(const struct job_spec *spec, const struct lm *lm, struct chat_template **out,
                       int *stop_id, struct dapo_err *e);
 static int encode_prompt(const struct lm *lm, const struct chat_template *chat,
-                         const struct ds_item *it, int max_new, int **ids, int *n,
+                         const struct ds_item *it, int max_new, int **ids, int *n, char **text_out,
                          struct dapo_err *e);
 
 /* The longest prompt of the file at path (added to errors under field which on failure). */
@@ -415,7 +416,7 @@ static int check_file(const struct job_spec *s, const struct lm *lm, struct chat
       }
     }
     int *ids = NULL, k = 0;
-    if (encode_prompt(lm, *chat, it, s->hp.max_new_tokens, &ids, &k, &e)) {
+    if (encode_prompt(lm, *chat, it, s->hp.max_new_tokens, &ids, &k, NULL, &e)) {
       char msg[sizeof e.msg + 8];
       snprintf(msg, sizeof msg, "%s", e.msg);
       spec_err(errors, which, msg);
@@ -475,10 +476,11 @@ static int build_chat(const struct job_spec *spec, const struct lm *lm, struct c
  * rendered with chat, or the prompt text; an empty prompt becomes the BOS token. Checks that
  * prompt + max_new_tokens fits the context. Errors name the line (DAPO_ERANGE: too long). */
 static int encode_prompt(const struct lm *lm, const struct chat_template *chat,
-                         const struct ds_item *it, int max_new, int **ids, int *n,
+                         const struct ds_item *it, int max_new, int **ids, int *n, char **text_out,
                          struct dapo_err *e) {
   *ids = NULL;
   *n = 0;
+  if (text_out) *text_out = NULL;
   char *rendered = NULL;
   if (!it->prompt) {
     if (!chat)
@@ -498,11 +500,16 @@ static int encode_prompt(const struct lm *lm, const struct chat_template *chat,
     if (rc == DAPO_ENOMEM) return dapo_errf(e, DAPO_ENOMEM, "out of memory");
     return dapo_err_prefix(e, "line %d: ", it->line);
   }
-  free(rendered);
+  if (text_out)
+    *text_out = rendered;
+  else
+    free(rendered);
+  rendered = NULL;
   const struct model_config *c = &lm->cfg;
   if (k == 0) {
     if (c->bos_token_id < 0) {
       free(v);
+      if (text_out) free(*text_out), *text_out = NULL;
       return dapo_errf(e, DAPO_EINVAL,
                        "line %d: the prompt is empty and the model has no BOS token", it->line);
     }
@@ -510,6 +517,7 @@ static int encode_prompt(const struct lm *lm, const struct chat_template *chat,
   }
   if (k + max_new > c->max_position_embeddings) {
     free(v);
+    if (text_out) free(*text_out), *text_out = NULL;
     return dapo_errf(e, DAPO_ERANGE,
                      "line %d: the prompt has %d tokens; with max_new_tokens %d that exceeds the "
                      "model's context of %d",
@@ -534,16 +542,19 @@ static int need_chat(struct trainer *t) {
 /* Tokenizes every prompt of d once (`messages` rendered with the job's chat template);
  * checks prompt + max_new_tokens fits the context. */
 static int tokenize_items(struct trainer *t, const struct dataset *d, const char *which, int ***ids,
-                          int **lens, int *max_len) {
+                          int **lens, char ***texts, int *max_len) {
   int n = ds_count(d);
   *ids = calloc((size_t)n, sizeof **ids);
   *lens = calloc((size_t)n, sizeof **lens);
-  if (!*ids || !*lens) return failf(t, "out_of_memory", "system", which, "out of memory");
+  *texts = calloc((size_t)n, sizeof **texts);
+  if (!*ids || !*lens || !*texts)
+    return failf(t, "out_of_memory", "system", which, "out of memory");
   for (int i = 0; i < n; i++) {
     const struct ds_item *it = ds_get(d, i);
     struct dapo_err e = {0};
     if (!it->prompt && need_chat(t)) return 1;
-    int k, rc = encode_prompt(&t->lm, t->chat, it, t->hp->max_new_tokens, &(*ids)[i], &k, &e);
+    int k, rc = encode_prompt(&t->lm, t->chat, it, t->hp->max_new_tokens, &(*ids)[i], &k,
+                              &(*texts)[i], &e);
     if (rc == DAPO_ENOMEM) return failf(t, "out_of_memory", "system", which, "out of memory");
     if (rc)
       return failf(t, rc == DAPO_ERANGE ? "prompt_too_long" : "invalid_dataset", "user", which,
@@ -662,8 +673,10 @@ static int setup(struct trainer *t) {
     return 1;
   int max_prompt = 0;
   if (t->spec->chat_template && need_chat(t)) return 1;
-  if (tokenize_items(t, t->train, "training_file", &t->ids, &t->ids_len, &max_prompt)) return 1;
-  if (t->val && tokenize_items(t, t->val, "validation_file", &t->vids, &t->vids_len, &max_prompt))
+  if (tokenize_items(t, t->train, "training_file", &t->ids, &t->ids_len, &t->texts, &max_prompt))
+    return 1;
+  if (t->val &&
+      tokenize_items(t, t->val, "validation_file", &t->vids, &t->vids_len, &t->vtexts, &max_prompt))
     return 1;
 
   if (!(t->judge = judge_new(t->spec->judge, t->o ? t->o->judge_policy : NULL, &e)))
@@ -723,6 +736,11 @@ static void teardown(struct trainer *t) {
     for (int i = 0; i < ds_count(t->train); i++) free(t->ids[i]);
   if (t->vids)
     for (int i = 0; i < ds_count(t->val); i++) free(t->vids[i]);
+  if (t->texts)
+    for (int i = 0; i < ds_count(t->train); i++) free(t->texts[i]);
+  if (t->vtexts)
+    for (int i = 0; i < ds_count(t->val); i++) free(t->vtexts[i]);
+  free(t->texts), free(t->vtexts);
   free(t->ids), free(t->ids_len), free(t->vids), free(t->vids_len);
   free(t->b_tok), free(t->b_off), free(t->b_plen), free(t->b_logp), free(t->b_ent);
   free(t->b_w), free(t->b_ro), free(t->b_old), free(t->b_ref), free(t->mb_len), free(t->mb_adv);
@@ -806,14 +824,15 @@ static int judge_range(struct trainer *t, const struct dataset *d, int first, in
     const struct ds_item *it = ds_get(d, r->item);
     snprintf(idbuf[i], sizeof idbuf[i], "s%" PRId64 "-r%d-g%d-%d", t->step, r->round, r->group,
              r->index);
-    items[i] = (struct judge_item){.id = idbuf[i],
-                                   .group = r->group,
-                                   .prompt = it->prompt,
-                                   .response = r->text,
-                                   .answer = it->answer,
-                                   .metadata = it->metadata,
-                                   .response_tokens = r->len,
-                                   .truncated = r->truncated};
+    items[i] = (struct judge_item){
+        .id = idbuf[i],
+        .group = r->group,
+        .prompt = it->prompt ? it->prompt : (d == t->train ? t->texts : t->vtexts)[r->item],
+        .response = r->text,
+        .answer = it->answer,
+        .metadata = it->metadata,
+        .response_tokens = r->len,
+        .truncated = r->truncated};
   }
   struct dapo_err e = {0};
   int rc = judge_run(t->judge, t->spec->job_id, t->step, items, n, res, st,
@@ -1034,9 +1053,9 @@ static int write_rollouts(struct trainer *t) {
     json_t *o = json_pack(
         "{s:I,s:i,s:i,s:i,s:s,s:s,s:s,s:s,s:o,s:o,s:o,s:o,s:o,s:o,s:i,s:b,s:b,s:b,s:b}", "step",
         (json_int_t)t->step, "round", r->round, "group", r->group, "index", r->index, "id", it->id,
-        "prompt", it->prompt, "response", r->text, "answer", it->answer, "prompt_token_ids",
-        int_array(t->ids[r->item], t->ids_len[r->item]), "response_token_ids",
-        int_array(r->toks, r->len), "reward_raw",
+        "prompt", it->prompt ? it->prompt : t->texts[r->item], "response", r->text, "answer",
+        it->answer, "prompt_token_ids", int_array(t->ids[r->item], t->ids_len[r->item]),
+        "response_token_ids", int_array(r->toks, r->len), "reward_raw",
         r->judged ? json_real(r->reward_raw) : json_null(), "reward",
         r->judged ? json_real(r->reward) : json_null(), "correct",
         r->judged ? json_boolean(r->correct > 0) : json_null(), "advantage",
@@ -1046,6 +1065,7 @@ static int write_rollouts(struct trainer *t) {
       bad = 1;
       break;
     }
+    if (it->messages) json_object_set(o, "messages", it->messages); /* prompt: as rendered */
     if (r->info) json_object_set(o, "info", r->info);
     if (!r->judged) json_object_set_new(o, "judge_error", json_true());
     char *line = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
