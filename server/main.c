@@ -12,6 +12,7 @@
 
 #include <libgen.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -501,10 +502,17 @@ static int cmd_serve(int argc, char **argv) {
   fflush(stderr);
   LOG(INFO, "serving: data_dir %s, models_dir %s, %d HTTP threads, %d workers", srv.cfg.data_dir,
       srv.cfg.models_dir, srv.cfg.http_threads, srv.cfg.workers);
-  notify_systemd("READY=1");
+  char note[400]; /* READY=1 and a STATUS= line for `systemctl status` in one datagram */
+  snprintf(note, sizeof note, "READY=1\nSTATUS=serving on %s://%s",
+           srv.cfg.tls_cert[0] ? "https" : "http", addr);
+  notify_systemd(note);
 
   /* Phase 3: wait for a signal (SIGHUP reloads the API keys), then stop in order. */
   for (;;) {
+    /* poll first: unlike read, poll is never restarted after a handler (SA_RESTART), which
+     * ThreadSanitizer needs to run a handler it deferred while the thread was blocked */
+    struct pollfd pf = {.fd = g_stop_pipe[0], .events = POLLIN};
+    if (poll(&pf, 1, -1) < 0) continue; /* EINTR */
     char byte;
     ssize_t k = read(g_stop_pipe[0], &byte, 1);
     if (k < 0 && errno == EINTR) continue;
@@ -515,7 +523,7 @@ static int cmd_serve(int argc, char **argv) {
     break;
   }
   LOG(INFO, "%s: stopping", g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM");
-  notify_systemd("STOPPING=1");
+  notify_systemd("STOPPING=1\nSTATUS=stopping: pausing running jobs at a safe point");
   server_stop(&srv);
   judge_global_cleanup();
   close(g_stop_pipe[0]);
