@@ -1284,7 +1284,7 @@ static int model_word(const struct bpe *b, struct scratch *w, const char *s, siz
   if (!mem) return 0; /* the cache is an optimisation */
   memcpy(mem, s, n);
   int *ids = (int *)(void *)(mem + kpad);
-  memcpy(ids, out->v + first, (size_t)nids * sizeof(int));
+  if (nids) memcpy(ids, out->v + first, (size_t)nids * sizeof(int));
   pthread_mutex_lock(&mb->lock);
   free(c->key);
   c->key = mem;
