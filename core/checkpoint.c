@@ -169,6 +169,29 @@ static void remove_ckpt_dir(const char *dir) {
   rmdir(dir);
 }
 
+int ckpt_remove_temporaries(const char *dir) {
+  DIR *dh = opendir(dir);
+  if (!dh) return 0;
+  int n = 0;
+  struct dirent *de;
+  char p[PATH_MAX];
+  while ((de = readdir(dh))) {
+    size_t len = strlen(de->d_name);
+    int tmp =
+        strstr(de->d_name, ".tmp-") != NULL || (len > 4 && !strcmp(de->d_name + len - 4, ".tmp"));
+    if (!tmp || join(p, sizeof p, dir, de->d_name, NULL)) continue;
+    struct stat st;
+    if (lstat(p, &st)) continue;
+    if (S_ISDIR(st.st_mode))
+      remove_ckpt_dir(p);
+    else
+      unlink(p);
+    n++;
+  }
+  closedir(dh);
+  return n;
+}
+
 static void fmt_shape(char *buf, size_t cap, int ndim, const int64_t *shape) {
   size_t n = (size_t)snprintf(buf, cap, "[");
   for (int i = 0; i < ndim && n < cap; i++)

@@ -35,6 +35,13 @@ int ckpt_save_with(const char *dir, const struct model *m, const char *tokenizer
                    const json_t *generation_config, int bf16, ckpt_extra_fn extra, void *extra_ctx,
                    struct dapo_err *e);
 
+/* Removes what a process killed while writing left in folder dir (a job's checkpoints or
+ * rollouts folder): entries whose name contains ".tmp-" (ckpt_save_with's temporary folders, with
+ * everything in them, and ckpt_save_tensors' temporary files) or ends in ".tmp" (the runner's
+ * rollouts file being written). Only for a folder nobody is writing into (the runner calls it
+ * before it resumes). Returns how many entries were removed (0 when dir does not exist). */
+int ckpt_remove_temporaries(const char *dir);
+
 /* Writes j (borrowed) as indented JSON to path and fsyncs it. */
 int ckpt_write_json(const char *path, const json_t *j, struct dapo_err *e);
 

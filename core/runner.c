@@ -608,6 +608,11 @@ static int setup(struct trainer *t) {
   snprintf(sub, sizeof sub, "%s/rollouts", t->out);
   if (mkdir_p(sub))
     return failf(t, "io_error", "system", NULL, "cannot create %s: %s", sub, strerror(errno));
+  /* A process killed while writing a checkpoint or a rollouts file left temporaries behind:
+   * never read, but they hold disk space until the job is deleted. */
+  ckpt_remove_temporaries(sub);
+  snprintf(sub, sizeof sub, "%s/checkpoints", t->out);
+  ckpt_remove_temporaries(sub);
 
   int64_t from = runner_latest_checkpoint(t->out);
   t->res->resumed_from = from;

@@ -237,6 +237,18 @@ def check_checkpoints(cl, state, jid, data_dir, full):
                         raise Violation("%s/%s: not JSON: %s" % (d, f, e))
 
 
+def leftovers(data_dir):
+    """What the kill interrupted, as seen on disk before the restart cleans up: temporary
+    checkpoint folders/files and temporary uploads."""
+    out = {"checkpoint_tmp": set(), "upload_tmp": set()}
+    for root, dirs, files in os.walk(os.path.join(data_dir, "jobs")):
+        out["checkpoint_tmp"] |= {os.path.join(root, n) for n in dirs + files if ".tmp" in n}
+    files_dir = os.path.join(data_dir, "files")
+    if os.path.isdir(files_dir):
+        out["upload_tmp"] = {n for n in os.listdir(files_dir) if n.endswith(".tmp")}
+    return out
+
+
 def job_body(train_id, steps, seed):
     return {"model": "tiny", "training_file": train_id, "seed": seed,
             "hyperparameters": {"total_steps": steps, "checkpoint_every": 1, "max_new_tokens": 4,
@@ -283,6 +295,7 @@ def one_life(dapod, data_dir, state, rng, train_id, cfg, idx):
     """Starts the daemon, checks it, drives load and kills it at a random moment."""
     d = Daemon(dapod, DAEMON_ARGS, data_dir=data_dir)
     d.start()
+    stale = leftovers(data_dir)  # temporaries the restart left in place
     try:
         cl = Client(d.port)
         check_daemon(cl, state, data_dir, rng=rng)
@@ -292,12 +305,17 @@ def one_life(dapod, data_dir, state, rng, train_id, cfg, idx):
         polled = [0]
         lock = threading.Lock()
 
+        def first_chunk_sent():
+            upload_started.set()
+            if mode == "upload":  # hold the body open: the kill lands in the middle of it
+                stop.wait(0.5)
+
         def uploader():
-            urng = random.Random(rng.random())
+            urng = random.Random(useed)
             while not stop.is_set():
                 data = training_lines(urng, urng.choice((50, 500, 5000)))
                 try:
-                    st, body = cl.upload_streamed(data, 8192, upload_started.set)
+                    st, body = cl.upload_streamed(data, 8192, first_chunk_sent)
                 except (OSError, http.client.HTTPException):
                     return
                 if st in (200, 201):
@@ -308,7 +326,7 @@ def one_life(dapod, data_dir, state, rng, train_id, cfg, idx):
         def creator():
             """Creates a job when none is live (so that training goes on in most lives), up
             to --jobs in all, each with an Idempotency-Key."""
-            crng = random.Random(rng.random())
+            crng = random.Random(cseed)
             stop.wait(0.1)
             while not stop.is_set() and len(state.jobs) < cfg.jobs:
                 with lock:
@@ -338,12 +356,15 @@ def one_life(dapod, data_dir, state, rng, train_id, cfg, idx):
                     polled[0] += 1
                 stop.wait(0.02)
 
+        # every draw from the shared rng happens here, before the threads start: same seed, same
+        # plan of kills
+        mode = rng.choice(("uniform", "checkpoint", "upload"))
+        delay = rng.uniform(0.05, cfg.max_delay)
+        useed, cseed = rng.random(), rng.random()
         threads = [threading.Thread(target=f, daemon=True) for f in (uploader, creator, poller)]
         for t in threads:
             t.start()
-        mode = rng.choice(("uniform", "checkpoint", "upload"))
         t0 = time.monotonic()
-        delay = rng.uniform(0.05, cfg.max_delay)
         while time.monotonic() - t0 < 10:
             with lock:
                 ph = list(phases)
@@ -351,17 +372,21 @@ def one_life(dapod, data_dir, state, rng, train_id, cfg, idx):
                 break
             if mode == "checkpoint" and "checkpointing" in ph:
                 break
-            if mode == "upload" and upload_started.is_set() and time.monotonic() - t0 >= delay / 4:
+            if mode == "upload" and upload_started.is_set():
+                time.sleep(0.05)
                 break
             time.sleep(0.005)
         d.proc.kill()
         d.proc.wait(timeout=30)
+        after = leftovers(data_dir)
+        left = {k: len(after[k] - stale[k]) for k in after}  # interrupted by this kill
+        left["stale_after_restart"] = sum(len(v) for v in stale.values())
         stop.set()
         for t in threads:
             t.join(timeout=60)
         with lock:
             state.kills.append({"mode": mode, "t": round(time.monotonic() - t0, 3),
-                                "phases": list(phases)})
+                                "phases": list(phases), "left": left})
     finally:
         d.cleanup()
 
@@ -416,6 +441,11 @@ def main():
             rc = d.stop()
             check(rc == 0, "dapod exited %s after SIGTERM" % rc)
             summary["jobs_ended"] = len(jobs)
+        # every interrupted job resumed, so nothing half-written is left behind
+        left = leftovers(data_dir)
+        check(not left["checkpoint_tmp"] and not left["upload_tmp"],
+              "temporaries left after every job ended: %s"
+              % sorted(left["checkpoint_tmp"] | left["upload_tmp"])[:5])
         summary["result"] = "ok"
     except Violation as v:
         summary["result"] = "violation"
@@ -429,6 +459,11 @@ def main():
             for p in set(k["phases"]) or {"idle"}:
                 phase_counts[p] = phase_counts.get(p, 0) + 1
         summary.update({"kills_done": len(state.kills), "kill_modes": modes,
+                        "kills_mid_checkpoint_write": sum(
+                            1 for k in state.kills if k["left"]["checkpoint_tmp"]),
+                        "kills_mid_upload": sum(1 for k in state.kills if k["left"]["upload_tmp"]),
+                        "temporaries_left_after_restarts": sum(
+                            k["left"]["stale_after_restart"] for k in state.kills),
                         "phases_at_kill": phase_counts, "uploads_acked": len(state.uploads),
                         "jobs_acked": len(state.jobs), "restarts_checked": state.checks,
                         "checkpoints_verified": len(state.verified_ckpts),
