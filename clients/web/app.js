@@ -204,11 +204,15 @@ async function viewNew(view) {
 
   // dataset
   const fileSelect = h('select', { name: 'training_file' });
+  const valSelect = h('select', { name: 'validation_file' });
   const fillFiles = (selected) => {
     const valid = files.data.filter((f) => f.status === 'valid').reverse();
-    fileSelect.replaceChildren(h('option', { value: '', text: valid.length ? '— choose an uploaded file —' : '— upload a file first —' }),
-      ...valid.map((f) => h('option', { value: f.id, text: `${f.filename} · ${f.n_items} items · ${f.id}` })));
+    const opts = () => valid.map((f) => h('option', { value: f.id, text: `${f.filename} · ${f.n_items} items · ${f.id}` }));
+    const keepVal = valSelect.value;
+    fileSelect.replaceChildren(h('option', { value: '', text: valid.length ? '— choose an uploaded file —' : '— upload a file first —' }), ...opts());
+    valSelect.replaceChildren(h('option', { value: '', text: 'none (no evaluation)' }), ...opts());
     if (selected) fileSelect.value = selected;
+    valSelect.value = keepVal;
   };
   fillFiles();
   const upInput = h('input', { type: 'file', accept: '.jsonl,.ndjson,application/x-ndjson,application/jsonl', id: 'upload-input' });
@@ -297,7 +301,8 @@ async function viewNew(view) {
     h('section', { class: 'card' }, h('h2', { text: 'Dataset' }),
       h('p', { class: 'muted', text: 'JSON Lines, one {"prompt", "answer"} object a line.' }),
       h('div', { class: 'row' }, upInput, upButton), upResult,
-      field('training_file', 'Training file', fileSelect)),
+      h('div', { class: 'grid' }, field('training_file', 'Training file', fileSelect),
+        field('validation_file', 'Validation file', valSelect, 'evaluated every eval_every steps (eval/accuracy on the reward chart)'))),
     h('section', { class: 'card' }, h('h2', { text: 'Model and judge' }),
       h('div', { class: 'grid' }, field('model', 'Base model', modelSelect), field('judge.type', 'Judge', judgeType), patternField, urlField,
         field('seed', 'Seed', seed), field('suffix', 'Suffix', suffix))),
@@ -332,6 +337,7 @@ async function viewNew(view) {
     const body = { model: modelSelect.value, training_file: fileSelect.value, judge: { type: judgeType.value } };
     if (!body.training_file) errs.push(['training_file', 'choose or upload a training file']);
     if (!body.model) errs.push(['model', 'choose a model']);
+    if (valSelect.value) body.validation_file = valSelect.value;
     if (judgeType.value === 'regex') {
       if (!pattern.value) errs.push(['judge.pattern', 'a regex judge needs a pattern']);
       body.judge.pattern = pattern.value;
@@ -460,7 +466,8 @@ async function viewJob(view, id) {
 
   const paintJob = (j) => {
     job = j;
-    statusEl.replaceChildren(badge(j.status), j.phase ? h('span', { class: 'muted small', text: ` ${j.phase}` }) : '');
+    statusEl.replaceChildren(badge(j.status), j.phase ? h('span', { class: 'muted small', text: ` ${j.phase}` }) : '',
+      j.queue_position ? h('span', { class: 'muted small', text: ` position ${j.queue_position} in the queue` }) : '');
     const pct = j.total_steps ? (100 * (j.step || 0)) / j.total_steps : 0;
     progressBar.style.width = `${pct}%`;
     progressText.textContent = `step ${j.step || 0} of ${j.total_steps}`;

@@ -6,7 +6,8 @@
 //  1. / redirects to the dashboard; the job list asks for the key; a wrong key is refused in
 //     the dialog, the right one is kept in sessionStorage and sent as a Bearer header (never in
 //     a URL, checked over every request the page made).
-//  2. New job: a JSONL upload through the form (the file object matches the API's), a bad
+//  2. New job: an invalid upload lists the API's line errors; a JSONL upload through the form
+//     (the file object matches the API's), a bad
 //     hyperparameter caught in the browser (no request sent), a cross-field one refused by the
 //     daemon and shown next to its field (errors[].field), then a job started from the form.
 //  3. Job page: the reward chart gains points as steps finish over SSE: after Pause the chart
@@ -18,7 +19,7 @@
 // Screenshots go to --artifacts (printed at the end).
 //
 // Usage: node dashboard.test.mjs --dapod BUILD/server/dapod --data tests/data/addition.jsonl
-//          --artifacts DIR
+//          --invalid tests/data/invalid.jsonl --artifacts DIR
 
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
@@ -31,13 +32,14 @@ const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) =>
   if (a.startsWith('--')) acc.push([a.slice(2), all[i + 1]]);
   return acc;
 }, []));
-for (const k of ['dapod', 'data', 'artifacts']) {
-  if (!args[k]) { console.error(`usage: --dapod BIN --data FILE --artifacts DIR (missing --${k})`); process.exit(2); }
+for (const k of ['dapod', 'data', 'invalid', 'artifacts']) {
+  if (!args[k]) { console.error(`usage: --dapod BIN --data FILE --invalid FILE --artifacts DIR (missing --${k})`); process.exit(2); }
 }
 
 const KEY = 'dashboard-test-key-7f3a';
 const WAIT = 90000; // generous: a loaded 2-core machine, a sanitizer build
 const sha256 = (buf) => createHash('sha256').update(buf).digest('hex');
+const same = (a, b) => JSON.stringify(a) === JSON.stringify(b);
 let failures = 0;
 function check(cond, msg) {
   if (cond) { console.log(`ok   ${msg}`); return; }
@@ -139,12 +141,23 @@ async function main() {
     // 2. new job: upload, field errors, start
     await page.click('a[data-nav="new"]');
     await page.locator('#job-form').waitFor();
+    // an invalid dataset: its line errors are listed as the API reports them
+    await page.setInputFiles('#upload-input', args.invalid);
+    await page.click('#upload-button');
+    await page.locator('#upload-result .alert.error li').first().waitFor();
+    const bad = (await apiJson('/v1/files')).data.find((f) => f.status === 'invalid');
+    const shownErrs = await page.locator('#upload-result .alert.error li').allTextContents();
+    check(bad && bad.errors.length > 0 && same(shownErrs, bad.errors.slice(0, 20).map((e) => (e.line ? `line ${e.line}: ${e.message}` : e.message))),
+      `an invalid upload lists the API's ${bad ? bad.errors.length : 0} line errors`);
+    check(await page.inputValue('#f-training-file') === '', 'an invalid file is not offered for training');
+    await shot('02a-invalid-upload');
     await page.setInputFiles('#upload-input', args.data);
     await page.click('#upload-button');
     await page.locator('#upload-result .alert.ok').waitFor();
     const files = await apiJson('/v1/files');
-    check(files.data.length === 1 && files.data[0].status === 'valid', 'the upload is stored and valid');
-    const fileObj = files.data[0];
+    const valid = files.data.filter((f) => f.status === 'valid');
+    check(files.data.length === 2 && valid.length === 1, 'the upload is stored and valid');
+    const fileObj = valid[0];
     check(fileObj.sha256 === sha256(readFileSync(args.data)), 'the stored file has the dataset\'s SHA-256');
     check(await page.inputValue('#f-training-file') === fileObj.id, 'the uploaded file is chosen as training file');
     check((await page.textContent('#upload-result')).includes(`${fileObj.n_items} items`), 'the form shows the item count');
