@@ -299,7 +299,7 @@ async function viewNew(view) {
 
   form.append(
     h('section', { class: 'card' }, h('h2', { text: 'Dataset' }),
-      h('p', { class: 'muted', text: 'JSON Lines, one {"prompt", "answer"} object a line.' }),
+      h('p', { class: 'muted', text: 'JSON Lines: one object a line with "prompt" (or chat "messages") and "answer"; optional "id" and "metadata".' }),
       h('div', { class: 'row' }, upInput, upButton), upResult,
       h('div', { class: 'grid' }, field('training_file', 'Training file', fileSelect),
         field('validation_file', 'Validation file', valSelect, 'evaluated every eval_every steps (eval/accuracy on the reward chart)'))),
