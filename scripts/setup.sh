@@ -10,7 +10,8 @@ PKGS=(build-essential cmake pkg-config git
       python3 python3-torch python3-numpy python3-jinja2
       clang-format curl openssl
       clang libclang-rt-14-dev wrk
-      chromium)
+      chromium
+      systemd)
 
 missing=()
 for p in "${PKGS[@]}"; do
