@@ -1342,6 +1342,40 @@ static int encode_plain(const struct bpe *b, struct scratch *w, const char *s, s
   return 0;
 }
 
+/* One utf8proc normal form of s into a new string. utf8proc 2.8 composes an LV syllable with
+ * U+11A7 (one below the first trailing consonant, which composes with nothing) and drops it; that
+ * character is a starter that composes with nothing either side, so the text is normalized in
+ * pieces around it, which is exact. */
+static int map_form(const char *s, size_t n, int opt, char **out, size_t *outn) {
+  struct bvec acc = {0};
+  size_t at = 0;
+  for (;;) {
+    const char *hit = memmem(s + at, n - at, "\xE1\x86\xA7", 3);
+    size_t end = hit ? (size_t)(hit - s) : n;
+    if (end > at) {
+      utf8proc_uint8_t *dst = NULL;
+      utf8proc_ssize_t r =
+          utf8proc_map((const utf8proc_uint8_t *)s + at, (utf8proc_ssize_t)(end - at), &dst, opt);
+      if (r < 0 || bvec_add(&acc, dst, (size_t)r)) {
+        free(dst);
+        free(acc.v);
+        return DAPO_ENOMEM; /* input is valid UTF-8: only allocation can fail */
+      }
+      free(dst);
+    }
+    if (!hit) break;
+    if (bvec_add(&acc, hit, 3)) {
+      free(acc.v);
+      return DAPO_ENOMEM;
+    }
+    at = end + 3;
+  }
+  if (!acc.v && bvec_add(&acc, "", 0)) return DAPO_ENOMEM;
+  *out = acc.v;
+  *outn = acc.n;
+  return 0;
+}
+
 static int normalize(const struct bpe *b, const char *s, size_t n, char **res, size_t *rn) {
   *res = NULL;
   *rn = n;
@@ -1350,13 +1384,13 @@ static int normalize(const struct bpe *b, const char *s, size_t n, char **res, s
   if (ascii || !b->n_norm) return 0; /* every normal form of ASCII is itself */
   char *cur = NULL;
   for (int k = 0; k < b->n_norm; k++) {
-    utf8proc_uint8_t *dst = NULL;
-    utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)(cur ? cur : s),
-                                      (utf8proc_ssize_t)(cur ? *rn : n), &dst, b->norm[k]);
+    char *next;
+    size_t nn;
+    int rc = map_form(cur ? cur : s, cur ? *rn : n, b->norm[k], &next, &nn);
     free(cur);
-    if (r < 0) return DAPO_ENOMEM; /* input is valid UTF-8: only allocation can fail */
-    cur = (char *)dst;
-    *rn = (size_t)r;
+    if (rc) return rc;
+    cur = next;
+    *rn = nn;
   }
   *res = cur;
   return 0;
