@@ -577,7 +577,7 @@ static int finish(struct ctl *c, const char *id, FILE *out) {
     msg("job %s failed: %s (%s%s%s): %s", id, jstr(err, "code"), jstr(err, "category"),
         param[0] ? ", " : "", param, jstr(err, "message"));
   } else if (code == EXIT_OK) {
-    fprintf(out, "job %s succeeded: %s\n", id, jstr(job, "fine_tuned_model"));
+    fprintf(c->json ? stderr : out, "job %s succeeded: %s\n", id, jstr(job, "fine_tuned_model"));
   } else if (code == EXIT_CANCELLED) {
     msg("job %s was cancelled at step %" JSON_INTEGER_FORMAT, id,
         json_integer_value(json_object_get(job, "step")));

@@ -296,6 +296,26 @@ class DapoctlCase(unittest.TestCase):
         self.assertEqual(rc, 6, err)
         self.assertIn("HTTP 409 conflict", err)
 
+    # ---- the CI example ----
+
+    def test_ci_script_uploads_trains_and_keeps_the_checkpoint(self):
+        out_dir = os.path.join(self.tmp, "ci-out")
+        script = os.path.join(common.ROOT, "clients", "ci", "dapod-ci.sh")
+        template = os.path.join(common.ROOT, "clients", "ci", "job.example.json")
+        env = dict(os.environ, DAPOD_URL=self.url, DAPOCTL=DAPOCTL, DAPOD_CI_TIMEOUT="300")
+        p = subprocess.run(["sh", script, common.ADDITION, template, out_dir], env=env,
+                           capture_output=True, timeout=common.DEADLINE_S)
+        log = p.stdout.decode() + p.stderr.decode()
+        self.assertEqual(p.returncode, 0, log)
+        with open(os.path.join(out_dir, "job.json")) as f:
+            job = json.load(f)
+        self.assertEqual((job["status"], job["step"]), ("succeeded", 5))
+        self.assertEqual(len([l for l in log.splitlines() if PROGRESS.match(l)]), 5, log)
+        ck = self.d.get("/v1/jobs/%s/checkpoints" % job["id"]).json()["data"][-1]
+        self.assertEqual(ck["step"], 5)
+        for f in ck["files"]:
+            self.assertEqual(common.sha256_file(os.path.join(out_dir, f["name"])), f["sha256"])
+
     # ---- download ----
 
     def test_download_all_and_resume_with_range(self):
