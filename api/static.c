@@ -2,7 +2,8 @@
  * share/dapod/web): GET / and GET /ui redirect to /ui/; GET /ui/ and GET /ui/{file} send a file
  * of the folder `web_dir` (no API key needed: the files hold no data; the page's API calls send
  * the key). Flat folder, names [A-Za-z0-9][A-Za-z0-9._-]*, known extensions only, so no path
- * ever leaves the folder; ETag/Last-Modified with Cache-Control: no-cache (revalidated, 304). */
+ * ever leaves the folder; ETag/Last-Modified with Cache-Control: no-cache (revalidated: 304 on
+ * If-None-Match, or on If-Modified-Since without it). */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -109,6 +110,18 @@ static int inm_matches(const char *inm, const char *etag) {
   return 0;
 }
 
+/* 1 when If-Modified-Since (an IMF-fixdate; other forms are ignored, as RFC 9110 allows for an
+ * invalid date) is not before the file's mtime in whole seconds. Only asked without
+ * If-None-Match, which takes precedence. */
+static int not_modified_since(const char *ims, const struct stat *st) {
+  if (!ims) return 0;
+  struct tm tm = {0};
+  const char *end = strptime(ims, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+  if (!end || *end) return 0;
+  time_t t = timegm(&tm);
+  return t != (time_t)-1 && st->st_mtim.tv_sec <= t;
+}
+
 static int reply_hparams(struct api_req *r) {
   json_t *d = hparams_describe();
   if (!d) return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory", NULL);
@@ -145,7 +158,9 @@ int api_static_file(struct api_req *r) {
   struct tm tm;
   gmtime_r(&st.st_mtim.tv_sec, &tm);
   strftime(lm, sizeof lm, "%a, %d %b %Y %H:%M:%S GMT", &tm);
-  if (inm_matches(api_header(r, MHD_HTTP_HEADER_IF_NONE_MATCH), etag)) {
+  const char *inm = api_header(r, MHD_HTTP_HEADER_IF_NONE_MATCH);
+  if (inm ? inm_matches(inm, etag)
+          : not_modified_since(api_header(r, MHD_HTTP_HEADER_IF_MODIFIED_SINCE), &st)) {
     close(fd);
     api_reply_text(r, 304, type, "", 0);
   } else {

@@ -4,7 +4,8 @@ tests/api/harness.py (127.0.0.1 port 0, scratch dirs, an API key configured) ser
 copy of the built web folder plus files that must never be sent.
 
 Checks: / and /ui redirect to /ui/; /ui/ and every file come back byte for byte with the right
-Content-Type, ETag, Last-Modified, Cache-Control and (HTML) CSP; HEAD; If-None-Match -> 304;
+Content-Type, ETag, Last-Modified, Cache-Control and (HTML) CSP; HEAD; If-None-Match and
+If-Modified-Since -> 304;
 no key is needed for the files while the API still answers 401; path traversal in every
 spelling, hidden files, unknown extensions, folders, NUL bytes and nested paths are 404
 problem+json without the file's bytes; /ui/hyperparameters.json agrees with the defaults a job
@@ -15,6 +16,8 @@ Run: /usr/bin/python3 tests/web/test_static.py --dapod BUILD/server/dapod --web 
 """
 
 import argparse
+import datetime
+import email.utils
 import hashlib
 import http.client
 import json
@@ -127,6 +130,22 @@ class StaticFiles(unittest.TestCase):
         self.assertEqual((a.body, b.body), (b"one", b"three"))
         self.assertNotEqual(a.header("etag"), b.header("etag"))
         self.assertEqual(b.header("last-modified"), "Thu, 01 Jan 1970 00:00:00 GMT")
+
+    def test_if_modified_since(self):
+        r = self.d.get("/ui/style.css")
+        lm = r.header("last-modified")
+        t = email.utils.parsedate_to_datetime(lm)
+        before = email.utils.format_datetime(t - datetime.timedelta(seconds=1), usegmt=True)
+        later = email.utils.format_datetime(t + datetime.timedelta(days=1), usegmt=True)
+        for ims, want in ((lm, 304), (later, 304), (before, 200), ("yesterday", 200),
+                          (lm + " junk", 200)):
+            r2 = self.d.get("/ui/style.css", headers={"If-Modified-Since": ims})
+            self.assertEqual(r2.status, want, ims)
+            self.assertEqual(r2.body, b"" if want == 304 else r.body, ims)
+        # If-None-Match wins over If-Modified-Since (RFC 9110 13.1.3)
+        r3 = self.d.get("/ui/style.css", headers={"If-Modified-Since": lm,
+                                                  "If-None-Match": '"other"'})
+        self.assertEqual(r3.status, 200)
 
     def test_head(self):
         size = len(self.file_bytes("app.js"))
