@@ -1,7 +1,7 @@
 /* Handler: POST /v1/completions — sample from a base model (preset or folder) or a fine-tuned
  * checkpoint ("{job_id}:step-{n}"): {model, prompt, max_tokens, temperature, top_p, n, seed,
  * logprobs} -> {object: "text_completion", model, choices: [{index, text, finish_reason,
- * logprobs?: {tokens, token_ids, token_logprobs}}], usage}.
+ * logprobs?: {tokens, token_ids, token_logprobs, prompt_token_ids}}], usage}.
  *
  * Kept simple: the model is opened per request and sampled on the HTTP thread, with the work
  * bounded (max_tokens <= 512, n <= 16, prompt <= 16 KiB). A preset's weights are the ones its
@@ -117,7 +117,7 @@ static int reply_invalid(struct api_req *r, json_t *errors) {
 
 /* The choices and usage of a finished generation. */
 static json_t *choices_json(const struct lm *lm, const struct creq *q, const struct gen_out *go,
-                            int n_prompt, struct dapo_err *e) {
+                            const int *prompt_ids, int n_prompt, struct dapo_err *e) {
   json_t *choices = json_array();
   long long completion = 0;
   for (int i = 0; choices && i < q->n; i++) {
@@ -141,9 +141,11 @@ static json_t *choices_json(const struct lm *lm, const struct creq *q, const str
         json_array_append_new(ids, json_integer(toks[t]));
         json_array_append_new(lps, json_real(lp[t]));
       }
-      json_object_set_new(
-          c, "logprobs",
-          json_pack("{s:o, s:o, s:o}", "tokens", tokens, "token_ids", ids, "token_logprobs", lps));
+      json_t *pids = json_array();
+      for (int t = 0; t < n_prompt; t++) json_array_append_new(pids, json_integer(prompt_ids[t]));
+      json_object_set_new(c, "logprobs",
+                          json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_ids", ids,
+                                    "token_logprobs", lps, "prompt_token_ids", pids));
     } else if (c) {
       json_object_set_new(c, "logprobs", json_null());
     }
@@ -199,12 +201,12 @@ int api_completions_create(struct api_req *r) {
   json_t *out = NULL;
   size_t plen = strlen(q.prompt);
   const struct model_config *mc = &lm.model->cfg;
-  if ((rc = tok_encode(lm.tok, q.prompt, plen, NULL, 0, &n_ids, &e))) {
+  if ((rc = tok_encode_special(lm.tok, q.prompt, plen, 1, NULL, 0, &n_ids, &e))) {
     add_err(errors, "prompt", e.msg);
     goto invalid;
   }
   if (!(ids = malloc(sizeof(int) * (size_t)(n_ids + 1)))) goto oom;
-  if ((rc = tok_encode(lm.tok, q.prompt, plen, ids, n_ids, &n_ids, &e))) {
+  if ((rc = tok_encode_special(lm.tok, q.prompt, plen, 1, ids, n_ids, &n_ids, &e))) {
     add_err(errors, "prompt", e.msg);
     goto invalid;
   }
@@ -240,10 +242,11 @@ int api_completions_create(struct api_req *r) {
   }
   struct sampler_opts so = {
       .temperature = (float)q.temperature, .top_p = (float)q.top_p, .max_new_tokens = q.max_tokens};
-  if (mc->eos_token_id >= 0) so.stop_ids[so.n_stop++] = mc->eos_token_id;
+  for (int i = 0; i < lm.n_stop && so.n_stop < SAMPLER_MAX_STOP; i++)
+    so.stop_ids[so.n_stop++] = lm.stop_ids[i]; /* config.json's and generation_config.json's */
   struct gen_out go = {toks, lp, len, fin};
   if (gen_run(gs, lm.model, q.n, prompts, plens, rngs, &so, &go, NULL, &e)) goto fail;
-  if (!(out = choices_json(&lm, &q, &go, n_ids, &e))) goto fail;
+  if (!(out = choices_json(&lm, &q, &go, ids, n_ids, &e))) goto fail;
   json_decref(errors);
   rc = api_reply_json_steal(r, 200, out);
   goto done;

@@ -492,9 +492,13 @@ static int encode_prompt(const struct lm *lm, const struct chat_template *chat,
   size_t len = strlen(text);
   int k = 0, rc = 0;
   int *v = NULL;
-  if ((rc = tok_encode(lm->tok, text, len, NULL, 0, &k, e)) ||
+  /* a prompt text gets what the tokenizer's post-processor adds (Llama 3's BOS), as
+   * tokenizer(prompt) does; a rendered chat already holds its special tokens, as
+   * apply_chat_template(tokenize=True) encodes it */
+  int special = rendered == NULL;
+  if ((rc = tok_encode_special(lm->tok, text, len, special, NULL, 0, &k, e)) ||
       (!(v = malloc(sizeof(int) * (size_t)(k + 1))) && (rc = DAPO_ENOMEM)) ||
-      (rc = tok_encode(lm->tok, text, len, v, k, &k, e))) {
+      (rc = tok_encode_special(lm->tok, text, len, special, v, k, &k, e))) {
     free(rendered);
     free(v);
     if (rc == DAPO_ENOMEM) return dapo_errf(e, DAPO_ENOMEM, "out of memory");
