@@ -399,6 +399,94 @@ static void test_refusals(void) {
   CHECK(tok_from_text("{", &e) == NULL && strstr(e.msg, "tokenizer.json: line 1"));
 }
 
+/* Structural mutations of a valid file (a value replaced by one of another type or an extreme
+ * one): the loader must refuse or build a tokenizer that encodes and decodes without crashing
+ * (run under ASan by the suite's sanitizer stage). */
+struct slot {
+  json_t *parent;
+  const char *key; /* NULL: array index */
+  size_t index;
+};
+
+static void collect(json_t *j, struct slot *out, int *n, int cap) {
+  const char *k;
+  json_t *v;
+  size_t i;
+  if (json_is_object(j)) {
+    json_object_foreach(j, k, v) {
+      if (*n < cap) out[(*n)++] = (struct slot){j, k, 0};
+      /* the vocabulary's 259 entries would take most picks: only a few of them */
+      if (strcmp(k, "vocab") == 0) {
+        const char *picks[] = {"a", "aa", "aaaa"};
+        for (int p = 0; p < 3 && *n < cap; p++) out[(*n)++] = (struct slot){v, picks[p], 0};
+      } else {
+        collect(v, out, n, cap);
+      }
+    }
+  } else if (json_is_array(j)) {
+    json_array_foreach(j, i, v) {
+      if (*n < cap) out[(*n)++] = (struct slot){j, NULL, i};
+      collect(v, out, n, cap);
+    }
+  }
+}
+
+static void test_mutations(void) {
+  static const char *const values[] = {"null",      "true",       "0",
+                                       "-1",        "4294967297", "1e300",
+                                       "\"\"",      "\"x\"",      "[]",
+                                       "{}",        "[[]]",       "{\"type\": \"Sequence\"}",
+                                       "\"a b c\"", "2097152",    "[\"a\", \"a\"]"};
+  unsigned seed = 12345;
+  int built = 0, refused = 0;
+  for (int it = 0; it < 1500; it++) {
+    json_t *j = bytelevel_json();
+    json_object_set_new(j, "added_tokens",
+                        json_pack("[{s:i,s:s,s:b},{s:i,s:s,s:b,s:b}]", "id", 259, "content", "<s>",
+                                  "special", 1, "id", 260, "content", "ab", "lstrip", 1,
+                                  "normalized", 1));
+    json_object_set_new(j, "normalizer", json_pack("{s:s}", "type", "NFC"));
+    static struct slot slots[1024];
+    int n = 0;
+    collect(j, slots, &n, 1024);
+    for (int m = 0; m < 1 + it % 3; m++) {
+      seed = seed * 1103515245u + 12345u;
+      struct slot sl = slots[(seed >> 8) % (unsigned)n];
+      seed = seed * 1103515245u + 12345u;
+      json_t *v =
+          json_loads(values[(seed >> 8) % (sizeof values / sizeof *values)], JSON_DECODE_ANY, NULL);
+      if (sl.key)
+        json_object_set_new(sl.parent, sl.key, v);
+      else
+        json_array_set_new(sl.parent, sl.index, v);
+      n = 0; /* the tree changed: collect again before the next mutation */
+      collect(j, slots, &n, 1024);
+      if (n == 0) break;
+    }
+    struct dapo_err e = {0};
+    struct tokenizer *t = build(j, &e);
+    if (!t) {
+      refused++;
+      CHECK_MSG(e.code != 0 && e.msg[0], "iteration %d refused without a message", it);
+      continue;
+    }
+    built++;
+    int ids[256], k = 0;
+    const char *text = "<s>ab caf\xC3\xA9 \xF0\x9F\x98\x80 aaaa";
+    if (tok_encode_special(t, text, strlen(text), 1, ids, 256, &k, &e) == 0) {
+      char *d = tok_decode_alloc(t, ids, k, 0, &e);
+      free(d);
+    }
+    int rnd[8];
+    for (int i = 0; i < 8; i++)
+      rnd[i] = (int)((seed >> (i * 3)) % (unsigned)(tok_vocab_size(t) + 1));
+    free(tok_decode_alloc(t, rnd, 8, 1, &e));
+    tok_free(t);
+  }
+  fprintf(stderr, "test_bpe: mutations: %d built, %d refused\n", built, refused);
+  CHECK(built > 0 && refused > 0);
+}
+
 int main(void) {
   test_merges();
   test_added();
@@ -406,5 +494,6 @@ int main(void) {
   test_long_word();
   test_threads();
   test_refusals();
+  test_mutations();
   return check_done("test_bpe");
 }
