@@ -502,6 +502,7 @@ async function viewJob(view, id) {
   // charts
   const series = new MetricSeries();
   const uPlot = await loadUplot();
+  if (abort.signal.aborted) return; // left while the library loaded
   const charts = [];
   if (!uPlot) {
     chartsBox.append(h('div', { class: 'alert warn', id: 'charts-unavailable', text: 'Charts are unavailable: this build has no uPlot (npm was not available when it was built). The numbers are in the event log and under Metrics CSV.' }));

@@ -78,6 +78,7 @@ export class StepChart {
   }
 
   update(metrics) {
+    if (this.destroyed) return; // a redraw scheduled before the page was left
     const data = metrics.columns(this.spec.series);
     this.points = data[0].length;
     this.el.dataset.points = String(this.points);
@@ -112,7 +113,9 @@ export class StepChart {
   }
 
   destroy() {
+    this.destroyed = true;
     this.observer.disconnect();
     if (this.plot) this.plot.destroy();
+    this.plot = null;
   }
 }
