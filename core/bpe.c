@@ -1342,9 +1342,9 @@ static int encode_plain(const struct bpe *b, struct scratch *w, const char *s, s
   return 0;
 }
 
-/* One utf8proc normal form of s into a new string. utf8proc 2.8 composes an LV syllable with
- * U+11A7 (one below the first trailing consonant, which composes with nothing) and drops it; that
- * character is a starter that composes with nothing either side, so the text is normalized in
+/* One utf8proc normal form of s into a new string. utf8proc 2.6 (Debian 12) composes an LV syllable
+ * with U+11A7 (one below the first trailing consonant, which composes with nothing) and drops it;
+ * that character is a starter that composes with nothing either side, so the text is normalized in
  * pieces around it, which is exact. */
 static int map_form(const char *s, size_t n, int opt, char **out, size_t *outn) {
   struct bvec acc = {0};
