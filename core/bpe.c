@@ -366,6 +366,7 @@ static int merge_find(const struct bpe *b, int l, int r, int *rank, int *nid) {
 static int load_vocab(struct bpe *b, const json_t *vocab, struct dapo_err *e) {
   if (!json_is_object(vocab)) return dapo_errf(e, DAPO_EFORMAT, "model.vocab must be an object");
   size_t nv = json_object_size(vocab);
+  if (nv == 0) return dapo_errf(e, DAPO_EFORMAT, "model.vocab is empty");
   if (nv > BPE_MAX_IDS)
     return dapo_errf(e, DAPO_ERANGE, "model.vocab has %zu tokens (at most %d)", nv, BPE_MAX_IDS);
   int maxid = -1;
