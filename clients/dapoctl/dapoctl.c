@@ -426,7 +426,8 @@ struct follow {
   struct buf err;    /* the body of a non-200 reply */
   long status;       /* HTTP status of the current connection (0 until the headers) */
   struct sse_parser p;
-  int bad; /* a malformed event: stop with EXIT_API */
+  int bad;         /* a malformed event: stop with EXIT_API */
+  long long total; /* the job's total_steps for progress lines; -1 unknown */
 };
 
 static double num(const json_t *o, const char *k, int *ok) {
@@ -435,14 +436,15 @@ static double num(const json_t *o, const char *k, int *ok) {
   return json_number_value(v);
 }
 
-static void print_progress(FILE *f, const json_t *d, const json_t *job_total) {
+/* "step 3/5  reward -0.5000  accuracy 0.1250  entropy 4.5712  tokens/s 43702" (total < 0: no
+ * "/5"; a metric the step lacks is left out). */
+static void print_progress(FILE *f, const json_t *d, long long total) {
   int ok1, ok2, ok3, ok4, ok5;
   double step = num(d, "step", &ok1);
   double rw = num(d, "reward/mean", &ok2), acc = num(d, "accuracy", &ok3);
   double ent = num(d, "entropy", &ok4), tps = num(d, "throughput/gen_tokens_per_s", &ok5);
-  fprintf(f, "step %4.0f", ok1 ? step : -1.0);
-  if (json_is_integer(job_total))
-    fprintf(f, "/%" JSON_INTEGER_FORMAT, json_integer_value(job_total));
+  fprintf(f, "step %.0f", ok1 ? step : -1.0);
+  if (total >= 0) fprintf(f, "/%lld", total);
   if (ok2) fprintf(f, "  reward %+.4f", rw);
   if (ok3) fprintf(f, "  accuracy %.4f", acc);
   if (ok4) fprintf(f, "  entropy %.4f", ent);
@@ -452,11 +454,12 @@ static void print_progress(FILE *f, const json_t *d, const json_t *job_total) {
 
 /* One line for an event. submit --wait prints metrics as progress, status changes,
  * checkpoints, warnings and errors; logs prints every event. */
-static void print_event(FILE *f, int all, long long id, const char *type, const json_t *d) {
+static void print_event(FILE *f, int all, long long total, long long id, const char *type,
+                        const json_t *d) {
   if (!strcmp(type, "metrics")) {
     int is_eval = json_object_get(d, "eval/accuracy") != NULL;
     if (!is_eval) {
-      print_progress(f, d, NULL);
+      print_progress(f, d, total);
     } else {
       int ok;
       double a = num(d, "eval/accuracy", &ok);
@@ -515,7 +518,7 @@ static int on_event(const struct sse_event *ev, void *ud) {
     fputc('\n', fw->out);
     json_decref(o);
   } else {
-    print_event(fw->out, fw->all, id, ev->event, d);
+    print_event(fw->out, fw->all, fw->total, id, ev->event, d);
   }
   fflush(fw->out);
   json_decref(d);
@@ -590,8 +593,9 @@ static int finish(struct ctl *c, const char *id, FILE *out) {
 /* Follows GET /v1/jobs/{id}/events/stream until `end`, reconnecting with Last-Event-ID after a
  * dropped connection (backoff 0.25 s doubling to 4 s; SSE_MAX_FAILURES failures in a row
  * without a new event give up). Returns the job's exit code (finish) or an error code. */
-static int follow_job(struct ctl *c, const char *id, int all, int json_lines, FILE *out) {
-  struct follow fw = {.c = c, .all = all, .out = out, .json_lines = json_lines};
+static int follow_job(struct ctl *c, const char *id, int all, int json_lines, FILE *out,
+                      long long total) {
+  struct follow fw = {.c = c, .all = all, .out = out, .json_lines = json_lines, .total = total};
   char p[600], e[400], hdr[64];
   if (esc(c, id, e, sizeof e)) return EXIT_USAGE;
   snprintf(p, sizeof p, "/v1/jobs/%s/events/stream", e);
@@ -740,11 +744,11 @@ static int cmd_submit(struct ctl *c, const struct opts *o, char **args) {
     goto out;
   }
   FILE *progress = c->json ? stderr : stdout;
-  fprintf(progress, "job %s %s (%" JSON_INTEGER_FORMAT " steps)\n", id, jstr(job, "status"),
-          json_integer_value(json_object_get(job, "total_steps")));
+  long long total = (long long)json_integer_value(json_object_get(job, "total_steps"));
+  fprintf(progress, "job %s %s (%lld steps)\n", id, jstr(job, "status"), total);
   fflush(progress);
   json_decref(job);
-  rc = follow_job(c, id, 0, 0, progress);
+  rc = follow_job(c, id, 0, 0, progress, total);
 out:
   buf_free(&body);
   return rc;
@@ -753,7 +757,14 @@ out:
 /* ---- logs ---- */
 
 static int cmd_logs(struct ctl *c, const struct opts *o, char **args) {
-  if (o->follow) return follow_job(c, args[0], 1, c->json, stdout);
+  if (o->follow) {
+    json_t *job; /* for the total in the progress lines (and a clear 404 first) */
+    int rc = fetch_job(c, args[0], &job);
+    if (rc) return rc;
+    long long total = (long long)json_integer_value(json_object_get(job, "total_steps"));
+    json_decref(job);
+    return follow_job(c, args[0], 1, c->json, stdout, total);
+  }
   char e[400], p[800];
   if (esc(c, args[0], e, sizeof e)) return EXIT_USAGE;
   long long after = 0;
@@ -776,7 +787,7 @@ static int cmd_logs(struct ctl *c, const struct opts *o, char **args) {
         fputc('\n', stdout);
         json_decref(o2);
       } else {
-        print_event(stdout, 1, (long long)id, jstr(ev, "type"), json_object_get(ev, "data"));
+        print_event(stdout, 1, -1, (long long)id, jstr(ev, "type"), json_object_get(ev, "data"));
       }
       after = (long long)id;
     }
@@ -802,7 +813,7 @@ static void print_job(const json_t *j) {
   json_t *m = json_object_get(j, "latest_metrics");
   if (json_is_object(m) && json_object_size(m)) {
     printf("metrics     ");
-    print_progress(stdout, m, NULL);
+    print_progress(stdout, m, -1);
   }
   json_t *ck = json_object_get(j, "checkpoints"), *s;
   size_t i;

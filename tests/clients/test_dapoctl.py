@@ -9,6 +9,7 @@ Run: /usr/bin/python3 tests/clients/test_dapoctl.py --dapod DAPOD --dapoctl DAPO
 """
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -24,7 +25,7 @@ import common  # noqa: E402
 from common import harness  # noqa: E402
 
 DAPOD = DAPOCTL = None
-PROGRESS = re.compile(r"^step +(\d+)  reward ([-+]\d+\.\d{4})  accuracy (\d+\.\d{4})  "
+PROGRESS = re.compile(r"^step (\d+)/\d+  reward ([-+]\d+\.\d{4})  accuracy (\d+\.\d{4})  "
                       r"entropy (-?\d+\.\d{4})  tokens/s (\d+)$")
 
 
@@ -235,6 +236,23 @@ class DapoctlCase(unittest.TestCase):
         rc, out, err = self.ctl("--help")
         self.assertEqual(rc, 0)
         self.assertIn("exit codes", out)
+
+    def test_api_key_from_flag_or_environment(self):
+        key = "dapoctl-ci-key"
+        sha = hashlib.sha256(key.encode()).hexdigest()
+        with harness.Daemon(DAPOD, ["--api-keys", "ci:%s" % sha]) as d:
+            url = "http://127.0.0.1:%d" % d.port
+            rc, out, err = self.ctl("list", url=url)
+            self.assertEqual(rc, 6, err)
+            self.assertIn("HTTP 401 unauthorized", err)
+            rc, out, err = self.ctl("--api-key", "wrong", "list", url=url)
+            self.assertEqual(rc, 6, err)
+            rc, out, err = self.ctl("--json", "list", url=url, env={"DAPOD_API_KEY": key})
+            self.assertEqual((rc, json.loads(out)["data"]), (0, []), err)
+            rc, out, err = self.ctl("--api-key", key, "upload", common.ADDITION, url=url,
+                                    env={"DAPOD_API_KEY": "wrong"})
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(d.stop(), 0)
 
     def test_connection_error_exits_5(self):
         rc, out, err = self.ctl("list", url="http://127.0.0.1:%d" % common.closed_port())
