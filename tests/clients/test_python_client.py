@@ -24,6 +24,35 @@ from common import harness  # noqa: E402
 import dapod_client as dc  # noqa: E402
 
 DAPOD = None
+CALLED = set()  # (METHOD, path) of every request the client sent
+
+
+def _recording(open_):
+    def wrapped(self, method, path, *a, **kw):
+        CALLED.add((method, path.split("?", 1)[0]))
+        return open_(self, method, path, *a, **kw)
+    return wrapped
+
+
+dc.Client._open = _recording(dc.Client._open)
+
+
+def openapi_operations():
+    """(METHOD, path regex) of every operation in openapi.yaml (its paths are the two-space
+    indented keys, its methods the four-space ones)."""
+    import re
+    ops, path = [], None
+    with open(os.path.join(common.ROOT, "openapi.yaml")) as f:
+        for line in f:
+            m = re.match(r"^  (/[^ ]*):\s*$", line)
+            if m:
+                path = m.group(1)
+                continue
+            m = re.match(r"^    (get|post|put|patch|delete):\s*$", line)
+            if m and path:
+                rx = "^" + re.sub(r"\\{[a-z_]+\\}", "[^/]+", re.escape(path)) + "$"
+                ops.append((m.group(1).upper(), path, re.compile(rx)))
+    return ops
 
 
 class ClientCase(unittest.TestCase):
@@ -279,6 +308,18 @@ class ClientCase(unittest.TestCase):
             s.close()
         with self.assertRaises(ValueError):
             dc.Client("ftp://x")
+
+
+class ZCoverage(unittest.TestCase):
+    """Runs after ClientCase (unittest orders classes by name): every operation of
+    openapi.yaml was called through the client by the tests above."""
+
+    def test_every_openapi_operation_was_called(self):
+        ops = openapi_operations()
+        self.assertGreaterEqual(len(ops), 26)
+        missing = ["%s %s" % (m, p) for m, p, rx in ops
+                   if not any(cm == m and rx.match(cp) for cm, cp in CALLED)]
+        self.assertEqual(missing, [], "operations the client tests never called")
 
 
 class ApiKeyCase(unittest.TestCase):
