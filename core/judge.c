@@ -314,7 +314,7 @@ int judge_run(struct judge *j, const char *job_id, int64_t step, const struct ju
   const char **sorted = NULL;
   if (n == 0) goto out;
   if (j->kind != JK_HTTP) {
-    if (cancel && *cancel) {
+    if (cancel && __atomic_load_n(cancel, __ATOMIC_RELAXED)) { /* set by another thread */
       for (int i = 0; i < n; i++) res[i].err = JE_CANCELLED;
       rc = dapo_errf(e, DAPO_ECANCELLED, "judge: cancelled");
       goto out;

@@ -1017,7 +1017,7 @@ int judge_http_run(const struct judge_http *h, const char *job_id, int64_t step,
 
   int done = 0, running = 0, cancelled = 0;
   while (done < r.n_reqs) {
-    if (cancel && *cancel) {
+    if (cancel && __atomic_load_n(cancel, __ATOMIC_RELAXED)) { /* set by another thread */
       cancelled = 1;
       break;
     }

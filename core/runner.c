@@ -285,10 +285,11 @@ static int log_event(struct trainer *t, const char *level, const char *fmt, ...)
 }
 
 static int cancelled(const struct trainer *t) {
-  return t->o && t->o->cancel && *t->o->cancel;
+  /* the flags are set by another thread (the daemon's workers): relaxed atomic loads */
+  return t->o && t->o->cancel && __atomic_load_n(t->o->cancel, __ATOMIC_RELAXED);
 }
 static int pause_requested(const struct trainer *t) {
-  return t->o && t->o->pause && *t->o->pause;
+  return t->o && t->o->pause && __atomic_load_n(t->o->pause, __ATOMIC_RELAXED);
 }
 
 /* RNG stream for (purpose, a, b, c): a 64-bit mix so that streams never collide in practice. */

@@ -384,7 +384,8 @@ static int gen_run_impl(struct gen_state *s, const struct model *m, int n,
 
   /* decode: all unfinished sequences advance together */
   for (;;) {
-    if (cancel && *cancel) return dapo_errf(e, DAPO_ECANCELLED, "generation cancelled");
+    if (cancel && __atomic_load_n(cancel, __ATOMIC_RELAXED)) /* set by another thread */
+      return dapo_errf(e, DAPO_ECANCELLED, "generation cancelled");
     int n_act = 0;
     for (int q = 0; q < n; q++) {
       int len = out->len[q];

@@ -37,6 +37,9 @@
 /* The in-memory words of the job a worker runs, which the runner polls; "" = idle. */
 struct running {
   char job_id[STORE_ID_MAX];
+  /* Set by HTTP threads (workers_signal) and the stop, read by the runner: relaxed __atomic
+   * loads and stores only (a plain volatile access is a data race, which ThreadSanitizer reports)
+   */
   volatile int cancel, pause;
 };
 
@@ -560,8 +563,8 @@ static void run_job(struct worker *wk, struct store_job *job) {
   int stopping = w->stopping;
   if (!stopping) {
     snprintf(wk->run.job_id, sizeof wk->run.job_id, "%s", job->id);
-    wk->run.cancel = 0;
-    wk->run.pause = 0;
+    __atomic_store_n(&wk->run.cancel, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&wk->run.pause, 0, __ATOMIC_RELAXED);
     w->busy++;
   }
   pthread_mutex_unlock(&w->mu);
@@ -574,8 +577,10 @@ static void run_job(struct worker *wk, struct store_job *job) {
   struct store_job cur;
   struct dapo_err e = {0};
   if (!store_job_get(srv->store, job->id, NULL, &cur, &e)) {
-    if (cur.cancel_requested || cur.status == STORE_JOB_CANCELLING) wk->run.cancel = 1;
-    if (cur.pause_requested || cur.status == STORE_JOB_PAUSING) wk->run.pause = 1;
+    if (cur.cancel_requested || cur.status == STORE_JOB_CANCELLING)
+      __atomic_store_n(&wk->run.cancel, 1, __ATOMIC_RELAXED);
+    if (cur.pause_requested || cur.status == STORE_JOB_PAUSING)
+      __atomic_store_n(&wk->run.pause, 1, __ATOMIC_RELAXED);
     store_job_deinit(&cur);
   }
 
@@ -740,8 +745,8 @@ int workers_signal(struct workers *w, const char *job_id, int cancel, int pause)
   for (int i = 0; i < w->n; i++) {
     struct running *run = &w->v[i].run;
     if (strcmp(run->job_id, job_id)) continue;
-    if (cancel) run->cancel = 1;
-    if (pause) run->pause = 1;
+    if (cancel) __atomic_store_n(&run->cancel, 1, __ATOMIC_RELAXED);
+    if (pause) __atomic_store_n(&run->pause, 1, __ATOMIC_RELAXED);
     found = 1;
   }
   pthread_mutex_unlock(&w->mu);
@@ -777,7 +782,7 @@ int workers_stop(struct workers *w, int grace_s) {
   for (int i = 0; i < w->n; i++)
     if (w->v && w->v[i].run.job_id[0]) {
       LOG(INFO, "job %s: asking it to stop at a safe point", w->v[i].run.job_id);
-      w->v[i].run.pause = 1;
+      __atomic_store_n(&w->v[i].run.pause, 1, __ATOMIC_RELAXED);
     }
   pthread_cond_broadcast(&w->wake);
   while (w->busy > 0)
