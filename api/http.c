@@ -1019,7 +1019,10 @@ struct api_http *api_http_start(struct server *srv, struct dapo_err *e) {
   unsigned flags =
       MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
   if (family == AF_INET6) flags |= MHD_USE_IPv6;
-  struct MHD_OptionItem tls[3] = {{MHD_OPTION_END, 0, NULL}};
+  /* optional options: the TLS pair, and a thread pool only beyond one thread (libmicrohttpd
+   * warns about a pool of 0 or 1) */
+  struct MHD_OptionItem opt[4] = {{MHD_OPTION_END, 0, NULL}};
+  int n_opt = 0;
   int use_tls = c->tls_cert && c->tls_cert[0];
   if (use_tls) {
     if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
@@ -1035,21 +1038,23 @@ struct api_http *api_http_start(struct server *srv, struct dapo_err *e) {
       return NULL;
     }
     flags |= MHD_USE_TLS;
-    tls[0] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, h->tls_cert};
-    tls[1] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, h->tls_key};
-    tls[2] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
+    opt[n_opt++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, h->tls_cert};
+    opt[n_opt++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, h->tls_key};
   }
+  if (c->http_threads > 1)
+    opt[n_opt++] =
+        (struct MHD_OptionItem){MHD_OPTION_THREAD_POOL_SIZE, (intptr_t)c->http_threads, NULL};
+  opt[n_opt] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
   errno = 0;
   h->d = MHD_start_daemon(
       flags, (uint16_t)c->listen.port, NULL, NULL, on_access, h, MHD_OPTION_EXTERNAL_LOGGER,
-      on_mhd_log, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE,
-      (unsigned)(c->http_threads > 1 ? c->http_threads : 0), MHD_OPTION_CONNECTION_LIMIT,
+      on_mhd_log, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT,
       (unsigned)c->max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
       (unsigned)c->max_connections_per_ip, MHD_OPTION_CONNECTION_TIMEOUT,
       (unsigned)c->connection_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
       (size_t)c->max_header_bytes, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
       MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_UNESCAPE_CALLBACK, unescape_no_nul,
-      h, MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
+      h, MHD_OPTION_ARRAY, opt, MHD_OPTION_END);
   if (!h->d) {
     int err = errno;
     if (use_tls && err != EADDRINUSE && err != EACCES && err != EADDRNOTAVAIL)
