@@ -255,6 +255,8 @@ struct trie {
   int start[257]; /* idx[start[b] .. start[b+1]) begin with byte b */
 };
 
+struct scratch;
+
 struct cache_slot {
   uint64_t h;
   char *key; /* owned: key bytes then ids (ints) after an aligned gap; NULL when empty */
@@ -303,6 +305,8 @@ struct bpe {
   /* cache of pre-token -> ids */
   pthread_mutex_t lock;
   struct cache_slot *cache;
+  struct scratch *pool[8]; /* idle per-call work buffers, under the lock */
+  int n_pool;
 };
 
 /* ---- JSON helpers that name the path ---- */
@@ -977,6 +981,8 @@ out:
   return b;
 }
 
+static void scratch_free(struct scratch *w);
+
 void bpe_free(struct bpe *b) {
   if (!b) return;
   json_decref(b->json);
@@ -1003,6 +1009,10 @@ void bpe_free(struct bpe *b) {
   if (b->cache)
     for (int i = 0; i < BPE_CACHE_SLOTS; i++) free(b->cache[i].key);
   free(b->cache);
+  for (int i = 0; i < b->n_pool; i++) {
+    scratch_free(b->pool[i]);
+    free(b->pool[i]);
+  }
   pthread_mutex_destroy(&b->lock);
   free(b);
 }
@@ -1501,15 +1511,49 @@ static void scratch_free(struct scratch *w) {
   free(w->heap_new);
 }
 
+/* Work buffers come from a small pool in the tokenizer (the facade is thread-safe, so each call
+ * needs its own, and allocating them per call cost ~10% on short strings). */
+static struct scratch *scratch_get(const struct bpe *b) {
+  struct bpe *mb = (struct bpe *)b;
+  struct scratch *w = NULL;
+  pthread_mutex_lock(&mb->lock);
+  if (mb->n_pool > 0) w = mb->pool[--mb->n_pool];
+  pthread_mutex_unlock(&mb->lock);
+  if (w) return w;
+  w = calloc(1, sizeof *w);
+  if (w && !(w->md = pcre2_match_data_create(4, NULL))) {
+    free(w);
+    w = NULL;
+  }
+  return w;
+}
+
+static void scratch_put(const struct bpe *b, struct scratch *w) {
+  struct bpe *mb = (struct bpe *)b;
+  if (!w) return;
+  /* a huge input's buffers are not kept */
+  if (w->capsym <= (1u << 16) && w->work.cap <= (1u << 20) && w->mapped.cap <= (1u << 20)) {
+    pthread_mutex_lock(&mb->lock);
+    if (mb->n_pool < (int)(sizeof mb->pool / sizeof *mb->pool)) {
+      mb->pool[mb->n_pool++] = w;
+      w = NULL;
+    }
+    pthread_mutex_unlock(&mb->lock);
+  }
+  if (w) {
+    scratch_free(w);
+    free(w);
+  }
+}
+
 static int encode_all(const struct bpe *b, const char *text, size_t len, int add_special,
                       struct ivec *out, struct dapo_err *e) {
   size_t bad = utf8_check(text, len);
   if (bad != len) return dapo_errf(e, DAPO_EINVAL, "invalid UTF-8 at byte %zu", bad);
-  struct scratch w = {0};
+  struct scratch *w = scratch_get(b);
   struct asegs g1 = {0}, g2 = {0};
   int rc = 0;
-  w.md = pcre2_match_data_create(4, NULL);
-  if (!w.md) {
+  if (!w) {
     rc = DAPO_ENOMEM;
     goto out;
   }
@@ -1531,7 +1575,7 @@ static int encode_all(const struct bpe *b, const char *text, size_t len, int add
       if (g2.v[k].a >= 0)
         rc = ivec_push(out, b->added[g2.v[k].a].id);
       else
-        rc = encode_plain(b, &w, p + g2.v[k].s, g2.v[k].e - g2.v[k].s, out, e);
+        rc = encode_plain(b, w, p + g2.v[k].s, g2.v[k].e - g2.v[k].s, out, e);
     }
     free(norm);
   }
@@ -1540,7 +1584,7 @@ static int encode_all(const struct bpe *b, const char *text, size_t len, int add
 out:
   if (rc == DAPO_ENOMEM && (!e || e->code != DAPO_ENOMEM))
     dapo_errf(e, rc, "out of memory encoding %zu bytes", len);
-  scratch_free(&w);
+  scratch_put(b, w);
   free(g1.v);
   free(g2.v);
   return rc;
