@@ -13,7 +13,9 @@ A fourth run S has only the SSE subscribers (no wrk), a fifth R the subscribers 
 rather than wrk's saturation). Reported: wrk's requests/s and p50/p99 per
 endpoint, SSE connect time and delivery (every subscriber must receive every event of the job
 through `end`), and the median time/step_s of the steps that ran while the load was on, against the
-same steps of A and C. Prints a JSON summary; exits 1 when a check fails (wrong event counts,
+same steps of A and C, and the CPU seconds per step of the compute thread (from /proc, per
+thread) with the share of a core it got, which separates "the load slowed the computation" from
+"the load took CPU time from it" on a shared machine. Prints a JSON summary; exits 1 when a check fails (wrong event counts,
 refused subscribers, wrk errors), never on timing.
 Usage: load.py --dapod PATH [--sse 500] [--wrk-seconds 8] [--steps 60] [--wrk wrk]
 """
@@ -90,6 +92,36 @@ def wait_step(d, jid, step, deadline_s=600):
         if time.monotonic() > t_end:
             fail("job %s did not reach step %d" % (jid, step))
         time.sleep(0.05)
+
+
+def task_cpu(pid):
+    """CPU seconds (user + system) of every thread of process pid, by thread id."""
+    out, tck = {}, os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
+                rest = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[tid] = (int(rest[11]) + int(rest[12])) / tck  # utime, stime (fields 14, 15)
+    return out
+
+
+class CpuWindow:
+    """CPU used by each thread of the daemon between start() and stop()."""
+
+    def __init__(self, pid):
+        self.pid = pid
+
+    def start(self):
+        self.c0, self.t0 = task_cpu(self.pid), time.monotonic()
+        return self
+
+    def stop(self):
+        c1 = task_cpu(self.pid)
+        self.wall = time.monotonic() - self.t0
+        self.delta = {t: c1[t] - self.c0.get(t, 0.0) for t in c1}
+        return self
 
 
 def event_ids(d, jid):
@@ -267,11 +299,16 @@ def main():
         fid = r.json()["id"]
         base = "http://127.0.0.1:%d" % d.port
 
+        pid = d.proc.pid
+        cpu = {}
         # A: baseline
+        cpu["A"] = CpuWindow(pid).start()
         ja = create_job(d, fid, cfg.steps)
         wait_end(d, ja)
+        cpu["A"].stop()
 
         # B: SSE subscribers for the whole job, wrk on each endpoint in turn
+        cpu["B"] = CpuWindow(pid).start()
         jb = create_job(d, fid, cfg.steps)
         fleet = SseFleet(d.port, jb, cfg.sse)
         fleet.start()
@@ -290,24 +327,31 @@ def main():
         if s1 >= cfg.steps:
             print("warning: job B ended before the load did; raise --steps", file=sys.stderr)
         wait_end(d, jb)
+        cpu["B"].stop()
         sse = fleet.join(event_ids(d, jb))
 
         # C: baseline again
+        cpu["C"] = CpuWindow(pid).start()
         jc = create_job(d, fid, cfg.steps)
         wait_end(d, jc)
+        cpu["C"].stop()
 
         # S: SSE subscribers only
+        cpu["S"] = CpuWindow(pid).start()
         js = create_job(d, fid, cfg.steps)
         fleet_s = SseFleet(d.port, js, cfg.sse)
         fleet_s.start()
         wait_end(d, js)
+        cpu["S"].stop()
         fleet_s.join(event_ids(d, js))
 
         # R: SSE subscribers and a paced poller (--rate requests/s over the read endpoints)
+        cpu["R"] = CpuWindow(pid).start()
         jr = create_job(d, fid, cfg.steps)
         fleet_r = SseFleet(d.port, jr, cfg.sse)
         fleet_r.start()
         paced = paced_poll(d, [ep.replace(jb, jr) for ep in endpoints], cfg.rate, jr)
+        cpu["R"].stop()
         fleet_r.join(event_ids(d, jr))
 
         ta, tb, tc, ts, tr = (step_times(d, j) for j in (ja, jb, jc, js, jr))
@@ -336,6 +380,16 @@ def main():
             "load_average_during_wrk": load_avg_during,
             "load_average_end": loadavg(),
         })
+        # The compute thread is the one that used the most CPU in the baseline run (1 worker, 1
+        # compute thread, nothing else running); its CPU seconds per step show whether the load
+        # slowed the computation itself or only took CPU time from it (wall time).
+        tid = max(cpu["A"].delta, key=cpu["A"].delta.get)
+        summary["cpu"] = {
+            k: {"compute_thread_cpu_s_per_step": round(w.delta.get(tid, 0.0) / cfg.steps, 4),
+                "wall_s_per_step": round(w.wall / cfg.steps, 4),
+                "compute_thread_share_of_a_core": round(w.delta.get(tid, 0.0) / w.wall, 3),
+                "other_threads_cpu_s": round(sum(v for t, v in w.delta.items() if t != tid), 2)}
+            for k, w in cpu.items()}
         if d.stop() != 0:
             fail("dapod did not exit 0")
     print(json.dumps(summary, indent=1))
