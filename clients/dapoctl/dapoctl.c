@@ -638,9 +638,10 @@ static int follow_job(struct ctl *c, const char *id, int all, int json_lines, FI
       rc = api_error(c, p, status, &fw.err);
       break;
     }
-    if (status == 200 && !fw.got_event) {
-      /* The stream closed with nothing new: it may have been opened past the end of a job
-       * that has finished; its status decides. */
+    if (status == 200 && !fw.got_event && cc == CURLE_OK) {
+      /* The server closed the stream cleanly with nothing new: it does so at once for a stream
+       * opened past the end of a finished job; its status decides. (A cut connection is
+       * CURLE_PARTIAL_FILE or a receive error, and is simply reconnected.) */
       json_t *job;
       rc = fetch_job(c, id, &job);
       if (rc) break;

@@ -187,7 +187,7 @@ class DapoctlCase(unittest.TestCase):
             proxy.close()
         self.assertEqual(rc, 0, out + err)
         self.assertEqual(proxy.cut_done, 3)
-        self.assertGreaterEqual(proxy.streams, 4)
+        self.assertGreaterEqual(proxy.streams, 4, "%s %s" % (proxy.last_event_ids, out + err))
         self.assertIsNone(proxy.last_event_ids[0])
         self.assertTrue(all(x and x.isdigit() for x in proxy.last_event_ids[1:]),
                         proxy.last_event_ids)
