@@ -36,7 +36,7 @@ enum {
 
 #define RESP_MAX ((size_t)64 << 20) /* largest reply body held in memory */
 #define JOB_FILE_MAX ((size_t)16 << 20)
-#define SSE_MAX_FAILURES 8 /* consecutive stream failures without a new event before giving up */
+#define SSE_MAX_FAILURES 20 /* consecutive stream failures without a new event before giving up */
 
 static const char *prog = "dapoctl";
 

@@ -455,7 +455,7 @@ class Client:
                              {"after": after} if after else None):
             yield Event(e["id"], e["type"], e["data"], e.get("created_at"))
 
-    def stream_events(self, job_id, last_event_id=None, reconnect=True, max_failures=8,
+    def stream_events(self, job_id, last_event_id=None, reconnect=True, max_failures=20,
                       heartbeats=False, read_timeout=60):
         """Follows GET /v1/jobs/{id}/events/stream and yields Event objects until the job's
         ``end`` event (included).
