@@ -195,6 +195,55 @@ class DapoctlCase(unittest.TestCase):
         self.assertEqual(steps, [1, 2, 3, 4], out)  # every step once, in order
         self.assertIn("reconnecting", err)
 
+    def test_submit_wait_survives_a_daemon_restart(self):
+        """SIGTERM the daemon while the job trains and start it again on the same port and
+        data: dapoctl reconnects with Last-Event-ID and prints every step exactly once."""
+        port = common.closed_port()
+        data_dir = os.path.join(self.tmp, "restart-var")
+        args = ("--workers", "1", "--blas-threads", "1")
+        d1 = harness.Daemon(DAPOD, args, data_dir=data_dir, listen="127.0.0.1:%d" % port)
+        d2 = None
+        errf = tempfile.TemporaryFile()
+        p = None
+        try:
+            d1.start()
+            fid = common.upload(d1)
+            hp = dict(common.SMALL_HP, total_steps=30, checkpoint_every=1)
+            path = self.write_job(common.job_spec(fid, hp), "restart.json")
+            p = subprocess.Popen([DAPOCTL, "submit", "--wait", path], stdout=subprocess.PIPE,
+                                 stderr=errf,
+                                 env=dict(os.environ, DAPOD_URL="http://127.0.0.1:%d" % port))
+            lines = [p.stdout.readline().decode()]
+            while not lines[-1].startswith("step "):
+                self.assertTrue(lines[-1], "dapoctl ended before a step")
+                lines.append(p.stdout.readline().decode())
+            self.assertEqual(d1.stop(), 0, d1.log())
+            d2 = harness.Daemon(DAPOD, args, data_dir=data_dir, listen="127.0.0.1:%d" % port)
+            d2.start()
+            rest = p.communicate(timeout=common.DEADLINE_S)[0].decode()
+            errf.seek(0)
+            err = errf.read().decode()
+            out = "".join(lines) + rest
+            self.assertEqual(p.returncode, 0, out + err)
+            steps = [int(PROGRESS.match(l).group(1)) for l in out.splitlines()
+                     if PROGRESS.match(l)]
+            self.assertEqual(steps, list(range(1, 31)), out)
+            job_id = re.match(r"job (job-[0-9a-f-]+) ", out).group(1)
+            events = common.events_all(d2, job_id)
+            running = [e for e in events if e["type"] == "status"
+                       and e["data"]["status"] == "running"]
+            self.assertGreaterEqual(len(running), 2, "the job did not run again after the restart")
+            self.assertIn("reconnecting", err)
+        finally:
+            if p and p.poll() is None:
+                p.kill()
+                p.wait()
+            errf.close()
+            d1.cleanup()
+            if d2:
+                self.assertEqual(d2.stop(), 0)
+                d2.cleanup()
+
     def test_submit_api_error_exits_6_with_problem_fields(self):
         spec = common.job_spec(self.file_id)
         spec["model"] = "no-such-model"

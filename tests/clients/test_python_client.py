@@ -322,6 +322,45 @@ class ZCoverage(unittest.TestCase):
         self.assertEqual(missing, [], "operations the client tests never called")
 
 
+class RestartCase(unittest.TestCase):
+    def test_stream_survives_a_daemon_restart(self):
+        """The daemon is stopped (SIGTERM) while the job trains and started again on the same
+        port and data: the stream goes on after the restart, every event once."""
+        tmp = tempfile.mkdtemp(prefix="dapod-pyclient-restart-")
+        port = common.closed_port()
+        data_dir = os.path.join(tmp, "var")
+        args = ("--workers", "1", "--blas-threads", "1")
+        d1 = harness.Daemon(DAPOD, args, data_dir=data_dir, listen="127.0.0.1:%d" % port)
+        d2 = None
+        try:
+            d1.start()
+            c = dc.Client("http://127.0.0.1:%d" % port, timeout=30)
+            fid = c.upload_file(common.ADDITION)["id"]
+            job = c.create_job(common.job_spec(fid, dict(common.SMALL_HP, total_steps=30)))
+            got = []
+            for ev in c.stream_events(job["id"]):
+                got.append(ev)
+                if ev.type == "metrics" and d2 is None:
+                    self.assertEqual(d1.stop(), 0, d1.log())
+                    d2 = harness.Daemon(DAPOD, args, data_dir=data_dir,
+                                        listen="127.0.0.1:%d" % port)
+                    d2.start()
+            stored = [dc.Event(e["id"], e["type"], e["data"])
+                      for e in common.events_all(d2, job["id"])]
+            self.assertEqual(got, stored)
+            self.assertEqual([e.data["step"] for e in got if e.type == "metrics"],
+                             list(range(1, 31)))
+            running = [e for e in got if e.type == "status" and e.data["status"] == "running"]
+            self.assertGreaterEqual(len(running), 2, "the job did not run again")
+            self.assertEqual(got[-1].type, "end")
+        finally:
+            d1.cleanup()
+            if d2:
+                self.assertEqual(d2.stop(), 0)
+                d2.cleanup()
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 class ApiKeyCase(unittest.TestCase):
     KEY = "ci-secret-key"
 
