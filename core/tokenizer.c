@@ -51,6 +51,19 @@ struct tokenizer *tok_from_text(const char *text, struct dapo_err *e) {
   return t;
 }
 
+struct tokenizer *tok_from_file(const char *path, struct dapo_err *e) {
+  json_error_t je;
+  json_t *j = json_load_file(path, 0, &je);
+  if (!j) {
+    dapo_errf(e, je.line > 0 ? DAPO_EFORMAT : DAPO_EIO, "%s: line %d: %s", path, je.line, je.text);
+    return NULL;
+  }
+  struct tokenizer *t = tok_from_json(j, e);
+  json_decref(j);
+  if (!t) dapo_err_prefix(e, "%s: ", path);
+  return t;
+}
+
 void tok_free(struct tokenizer *t) {
   if (!t) return;
   chartok_free(t->ct);

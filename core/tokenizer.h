@@ -19,6 +19,8 @@ struct tokenizer;
 struct tokenizer *tok_from_json(const json_t *j, struct dapo_err *e);
 /* Same from the text of tokenizer.json. */
 struct tokenizer *tok_from_text(const char *text, struct dapo_err *e);
+/* Same from a tokenizer.json file (a model folder's); errors name the path and the JSON line. */
+struct tokenizer *tok_from_file(const char *path, struct dapo_err *e);
 void tok_free(struct tokenizer *t);
 
 int tok_vocab_size(const struct tokenizer *t);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../check.h"
 #include "tokenizer.h"
@@ -396,6 +397,23 @@ static void test_refusals(void) {
   refuse("padding", "{}", "padding is not supported");
   struct dapo_err e = {0};
   CHECK(tok_from_text("[1]", &e) == NULL && strstr(e.msg, "the top level must be an object"));
+  /* from a file: the path leads the message */
+  char path[] = "/tmp/test_bpe_XXXXXX";
+  int fd = mkstemp(path);
+  CHECK(fd >= 0);
+  if (fd >= 0) {
+    json_t *j = bytelevel_json();
+    char *text = json_dumps(j, 0);
+    json_decref(j);
+    CHECK(write(fd, text, strlen(text)) == (ssize_t)strlen(text));
+    close(fd);
+    free(text);
+    struct tokenizer *t = tok_from_file(path, &e);
+    CHECK_MSG(t && tok_vocab_size(t) == 259, "%s", e.msg);
+    tok_free(t);
+    unlink(path);
+    CHECK(tok_from_file(path, &e) == NULL && e.code == DAPO_EIO && strstr(e.msg, path));
+  }
   CHECK(tok_from_text("{", &e) == NULL && strstr(e.msg, "tokenizer.json: line 1"));
 }
 
