@@ -130,7 +130,7 @@ static void on_phase(void *ctx, const char *phase) {
   }
 }
 
-static void test_memory_plan(void) {
+static __attribute__((unused)) void test_memory_plan(void) {
   char data[256], out[256];
   snprintf(data, sizeof data, "%s/plan.jsonl", tmpdir);
   snprintf(out, sizeof out, "%s/plan-out", tmpdir);
