@@ -8,7 +8,15 @@
  * nothing polls. A reader only reads the store, so subscribers cost the job nothing. Memory per
  * stream is one batch; a live client that falls more than sse_backlog_events behind the job is
  * disconnected and resumes with its Last-Event-ID. After `end` the stream closes; it also closes
- * when the daemon stops. */
+ * when the daemon stops.
+ *
+ * Many subscribers of one job cost one store read per event, not one each: framed events are
+ * kept in a small process-wide cache keyed by (job, event id) (events never change once stored),
+ * and a live stream asks the store only when the bus says there is something newer than what it
+ * sent. Whether a job is over is asked once when a stream goes live and then at heartbeats (a
+ * finished job's `end` event normally closes the stream first). */
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,9 +33,11 @@
 
 #define EVENTS_PAGE_DEFAULT 20
 #define EVENTS_PAGE_MAX 100
-#define STREAM_BATCH 50           /* events read from the store at a time */
-#define STREAM_BLOCK (16 * 1024)  /* libmicrohttpd's block size for the callback */
-#define STREAM_BUF_MAX (64 << 20) /* one batch never needs more */
+#define STREAM_BATCH 50                   /* events read from the store at a time */
+#define STREAM_BLOCK (16 * 1024)          /* libmicrohttpd's block size for the callback */
+#define STREAM_BUF_MAX (64 << 20)         /* one batch never needs more */
+#define FRAME_CACHE 512                   /* framed events kept for other subscribers */
+#define FRAME_CACHE_MAX_BYTES (64 * 1024) /* larger frames are not cached */
 
 static json_t *event_json(const struct store_event *ev) {
   return json_pack("{s:I, s:s, s:s, s:O, s:I}", "id", (json_int_t)ev->id, "object", "event", "type",
@@ -106,14 +116,71 @@ static int buf_add(struct stream *s, const char *p, size_t n) {
   return 0;
 }
 
-/* One event in SSE framing: id, event, one-line JSON data, blank line. */
+/* ---- framed events shared by the streams of a job ---- */
+
+struct frame_slot {
+  char job[STORE_ID_MAX];
+  int64_t id; /* 0: empty */
+  int end;    /* an `end` event */
+  char *text; /* the framed event (owned) */
+  size_t len;
+};
+
+static struct {
+  pthread_mutex_t mu;
+  struct frame_slot v[FRAME_CACHE];
+} g_frames = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static struct frame_slot *frame_slot(const char *job, int64_t id) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a of the job id, then the event id */
+  for (const char *p = job; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+  h = (h ^ (uint64_t)id) * 1099511628211ull;
+  return &g_frames.v[h % FRAME_CACHE];
+}
+
+/* Appends the cached frame of (job, id) to s; 1 when it was there, 0 when not, -1 on error. */
+static int frame_from_cache(struct stream *s, int64_t id) {
+  int rc = 0;
+  pthread_mutex_lock(&g_frames.mu);
+  struct frame_slot *f = frame_slot(s->job_id, id);
+  if (f->id == id && !strcmp(f->job, s->job_id)) {
+    rc = buf_add(s, f->text, f->len) ? -1 : 1;
+    if (rc == 1) {
+      s->last_id = id;
+      if (f->end) s->ended = 1;
+    }
+  }
+  pthread_mutex_unlock(&g_frames.mu);
+  return rc;
+}
+
+static void frame_to_cache(const char *job, const struct store_event *ev, const char *text,
+                           size_t len) {
+  if (len > FRAME_CACHE_MAX_BYTES) return;
+  char *copy = malloc(len);
+  if (!copy) return;
+  memcpy(copy, text, len);
+  pthread_mutex_lock(&g_frames.mu);
+  struct frame_slot *f = frame_slot(job, ev->id);
+  free(f->text);
+  snprintf(f->job, sizeof f->job, "%s", job);
+  f->id = ev->id;
+  f->end = !strcmp(ev->type, "end");
+  f->text = copy;
+  f->len = len;
+  pthread_mutex_unlock(&g_frames.mu);
+}
+
+/* One event in SSE framing: id, event, one-line JSON data, blank line; also into the cache. */
 static int frame(struct stream *s, const struct store_event *ev) {
   char head[96];
   int h = snprintf(head, sizeof head, "id: %lld\nevent: %s\ndata: ", (long long)ev->id, ev->type);
   char *data = json_dumps(ev->data ? ev->data : json_object(), JSON_COMPACT | JSON_ENCODE_ANY);
   if (!data) return -1;
+  size_t start = s->len;
   int rc = buf_add(s, head, (size_t)h) || buf_add(s, data, strlen(data)) || buf_add(s, "\n\n", 2);
   free(data);
+  if (!rc) frame_to_cache(s->job_id, ev, s->buf + start, s->len - start);
   return rc ? -1 : 0;
 }
 
@@ -128,13 +195,18 @@ static int64_t heartbeat_due(const struct stream *s) {
 
 /* Reads the next batch of events after last_id into buf. Returns the number read, or -1. */
 static int refill(struct stream *s) {
+  int n = 0, c;
+  while (n < STREAM_BATCH && !s->ended && (c = frame_from_cache(s, s->last_id + 1)) != 0) {
+    if (c < 0) return -1;
+    n++;
+  }
+  if (n > 0) return n;
   struct store_event_list el = {0};
   struct dapo_err e = {0};
   if (store_event_list(s->srv->store, s->job_id, s->last_id, STREAM_BATCH, &el, &e)) {
     LOG(WARN, "event stream of %s: %s", s->job_id, e.msg);
     return -1;
   }
-  int n = 0;
   for (size_t i = 0; i < el.n && !s->ended; i++, n++) {
     if (frame(s, &el.v[i])) {
       store_event_list_deinit(&el);
@@ -179,15 +251,20 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max) {
         return MHD_CONTENT_READER_END_OF_STREAM;
       }
     }
-    int n = refill(s);
+    /* live and the bus knows nothing newer: no store read (the bus hears of every event this
+     * process stores; older ones were read during the replay) */
+    int n = s->live && bus_last_id(s->srv->bus, s->job_id) <= s->last_id ? 0 : refill(s);
     if (n < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
     if (n > 0) {
       s->heartbeat_ms = heartbeat_due(s);
       continue;
     }
-    s->live = 1;
-    if (job_over(s)) return MHD_CONTENT_READER_END_OF_STREAM; /* e.g. replay after `end` */
+    if (!s->live) {
+      s->live = 1;
+      if (job_over(s)) return MHD_CONTENT_READER_END_OF_STREAM; /* e.g. replay after `end` */
+    }
     if (api_now_ms() >= s->heartbeat_ms) {
+      if (job_over(s)) return MHD_CONTENT_READER_END_OF_STREAM; /* e.g. a deleted job */
       heartbeat(s);
       s->heartbeat_ms = heartbeat_due(s);
       continue;
