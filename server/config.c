@@ -77,6 +77,10 @@ static const struct crow ROWS[] = {
     {"blas_threads", C_INT, F(blas_threads), 1, 1024, "auto", NULL,
      "BLAS threads of each job; auto: max(1, cores / workers), so that jobs side by side do not "
      "oversubscribe the cores"},
+    {"compute_cpus", C_STR, F(compute_cpus), 0, 256, "", NULL,
+     "CPUs reserved for training (\"0-3,6\"): job threads and their compute pools run there, "
+     "HTTP and everything else on the other CPUs, so that readers and streams never take a "
+     "training core; empty: no pinning"},
     {"http_threads", C_INT, F(http_threads), 1, 1024, "auto", NULL,
      "HTTP server threads; auto: min(8, max(2, cores / 4))"},
     {"memory_limit_bytes", C_SIZE, F(memory_limit_bytes), 0, TiB * 1024, "0", NULL,
@@ -923,6 +927,17 @@ int config_finish(struct config *c, int ncpu, struct dapo_err *e) {
   if (!c->blas_threads) c->blas_threads = imax(1, ncpu / c->workers);
   if (!c->http_threads) c->http_threads = imin(8, imax(2, ncpu / 4));
 
+  if (*c->compute_cpus) {
+    struct config_cpus cpus;
+    if (config_parse_cpus(c->compute_cpus, &cpus, e)) return dapo_err_prefix(e, "compute_cpus: ");
+    /* the machine's CPUs, not the ones this process started on: it may move itself */
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    if (online <= 0) online = ncpu;
+    if (cpus.n >= online)
+      return dapo_errf(e, DAPO_EINVAL,
+                       "compute_cpus: lists %d CPUs of %ld: leave at least one for the rest",
+                       cpus.n, online);
+  }
   if (!*c->tls_cert != !*c->tls_key)
     return dapo_errf(e, DAPO_EINVAL, "tls_cert and tls_key go together: %s is set, %s is empty",
                      *c->tls_cert ? "tls_cert" : "tls_key", *c->tls_cert ? "tls_key" : "tls_cert");
@@ -942,6 +957,33 @@ int config_finish(struct config *c, int ncpu, struct dapo_err *e) {
                      "refusing to serve unauthenticated",
                      config_addr_format(&c->listen, a, sizeof a));
   }
+  return 0;
+}
+
+int config_parse_cpus(const char *s, struct config_cpus *out, struct dapo_err *e) {
+  memset(out, 0, sizeof *out);
+  const char *p = s;
+  while (*p) {
+    char *end;
+    errno = 0;
+    long a = strtol(p, &end, 10), b;
+    if (end == p || errno || a < 0 || a >= 1024)
+      return dapo_errf(e, DAPO_EINVAL, "'%.40s': expected CPU numbers 0..1023 like 0-3,6", p);
+    b = a;
+    if (*end == '-') {
+      const char *q = end + 1;
+      b = strtol(q, &end, 10);
+      if (end == q || b < a || b >= 1024)
+        return dapo_errf(e, DAPO_EINVAL, "'%.40s': a range is LOW-HIGH with LOW <= HIGH < 1024", p);
+    }
+    for (long i = a; i <= b; i++) out->n += !out->on[i], out->on[i] = 1;
+    if (*end == ',')
+      end++;
+    else if (*end)
+      return dapo_errf(e, DAPO_EINVAL, "'%.40s': expected ',' between CPUs", end);
+    p = end;
+  }
+  if (!out->n) return dapo_errf(e, DAPO_EINVAL, "no CPU listed");
   return 0;
 }
 

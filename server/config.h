@@ -63,6 +63,7 @@ struct config {
   int workers;                     /* job threads; auto */
   int blas_threads;                /* BLAS threads per job; auto */
   int http_threads;                /* HTTP thread pool; auto */
+  char *compute_cpus;              /* CPUs reserved for the jobs' compute ("0-3,6"); "" = none */
   uint64_t memory_limit_bytes;     /* jobs' total memory estimate cap; 0 = none */
   int max_jobs_per_key;            /* live (queued, running, paused) jobs per API key */
   int max_queued_jobs;             /* queued jobs in total */
@@ -126,6 +127,14 @@ int config_parse_args(struct config *c, int argc, char **argv, enum config_actio
  * becomes DIR/../share/dapod/web or DIR/../web (DIR: the executable's folder), the first that
  * holds an index.html, else "" (no dashboard). */
 int config_finish(struct config *c, int ncpu, struct dapo_err *e);
+
+/* A CPU list ("0-3,6", CPUs below 1024) as flags. */
+struct config_cpus {
+  unsigned char on[1024]; /* on[i]: CPU i is listed */
+  int n;                  /* CPUs listed */
+};
+/* Parses s into out; 0, or DAPO_EINVAL with a message naming the part at fault. */
+int config_parse_cpus(const char *s, struct config_cpus *out, struct dapo_err *e);
 
 /* The cores this process may run on (sched_getaffinity; at least 1). */
 int config_cpu_count(void);

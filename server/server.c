@@ -4,6 +4,8 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +73,25 @@ static char *make_subdir(const char *dir, const char *name, struct dapo_err *e) 
   return p;
 }
 
+/* compute_cpus: this thread (and so every thread started after it: HTTP, workers) runs on the
+ * other CPUs; the workers move themselves and their compute pools onto compute_cpus. */
+static int keep_off_compute_cpus(const struct config *c, struct dapo_err *e) {
+  struct config_cpus cpus;
+  if (config_parse_cpus(c->compute_cpus, &cpus, e)) return dapo_err_prefix(e, "compute_cpus: ");
+  cpu_set_t rest;
+  CPU_ZERO(&rest);
+  int n = 0;
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  for (int i = 0; i < online && i < 1024 && i < CPU_SETSIZE; i++)
+    if (!cpus.on[i]) CPU_SET(i, &rest), n++;
+  if (!n || pthread_setaffinity_np(pthread_self(), sizeof rest, &rest))
+    return dapo_errf(e, DAPO_EINVAL, "compute_cpus: cannot keep the other threads off %s",
+                     c->compute_cpus);
+  LOG(INFO, "compute_cpus %s: jobs train there; HTTP and the rest use the other %d CPU%s",
+      c->compute_cpus, n, n > 1 ? "s" : "");
+  return 0;
+}
+
 int server_start(struct server *s, struct dapo_err *e) {
   clock_gettime(CLOCK_MONOTONIC, &s->start_mono);
   s->started_at = (int64_t)time(NULL);
@@ -87,6 +108,7 @@ int server_start(struct server *s, struct dapo_err *e) {
     return dapo_errf(e, DAPO_ENOMEM, "out of memory");
   }
   int rc = workers_recover(s, e);
+  if (!rc && *s->cfg.compute_cpus) rc = keep_off_compute_cpus(&s->cfg, e);
   if (!rc && !(s->workers = workers_start(s, e))) rc = e ? e->code : DAPO_EIO;
   if (!rc && !(s->http = api_http_start(s, e))) rc = e ? e->code : DAPO_EIO;
   if (rc) {

@@ -11,6 +11,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -635,9 +636,30 @@ static void run_job(struct worker *wk, struct store_job *job) {
   json_decref(jr.latest);
 }
 
+/* Each thread of the pool (the worker's own included) moves onto compute_cpus. */
+static void pin_task(void *ctx, int i, int n) {
+  const cpu_set_t *set = ctx;
+  (void)i, (void)n;
+  if (pthread_setaffinity_np(pthread_self(), sizeof *set, set))
+    LOG(WARN, "compute_cpus: a compute thread could not be moved (%s)", strerror(errno));
+}
+
+static void pin_compute(struct worker *wk) {
+  const char *list = wk->w->srv->cfg.compute_cpus;
+  struct config_cpus cpus;
+  struct dapo_err e = {0};
+  if (!*list || config_parse_cpus(list, &cpus, &e)) return; /* checked by config_finish */
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int i = 0; i < 1024 && i < CPU_SETSIZE; i++)
+    if (cpus.on[i]) CPU_SET(i, &set);
+  pool_run(wk->pool, pin_task, &set);
+}
+
 static void *worker_main(void *arg) {
   struct worker *wk = arg;
   struct workers *w = wk->w;
+  pin_compute(wk);
   pthread_mutex_lock(&w->mu);
   while (!w->stopping) {
     uint64_t seen = w->gen;

@@ -169,6 +169,28 @@ static void test_defaults(void) {
   CHECK(config_finish(&c, 8, &e) == 0 && !strcmp(c.web_dir, ""));
   config_deinit(&c);
 
+  /* compute_cpus: lists and ranges; each refusal names the part; one CPU must stay free */
+  {
+    struct config_cpus cpus;
+    CHECK(config_parse_cpus("0-2,5,5,7", &cpus, &e) == 0 && cpus.n == 5);
+    CHECK(cpus.on[0] && cpus.on[2] && !cpus.on[3] && cpus.on[5] && cpus.on[7] && !cpus.on[6]);
+    CHECK(config_parse_cpus("3-1", &cpus, &e) != 0 && strstr(e.msg, "LOW <= HIGH"));
+    CHECK(config_parse_cpus("0;1", &cpus, &e) != 0 && strstr(e.msg, "expected ','"));
+    CHECK(config_parse_cpus("x", &cpus, &e) != 0 && strstr(e.msg, "'x'"));
+    CHECK(config_parse_cpus("1024", &cpus, &e) != 0);
+    CHECK(config_init(&c) == 0);
+    CHECK(config_set(&c, "compute_cpus", "0-1", NULL, &e) == 0);
+    CHECK(config_set(&c, "compute_cpus", "0-1023", NULL, &e) == 0);
+    CHECK(config_finish(&c, 2, &e) != 0 && strstr(e.msg, "compute_cpus: lists 1024 CPUs of"));
+    CHECK(config_set(&c, "compute_cpus", "0", NULL, &e) == 0);
+    CHECK(config_finish(&c, 4, &e) == 0);
+    config_deinit(&c);
+    CHECK(config_init(&c) == 0);
+    CHECK(config_set(&c, "compute_cpus", "1-", NULL, &e) == 0);
+    CHECK(config_finish(&c, 4, &e) != 0 && strstr(e.msg, "compute_cpus: '1-'"));
+    config_deinit(&c);
+  }
+
   static const struct {
     int ncpu, workers, blas, http;
   } fits[] = {{1, 1, 1, 2},  {2, 1, 2, 2},   {3, 1, 3, 2},
@@ -692,7 +714,7 @@ static void test_print_round_trip(void) {
   CHECK(json_integer_value(json_object_get(j, "http_threads")) == 3);
   CHECK(json_is_true(json_object_get(json_array_get(json_object_get(j, "api_keys"), 1), "admin")));
   /* every key is printed, nothing else */
-  CHECK(json_object_size(j) == 28);
+  CHECK(json_object_size(j) == 29);
 
   /* every printed key has a flag of the same name ('_' as '-') that takes the printed value */
   struct config d;
@@ -748,7 +770,7 @@ static void test_example(void) {
     CHECK_MSG(json_is_string(json_object_get(ex, ck)), "%s lacks its %s comment", k, ck);
     n++;
   }
-  CHECK(n == 28);
+  CHECK(n == 29);
   CHECK(json_is_string(json_object_get(ex, "_comment")));
   CHECK(!strcmp(str_of(json_object_get(ex, "workers")), "auto"));
   json_decref(ex);
@@ -788,7 +810,7 @@ static void test_help(void) {
   /* one flag line per key: count "(default: " */
   int lines = 0;
   for (const char *p = buf; (p = strstr(p, "(default: ")); p++) lines++;
-  CHECK(lines == 28);
+  CHECK(lines == 29);
   /* nothing wider than 100 columns */
   for (const char *p = buf; *p;) {
     const char *nl = strchr(p, '\n');

@@ -283,12 +283,17 @@ def main():
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--rate", type=float, default=100.0,
                     help="requests/s of the paced poller of run R")
+    ap.add_argument("--compute-cpus", default="",
+                    help="the daemon's compute_cpus (e.g. 0); run this script on the other CPUs "
+                         "(taskset) so that the load generators stay off the training core")
     cfg = ap.parse_args()
     args = ["--workers", "1", "--blas-threads", "1", "--http-threads", "4",
             "--max-connections", str(cfg.sse + 200),
             "--max-connections-per-ip", str(cfg.sse + 200),
             "--max-sse-subscribers", str(cfg.sse + 100), "--access-log", "false",
             "--log-level", "warn"]
+    if cfg.compute_cpus:
+        args += ["--compute-cpus", cfg.compute_cpus]
     summary = {"load_average_start": loadavg(), "cores": os.cpu_count(), "daemon_args": args,
                "job": job_body("<file>", cfg.steps)}
     with Daemon(cfg.dapod, args) as d:
