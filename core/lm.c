@@ -98,38 +98,62 @@ static int save_extra(void *ctx, const char *tmp_dir, struct dapo_err *e) {
   return lm_write_extra(ctx, tmp_dir, e);
 }
 
-int lm_open(const char *spec, uint64_t seed, struct lm *out, struct dapo_err *e) {
+/* The tokenizer of a folder without its weights: config.json parsed and checked, tokenizer.json
+ * built. */
+static int open_folder_meta(const char *spec, struct lm *out, struct dapo_err *e) {
+  json_t *cj = NULL, *tj = NULL;
+  int rc = read_json(spec, "config.json", 0, SIDE_JSON_MAX, &cj, e);
+  if (rc) return rc;
+  if (!cj) return dapo_errf(e, DAPO_EINVAL, "no config.json in the model folder");
+  rc = model_config_from_json(&out->cfg, cj, e);
+  json_decref(cj);
+  if (rc || (rc = model_config_validate(&out->cfg, e)) ||
+      (rc = read_json(spec, "tokenizer.json", 0, TOKENIZER_JSON_MAX, &tj, e)))
+    return rc;
+  if (!tj) return dapo_errf(e, DAPO_EINVAL, "no tokenizer.json in the model folder");
+  out->tok = tok_from_json(tj, e);
+  json_decref(tj);
+  return out->tok ? 0 : e && e->code ? e->code : DAPO_ENOMEM;
+}
+
+/* A folder with its weights (ckpt_load) and tokenizer. */
+static int open_folder(const char *spec, struct lm *out, struct dapo_err *e) {
+  char *tj = NULL;
+  int rc = ckpt_load(spec, &out->model, &tj, e);
+  if (rc) return rc;
+  out->cfg = out->model->cfg;
+  if (!tj) return dapo_errf(e, DAPO_EINVAL, "no tokenizer.json in the model folder");
+  out->tok = tok_from_text(tj, e);
+  free(tj);
+  return out->tok ? 0 : e && e->code ? e->code : DAPO_ENOMEM;
+}
+
+/* Opens spec with (with_weights) or without its weights; see lm_open and lm_open_meta. */
+static int open_lm(const char *spec, uint64_t seed, int with_weights, struct lm *out,
+                   struct dapo_err *e) {
   memset(out, 0, sizeof *out);
   struct stat st;
   int rc = 0;
   if (stat(spec, &st) == 0 && S_ISDIR(st.st_mode)) {
-    char *tj = NULL;
-    if ((rc = ckpt_load(spec, &out->model, &tj, e))) return rc;
-    out->cfg = out->model->cfg;
-    if (!tj) {
-      rc = dapo_errf(e, DAPO_EINVAL, "%s: no tokenizer.json in the model folder", spec);
-      goto fail;
-    }
-    out->tok = tok_from_text(tj, e);
-    free(tj);
-    if (!out->tok || (rc = lm_read_json(spec, "tokenizer_config.json", &out->tok_config, e)) ||
+    if ((rc = with_weights ? open_folder(spec, out, e) : open_folder_meta(spec, out, e)) ||
+        (rc = lm_read_json(spec, "tokenizer_config.json", &out->tok_config, e)) ||
         (rc = lm_read_json(spec, "generation_config.json", &out->gen_config, e)) ||
         (rc = gen_stops(out, e))) {
-      if (!rc) rc = e && e->code ? e->code : DAPO_ENOMEM;
       dapo_err_prefix(e, "%s: ", spec);
       goto fail;
     }
   } else {
-    if (!preset_find(spec)) {
+    const struct preset *p = preset_find(spec);
+    if (!p) {
       char names[256];
       preset_names(names, sizeof names);
       return dapo_errf(e, DAPO_EINVAL,
                        "model '%s': neither a model folder nor a preset (presets: %s)", spec,
                        names);
     }
+    out->cfg = p->cfg;
     struct chartok *ct = NULL;
-    if ((rc = preset_build(spec, seed, &out->model, &ct, e))) return rc;
-    out->cfg = out->model->cfg;
+    if ((rc = preset_build(spec, seed, with_weights ? &out->model : NULL, &ct, e))) return rc;
     json_t *j = chartok_to_json(ct);
     chartok_free(ct);
     out->tok = j ? tok_from_json(j, e) : NULL;
@@ -152,64 +176,12 @@ fail:
   return rc;
 }
 
+int lm_open(const char *spec, uint64_t seed, struct lm *out, struct dapo_err *e) {
+  return open_lm(spec, seed, 1, out, e);
+}
+
 int lm_open_meta(const char *spec, struct lm *out, struct dapo_err *e) {
-  memset(out, 0, sizeof *out);
-  struct stat st;
-  int rc = 0;
-  if (stat(spec, &st) == 0 && S_ISDIR(st.st_mode)) {
-    json_t *cj = NULL, *tj = NULL;
-    if ((rc = read_json(spec, "config.json", 0, SIDE_JSON_MAX, &cj, e))) goto fail;
-    if (!cj) {
-      rc = dapo_errf(e, DAPO_EINVAL, "no config.json in the model folder");
-      goto fail;
-    }
-    rc = model_config_from_json(&out->cfg, cj, e);
-    json_decref(cj);
-    if (rc || (rc = model_config_validate(&out->cfg, e))) goto fail;
-    if ((rc = read_json(spec, "tokenizer.json", 0, TOKENIZER_JSON_MAX, &tj, e))) goto fail;
-    if (!tj) {
-      rc = dapo_errf(e, DAPO_EINVAL, "no tokenizer.json in the model folder");
-      goto fail;
-    }
-    out->tok = tok_from_json(tj, e);
-    json_decref(tj);
-    if (!out->tok || (rc = lm_read_json(spec, "tokenizer_config.json", &out->tok_config, e)) ||
-        (rc = lm_read_json(spec, "generation_config.json", &out->gen_config, e)) ||
-        (rc = gen_stops(out, e))) {
-      if (!rc) rc = e && e->code ? e->code : DAPO_ENOMEM;
-      goto fail;
-    }
-  } else {
-    const struct preset *p = preset_find(spec);
-    if (!p) {
-      char names[256];
-      preset_names(names, sizeof names);
-      return dapo_errf(e, DAPO_EINVAL,
-                       "model '%s': neither a model folder nor a preset (presets: %s)", spec,
-                       names);
-    }
-    out->cfg = p->cfg;
-    struct chartok *ct = NULL;
-    if ((rc = preset_build(spec, 0, NULL, &ct, e))) return rc;
-    json_t *j = chartok_to_json(ct);
-    chartok_free(ct);
-    out->tok = j ? tok_from_json(j, e) : NULL;
-    json_decref(j);
-    if (!out->tok) {
-      rc = e && e->code ? e->code : DAPO_ENOMEM;
-      goto fail;
-    }
-  }
-  if (tok_vocab_size(out->tok) > out->cfg.vocab_size) {
-    rc = dapo_errf(e, DAPO_EINVAL, "the tokenizer has %d tokens but the embedding only %d rows",
-                   tok_vocab_size(out->tok), out->cfg.vocab_size);
-    goto fail;
-  }
-  add_stop(out, out->cfg.eos_token_id);
-  return 0;
-fail:
-  lm_close(out);
-  return rc;
+  return open_lm(spec, 0, 0, out, e);
 }
 
 int lm_save(const struct lm *lm, const char *dir, int bf16, struct dapo_err *e) {

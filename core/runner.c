@@ -45,6 +45,22 @@ static char *dup_str(const char *s) {
   return d;
 }
 
+/* A message that names its field ("judge.url: ...", "chat_template.user: ...", as judge_new and
+ * chat_from_spec write them) split into {field, message}; otherwise field `base`. */
+static void spec_err_named(json_t *errors, const char *base, const char *text) {
+  const char *colon = strstr(text, ": ");
+  char field[96];
+  snprintf(field, sizeof field, "%s", base);
+  size_t n = strlen(base);
+  if (colon && !strncmp(text, base, n) && (text[n] == '.' || text + n == colon) &&
+      colon - text < (long)sizeof field) {
+    memcpy(field, text, (size_t)(colon - text));
+    field[colon - text] = '\0';
+    text = colon + 2;
+  }
+  spec_err(errors, field, text);
+}
+
 int jobspec_parse(const json_t *body, const struct judge_policy *pol, struct job_spec *s,
                   json_t *errors) {
   size_t before = json_array_size(errors);
@@ -108,18 +124,7 @@ int jobspec_parse(const json_t *body, const struct judge_policy *pol, struct job
     s->judge = json_incref(judge);
     struct dapo_err e = {0};
     struct judge *j = judge_new(judge, pol, &e);
-    if (!j) {
-      /* judge_new names its field "judge.x: message"; split it for the errors list */
-      const char *colon = strstr(e.msg, ": ");
-      char field[96] = "judge";
-      const char *msg = e.msg;
-      if (colon && !strncmp(e.msg, "judge", 5) && colon - e.msg < (long)sizeof field) {
-        memcpy(field, e.msg, (size_t)(colon - e.msg));
-        field[colon - e.msg] = '\0';
-        msg = colon + 2;
-      }
-      spec_err(errors, field, msg);
-    }
+    if (!j) spec_err_named(errors, "judge", e.msg);
     judge_free(j);
   }
   json_t *ct = json_object_get(body, "chat_template");
@@ -129,17 +134,7 @@ int jobspec_parse(const json_t *body, const struct judge_policy *pol, struct job
     if (!json_is_string(ct) || strcmp(json_string_value(ct), "auto")) {
       struct dapo_err e = {0};
       struct chat_template *c = chat_from_spec(ct, NULL, &e);
-      if (!c) {
-        const char *colon = strstr(e.msg, ": ");
-        char field[96] = "chat_template";
-        const char *msg = e.msg;
-        if (colon && !strncmp(e.msg, "chat_template", 13) && colon - e.msg < (long)sizeof field) {
-          memcpy(field, e.msg, (size_t)(colon - e.msg));
-          field[colon - e.msg] = '\0';
-          msg = colon + 2;
-        }
-        spec_err(errors, field, msg);
-      }
+      if (!c) spec_err_named(errors, "chat_template", e.msg);
       chat_free(c);
     }
   }
