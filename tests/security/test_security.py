@@ -282,7 +282,7 @@ class Tls(Case):
 
 class Limits(Case):
     ARGS = ["--max-body-bytes", "2K", "--max-upload-bytes", "4K", "--max-json-depth", "5",
-            "--max-header-bytes", "4K", "--max-connections", "4", "--max-connections-per-ip", "2",
+            "--max-header-bytes", "4K", "--max-connections", "16", "--max-connections-per-ip", "8",
             "--connection-timeout-s", "4", "--sse-heartbeat-s", "1"]
 
     @classmethod
