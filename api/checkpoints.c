@@ -50,9 +50,7 @@ int api_checkpoints_list(struct api_req *r) {
       data = NULL;
     }
   store_ckpt_list_deinit(&l);
-  json_t *o = data ? json_pack("{s:s, s:o, s:b, s:n}", "object", "list", "data", data, "has_more",
-                               0, "next_after")
-                   : NULL;
+  json_t *o = api_list_json(data, 0, NULL);
   return api_reply_json_steal(r, 200, o);
 }
 

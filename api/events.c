@@ -69,12 +69,7 @@ int api_events_list(struct api_req *r) {
       json_decref(data);
       data = NULL;
     }
-  json_t *o =
-      data ? json_pack("{s:s, s:o, s:b}", "object", "list", "data", data, "has_more", el.has_more)
-           : NULL;
-  if (o)
-    json_object_set_new(o, "next_after",
-                        el.has_more && el.n ? json_integer(el.v[el.n - 1].id) : json_null());
+  json_t *o = api_list_json(data, el.has_more, el.n ? json_integer(el.v[el.n - 1].id) : NULL);
   store_event_list_deinit(&el);
   return api_reply_json_steal(r, 200, o);
 }

@@ -494,6 +494,15 @@ static void hub_free(struct api_hub *h) {
   h->srv = NULL;
 }
 
+json_t *api_list_json(json_t *data, int has_more, json_t *next_after) {
+  if (!has_more && next_after) json_decref(next_after), next_after = NULL;
+  json_t *o = data ? json_pack("{s:s, s:o, s:b, s:o}", "object", "list", "data", data, "has_more",
+                               has_more, "next_after", next_after ? next_after : json_null())
+                   : NULL;
+  if (!data) json_decref(next_after);
+  return o;
+}
+
 int api_page_params(struct api_req *r, int *limit, const char **after) {
   const char *l = api_query(r, "limit");
   struct dapo_err e = {0};

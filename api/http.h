@@ -113,6 +113,11 @@ int api_content_type_is(const struct api_req *r, const char *type);
  * the parameter and returns -1 (the handler then returns 0). */
 int api_page_params(struct api_req *r, int *limit, const char **after);
 
+/* A page of a list as every list endpoint answers it: {"object": "list", "data", "has_more",
+ * "next_after"}; data and next_after are stolen (next_after NULL or ignored when !has_more: null).
+ * NULL when out of memory or when data is NULL. */
+json_t *api_list_json(json_t *data, int has_more, json_t *next_after);
+
 /* Replies status with json (stolen) as `application/json; charset=utf-8`, compact, ending in a
  * newline. json NULL (a failed allocation upstream) replies 503 unavailable. Returns 0, or -1
  * when not even an error reply could be built. */

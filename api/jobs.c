@@ -227,12 +227,7 @@ int api_jobs_list(struct api_req *r) {
       json_decref(data);
       data = NULL;
     }
-  json_t *o =
-      data ? json_pack("{s:s, s:o, s:b}", "object", "list", "data", data, "has_more", l.has_more)
-           : NULL;
-  if (o)
-    json_object_set_new(o, "next_after",
-                        l.has_more && l.n ? json_string(l.v[l.n - 1].id) : json_null());
+  json_t *o = api_list_json(data, l.has_more, l.n ? json_string(l.v[l.n - 1].id) : NULL);
   store_job_list_deinit(&l);
   return api_reply_json_steal(r, 200, o);
 }

@@ -437,16 +437,9 @@ int api_models_list(struct api_req *r) {
     json_decref(data);
     return api_reply_errorf(r, API_ERR_INVALID_REQUEST, "after: no such model '%.128s'", after);
   }
-  if (data) {
-    int more = end < total;
-    o = json_pack("{s:s, s:o, s:b}", "object", "list", "data", data, "has_more", more);
-    if (o)
-      json_object_set_new(
-          o, "next_after",
-          more && json_array_size(data)
-              ? json_copy(json_object_get(json_array_get(data, json_array_size(data) - 1), "id"))
-              : json_null());
-  }
+  size_t n = json_array_size(data);
+  o = api_list_json(data, end < total,
+                    n ? json_copy(json_object_get(json_array_get(data, n - 1), "id")) : NULL);
   return api_reply_json_steal(r, 200, o);
 }
 
