@@ -17,6 +17,12 @@ missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
+# Node.js and npm (the reference tokenizers, the OpenAPI checks, the dashboard's assets and the
+# browser test): Debian's packages when no node/npm is on the machine; an existing installation
+# (e.g. a nodejs package from another repository, which ships its own npm) is left alone.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  missing+=(nodejs npm)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing missing Debian packages: ${missing[*]}" >&2
   SUDO=""
