@@ -11,27 +11,5 @@ work=$2
 n=${3:-3500}
 src=$(cd "$(dirname "$0")" && pwd)
 
-for tool in node npm; do
-  if ! command -v "$tool" >/dev/null 2>&1; then
-    echo "run.sh: $tool not found; skipping the BPE parity check" >&2
-    exit 77
-  fi
-done
-
-mkdir -p "$work"
-exec 9>"$work/.install.lock"
-if command -v flock >/dev/null 2>&1; then flock 9; fi
-for f in package.json package-lock.json gen_corpus.mjs bpe_ref.mjs; do
-  cmp -s "$src/$f" "$work/$f" || cp "$src/$f" "$work/$f"
-done
-want=$(cksum <"$src/package-lock.json")
-have=$(cat "$work/.installed" 2>/dev/null || true)
-if [ "$want" != "$have" ] || [ ! -d "$work/node_modules" ]; then
-  rm -f "$work/.installed"
-  if ! (cd "$work" && npm ci --no-audit --no-fund --loglevel=error >&2); then
-    echo "run.sh: npm ci in $work failed" >&2
-    exit 1
-  fi
-  echo "$want" >"$work/.installed"
-fi
+sh "$src/../npm_ci.sh" "$src" "$work" gen_corpus.mjs bpe_ref.mjs
 exec node "$work/bpe_ref.mjs" "$dump" "$work" "$n"

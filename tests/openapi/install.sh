@@ -1,36 +1,8 @@
 #!/bin/sh
 # Installs the pinned npm packages of tests/openapi/package-lock.json (Redocly CLI, Ajv,
-# ajv-formats, yaml) into WORKDIR (a folder under the build dir; nothing downloaded is committed)
-# and copies the checks' scripts beside them. Reinstalls only when the lock file changed. Several
-# tests may call it at once (ctest -j): a lock file serialises them.
+# ajv-formats, yaml) into WORKDIR with tests/npm_ci.sh and copies validate.mjs beside them.
 # Exit 77 (skipped) when node or npm is missing; 1 when the install fails.
 # Usage: install.sh WORKDIR
 set -eu
-work=$1
 src=$(cd "$(dirname "$0")" && pwd)
-
-for tool in node npm; do
-  if ! command -v "$tool" >/dev/null 2>&1; then
-    echo "install.sh: $tool not found; skipping the OpenAPI checks" >&2
-    exit 77
-  fi
-done
-
-mkdir -p "$work"
-exec 9>"$work/.install.lock"
-if command -v flock >/dev/null 2>&1; then flock 9; fi
-
-for f in package.json package-lock.json validate.mjs; do
-  # only when changed: another test may be running the copy in $work right now
-  cmp -s "$src/$f" "$work/$f" || cp "$src/$f" "$work/$f"
-done
-want=$(cksum <"$src/package-lock.json")
-have=$(cat "$work/.installed" 2>/dev/null || true)
-if [ "$want" != "$have" ] || [ ! -d "$work/node_modules" ]; then
-  rm -f "$work/.installed"
-  if ! (cd "$work" && npm ci --no-audit --no-fund --loglevel=error >&2); then
-    echo "install.sh: npm ci in $work failed" >&2
-    exit 1
-  fi
-  echo "$want" >"$work/.installed"
-fi
+exec sh "$src/../npm_ci.sh" "$src" "$1" validate.mjs
