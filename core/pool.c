@@ -2,6 +2,9 @@
 #include "pool.h"
 
 #include <pthread.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -128,4 +131,43 @@ void pool_run(struct pool *p, void (*fn)(void *ctx, int i, int n), void *ctx) {
   pthread_mutex_lock(&p->mu);
   while (p->pending > 0) pthread_cond_wait(&p->done, &p->mu);
   pthread_mutex_unlock(&p->mu);
+}
+
+void pool_barrier_init(struct pool_barrier *b) {
+  __atomic_store_n(&b->count, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&b->phase, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&b->sleepers, 0, __ATOMIC_RELAXED);
+}
+
+static void futex_wait(int *addr, int val) {
+  syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+}
+
+static void futex_wake_all(int *addr) {
+  syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+void pool_barrier_wait(struct pool_barrier *b, int n) {
+  if (n <= 1) return;
+  int ph = __atomic_load_n(&b->phase, __ATOMIC_ACQUIRE);
+  if (__atomic_add_fetch(&b->count, 1, __ATOMIC_ACQ_REL) == n) {
+    /* the last one resets the count before releasing the others, who may arrive at the next
+     * barrier at once */
+    __atomic_store_n(&b->count, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&b->phase, ph + 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&b->sleepers, __ATOMIC_SEQ_CST)) futex_wake_all(&b->phase);
+    return;
+  }
+  /* spin about 10-20 us (the threads of a pool are normally running, on cores of their own, and
+   * arrive within microseconds), then sleep: on a machine with more runnable threads than cores
+   * the one being waited for may need this core */
+  for (int spins = 0; spins < 256; spins++) {
+    if (__atomic_load_n(&b->phase, __ATOMIC_ACQUIRE) != ph) return;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+  __atomic_add_fetch(&b->sleepers, 1, __ATOMIC_SEQ_CST);
+  while (__atomic_load_n(&b->phase, __ATOMIC_SEQ_CST) == ph) futex_wait(&b->phase, ph);
+  __atomic_sub_fetch(&b->sleepers, 1, __ATOMIC_RELAXED);
 }

@@ -22,6 +22,16 @@ int pool_threads(const struct pool *p);
  * caller's included); fn partitions its own work by i. Not reentrant on the same pool. */
 void pool_run(struct pool *p, void (*fn)(void *ctx, int i, int n), void *ctx);
 
+/* A barrier among the n threads of one pool_run (fn's i and n), for a task made of phases that
+ * each need all of the previous phase (decoding: column-split products between row-split
+ * attention). Waiters spin briefly (phases are short and every thread of the pool is busy on the
+ * same task), then sleep on a futex. pool_barrier_init before use; n == 1 returns at once. */
+struct pool_barrier {
+  int count, phase, sleepers;
+};
+void pool_barrier_init(struct pool_barrier *b);
+void pool_barrier_wait(struct pool_barrier *b, int n);
+
 /* The pool the calling thread's kernels use (thread-local); NULL: serial. */
 struct pool *pool_current(void);
 void pool_set_current(struct pool *p);

@@ -25,6 +25,8 @@ struct gen_state {
   int *ints;                 /* pos, row0, t_new, n_past, slot: cap_rows each; idx[V]; misc */
   int *pos, *row0, *t_new, *n_past, *slot, *pick_idx, *active, *src, *last_row;
   int *iota; /* 0, 1, 2, ...: the row offsets of a decoding slice */
+  enum gen_split split;
+  int64_t weight_bytes; /* what one decoding step reads */
 };
 
 struct glayout {
@@ -40,7 +42,9 @@ static void gplan(const struct model_config *c, int B, int T, struct glayout *p)
   p->acts = rows * (C + C + 1 + CQ + 2 * CKV + CQ + C + 1 + 3 * FF);
   p->sel = rows * C;
   p->logits = rows * V;
-  p->scratch = (size_t)T * T;
+  /* per thread: prefill's attention scores [T, T], or decoding's (decode_step) */
+  size_t dec = (size_t)T + (size_t)B * C + 2 * V;
+  p->scratch = (size_t)T * T > dec ? (size_t)T * T : dec;
   p->pick = V;
   p->total = p->cache + p->acts + p->sel + p->logits + p->pick;
   p->ints = rows * 5 + V + 3 * (size_t)B + rows + rows;
@@ -74,6 +78,7 @@ struct gen_state *gen_state_new(const struct model *m, int cap_batch, int cap_se
   struct gen_state *s = calloc(1, sizeof *s);
   if (!s) goto oom;
   s->cfg = *c;
+  s->weight_bytes = model_param_count(c) * (int64_t)sizeof(float);
   s->cap_batch = cap_batch;
   s->cap_t = cap_seq_len;
   s->cap_rows = cap_batch > cap_seq_len ? cap_batch : cap_seq_len;
@@ -128,6 +133,16 @@ oom:
             gen_state_bytes(c, cap_batch, cap_seq_len) >> 20);
   return NULL;
 }
+
+void gen_state_set_split(struct gen_state *s, enum gen_split split) {
+  s->split = split;
+}
+
+/* Above this many bytes of weights a decoding step splits by columns: measured on the 2-core
+ * development machine (docs/ENGINE.md), its last-level cache holds about 8 MB; the 0.4 MB tiny
+ * preset decodes 1.75x faster by rows, the 25 MB small one 1.1x faster by columns (2x at batch
+ * 1, where rows leave a thread idle). */
+#define DECODE_COLUMNS_MIN_BYTES (4LL << 20)
 
 int gen_state_set_pool(struct gen_state *s, struct pool *p, struct dapo_err *e) {
   int rc = thread_scratch_fit(&s->scr, p, e);
@@ -241,60 +256,116 @@ static void run_rows(struct gen_state *s, const struct model *m, int n_seq, int 
   matmul_forward(s->logits, s->sel, m->w.lm_head, NULL, n_out, C, c->vocab_size, 0.0f);
 }
 
-/* One decoding step of rows [lo, hi) on the calling thread alone: decoding rows are independent
- * sequences, so each pool thread runs its slice through every layer with serial kernels, one
- * pool_run per step instead of one per kernel (whose wake-ups would cost more than the work). */
+/* One decoding step of the n_act active rows, run by every thread of the pool (ti of nt) in
+ * phases separated by barriers: the weight products split by output columns (each thread streams
+ * its share of every weight matrix once per step: decoding is bound by reading the weights,
+ * linear_few.c), RoPE, the cache append and attention split by rows, the RMSNorms recomputed by
+ * every thread into its own buffer (cheaper than another barrier), and sampling by rows. Every
+ * value is computed the same way for any thread count and batch size, so a sequence decodes to
+ * the same tokens alone or in a batch. The scratch slice of thread ti holds: attention scores
+ * [cap_t], the normed rows [cap_batch, C], sampling's probabilities [V] and indices [V]. */
 struct decode_args {
   struct gen_state *s;
   const struct model *m;
-  int n_act;
+  int n_act, maxn;
+  const struct sampler_opts *o;
+  struct rng *rngs;
+  struct gen_out *out;
+  int by_rows; /* each thread decodes its own rows alone (no barriers) */
+  struct pool_barrier bar;
 };
 
-static void decode_slice(void *ctx, int ti, int nt) {
-  const struct decode_args *x = ctx;
+/* Columns of this thread's share of [0, n), in whole tiles of 4 (linear_few's AVX-512 tile). */
+static void col_share(int n, int ti, int nt, int *lo, int *hi) {
+  pool_split((n + 3) / 4, ti, nt, lo, hi);
+  *lo *= 4;
+  *hi = *hi * 4 < n ? *hi * 4 : n;
+}
+
+static void decode_step(void *ctx, int ti, int nt) {
+  struct decode_args *x = ctx;
   struct gen_state *s = x->s;
   const struct model *m = x->m;
   const struct model_config *c = &m->cfg;
-  int lo, hi;
-  pool_split(x->n_act, ti, nt, &lo, &hi);
-  if (lo >= hi) return;
   struct pool *saved = pool_current();
-  pool_set_current(NULL);
-  size_t C = c->hidden_size, CQ = (size_t)c->num_heads * c->head_dim,
-         CKV = (size_t)c->num_kv_heads * c->head_dim, FF = c->intermediate_size, V = c->vocab_size,
-         L0 = (size_t)lo;
+  pool_set_current(NULL); /* the kernels called here run on this thread alone */
+  int C = c->hidden_size, HS = c->head_dim, NH = c->num_heads, NKV = c->num_kv_heads, CQ = NH * HS,
+      CKV = NKV * HS, FF = c->intermediate_size, V = c->vocab_size, n_rep = NH / NKV;
+  float *scr = s->scr.buf + (size_t)ti * s->scr.stride, *xn = scr + s->cap_t;
+  float *pick_p = xn + (size_t)s->cap_batch * C;
+  int *pick_idx = (int *)(pick_p + V);
   const struct block_acts *a = &s->acts;
-  struct block_acts v = {.x_in = a->x_in + L0 * C,
-                         .xn1 = a->xn1 + L0 * C,
-                         .rstd1 = a->rstd1 + L0,
-                         .q = a->q + L0 * CQ,
-                         .k = a->k + L0 * CKV,
-                         .v = a->v + L0 * CKV,
-                         .att = a->att + L0 * CQ,
-                         .lse = NULL,
-                         .xn2 = a->xn2 + L0 * C,
-                         .rstd2 = a->rstd2 + L0,
-                         .g = a->g + L0 * FF,
-                         .u = a->u + L0 * FF,
-                         .h = a->h + L0 * FF};
-  v.x_mid = v.x_out = v.x_in;
-  int n = hi - lo;
+  /* the rows this group of threads computes together, and this thread's place in the group */
+  int g_lo = 0, g_hi = x->n_act, gi = ti, gn = nt;
+  if (x->by_rows) {
+    pool_split(x->n_act, ti, nt, &g_lo, &g_hi);
+    gi = 0, gn = 1;
+  }
+  int n = g_hi - g_lo;
+  if (n <= 0) {
+    pool_set_current(saved);
+    return;
+  }
+  float *xs = a->x_in + (size_t)g_lo * C, *q = a->q + (size_t)g_lo * CQ,
+        *k = a->k + (size_t)g_lo * CKV, *v = a->v + (size_t)g_lo * CKV,
+        *att = a->att + (size_t)g_lo * CQ, *gg = a->g + (size_t)g_lo * FF,
+        *uu = a->u + (size_t)g_lo * FF, *hh = a->h + (size_t)g_lo * FF,
+        *logits = s->logits + (size_t)g_lo * V;
+  int r_lo, r_hi, q_lo, q_hi, kv_lo, kv_hi, c_lo, c_hi, f_lo, f_hi, v_lo, v_hi;
+  pool_split(n, gi, gn, &r_lo, &r_hi);
+  col_share(CQ, gi, gn, &q_lo, &q_hi);
+  col_share(CKV, gi, gn, &kv_lo, &kv_hi);
+  col_share(C, gi, gn, &c_lo, &c_hi);
+  col_share(FF, gi, gn, &f_lo, &f_hi);
+  col_share(V, gi, gn, &v_lo, &v_hi);
   size_t layer_cache = (size_t)s->cap_batch * s->cap_t * CKV;
   for (int l = 0; l < c->num_layers; l++) {
-    struct block_seqs bs = {.n_seq = n,
-                            .row0 = s->iota,
-                            .t_new = s->t_new + lo,
-                            .n_past = s->n_past + lo,
-                            .pos = s->pos + lo,
-                            .cache_k = s->cache_k + l * layer_cache,
-                            .cache_v = s->cache_v + l * layer_cache,
-                            .slot = s->slot + lo,
-                            .cap_t = s->cap_t};
-    block_forward(c, &m->w.layers[l], &v, &bs, n, &s->rope, s->scr.buf + (size_t)ti * s->scr.stride,
-                  s->scr.stride);
+    const struct layer_views *w = &m->w.layers[l];
+    rmsnorm_forward(xn, NULL, xs, w->attn_norm, n, C, c->rms_norm_eps);
+    linear_few(q, xn, w->wq, w->bq, n, C, CQ, q_lo, q_hi, 0.0f);
+    linear_few(k, xn, w->wk, w->bk, n, C, CKV, kv_lo, kv_hi, 0.0f);
+    linear_few(v, xn, w->wv, w->bv, n, C, CKV, kv_lo, kv_hi, 0.0f);
+    pool_barrier_wait(&x->bar, gn);
+    float *ck = s->cache_k + l * layer_cache, *cv = s->cache_v + l * layer_cache;
+    for (int i = r_lo; i < r_hi; i++) {
+      int row = g_lo + i;
+      float *qi = q + (size_t)i * CQ, *ki = k + (size_t)i * CKV;
+      rope_forward(qi, s->pos + row, 1, CQ, NH, HS, &s->rope);
+      rope_forward(ki, s->pos + row, 1, CKV, NKV, HS, &s->rope);
+      size_t base = (size_t)s->slot[row] * s->cap_t;
+      int past = s->n_past[row];
+      memcpy(ck + (base + past) * CKV, ki, sizeof(float) * CKV);
+      memcpy(cv + (base + past) * CKV, v + (size_t)i * CKV, sizeof(float) * CKV);
+      for (int g = 0; g < NKV; g++)
+        attention_forward(att + (size_t)i * CQ, NULL, qi, ck + base * CKV, cv + base * CKV, 1, past,
+                          g * n_rep, n_rep, g, HS, CQ, CKV, CQ, NH, scr);
+    }
+    pool_barrier_wait(&x->bar, gn);
+    linear_few(xs, att, w->wo, NULL, n, CQ, C, c_lo, c_hi, 1.0f);
+    pool_barrier_wait(&x->bar, gn);
+    rmsnorm_forward(xn, NULL, xs, w->ffn_norm, n, C, c->rms_norm_eps);
+    linear_few(gg, xn, w->w_gate, NULL, n, C, FF, f_lo, f_hi, 0.0f);
+    linear_few(uu, xn, w->w_up, NULL, n, C, FF, f_lo, f_hi, 0.0f);
+    for (int i = 0; i < n; i++) {
+      size_t o = (size_t)i * FF + f_lo;
+      swiglu_forward(hh + o, gg + o, uu + o, (size_t)(f_hi - f_lo));
+    }
+    pool_barrier_wait(&x->bar, gn);
+    linear_few(xs, hh, w->w_down, NULL, n, FF, C, c_lo, c_hi, 1.0f);
+    pool_barrier_wait(&x->bar, gn);
   }
-  rmsnorm_forward(s->sel + L0 * C, v.rstd2, v.x_out, m->w.final_norm, n, (int)C, c->rms_norm_eps);
-  matmul_forward(s->logits + L0 * V, s->sel + L0 * C, m->w.lm_head, NULL, n, (int)C, (int)V, 0.0f);
+  rmsnorm_forward(xn, NULL, xs, m->w.final_norm, n, C, c->rms_norm_eps);
+  linear_few(logits, xn, m->w.lm_head, NULL, n, C, V, v_lo, v_hi, 0.0f);
+  pool_barrier_wait(&x->bar, gn);
+  for (int i = r_lo; i < r_hi; i++) {
+    int qq = s->active[g_lo + i], len = x->out->len[qq];
+    float lp;
+    int tok = sampler_pick(logits + (size_t)i * V, V, x->o, &x->rngs[qq], &lp, pick_idx, pick_p);
+    x->out->tokens[(size_t)qq * x->maxn + len] = tok;
+    x->out->logp[(size_t)qq * x->maxn + len] = lp;
+    x->out->len[qq] = len + 1;
+    if (is_stop(x->o, tok)) x->out->finish[qq] = FINISH_STOP;
+  }
   pool_set_current(saved);
 }
 
@@ -401,25 +472,15 @@ static int gen_run_impl(struct gen_state *s, const struct model *m, int n,
       n_act++;
     }
     if (n_act == 0) break;
-    struct decode_args da = {s, m, n_act};
-    if (s->pool && pool_threads(s->pool) > 1 && n_act > 1) {
-      pool_run(s->pool, decode_slice, &da);
-    } else { /* one sequence: per-kernel wake-ups cost more than they save */
-      struct pool *saved = pool_current();
-      pool_set_current(NULL);
-      run_rows(s, m, n_act, n_act, n_act);
-      pool_set_current(saved);
-    }
-    for (int k = 0; k < n_act; k++) {
-      int q = s->active[k], len = out->len[q];
-      float lp;
-      int tok =
-          sampler_pick(s->logits + (size_t)k * V, V, o, &rngs[q], &lp, s->pick_idx, s->pick_p);
-      out->tokens[(size_t)q * maxn + len] = tok;
-      out->logp[(size_t)q * maxn + len] = lp;
-      out->len[q] = len + 1;
-      if (is_stop(o, tok)) out->finish[q] = FINISH_STOP;
-    }
+    struct decode_args da = {
+        .s = s, .m = m, .n_act = n_act, .maxn = maxn, .o = o, .rngs = rngs, .out = out};
+    pool_barrier_init(&da.bar);
+    da.by_rows = s->split == GEN_SPLIT_ROWS ||
+                 (s->split == GEN_SPLIT_AUTO && s->weight_bytes < DECODE_COLUMNS_MIN_BYTES);
+    if (s->pool && pool_threads(s->pool) > 1)
+      pool_run(s->pool, decode_step, &da);
+    else
+      decode_step(&da, 0, 1);
   }
   return 0;
 }

@@ -43,6 +43,13 @@ struct pool;
 /* Runs generation on pool p's threads (borrowed; NULL: serial). Returns 0 or DAPO_ENOMEM. */
 int gen_state_set_pool(struct gen_state *s, struct pool *p, struct dapo_err *e);
 
+/* How a pool shares a decoding step (sampler.c, decode_step). GEN_SPLIT_AUTO: by columns when the
+ * weights are larger than the caches (each weight read once per step), else by rows (no barriers
+ * inside the step). The tokens and log-probs are the same either way; tests and benchmarks force
+ * one. */
+enum gen_split { GEN_SPLIT_AUTO, GEN_SPLIT_ROWS, GEN_SPLIT_COLUMNS };
+void gen_state_set_split(struct gen_state *s, enum gen_split split);
+
 /* Generates n <= cap_batch sequences. prompts[i] (borrowed) has prompt_len[i] >= 1 tokens;
  * rngs[i] advances as sequence i samples. Returns 0, DAPO_ECANCELLED when *cancel becomes
  * non-zero (checked between tokens; may be NULL), or an error. */

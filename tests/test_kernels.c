@@ -36,6 +36,51 @@ static void test_matmul(int N, int IN, int OUT) {
   free(x), free(w), free(b), free(y), free(yr);
 }
 
+/* linear_few against the double reference (tolerance), and exactly the same bits: for every
+ * instruction set this CPU has, for every column split and for each row computed alone. beta 1
+ * adds to what out held. */
+static void test_linear_few(int M, int IN, int OUT) {
+  float *x = rnd((size_t)M * IN, 1), *w = rnd((size_t)OUT * IN, 0.2f), *b = rnd(OUT, 1);
+  float *y0 = rnd((size_t)M * OUT, 1), *yr = calloc((size_t)M * OUT, sizeof(float));
+  float *y = malloc((size_t)M * OUT * sizeof(float)), *ya = malloc((size_t)M * OUT * sizeof(float));
+  matmul_forward_ref(yr, x, w, b, M, IN, OUT);
+  for (size_t i = 0; i < (size_t)M * OUT; i++) yr[i] += y0[i];
+  int best = kernels_linear_few_isa(0), n_isa = 0;
+  for (int isa = LINEAR_FEW_PORTABLE; isa <= best; isa++) {
+    if (kernels_linear_few_isa(isa) != isa) continue;
+    n_isa++;
+    memcpy(y, y0, (size_t)M * OUT * sizeof(float));
+    linear_few(y, x, w, b, M, IN, OUT, 0, OUT, 1.0f);
+    CHECK_MSG(maxdiff(y, yr, (size_t)M * OUT) < 1e-4f, "linear_few isa %d M=%d IN=%d OUT=%d: %g",
+              isa, M, IN, OUT, (double)maxdiff(y, yr, (size_t)M * OUT));
+    if (isa == LINEAR_FEW_PORTABLE) {
+      memcpy(ya, y, (size_t)M * OUT * sizeof(float));
+    } else {
+      CHECK_MSG(!memcmp(y, ya, (size_t)M * OUT * sizeof(float)),
+                "linear_few isa %d differs from the portable version (M=%d IN=%d OUT=%d)", isa, M,
+                IN, OUT);
+    }
+    /* three uneven column ranges, and each row alone, overwrite (beta 0) then add */
+    int cut1 = OUT / 3, cut2 = OUT - OUT / 5;
+    memcpy(y, y0, (size_t)M * OUT * sizeof(float));
+    for (int m = 0; m < M; m++) {
+      float *row = y + (size_t)m * OUT, *r0 = y0 + (size_t)m * OUT;
+      const float *xm = x + (size_t)m * IN;
+      linear_few(row, xm, w, b, 1, IN, OUT, 0, cut1, 1.0f);
+      linear_few(row, xm, w, b, 1, IN, OUT, cut1, cut2, 0.0f);
+      for (int j = cut1; j < cut2; j++) row[j] += r0[j];
+      linear_few(row, xm, w, b, 1, IN, OUT, cut2, OUT, 1.0f);
+    }
+    /* (r + y0 in the middle range is y0 + r: float addition commutes exactly) */
+    CHECK_MSG(!memcmp(y, ya, (size_t)M * OUT * sizeof(float)),
+              "linear_few isa %d: rows alone or split columns differ (M=%d IN=%d OUT=%d)", isa, M,
+              IN, OUT);
+  }
+  kernels_linear_few_isa(0);
+  CHECK_MSG(n_isa >= 1, "linear_few: no instruction set ran");
+  free(x), free(w), free(b), free(y0), free(yr), free(y), free(ya);
+}
+
 static void test_attention(int t_new, int n_past, int NH, int NKV, int HS) {
   int n_ctx = n_past + t_new, CQ = NH * HS, CKV = NKV * HS, rep = NH / NKV;
   float *q = rnd((size_t)t_new * CQ, 1), *k = rnd((size_t)n_ctx * CKV, 1),
@@ -49,6 +94,42 @@ static void test_attention(int t_new, int n_past, int NH, int NKV, int HS) {
   CHECK_MSG(maxdiff(o, orf, (size_t)t_new * CQ) < 1e-5f, "attention t=%d past=%d: %g", t_new,
             n_past, (double)maxdiff(o, orf, (size_t)t_new * CQ));
   free(q), free(k), free(v), free(o), free(orf), free(lse), free(scr);
+}
+
+/* Decoding attention (one new row against a cache) on the vectorised path where the CPU has one
+ * (head sizes that are multiples of 16) and on the portable loop: both against the reference,
+ * and their log-sum-exps agree. Context lengths cover the 4-key blocks and 16-lane tails. */
+static void test_attention_decode(int n_past, int NH, int NKV, int HS) {
+  int n_ctx = n_past + 1, CQ = NH * HS, CKV = NKV * HS, rep = NH / NKV;
+  float *q = rnd(CQ, 1), *k = rnd((size_t)n_ctx * CKV, 1), *v = rnd((size_t)n_ctx * CKV, 1);
+  float *o[2], *lse[2], *orf = calloc(CQ, 4), *scr = calloc(n_ctx, 4);
+  for (int path = 0; path < 2; path++) {
+    kernels_attention_portable(path);
+    o[path] = calloc(CQ, 4), lse[path] = calloc(NH, 4);
+    for (int g = 0; g < NKV; g++)
+      attention_forward(o[path], lse[path], q, k, v, 1, n_past, g * rep, rep, g, HS, CQ, CKV, CQ,
+                        NH, scr);
+  }
+  kernels_attention_portable(0);
+  for (int g = 0; g < NKV; g++)
+    attention_forward_ref(orf, q, k, v, 1, n_past, g * rep, rep, g, HS, CQ, CKV, CQ);
+  for (int path = 0; path < 2; path++)
+    CHECK_MSG(maxdiff(o[path], orf, CQ) < 1e-5f, "decode attention (%s) past=%d HS=%d: %g",
+              path ? "portable" : "default", n_past, HS, (double)maxdiff(o[path], orf, CQ));
+  CHECK_MSG(maxdiff(lse[0], lse[1], NH) < 1e-5f, "decode attention lse past=%d HS=%d: %g", n_past,
+            HS, (double)maxdiff(lse[0], lse[1], NH));
+  /* and the log-sum-exp itself, for head 0 in double */
+  double mx = -1e30, sum = 0, sc[n_ctx];
+  for (int j = 0; j < n_ctx; j++) {
+    double d = 0;
+    for (int i = 0; i < HS; i++) d += (double)q[i] * k[(size_t)j * CKV + i];
+    sc[j] = d / sqrt((double)HS);
+    mx = sc[j] > mx ? sc[j] : mx;
+  }
+  for (int j = 0; j < n_ctx; j++) sum += exp(sc[j] - mx);
+  CHECK_NEAR(lse[0][0], mx + log(sum), 1e-5);
+  free(q), free(k), free(v), free(orf), free(scr);
+  for (int path = 0; path < 2; path++) free(o[path]), free(lse[path]);
 }
 
 static void test_rope(void) {
@@ -139,9 +220,19 @@ int main(void) {
   test_matmul(1, 33, 17); /* GEMV path */
   test_matmul(16, 64, 48);
   test_matmul(37, 100, 3);
+  test_linear_few(16, 288, 40); /* IN a multiple of 16 */
+  test_linear_few(7, 61, 13);   /* partial tiles and a 13-element tail */
+  test_linear_few(1, 8, 5);     /* shorter than one vector */
+  test_linear_few(5, 100, 9);
   test_attention(9, 0, 4, 2, 8);  /* training prefill, GQA */
   test_attention(1, 12, 4, 1, 8); /* one decoding step against a cache, MQA */
   test_attention(3, 5, 6, 6, 4);  /* several new tokens after a cached prefix, MHA */
+  test_attention_decode(0, 2, 1, 16);
+  test_attention_decode(2, 4, 2, 48);
+  test_attention_decode(5, 6, 6, 48);
+  test_attention_decode(130, 8, 8, 64);
+  test_attention_decode(37, 4, 2, 128);
+  test_attention_decode(20, 2, 2, 40); /* not a multiple of 16: the portable loop only */
   test_rope();
   test_rmsnorm_swiglu();
   test_classifier();

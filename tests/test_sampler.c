@@ -227,12 +227,17 @@ static void test_pool(void) {
   long old = kernels_par_min_work();
   kernels_set_par_min_work(0);
   CHECK(gen_state_set_pool(s, p, &e) == 0);
-  gen(s, m, NSEQ, prompts, plen, seeds, &o, &par);
+  /* decoding split by rows and by columns (phases and barriers): the same tokens */
+  for (int split = GEN_SPLIT_ROWS; split <= GEN_SPLIT_COLUMNS; split++) {
+    gen_state_set_split(s, (enum gen_split)split);
+    gen(s, m, NSEQ, prompts, plen, seeds, &o, &par);
+    CHECK_MSG(!memcmp(serial.tokens, par.tokens, sizeof serial.tokens),
+              "pool (split %d) changed the tokens", split);
+    float d = 0;
+    for (int i = 0; i < NSEQ * MAXN; i++) d = fmaxf(d, fabsf(serial.logp[i] - par.logp[i]));
+    CHECK_MSG(d < 1e-4f, "pool (split %d) changed log-probs by %g", split, (double)d);
+  }
   kernels_set_par_min_work(old);
-  CHECK_MSG(!memcmp(serial.tokens, par.tokens, sizeof serial.tokens), "pool changed the tokens");
-  float d = 0;
-  for (int i = 0; i < NSEQ * MAXN; i++) d = fmaxf(d, fabsf(serial.logp[i] - par.logp[i]));
-  CHECK_MSG(d < 1e-4f, "pool changed log-probs by %g", (double)d);
   gen_state_free(s);
   pool_free(p);
   model_free(m);

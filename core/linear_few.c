@@ -1,0 +1,254 @@
+/* Linear layer for a few rows (decoding), weights read in place: out[m, j] for the columns
+ * [j0, j1) of one thread's share (kernels.h, linear_few).
+ *
+ * Why not cblas_sgemm: with M = 16 rows OpenBLAS copies ("packs") the whole weight matrix on
+ * every call and then streams the copy, so a decoding step read every weight twice; the weights
+ * of all but the tiniest models do not fit in the caches, so decoding is bound by memory traffic.
+ * Here each group of 4 weight rows (contiguous in the row-major [OUT, IN] matrix) is loaded once
+ * and multiplied with the rows of `inp` 4 at a time from L1, and the next group is prefetched
+ * while the first rows are computed.
+ *
+ * Every out[m, j] is computed the same way whatever M, the column range, the thread split or the
+ * instruction set: 16 partial sums, lane l holding the products of k = l (mod 16) accumulated in
+ * increasing k with fused multiply-adds, then added in a fixed tree (l + 8, then + 4, + 2, + 1).
+ * So a sequence decodes to the same bits alone or in a batch, with 1 or n threads, and the
+ * AVX-512, AVX2 and portable versions agree exactly (tests/test_kernels.c checks all three). */
+#include "kernels.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define LF_X86 1
+#endif
+
+/* out = (beta ? out : 0) + dot + bias, one element */
+static inline void lf_store(float *o, float dot, const float *bias, int j, float beta) {
+  float r = bias ? dot + bias[j] : dot;
+  *o = beta != 0.0f ? *o + r : r;
+}
+
+/* The fixed reduction tree of 16 partial sums. */
+static inline float lf_tree(const float *a) {
+  float s8[8], s4[4];
+  for (int i = 0; i < 8; i++) s8[i] = a[i] + a[i + 8];
+  for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+/* ---- portable version: the definition of the result --------------------------------------- */
+
+static void lf_portable(float *out, const float *inp, const float *w, const float *bias, int M,
+                        int IN, int OUT, int j0, int j1, float beta) {
+  for (int m = 0; m < M; m++)
+    for (int j = j0; j < j1; j++) {
+      const float *x = inp + (size_t)m * IN, *wr = w + (size_t)j * IN;
+      float a[16] = {0};
+      for (int k = 0; k < IN; k++) a[k & 15] = fmaf(x[k], wr[k], a[k & 15]);
+      lf_store(out + (size_t)m * OUT + j, lf_tree(a), bias, j, beta);
+    }
+}
+
+#ifdef LF_X86
+/* ---- AVX-512: tiles of 4 rows x 4 columns, one zmm of 16 lanes per output ------------------- */
+
+#define LF_AVX512 __attribute__((target("avx512f")))
+
+LF_AVX512 static inline float lf_hsum512(__m512 a) {
+  /* the tree of lf_tree: lanes i + (i + 8), then + 4, + 2, + 1 */
+  __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(a),
+                            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+  return _mm_cvtss_f32(s1);
+}
+
+/* One 4x4 tile: rows xr[0..3] of inp, weight rows wr[0..3] (repeated pointers pad a partial
+ * tile); pf: the next tile's weights to prefetch (4 rows of IN floats from pf), or NULL. */
+LF_AVX512 static void lf_tile512(float acc[16], const float *const xr[4], const float *const wr[4],
+                                 int IN, const float *pf) {
+  /* written out so that the 16 sums stay in registers (a loop over an array spills at -O2) */
+  __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00,
+         a12 = a00, a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00,
+         a32 = a00, a33 = a00;
+  const float *x0 = xr[0], *x1 = xr[1], *x2 = xr[2], *x3 = xr[3], *w0 = wr[0], *w1 = wr[1],
+              *w2 = wr[2], *w3 = wr[3];
+  __mmask16 mk = 0xffff;
+#define LF_LOAD(p) _mm512_maskz_loadu_ps(mk, (p) + k)
+#define LF_ROW(x, r)                                                                               \
+  do {                                                                                             \
+    __m512 xv = LF_LOAD(x);                                                                        \
+    a##r##0 = _mm512_fmadd_ps(xv, b0, a##r##0);                                                    \
+    a##r##1 = _mm512_fmadd_ps(xv, b1, a##r##1);                                                    \
+    a##r##2 = _mm512_fmadd_ps(xv, b2, a##r##2);                                                    \
+    a##r##3 = _mm512_fmadd_ps(xv, b3, a##r##3);                                                    \
+  } while (0)
+  for (int k = 0; k < IN; k += 16) {
+    if (IN - k < 16) mk = (__mmask16)((1u << (IN - k)) - 1); /* the tail: zero products */
+    if (pf) {
+      _mm_prefetch((const char *)(pf + k), _MM_HINT_T0);
+      _mm_prefetch((const char *)(pf + IN + k), _MM_HINT_T0);
+      _mm_prefetch((const char *)(pf + 2 * (size_t)IN + k), _MM_HINT_T0);
+      _mm_prefetch((const char *)(pf + 3 * (size_t)IN + k), _MM_HINT_T0);
+    }
+    __m512 b0 = LF_LOAD(w0), b1 = LF_LOAD(w1), b2 = LF_LOAD(w2), b3 = LF_LOAD(w3);
+    LF_ROW(x0, 0);
+    LF_ROW(x1, 1);
+    LF_ROW(x2, 2);
+    LF_ROW(x3, 3);
+  }
+#undef LF_ROW
+#undef LF_LOAD
+  acc[0] = lf_hsum512(a00), acc[1] = lf_hsum512(a01), acc[2] = lf_hsum512(a02);
+  acc[3] = lf_hsum512(a03), acc[4] = lf_hsum512(a10), acc[5] = lf_hsum512(a11);
+  acc[6] = lf_hsum512(a12), acc[7] = lf_hsum512(a13), acc[8] = lf_hsum512(a20);
+  acc[9] = lf_hsum512(a21), acc[10] = lf_hsum512(a22), acc[11] = lf_hsum512(a23);
+  acc[12] = lf_hsum512(a30), acc[13] = lf_hsum512(a31), acc[14] = lf_hsum512(a32);
+  acc[15] = lf_hsum512(a33);
+}
+
+LF_AVX512 static void lf_avx512(float *out, const float *inp, const float *w, const float *bias,
+                                int M, int IN, int OUT, int j0, int j1, float beta) {
+  for (int j = j0; j < j1; j += 4) {
+    int nc = j1 - j < 4 ? j1 - j : 4;
+    const float *wr[4];
+    for (int c = 0; c < 4; c++) wr[c] = w + (size_t)(j + (c < nc ? c : nc - 1)) * IN;
+    const float *next = j + 8 <= j1 ? w + (size_t)(j + 4) * IN : NULL;
+    for (int m = 0; m < M; m += 4) {
+      int nr = M - m < 4 ? M - m : 4;
+      const float *xr[4];
+      for (int r = 0; r < 4; r++) xr[r] = inp + (size_t)(m + (r < nr ? r : nr - 1)) * IN;
+      float acc[16];
+      lf_tile512(acc, xr, wr, IN, m == 0 ? next : NULL);
+      for (int r = 0; r < nr; r++)
+        for (int c = 0; c < nc; c++)
+          lf_store(out + (size_t)(m + r) * OUT + j + c, acc[4 * r + c], bias, j + c, beta);
+    }
+  }
+}
+
+/* ---- AVX2 + FMA: tiles of 2 rows x 2 columns, two ymm (lanes 0-7, 8-15) per output --------- */
+
+#define LF_AVX2 __attribute__((target("avx2,fma")))
+
+LF_AVX2 static inline float lf_hsum256x2(__m256 lo, __m256 hi) {
+  __m256 s8 = _mm256_add_ps(lo, hi);
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+  return _mm_cvtss_f32(s1);
+}
+
+LF_AVX2 static __m256i lf_mask8(int n) { /* lanes [0, n) set, n in [0, 8] */
+  static const int32_t t[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+  return _mm256_loadu_si256((const __m256i *)(t + 8 - n));
+}
+
+LF_AVX2 static void lf_tile256(float acc[4], const float *const xr[2], const float *const wr[2],
+                               int IN, const float *pf) {
+  __m256 a[8]; /* output (r, c): a[4r + 2c] lanes 0-7, a[4r + 2c + 1] lanes 8-15 */
+  for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+  int k = 0;
+  for (; k + 16 <= IN; k += 16) {
+    if (pf) {
+      _mm_prefetch((const char *)(pf + k), _MM_HINT_T0);
+      _mm_prefetch((const char *)(pf + IN + k), _MM_HINT_T0);
+    }
+    for (int h = 0; h < 2; h++) {
+      __m256 b0 = _mm256_loadu_ps(wr[0] + k + 8 * h), b1 = _mm256_loadu_ps(wr[1] + k + 8 * h);
+      for (int r = 0; r < 2; r++) {
+        __m256 x = _mm256_loadu_ps(xr[r] + k + 8 * h);
+        a[4 * r + h] = _mm256_fmadd_ps(x, b0, a[4 * r + h]);
+        a[4 * r + 2 + h] = _mm256_fmadd_ps(x, b1, a[4 * r + 2 + h]);
+      }
+    }
+  }
+  if (k < IN) {
+    int rem = IN - k;
+    for (int h = 0; h < 2; h++) {
+      int n = rem - 8 * h;
+      n = n < 0 ? 0 : n > 8 ? 8 : n;
+      if (!n) continue;
+      __m256i mk = lf_mask8(n);
+      __m256 b0 = _mm256_maskload_ps(wr[0] + k + 8 * h, mk),
+             b1 = _mm256_maskload_ps(wr[1] + k + 8 * h, mk);
+      for (int r = 0; r < 2; r++) {
+        __m256 x = _mm256_maskload_ps(xr[r] + k + 8 * h, mk);
+        /* zero products in the masked lanes: a + 0 == a since no partial sum is -0 */
+        a[4 * r + h] = _mm256_fmadd_ps(x, b0, a[4 * r + h]);
+        a[4 * r + 2 + h] = _mm256_fmadd_ps(x, b1, a[4 * r + 2 + h]);
+      }
+    }
+  }
+  for (int r = 0; r < 2; r++)
+    for (int c = 0; c < 2; c++)
+      acc[2 * r + c] = lf_hsum256x2(a[4 * r + 2 * c], a[4 * r + 2 * c + 1]);
+}
+
+LF_AVX2 static void lf_avx2(float *out, const float *inp, const float *w, const float *bias, int M,
+                            int IN, int OUT, int j0, int j1, float beta) {
+  for (int j = j0; j < j1; j += 2) {
+    int nc = j1 - j < 2 ? j1 - j : 2;
+    const float *wr[2] = {w + (size_t)j * IN, w + (size_t)(j + nc - 1) * IN};
+    const float *next = j + 4 <= j1 ? w + (size_t)(j + 2) * IN : NULL;
+    for (int m = 0; m < M; m += 2) {
+      int nr = M - m < 2 ? M - m : 2;
+      const float *xr[2] = {inp + (size_t)m * IN, inp + (size_t)(m + nr - 1) * IN};
+      float acc[4];
+      lf_tile256(acc, xr, wr, IN, m == 0 ? next : NULL);
+      for (int r = 0; r < nr; r++)
+        for (int c = 0; c < nc; c++)
+          lf_store(out + (size_t)(m + r) * OUT + j + c, acc[2 * r + c], bias, j + c, beta);
+    }
+  }
+}
+#endif
+
+/* ---- dispatch ---------------------------------------------------------------------------- */
+
+typedef void lf_fn(float *, const float *, const float *, const float *, int, int, int, int, int,
+                   float);
+
+static int lf_forced; /* kernels_linear_few_isa; 0: best available */
+
+static int lf_best(void) {
+#ifdef LF_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return LINEAR_FEW_AVX512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return LINEAR_FEW_AVX2;
+#endif
+  return LINEAR_FEW_PORTABLE;
+}
+
+int kernels_linear_few_isa(int isa) {
+  int best = lf_best();
+  if (isa == 0) {
+    __atomic_store_n(&lf_forced, 0, __ATOMIC_RELAXED);
+    return best;
+  }
+  if (isa > best) return -1;
+  __atomic_store_n(&lf_forced, isa, __ATOMIC_RELAXED);
+  return isa;
+}
+
+void linear_few(float *out, const float *inp, const float *w, const float *bias, int M, int IN,
+                int OUT, int j0, int j1, float beta) {
+  static int best; /* computed once; a benign race: every thread computes the same value */
+  int isa = __atomic_load_n(&lf_forced, __ATOMIC_RELAXED);
+  if (!isa) {
+    isa = __atomic_load_n(&best, __ATOMIC_RELAXED);
+    if (!isa) __atomic_store_n(&best, isa = lf_best(), __ATOMIC_RELAXED);
+  }
+  if (M < 1 || j0 >= j1) return;
+  lf_fn *fn = lf_portable;
+#ifdef LF_X86
+  if (isa == LINEAR_FEW_AVX512)
+    fn = lf_avx512;
+  else if (isa == LINEAR_FEW_AVX2)
+    fn = lf_avx2;
+#endif
+  fn(out, inp, w, bias, M, IN, OUT, j0, j1, beta);
+}
