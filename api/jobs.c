@@ -44,7 +44,13 @@ static json_t *job_json(struct server *srv, const struct store_job *j) {
   json_object_set_new(o, "id", json_string(j->id));
   json_object_set_new(o, "object", json_string("job"));
   json_object_set_new(o, "status", json_string(store_job_status_name(j->status)));
-  json_object_set_new(o, "phase", j->phase ? json_string(j->phase) : json_null());
+  char phase[32];
+  int live = j->status == STORE_JOB_RUNNING || j->status == STORE_JOB_PAUSING ||
+             j->status == STORE_JOB_CANCELLING;
+  json_object_set_new(o, "phase",
+                      live && workers_phase(srv->workers, j->id, phase, sizeof phase)
+                          ? json_string(phase)
+                          : json_null());
   json_object_set_new(o, "queue_position",
                       j->status == STORE_JOB_QUEUED && j->queue_position
                           ? json_integer(j->queue_position)
@@ -68,16 +74,9 @@ static json_t *job_json(struct server *srv, const struct store_job *j) {
   json_object_set_new(o, "error", or_null(j->error));
   json_object_set_new(o, "latest_metrics", or_null(j->latest_metrics));
   json_t *steps = json_array();
-  struct store_ckpt_list cl = {0};
-  struct dapo_err e = {0};
-  int64_t last = -1;
-  if (steps && !store_ckpt_list(srv->store, j->id, &cl, &e)) {
-    for (size_t i = 0; i < cl.n; i++) {
-      json_array_append_new(steps, json_integer(cl.v[i].step));
-      last = cl.v[i].step;
-    }
-    store_ckpt_list_deinit(&cl);
-  }
+  for (size_t i = 0; steps && i < j->n_ckpt; i++)
+    json_array_append_new(steps, json_integer(j->ckpt_steps[i]));
+  int64_t last = j->n_ckpt ? j->ckpt_steps[j->n_ckpt - 1] : -1;
   json_object_set_new(o, "checkpoints", steps ? steps : json_null());
   char model[STORE_ID_MAX + 32];
   api_model_ckpt_id(j->id, (long long)last, model, sizeof model);

@@ -105,10 +105,11 @@ static const char *const migrations[] = {
   "CASE WHEN j.status = 'queued' THEN (SELECT COUNT(*) FROM jobs q WHERE q.status = 'queued' "     \
   "AND q.queue_seq <= j.queue_seq) ELSE 0 END"
 #define JOB_COLS                                                                                   \
-  "j.id, j.owner, j.status, j.phase, j.spec, j.resolved, j.metadata, j.suffix, j.training_file, "  \
+  "j.id, j.owner, j.status, j.spec, j.resolved, j.metadata, j.suffix, j.training_file, "           \
   "j.validation_file, j.created_at, j.started_at, j.finished_at, j.step, j.total_steps, "          \
   "j.error, j.latest_metrics, j.queue_seq, " QUEUE_POS ", j.cancel_requested, "                    \
-  "j.pause_requested, j.idempotency_key, j.body_hash"
+  "j.pause_requested, j.idempotency_key, j.body_hash, "                                            \
+  "(SELECT group_concat(c.step) FROM checkpoints c WHERE c.job_id = j.id)"
 #define TERMINAL_SQL "('succeeded', 'failed', 'cancelled')"
 
 enum stmt_id {
@@ -183,24 +184,22 @@ static const char *const stmt_sql[S_COUNT] = {
                    "(?2 IS NULL OR j.status = ?2) AND j.seq < ?3 ORDER BY j.seq DESC LIMIT ?4",
     [S_JOB_HEAD] = "SELECT status, owner FROM jobs WHERE id = ?1",
     /* ?1 id, ?2 status, ?3 queue_seq or NULL (keep), ?4 started_at if not yet or NULL,
-     * ?5 finished_at or NULL (keep), ?6 clear phase, ?7/?8 pause/cancel flag or NULL (keep),
-     * ?9 error or NULL (keep) */
+     * ?5 finished_at or NULL (keep), ?6/?7 pause/cancel flag or NULL (keep), ?8 error or NULL
+     * (keep) */
     [S_JOB_SET_STATUS] = "UPDATE jobs SET status = ?2, queue_seq = COALESCE(?3, queue_seq), "
                          "started_at = COALESCE(started_at, ?4), "
                          "finished_at = COALESCE(?5, finished_at), "
-                         "phase = CASE WHEN ?6 THEN NULL ELSE phase END, "
-                         "pause_requested = COALESCE(?7, pause_requested), "
-                         "cancel_requested = COALESCE(?8, cancel_requested), "
-                         "error = COALESCE(?9, error) WHERE id = ?1",
+                         "pause_requested = COALESCE(?6, pause_requested), "
+                         "cancel_requested = COALESCE(?7, cancel_requested), "
+                         "error = COALESCE(?8, error) WHERE id = ?1",
     /* pairs (?2k, ?2k+1) = (field selected, value) */
-    [S_JOB_UPDATE] = "UPDATE jobs SET phase = CASE WHEN ?2 THEN ?3 ELSE phase END, "
-                     "step = CASE WHEN ?4 THEN ?5 ELSE step END, "
-                     "total_steps = CASE WHEN ?6 THEN ?7 ELSE total_steps END, "
-                     "latest_metrics = CASE WHEN ?8 THEN ?9 ELSE latest_metrics END, "
-                     "error = CASE WHEN ?10 THEN ?11 ELSE error END, "
-                     "started_at = CASE WHEN ?12 THEN ?13 ELSE started_at END, "
-                     "finished_at = CASE WHEN ?14 THEN ?15 ELSE finished_at END, "
-                     "resolved = CASE WHEN ?16 THEN ?17 ELSE resolved END WHERE id = ?1",
+    [S_JOB_UPDATE] = "UPDATE jobs SET step = CASE WHEN ?2 THEN ?3 ELSE step END, "
+                     "total_steps = CASE WHEN ?4 THEN ?5 ELSE total_steps END, "
+                     "latest_metrics = CASE WHEN ?6 THEN ?7 ELSE latest_metrics END, "
+                     "error = CASE WHEN ?8 THEN ?9 ELSE error END, "
+                     "started_at = CASE WHEN ?10 THEN ?11 ELSE started_at END, "
+                     "finished_at = CASE WHEN ?12 THEN ?13 ELSE finished_at END, "
+                     "resolved = CASE WHEN ?14 THEN ?15 ELSE resolved END WHERE id = ?1",
     [S_JOB_NEXT] = "SELECT id FROM jobs WHERE status = 'queued' ORDER BY queue_seq LIMIT 1",
     [S_JOB_QPOS] = "SELECT " QUEUE_POS " FROM jobs j WHERE j.id = ?1",
     [S_JOB_LIVE] = "SELECT " JOB_COLS " FROM jobs j WHERE j.status IN "
@@ -857,7 +856,6 @@ int store_file_delete(struct store *st, const char *id, const char *owner, char 
 void store_job_deinit(struct store_job *j) {
   if (!j) return;
   free(j->owner);
-  free(j->phase);
   json_decref(j->spec);
   json_decref(j->resolved);
   json_decref(j->metadata);
@@ -867,6 +865,7 @@ void store_job_deinit(struct store_job *j) {
   json_decref(j->error);
   json_decref(j->latest_metrics);
   free(j->idempotency_key);
+  free(j->ckpt_steps);
   memset(j, 0, sizeof *j);
 }
 
@@ -875,6 +874,32 @@ void store_job_list_deinit(struct store_job_list *l) {
   for (size_t i = 0; i < l->n; i++) store_job_deinit(&l->v[i]);
   free(l->v);
   memset(l, 0, sizeof *l);
+}
+
+static int cmp_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* The checkpoint steps of a job from group_concat's "10,20,30" (NULL: none), sorted. */
+static int col_steps(sqlite3_stmt *s, int i, struct store_job *j, struct dapo_err *e) {
+  const char *t = (const char *)sqlite3_column_text(s, i);
+  if (!t) return 0;
+  size_t n = 1;
+  for (const char *p = t; *p; p++) n += *p == ',';
+  if (!(j->ckpt_steps = malloc(n * sizeof *j->ckpt_steps)))
+    return dapo_errf(e, DAPO_ENOMEM, "reading checkpoint steps");
+  for (const char *p = t;; p++) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(p, &end, 10);
+    if (end == p || errno || (*end && *end != ',') || j->n_ckpt == n)
+      return dapo_errf(e, DAPO_EFORMAT, "job %s: stored checkpoint steps unreadable", j->id);
+    j->ckpt_steps[j->n_ckpt++] = v;
+    if (!*(p = end)) break;
+  }
+  qsort(j->ckpt_steps, j->n_ckpt, sizeof *j->ckpt_steps, cmp_i64);
+  return 0;
 }
 
 /* Reads a row of JOB_COLS. */
@@ -887,26 +912,26 @@ static int read_job_row(sqlite3_stmt *s, struct store_job *j, struct dapo_err *e
     rc = dapo_errf(e, DAPO_EFORMAT, "job %s: stored status unknown", j->id);
     goto out;
   }
-  if ((rc = col_strdup(s, 3, &j->phase, e))) goto out;
-  if ((rc = col_json(s, 4, &j->spec, "jobs.spec", e))) goto out;
-  if ((rc = col_json(s, 5, &j->resolved, "jobs.resolved", e))) goto out;
-  if ((rc = col_json(s, 6, &j->metadata, "jobs.metadata", e))) goto out;
-  if ((rc = col_strdup(s, 7, &j->suffix, e))) goto out;
-  if ((rc = col_strdup(s, 8, &j->training_file, e))) goto out;
-  if ((rc = col_strdup(s, 9, &j->validation_file, e))) goto out;
-  j->created_at = sqlite3_column_int64(s, 10);
-  j->started_at = sqlite3_column_int64(s, 11);
-  j->finished_at = sqlite3_column_int64(s, 12);
-  j->step = sqlite3_column_int64(s, 13);
-  j->total_steps = sqlite3_column_int64(s, 14);
-  if ((rc = col_json(s, 15, &j->error, "jobs.error", e))) goto out;
-  if ((rc = col_json(s, 16, &j->latest_metrics, "jobs.latest_metrics", e))) goto out;
-  j->queue_seq = sqlite3_column_int64(s, 17);
-  j->queue_position = sqlite3_column_int64(s, 18);
-  j->cancel_requested = sqlite3_column_int(s, 19) != 0;
-  j->pause_requested = sqlite3_column_int(s, 20) != 0;
-  if ((rc = col_strdup(s, 21, &j->idempotency_key, e))) goto out;
-  if ((rc = col_fixed(s, 22, j->body_hash, sizeof j->body_hash, "jobs.body_hash", e))) goto out;
+  if ((rc = col_json(s, 3, &j->spec, "jobs.spec", e))) goto out;
+  if ((rc = col_json(s, 4, &j->resolved, "jobs.resolved", e))) goto out;
+  if ((rc = col_json(s, 5, &j->metadata, "jobs.metadata", e))) goto out;
+  if ((rc = col_strdup(s, 6, &j->suffix, e))) goto out;
+  if ((rc = col_strdup(s, 7, &j->training_file, e))) goto out;
+  if ((rc = col_strdup(s, 8, &j->validation_file, e))) goto out;
+  j->created_at = sqlite3_column_int64(s, 9);
+  j->started_at = sqlite3_column_int64(s, 10);
+  j->finished_at = sqlite3_column_int64(s, 11);
+  j->step = sqlite3_column_int64(s, 12);
+  j->total_steps = sqlite3_column_int64(s, 13);
+  if ((rc = col_json(s, 14, &j->error, "jobs.error", e))) goto out;
+  if ((rc = col_json(s, 15, &j->latest_metrics, "jobs.latest_metrics", e))) goto out;
+  j->queue_seq = sqlite3_column_int64(s, 16);
+  j->queue_position = sqlite3_column_int64(s, 17);
+  j->cancel_requested = sqlite3_column_int(s, 18) != 0;
+  j->pause_requested = sqlite3_column_int(s, 19) != 0;
+  if ((rc = col_strdup(s, 20, &j->idempotency_key, e))) goto out;
+  if ((rc = col_fixed(s, 21, j->body_hash, sizeof j->body_hash, "jobs.body_hash", e))) goto out;
+  if ((rc = col_steps(s, 22, j, e))) goto out;
 out:
   if (rc) store_job_deinit(j);
   return rc;
@@ -1031,13 +1056,11 @@ static int transition(struct store *st, const char *id, enum store_job_status fr
   if (qseq) sqlite3_bind_int64(s, 3, qseq);
   if (to == STORE_JOB_RUNNING) sqlite3_bind_int64(s, 4, t);
   if (store_job_status_terminal(to)) sqlite3_bind_int64(s, 5, t);
-  sqlite3_bind_int(
-      s, 6, !(to == STORE_JOB_RUNNING || to == STORE_JOB_PAUSING || to == STORE_JOB_CANCELLING));
-  if (to == STORE_JOB_PAUSING) sqlite3_bind_int(s, 7, 1);
-  if (to == STORE_JOB_PAUSED || to == STORE_JOB_QUEUED) sqlite3_bind_int(s, 7, 0);
-  if (to == STORE_JOB_CANCELLING || to == STORE_JOB_CANCELLED) sqlite3_bind_int(s, 8, 1);
-  if (to == STORE_JOB_QUEUED) sqlite3_bind_int(s, 8, 0);
-  if ((rc = bind_json(s, 9, error, e))) {
+  if (to == STORE_JOB_PAUSING) sqlite3_bind_int(s, 6, 1);
+  if (to == STORE_JOB_PAUSED || to == STORE_JOB_QUEUED) sqlite3_bind_int(s, 6, 0);
+  if (to == STORE_JOB_CANCELLING || to == STORE_JOB_CANCELLED) sqlite3_bind_int(s, 7, 1);
+  if (to == STORE_JOB_QUEUED) sqlite3_bind_int(s, 7, 0);
+  if ((rc = bind_json(s, 8, error, e))) {
     done(s);
     return rc;
   }
@@ -1326,22 +1349,20 @@ int store_job_update(struct store *st, const char *id, const struct store_job_pa
     goto out;
   }
   bind_text(s, 1, id);
-  sqlite3_bind_int(s, 2, !!(p->set & STORE_SET_PHASE));
-  bind_text(s, 3, p->phase);
-  sqlite3_bind_int(s, 4, !!(p->set & STORE_SET_STEP));
-  sqlite3_bind_int64(s, 5, p->step);
-  sqlite3_bind_int(s, 6, !!(p->set & STORE_SET_TOTAL_STEPS));
-  sqlite3_bind_int64(s, 7, p->total_steps);
-  sqlite3_bind_int(s, 8, !!(p->set & STORE_SET_METRICS));
-  sqlite3_bind_int(s, 10, !!(p->set & STORE_SET_ERROR));
-  sqlite3_bind_int(s, 12, !!(p->set & STORE_SET_STARTED_AT));
-  if (p->started_at) sqlite3_bind_int64(s, 13, p->started_at);
-  sqlite3_bind_int(s, 14, !!(p->set & STORE_SET_FINISHED_AT));
-  if (p->finished_at) sqlite3_bind_int64(s, 15, p->finished_at);
-  sqlite3_bind_int(s, 16, !!(p->set & STORE_SET_RESOLVED));
-  if ((p->set & STORE_SET_METRICS) && (rc = bind_json(s, 9, p->latest_metrics, e))) goto out;
-  if ((p->set & STORE_SET_ERROR) && (rc = bind_json(s, 11, p->error, e))) goto out;
-  if ((p->set & STORE_SET_RESOLVED) && (rc = bind_json(s, 17, p->resolved, e))) goto out;
+  sqlite3_bind_int(s, 2, !!(p->set & STORE_SET_STEP));
+  sqlite3_bind_int64(s, 3, p->step);
+  sqlite3_bind_int(s, 4, !!(p->set & STORE_SET_TOTAL_STEPS));
+  sqlite3_bind_int64(s, 5, p->total_steps);
+  sqlite3_bind_int(s, 6, !!(p->set & STORE_SET_METRICS));
+  sqlite3_bind_int(s, 8, !!(p->set & STORE_SET_ERROR));
+  sqlite3_bind_int(s, 10, !!(p->set & STORE_SET_STARTED_AT));
+  if (p->started_at) sqlite3_bind_int64(s, 11, p->started_at);
+  sqlite3_bind_int(s, 12, !!(p->set & STORE_SET_FINISHED_AT));
+  if (p->finished_at) sqlite3_bind_int64(s, 13, p->finished_at);
+  sqlite3_bind_int(s, 14, !!(p->set & STORE_SET_RESOLVED));
+  if ((p->set & STORE_SET_METRICS) && (rc = bind_json(s, 7, p->latest_metrics, e))) goto out;
+  if ((p->set & STORE_SET_ERROR) && (rc = bind_json(s, 9, p->error, e))) goto out;
+  if ((p->set & STORE_SET_RESOLVED) && (rc = bind_json(s, 15, p->resolved, e))) goto out;
   if (sqlite3_step(s) != SQLITE_DONE)
     rc = sql_fail(st, e, "updating a job");
   else if (sqlite3_changes(st->db) == 0)

@@ -13,10 +13,11 @@
  * Tables (schema version 1):
  *   files        id "file-<uuid>", owner, filename, purpose, bytes, sha256, status, n_lines,
  *                n_items, errors (JSON), path, created_at; seq orders them by creation
- *   jobs         id "job-<uuid>", owner, status, phase, spec (request body), resolved, metadata,
+ *   jobs         id "job-<uuid>", owner, status, spec (request body), resolved, metadata,
  *                suffix, training_file, validation_file, created/started/finished_at, step,
  *                total_steps, error, latest_metrics, queue_seq, idempotency_key, body_hash,
- *                cancel_requested, pause_requested; seq orders them by creation
+ *                cancel_requested, pause_requested; seq orders them by creation; phase is
+ *                unused (a running job's phase is kept in memory: workers_phase)
  *   events       (job_id, id) id = 1, 2, 3 ... per job; type, data (JSON), created_at
  *   metrics      (job_id, step, kind "train"|"eval") data (JSON); upserted
  *   checkpoints  (job_id, step) created_at, path, files (JSON [{name, bytes, sha256}]), metrics
@@ -156,7 +157,6 @@ struct store_job {
   char id[STORE_ID_MAX];
   char *owner; /* (owned) */
   enum store_job_status status;
-  char *phase;            /* "sampling", ... or NULL (owned) */
   json_t *spec;           /* the create request body (owned reference) */
   json_t *resolved;       /* the job object's resolved fields (hyperparameters ...) or NULL */
   json_t *metadata;       /* or NULL */
@@ -175,6 +175,8 @@ struct store_job {
   int cancel_requested, pause_requested;
   char *idempotency_key; /* or NULL (owned) */
   char body_hash[65];    /* store_body_hash of spec */
+  int64_t *ckpt_steps;   /* steps of its indexed checkpoints, ascending (owned; NULL: none) */
+  size_t n_ckpt;
 };
 void store_job_deinit(struct store_job *j);
 
@@ -225,7 +227,6 @@ int store_job_list(struct store *st, const char *owner, const char *status, int 
  *   -> pausing     pause_requested = 1;  -> cancelling or cancelled: cancel_requested = 1
  *   -> paused      pause_requested = 0
  *   -> terminal    finished_at = now
- *   phase is cleared unless the new status is running, pausing or cancelling
  *   error (borrowed, or NULL to leave it) is stored as the job's error object
  * and it appends a "status" event {"status": to, "previous": from, "error": error if any, plus
  * the members of extra (borrowed object or NULL), e.g. a "message"}; a terminal status also
@@ -250,18 +251,16 @@ int store_job_request_resume(struct store *st, const char *id, const char *owner
 
 /* Fields a worker updates while a job runs; only those whose STORE_SET_* bit is in `set`. */
 enum {
-  STORE_SET_PHASE = 1 << 0,
-  STORE_SET_STEP = 1 << 1,
-  STORE_SET_TOTAL_STEPS = 1 << 2,
-  STORE_SET_METRICS = 1 << 3,
-  STORE_SET_ERROR = 1 << 4,
-  STORE_SET_STARTED_AT = 1 << 5,
-  STORE_SET_FINISHED_AT = 1 << 6,
-  STORE_SET_RESOLVED = 1 << 7,
+  STORE_SET_STEP = 1 << 0,
+  STORE_SET_TOTAL_STEPS = 1 << 1,
+  STORE_SET_METRICS = 1 << 2,
+  STORE_SET_ERROR = 1 << 3,
+  STORE_SET_STARTED_AT = 1 << 4,
+  STORE_SET_FINISHED_AT = 1 << 5,
+  STORE_SET_RESOLVED = 1 << 6,
 };
 struct store_job_patch {
   unsigned set;
-  const char *phase; /* NULL clears */
   int64_t step, total_steps;
   const json_t *latest_metrics, *error, *resolved; /* borrowed; NULL clears */
   int64_t started_at, finished_at;                 /* 0 clears */

@@ -1,6 +1,7 @@
 /* The job threads (workers.h): claim, build the spec, run, record; the in-memory cancel/pause
- * words of running jobs; startup recovery and the shutdown pause. Built into the dapod_api
- * library because the spec needs the models registry (api/models.h) and the shared SHA-256. */
+ * words and phase of running jobs; startup recovery and the shutdown pause. Built into the
+ * dapod_api library because the spec needs the models registry (api/models.h) and the shared
+ * SHA-256. */
 #include "workers.h"
 
 #include <dirent.h>
@@ -38,6 +39,7 @@
 /* The in-memory words of the job a worker runs, which the runner polls; "" = idle. */
 struct running {
   char job_id[STORE_ID_MAX];
+  char phase[32]; /* what the runner does now, "" before its first phase (workers_phase) */
   /* Set by HTTP threads (workers_signal) and the stop, read by the runner: relaxed __atomic
    * loads and stores only (a plain volatile access is a data race, which ThreadSanitizer reports)
    */
@@ -239,7 +241,6 @@ struct jobrun {
   struct server *srv;
   const char *id; /* borrowed: the claimed job's id */
   char out[PATH_MAX];
-  char phase[32];
   int64_t step;                   /* the job's recorded step (only ever raised) */
   struct steps train, eval, ckpt; /* steps whose events are already stored */
   json_t *latest;                 /* latest_metrics as recorded (owned) */
@@ -283,14 +284,16 @@ static int load_seen(struct jobrun *jr) {
   }
 }
 
+/* Stores an event and publishes its id (known here: no second store call to read it back). */
 static int append_event(struct jobrun *jr, const char *type, const json_t *data) {
   struct dapo_err e = {0};
-  int rc = store_event_append(jr->srv->store, jr->id, type, data, NULL, &e);
+  int64_t id = 0;
+  int rc = store_event_append(jr->srv->store, jr->id, type, data, &id, &e);
   if (rc) {
     LOG(ERROR, "job %s: storing a %s event: %s", jr->id, type, e.msg);
     return rc;
   }
-  server_job_changed(jr->srv, jr->id);
+  bus_publish(jr->srv->bus, jr->id, id);
   return 0;
 }
 
@@ -449,14 +452,15 @@ static int on_event(void *ctx, const char *type, const json_t *data) {
   return append_event(jr, type, data);
 }
 
+/* The phase lives in memory only: a step changes it about twenty times (sampling and judging
+ * per generation round), it means nothing after a restart, and a store transaction (fsync) for
+ * each took 10-15% of a tiny job's step time and queued the job behind the readers. */
 static void on_phase(void *ctx, const char *phase) {
   struct jobrun *jr = ctx;
-  if (!strcmp(jr->phase, phase)) return;
-  snprintf(jr->phase, sizeof jr->phase, "%s", phase);
-  struct store_job_patch p = {.set = STORE_SET_PHASE, .phase = phase};
-  struct dapo_err e = {0};
-  if (store_job_update(jr->srv->store, jr->id, &p, &e))
-    LOG(WARN, "job %s: recording phase %s: %s", jr->id, phase, e.msg);
+  struct workers *w = jr->wk->w;
+  pthread_mutex_lock(&w->mu);
+  snprintf(jr->wk->run.phase, sizeof jr->wk->run.phase, "%s", phase);
+  pthread_mutex_unlock(&w->mu);
 }
 
 /* Before a (re)start: the runner resumes from the newest complete checkpoint N without telling
@@ -564,6 +568,7 @@ static void run_job(struct worker *wk, struct store_job *job) {
   int stopping = w->stopping;
   if (!stopping) {
     snprintf(wk->run.job_id, sizeof wk->run.job_id, "%s", job->id);
+    wk->run.phase[0] = '\0';
     __atomic_store_n(&wk->run.cancel, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&wk->run.pause, 0, __ATOMIC_RELAXED);
     w->busy++;
@@ -627,6 +632,7 @@ static void run_job(struct worker *wk, struct store_job *job) {
 
   pthread_mutex_lock(&w->mu);
   wk->run.job_id[0] = '\0';
+  wk->run.phase[0] = '\0';
   w->busy--;
   pthread_cond_broadcast(&w->idle);
   pthread_mutex_unlock(&w->mu);
@@ -769,6 +775,21 @@ int workers_signal(struct workers *w, const char *job_id, int cancel, int pause)
     if (strcmp(run->job_id, job_id)) continue;
     if (cancel) __atomic_store_n(&run->cancel, 1, __ATOMIC_RELAXED);
     if (pause) __atomic_store_n(&run->pause, 1, __ATOMIC_RELAXED);
+    found = 1;
+  }
+  pthread_mutex_unlock(&w->mu);
+  return found;
+}
+
+int workers_phase(struct workers *w, const char *job_id, char *buf, size_t cap) {
+  int found = 0;
+  if (cap) buf[0] = '\0';
+  if (!w || !cap) return 0;
+  pthread_mutex_lock(&w->mu);
+  for (int i = 0; i < w->n && !found; i++) {
+    const struct running *run = &w->v[i].run;
+    if (strcmp(run->job_id, job_id) || !run->phase[0]) continue;
+    snprintf(buf, cap, "%s", run->phase);
     found = 1;
   }
   pthread_mutex_unlock(&w->mu);

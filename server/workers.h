@@ -2,9 +2,10 @@
  * threads (core/pool.h), so jobs side by side use disjoint core budgets. A free worker claims the
  * oldest queued job (store_job_claim_next), builds its job spec (file ids -> paths, model id ->
  * preset name or folder), and runs it with runner_run into data_dir/jobs/<id>/; the runner's
- * events go to the store and then the bus, metrics and checkpoints also to their tables. Cancel
- * and pause requests are mirrored from the store flags into the running job's in-memory words,
- * which the runner polls. Also the startup recovery of jobs a previous process left live.
+ * events go to the store and then the bus, metrics and checkpoints also to their tables; its
+ * phase stays in memory (workers_phase). Cancel and pause requests are mirrored from the store
+ * flags into the running job's in-memory words, which the runner polls. Also the startup
+ * recovery of jobs a previous process left live.
  *
  * Thread-safety: every function may be called from any thread, except workers_free. */
 #ifndef DAPOD_WORKERS_H
@@ -33,6 +34,10 @@ void workers_wake(struct workers *w);
  * the job's running record, if a worker here runs job_id. Returns 1 when it does, else 0. */
 int workers_signal(struct workers *w, const char *job_id, int cancel, int pause);
 
+/* The phase of job_id ("sampling", "judging", ...) when a worker here runs it and the runner has
+ * entered one: copied into buf (cap bytes, cut to fit), returns 1; otherwise buf = "" and 0.
+ * Kept in memory only (the runner changes it many times a step; after a restart it is gone). */
+int workers_phase(struct workers *w, const char *job_id, char *buf, size_t cap);
 /* Number of jobs being run now, and whether the threads are up (for /readyz and /metrics). */
 int workers_busy(struct workers *w);
 int workers_up(struct workers *w);

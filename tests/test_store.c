@@ -347,7 +347,8 @@ static void test_job_insert(struct store *st) {
   CHECK(j1.suffix && !strcmp(j1.suffix, "v1") && !strcmp(j1.training_file, train_file) &&
         j1.validation_file && !strcmp(j1.validation_file, val_file));
   CHECK(j1.total_steps == 50 && j1.step == 0 && j1.created_at > 0 && j1.started_at == 0 &&
-        j1.finished_at == 0 && j1.error == NULL && j1.latest_metrics == NULL && !j1.phase);
+        j1.finished_at == 0 && j1.error == NULL && j1.latest_metrics == NULL && j1.n_ckpt == 0 &&
+        !j1.ckpt_steps);
   CHECK(j1.queue_seq > 0 && j1.queue_position >= 1);
   CHECK(j1.idempotency_key && !strcmp(j1.idempotency_key, "key-1"));
   char h[65];
@@ -405,22 +406,19 @@ static void test_job_insert(struct store *st) {
   /* the patch */
   struct store_job_patch p = {0};
   json_t *m = json_pack("{s:f}", "reward_mean", 0.25);
-  p.set = STORE_SET_PHASE | STORE_SET_STEP | STORE_SET_METRICS;
-  p.phase = "sampling";
+  p.set = STORE_SET_STEP | STORE_SET_METRICS;
   p.step = 7;
   p.latest_metrics = m;
   CHECK(store_job_update(st, j1.id, &p, &e) == 0);
   CHECK(store_job_get(st, j1.id, NULL, &j2, &e) == 0);
-  CHECK(j2.phase && !strcmp(j2.phase, "sampling") && j2.step == 7 &&
-        json_equal(j2.latest_metrics, m) && j2.total_steps == 50);
+  CHECK(j2.step == 7 && json_equal(j2.latest_metrics, m) && j2.total_steps == 50);
   store_job_deinit(&j2);
-  p.set = STORE_SET_PHASE | STORE_SET_TOTAL_STEPS | STORE_SET_STARTED_AT;
-  p.phase = NULL;
+  p.set = STORE_SET_TOTAL_STEPS | STORE_SET_STARTED_AT;
   p.total_steps = 60;
   p.started_at = 1234;
   CHECK(store_job_update(st, j1.id, &p, &e) == 0);
   CHECK(store_job_get(st, j1.id, NULL, &j2, &e) == 0);
-  CHECK(!j2.phase && j2.step == 7 && j2.total_steps == 60 && j2.started_at == 1234 &&
+  CHECK(j2.step == 7 && j2.total_steps == 60 && j2.started_at == 1234 &&
         json_equal(j2.latest_metrics, m));
   store_job_deinit(&j2);
   CHECK(store_job_update(st, "job-missing", &p, &e) == STORE_ENOTFOUND);
@@ -523,14 +521,14 @@ static void test_status_machine(struct store *st) {
         j.queue_position == 0);
   int64_t started = j.started_at;
   store_job_deinit(&j);
-  struct store_job_patch p = {.set = STORE_SET_PHASE, .phase = "judging"};
+  struct store_job_patch p = {.set = STORE_SET_STEP, .step = 3};
   CHECK(store_job_update(st, id, &p, &e) == 0);
   json_t *err = json_pack("{s:s,s:s,s:n,s:s}", "code", "judge_error", "message", "judge down",
                           "param", "category", "user");
   json_t *extra = json_pack("{s:s}", "message", "the judge stopped answering");
   CHECK(store_job_set_status(st, id, STORE_JOB_FAILED, err, extra, &j, &e) == 0);
   CHECK(j.status == STORE_JOB_FAILED && j.finished_at > 0 && j.started_at == started &&
-        j.phase == NULL && json_equal(j.error, err));
+        j.step == 3 && json_equal(j.error, err));
   store_job_deinit(&j);
   struct store_event_list ev;
   CHECK(store_event_list(st, id, 0, 100, &ev, &e) == 0);
@@ -881,6 +879,12 @@ static void test_metrics_ckpts(struct store *st, char job[STORE_ID_MAX]) {
     CHECK(cl.v[0].metrics == NULL && json_equal(cl.v[1].files, files) && cl.v[1].created_at > 0);
   }
   store_ckpt_list_deinit(&cl);
+  /* a job read carries its checkpoint steps, ascending (the job object's "checkpoints") */
+  struct store_job jr;
+  CHECK(store_job_get(st, job, NULL, &jr, &e) == 0);
+  CHECK(jr.n_ckpt == 3 && jr.ckpt_steps[0] == 0 && jr.ckpt_steps[1] == 10 &&
+        jr.ckpt_steps[2] == 20);
+  store_job_deinit(&jr);
   struct store_ckpt c;
   CHECK(store_ckpt_get(st, job, 10, &c, &e) == 0);
   CHECK(c.step == 10 && !strcmp(c.path, "/ck/step-10") && json_equal(c.files, files));
@@ -890,6 +894,9 @@ static void test_metrics_ckpts(struct store *st, char job[STORE_ID_MAX]) {
   CHECK(store_ckpt_delete(st, job, 10, &e) == STORE_ENOTFOUND);
   CHECK(store_ckpt_list(st, job, &cl, &e) == 0 && cl.n == 2 && cl.v[1].step == 20);
   store_ckpt_list_deinit(&cl);
+  CHECK(store_job_get(st, job, NULL, &jr, &e) == 0);
+  CHECK(jr.n_ckpt == 2 && jr.ckpt_steps[0] == 0 && jr.ckpt_steps[1] == 20);
+  store_job_deinit(&jr);
   json_decref(files);
   json_decref(cm);
 }

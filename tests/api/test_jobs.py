@@ -579,12 +579,17 @@ class TestLifecycle(DaemonCase):
         jid = self.create_ok(long_hp(total))["id"]
         self.wait_until(jid, lambda j: j["status"] == "running" and j["step"] >= 1,
                         "a first step")
+        j = self.job(jid)
+        if j["status"] == "running":  # what it does now (the workers keep it in memory)
+            self.assertIn(j["phase"], ("sampling", "judging", "updating", "evaluating",
+                                       "checkpointing"))
         j = self.assertJson(self.d.post_json("/v1/jobs/%s/pause" % jid, {}), 200)
         self.assertIn(j["status"], ("pausing", "paused", "succeeded"))
         j = self.wait_status(jid, ("paused", "succeeded"))
         if j["status"] == "succeeded":
             self.skipTest("the job finished before the pause took effect")
         paused_at = j["step"]
+        self.assertIsNone(j["phase"])
         self.assertLess(paused_at, total)
         self.assertIn(paused_at, j["checkpoints"])  # pause takes a checkpoint
         self.assertJson(self.d.post_json("/v1/jobs/%s/pause" % jid, {}), 200)  # no-op
