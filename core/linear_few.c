@@ -56,18 +56,9 @@ static void lf_portable(float *out, const float *inp, const float *w, const floa
 
 #define LF_AVX512 __attribute__((target("avx512f")))
 
-LF_AVX512 static inline float lf_hsum512(__m512 a) {
-  /* the tree of lf_tree: lanes i + (i + 8), then + 4, + 2, + 1 */
-  __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(a),
-                            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
-  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-  return _mm_cvtss_f32(s1);
-}
-
 /* One 4x4 tile: rows xr[0..3] of inp, weight rows wr[0..3] (repeated pointers pad a partial
- * tile); pf: the next tile's weights to prefetch (4 rows of IN floats from pf), or NULL. */
+ * tile); pf: the next tile's weights to prefetch (4 rows of IN floats from pf), or NULL.
+ * acc[4 * c + r] receives output (r, c). */
 LF_AVX512 static void lf_tile512(float acc[16], const float *const xr[4], const float *const wr[4],
                                  int IN, const float *pf) {
   /* written out so that the 16 sums stay in registers (a loop over an array spills at -O2) */
@@ -102,12 +93,23 @@ LF_AVX512 static void lf_tile512(float acc[16], const float *const xr[4], const 
   }
 #undef LF_ROW
 #undef LF_LOAD
-  acc[0] = lf_hsum512(a00), acc[1] = lf_hsum512(a01), acc[2] = lf_hsum512(a02);
-  acc[3] = lf_hsum512(a03), acc[4] = lf_hsum512(a10), acc[5] = lf_hsum512(a11);
-  acc[6] = lf_hsum512(a12), acc[7] = lf_hsum512(a13), acc[8] = lf_hsum512(a20);
-  acc[9] = lf_hsum512(a21), acc[10] = lf_hsum512(a22), acc[11] = lf_hsum512(a23);
-  acc[12] = lf_hsum512(a30), acc[13] = lf_hsum512(a31), acc[14] = lf_hsum512(a32);
-  acc[15] = lf_hsum512(a33);
+  /* the 16 sums reduced together, each by lf_tree's additions in lf_tree's order: (1) pairs of
+   * sums give [s8 of one | s8 of the other], (2) pairs of those give four s4s, (3) s2s, (4) s1s;
+   * acc[4 * c + r] ends up with output (r, c) */
+#define LF_PAIR8(a, b)                                                                             \
+  _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE))
+#define LF_PAIR4(a, b)                                                                             \
+  _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD))
+  __m512 t0 = LF_PAIR4(LF_PAIR8(a00, a01), LF_PAIR8(a02, a03));
+  __m512 t1 = LF_PAIR4(LF_PAIR8(a10, a11), LF_PAIR8(a12, a13));
+  __m512 t2 = LF_PAIR4(LF_PAIR8(a20, a21), LF_PAIR8(a22, a23));
+  __m512 t3 = LF_PAIR4(LF_PAIR8(a30, a31), LF_PAIR8(a32, a33));
+#undef LF_PAIR8
+#undef LF_PAIR4
+  __m512 z0 = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, 0x44), _mm512_shuffle_ps(t0, t1, 0xEE));
+  __m512 z1 = _mm512_add_ps(_mm512_shuffle_ps(t2, t3, 0x44), _mm512_shuffle_ps(t2, t3, 0xEE));
+  _mm512_storeu_ps(acc,
+                   _mm512_add_ps(_mm512_shuffle_ps(z0, z1, 0x88), _mm512_shuffle_ps(z0, z1, 0xDD)));
 }
 
 LF_AVX512 static void lf_avx512(float *out, const float *inp, const float *w, const float *bias,
@@ -125,7 +127,7 @@ LF_AVX512 static void lf_avx512(float *out, const float *inp, const float *w, co
       lf_tile512(acc, xr, wr, IN, m == 0 ? next : NULL);
       for (int r = 0; r < nr; r++)
         for (int c = 0; c < nc; c++)
-          lf_store(out + (size_t)(m + r) * OUT + j + c, acc[4 * r + c], bias, j + c, beta);
+          lf_store(out + (size_t)(m + r) * OUT + j + c, acc[4 * c + r], bias, j + c, beta);
     }
   }
 }
