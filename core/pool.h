@@ -25,9 +25,11 @@ void pool_run(struct pool *p, void (*fn)(void *ctx, int i, int n), void *ctx);
 /* A barrier among the n threads of one pool_run (fn's i and n), for a task made of phases that
  * each need all of the previous phase (decoding: column-split products between row-split
  * attention). Waiters spin briefly (phases are short and every thread of the pool is busy on the
- * same task), then sleep on a futex. pool_barrier_init before use; n == 1 returns at once. */
+ * same task), then sleep on a futex. pool_barrier_init before use; the same barrier serves
+ * any number of successive phases and pool_runs. n == 1 returns at once. */
 struct pool_barrier {
   int count, phase, sleepers;
+  int spin; /* adaptive spin budget (pool.c) */
 };
 void pool_barrier_init(struct pool_barrier *b);
 void pool_barrier_wait(struct pool_barrier *b, int n);

@@ -26,7 +26,8 @@ struct gen_state {
   int *pos, *row0, *t_new, *n_past, *slot, *pick_idx, *active, *src, *last_row;
   int *iota; /* 0, 1, 2, ...: the row offsets of a decoding slice */
   enum gen_split split;
-  int64_t weight_bytes; /* what one decoding step reads */
+  int64_t weight_bytes;    /* what one decoding step reads */
+  struct pool_barrier bar; /* between decode_step's phases; its spin budget persists */
 };
 
 struct glayout {
@@ -79,6 +80,7 @@ struct gen_state *gen_state_new(const struct model *m, int cap_batch, int cap_se
   if (!s) goto oom;
   s->cfg = *c;
   s->weight_bytes = model_param_count(c) * (int64_t)sizeof(float);
+  pool_barrier_init(&s->bar);
   s->cap_batch = cap_batch;
   s->cap_t = cap_seq_len;
   s->cap_rows = cap_batch > cap_seq_len ? cap_batch : cap_seq_len;
@@ -272,7 +274,6 @@ struct decode_args {
   struct rng *rngs;
   struct gen_out *out;
   int by_rows; /* each thread decodes its own rows alone (no barriers) */
-  struct pool_barrier bar;
 };
 
 /* Columns of this thread's share of [0, n), in whole tiles of 4 (linear_few's AVX-512 tile). */
@@ -325,7 +326,7 @@ static void decode_step(void *ctx, int ti, int nt) {
     linear_few(q, xn, w->wq, w->bq, n, C, CQ, q_lo, q_hi, 0.0f);
     linear_few(k, xn, w->wk, w->bk, n, C, CKV, kv_lo, kv_hi, 0.0f);
     linear_few(v, xn, w->wv, w->bv, n, C, CKV, kv_lo, kv_hi, 0.0f);
-    pool_barrier_wait(&x->bar, gn);
+    pool_barrier_wait(&s->bar, gn);
     float *ck = s->cache_k + l * layer_cache, *cv = s->cache_v + l * layer_cache;
     for (int i = r_lo; i < r_hi; i++) {
       int row = g_lo + i;
@@ -340,9 +341,9 @@ static void decode_step(void *ctx, int ti, int nt) {
         attention_forward(att + (size_t)i * CQ, NULL, qi, ck + base * CKV, cv + base * CKV, 1, past,
                           g * n_rep, n_rep, g, HS, CQ, CKV, CQ, NH, scr);
     }
-    pool_barrier_wait(&x->bar, gn);
+    pool_barrier_wait(&s->bar, gn);
     linear_few(xs, att, w->wo, NULL, n, CQ, C, c_lo, c_hi, 1.0f);
-    pool_barrier_wait(&x->bar, gn);
+    pool_barrier_wait(&s->bar, gn);
     rmsnorm_forward(xn, NULL, xs, w->ffn_norm, n, C, c->rms_norm_eps);
     linear_few(gg, xn, w->w_gate, NULL, n, C, FF, f_lo, f_hi, 0.0f);
     linear_few(uu, xn, w->w_up, NULL, n, C, FF, f_lo, f_hi, 0.0f);
@@ -350,13 +351,13 @@ static void decode_step(void *ctx, int ti, int nt) {
       size_t o = (size_t)i * FF + f_lo;
       swiglu_forward(hh + o, gg + o, uu + o, (size_t)(f_hi - f_lo));
     }
-    pool_barrier_wait(&x->bar, gn);
+    pool_barrier_wait(&s->bar, gn);
     linear_few(xs, hh, w->w_down, NULL, n, FF, C, c_lo, c_hi, 1.0f);
-    pool_barrier_wait(&x->bar, gn);
+    pool_barrier_wait(&s->bar, gn);
   }
   rmsnorm_forward(xn, NULL, xs, m->w.final_norm, n, C, c->rms_norm_eps);
   linear_few(logits, xn, m->w.lm_head, NULL, n, C, V, v_lo, v_hi, 0.0f);
-  pool_barrier_wait(&x->bar, gn);
+  pool_barrier_wait(&s->bar, gn);
   for (int i = r_lo; i < r_hi; i++) {
     int qq = s->active[g_lo + i], len = x->out->len[qq];
     float lp;
@@ -474,7 +475,6 @@ static int gen_run_impl(struct gen_state *s, const struct model *m, int n,
     if (n_act == 0) break;
     struct decode_args da = {
         .s = s, .m = m, .n_act = n_act, .maxn = maxn, .o = o, .rngs = rngs, .out = out};
-    pool_barrier_init(&da.bar);
     da.by_rows = s->split == GEN_SPLIT_ROWS ||
                  (s->split == GEN_SPLIT_AUTO && s->weight_bytes < DECODE_COLUMNS_MIN_BYTES);
     if (s->pool && pool_threads(s->pool) > 1)
