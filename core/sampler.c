@@ -24,7 +24,6 @@ struct gen_state {
   float *pick_p;             /* [V] */
   int *ints;                 /* pos, row0, t_new, n_past, slot: cap_rows each; idx[V]; misc */
   int *pos, *row0, *t_new, *n_past, *slot, *pick_idx, *active, *src, *last_row;
-  int *iota; /* 0, 1, 2, ...: the row offsets of a decoding slice */
   enum gen_split split;
   int64_t weight_bytes;    /* what one decoding step reads */
   struct pool_barrier bar; /* between decode_step's phases; its spin budget persists */
@@ -48,7 +47,7 @@ static void gplan(const struct model_config *c, int B, int T, struct glayout *p)
   p->scratch = (size_t)T * T > dec ? (size_t)T * T : dec;
   p->pick = V;
   p->total = p->cache + p->acts + p->sel + p->logits + p->pick;
-  p->ints = rows * 5 + V + 3 * (size_t)B + rows + rows;
+  p->ints = rows * 5 + V + 3 * (size_t)B + rows;
 }
 
 size_t gen_state_bytes(const struct model_config *c, int cap_batch, int cap_seq_len) {
@@ -126,8 +125,6 @@ struct gen_state *gen_state_new(const struct model *m, int cap_batch, int cap_se
   s->active = s->pick_idx + c->vocab_size;
   s->src = s->active + cap_batch;
   s->last_row = s->src + cap_batch;
-  s->iota = s->last_row + rows;
-  for (size_t i = 0; i < rows; i++) s->iota[i] = (int)i;
   return s;
 oom:
   gen_state_free(s);
@@ -258,14 +255,16 @@ static void run_rows(struct gen_state *s, const struct model *m, int n_seq, int 
   matmul_forward(s->logits, s->sel, m->w.lm_head, NULL, n_out, C, c->vocab_size, 0.0f);
 }
 
-/* One decoding step of the n_act active rows, run by every thread of the pool (ti of nt) in
- * phases separated by barriers: the weight products split by output columns (each thread streams
- * its share of every weight matrix once per step: decoding is bound by reading the weights,
- * linear_few.c), RoPE, the cache append and attention split by rows, the RMSNorms recomputed by
- * every thread into its own buffer (cheaper than another barrier), and sampling by rows. Every
- * value is computed the same way for any thread count and batch size, so a sequence decodes to
- * the same tokens alone or in a batch. The scratch slice of thread ti holds: attention scores
- * [cap_t], the normed rows [cap_batch, C], sampling's probabilities [V] and indices [V]. */
+/* One decoding step of the n_act active rows, run by every thread of the pool (ti of nt). Split
+ * by columns: in phases separated by barriers, the weight products split by output columns (each
+ * thread streams its share of every weight matrix once per step: decoding is bound by reading
+ * the weights, linear_few.c), RoPE, the cache append and attention split by rows, the RMSNorms
+ * recomputed by every thread into its own buffer (cheaper than another barrier), and sampling by
+ * rows. Split by rows: each thread runs the same code alone on its own rows (a group of one, no
+ * barriers). Every value is computed the same way for any split, thread count and batch size, so
+ * a sequence decodes to the same tokens alone or in a batch. The scratch slice of thread ti
+ * holds: attention scores [cap_t], the normed rows [cap_batch, C], sampling's probabilities [V]
+ * and indices [V]. */
 struct decode_args {
   struct gen_state *s;
   const struct model *m;
@@ -462,13 +461,9 @@ static int gen_run_impl(struct gen_state *s, const struct model *m, int n,
     for (int q = 0; q < n; q++) {
       int len = out->len[q];
       if (out->finish[q] == FINISH_STOP || len >= maxn) continue;
-      s->row0[n_act] = n_act;
-      s->t_new[n_act] = 1;
-      s->n_past[n_act] = prompt_len[q] + len - 1;
-      s->pos[n_act] = prompt_len[q] + len - 1;
-      s->slot[n_act] = q;
-      s->last_row[n_act] = n_act;
-      s->active[n_act] = q;
+      /* row n_act: the token at position pos, appended to sequence q's cache slot */
+      s->n_past[n_act] = s->pos[n_act] = prompt_len[q] + len - 1;
+      s->slot[n_act] = s->active[n_act] = q;
       embed(s, m, n_act, out->tokens[(size_t)q * maxn + len - 1]);
       n_act++;
     }
