@@ -225,6 +225,15 @@ static int job_over(struct stream *s) {
   return over;
 }
 
+/* 1 when the job is gone or finished and the store holds nothing after what s has sent; 0
+ * otherwise (newer events, if any, are now in buf: the status that ends a job is committed with
+ * its last events, which the bus may not have announced yet); -1 on a read error. */
+static int over_and_drained(struct stream *s) {
+  if (!job_over(s)) return 0;
+  int n = refill(s);
+  return n < 0 ? -1 : n == 0;
+}
+
 static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max) {
   struct stream *s = cls;
   (void)pos;
@@ -256,10 +265,14 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max) {
     }
     if (!s->live) {
       s->live = 1;
-      if (job_over(s)) return MHD_CONTENT_READER_END_OF_STREAM; /* e.g. replay after `end` */
+      int d = over_and_drained(s); /* e.g. replay after `end` */
+      if (d) return d < 0 ? MHD_CONTENT_READER_END_WITH_ERROR : MHD_CONTENT_READER_END_OF_STREAM;
+      if (s->off < s->len) continue;
     }
     if (api_now_ms() >= s->heartbeat_ms) {
-      if (job_over(s)) return MHD_CONTENT_READER_END_OF_STREAM; /* e.g. a deleted job */
+      int d = over_and_drained(s); /* e.g. a deleted job */
+      if (d) return d < 0 ? MHD_CONTENT_READER_END_WITH_ERROR : MHD_CONTENT_READER_END_OF_STREAM;
+      if (s->off < s->len) continue;
       heartbeat(s);
       s->heartbeat_ms = heartbeat_due(s);
       continue;
