@@ -5,6 +5,8 @@
  * GET /v1/jobs/{id}/metrics (JSON array, one object per step; ?format=csv). */
 #include <errno.h>
 #include <ftw.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +27,8 @@
 #define IDEMPOTENCY_KEY_MAX 255
 #define WAIT_MAX_S 600 /* ?wait=N: the longest long-poll */
 #define CSV_MAX ((size_t)64 << 20)
+#define METRICS_CACHE 16                          /* rendered metrics lists kept (by job id) */
+#define METRICS_CACHE_MAX_BYTES ((size_t)8 << 20) /* larger lists are not kept */
 
 /* ---- the job object ---- */
 
@@ -451,26 +455,108 @@ static int reply_csv(struct api_req *r, const json_t *rows) {
   return rc;
 }
 
+/* ---- the rendered metrics list, kept per job ----
+ * A dashboard (or wrk) polling GET /v1/jobs/{id}/metrics would otherwise read and parse every
+ * row under the store's lock and render the whole array on each request, which also delays the
+ * job's own writes. The JSON body is kept with the job's owner and the store's metrics
+ * generation it was read at, and served (one copy) while store_metrics_gen has not moved. */
+
+struct metrics_slot {
+  char job[STORE_ID_MAX];
+  char *owner;  /* the job's owner (owned) */
+  uint64_t gen; /* store_metrics_gen of the rows rendered */
+  char *body;   /* the reply body (owned), NULL: empty slot */
+  size_t len;
+};
+
+static struct {
+  pthread_mutex_t mu;
+  struct metrics_slot v[METRICS_CACHE];
+} g_metrics = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static struct metrics_slot *metrics_slot(const char *job) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (const char *p = job; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+  return &g_metrics.v[h % METRICS_CACHE];
+}
+
+/* Replies the kept body of job id when it is current and visible to r: 1 (and *rc the reply's
+ * result), else 0. */
+static int metrics_from_cache(struct api_req *r, const char *id, uint64_t gen, int *rc) {
+  int hit = 0;
+  pthread_mutex_lock(&g_metrics.mu);
+  struct metrics_slot *m = metrics_slot(id);
+  if (m->body && m->gen == gen && !strcmp(m->job, id) &&
+      (!r->owner || !strcmp(m->owner, r->owner))) {
+    *rc = api_reply_text(r, 200, "application/json; charset=utf-8", m->body, m->len);
+    hit = 1;
+  }
+  pthread_mutex_unlock(&g_metrics.mu);
+  return hit;
+}
+
+/* Keeps body (stolen) as job id's list at generation gen, unless a newer one is kept. */
+static void metrics_to_cache(const char *id, const char *owner, uint64_t gen, char *body,
+                             size_t len) {
+  char *o = len <= METRICS_CACHE_MAX_BYTES ? strdup(owner ? owner : "") : NULL;
+  if (!o) {
+    free(body);
+    return;
+  }
+  pthread_mutex_lock(&g_metrics.mu);
+  struct metrics_slot *m = metrics_slot(id);
+  if (m->body && !strcmp(m->job, id) && m->gen >= gen) {
+    free(o), free(body); /* another request kept the same or a newer list */
+  } else {
+    free(m->owner), free(m->body);
+    snprintf(m->job, sizeof m->job, "%s", id);
+    m->owner = o, m->gen = gen, m->body = body, m->len = len;
+  }
+  pthread_mutex_unlock(&g_metrics.mu);
+}
+
 int api_jobs_metrics(struct api_req *r) {
   const char *id = r->params[0];
   const char *format = api_query(r, "format");
   if (format && strcmp(format, "json") && strcmp(format, "csv"))
     return api_reply_errorf(r, API_ERR_INVALID_REQUEST, "format: '%.32s' is not json or csv",
                             format);
+  int csv = format && !strcmp(format, "csv"), rc;
+  if (!csv && metrics_from_cache(r, id, store_metrics_gen(r->srv->store), &rc)) return rc;
   struct store_job job;
   if (api_job_load(r, id, &job)) return 0;
-  store_job_deinit(&job);
   struct store_metric_list l = {0};
   struct dapo_err e = {0};
-  int rc = store_metrics_list(r->srv->store, id, &l, &e);
-  if (rc) return api_reply_store_error(r, rc, &e);
+  rc = store_metrics_list(r->srv->store, id, &l, &e);
+  if (rc) {
+    store_job_deinit(&job);
+    return api_reply_store_error(r, rc, &e);
+  }
   json_t *rows = metrics_rows(&l);
+  uint64_t gen = l.gen;
   store_metric_list_deinit(&l);
-  if (!rows) return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory", NULL);
-  if (format && !strcmp(format, "csv")) {
+  if (!rows) {
+    store_job_deinit(&job);
+    return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory", NULL);
+  }
+  if (csv) {
+    store_job_deinit(&job);
     rc = reply_csv(r, rows);
     json_decref(rows);
     return rc;
   }
-  return api_reply_json_steal(r, 200, rows);
+  /* the body api_reply_json_steal would send: compact JSON and a newline */
+  size_t n = json_dumpb(rows, NULL, 0, JSON_COMPACT);
+  char *body = n ? malloc(n + 1) : NULL;
+  if (body && json_dumpb(rows, body, n, JSON_COMPACT) == n) {
+    body[n] = '\n';
+    rc = api_reply_text(r, 200, "application/json; charset=utf-8", body, n + 1);
+    metrics_to_cache(id, job.owner, gen, body, n + 1);
+    json_decref(rows);
+  } else {
+    free(body);
+    rc = api_reply_json_steal(r, 200, rows);
+  }
+  store_job_deinit(&job);
+  return rc;
 }

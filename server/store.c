@@ -231,6 +231,7 @@ struct store {
   sqlite3 *db;                  /* the one connection */
   sqlite3_stmt *stmts[S_COUNT]; /* prepared on first use, finalized at close */
   int version;                  /* schema version after open */
+  uint64_t metrics_gen;         /* store_metrics_gen: bumped under mu, read with __atomic */
   char path[PATH_MAX];          /* the database file, for messages */
 };
 
@@ -1482,6 +1483,7 @@ int store_job_delete(struct store *st, const char *id, const char *owner, struct
   if (!id) return dapo_errf(e, DAPO_EINVAL, "store: job id missing");
   LOCK(st);
   int rc = job_delete_locked(st, id, owner, e);
+  if (!rc) __atomic_add_fetch(&st->metrics_gen, 1, __ATOMIC_RELEASE); /* its rows are gone */
   UNLOCK(st);
   return rc;
 }
@@ -1608,9 +1610,14 @@ int store_metrics_put(struct store *st, const char *job_id, int64_t step, const 
     goto out;
   }
   rc = exec_done(st, s, job_id, e);
+  if (!rc) __atomic_add_fetch(&st->metrics_gen, 1, __ATOMIC_RELEASE);
 out:
   UNLOCK(st);
   return rc;
+}
+
+uint64_t store_metrics_gen(struct store *st) {
+  return __atomic_load_n(&st->metrics_gen, __ATOMIC_ACQUIRE);
 }
 
 int store_metrics_list(struct store *st, const char *job_id, struct store_metric_list *out,
@@ -1626,6 +1633,7 @@ int store_metrics_list(struct store *st, const char *job_id, struct store_metric
     goto out;
   }
   bind_text(s, 1, job_id);
+  out->gen = __atomic_load_n(&st->metrics_gen, __ATOMIC_ACQUIRE);
   while ((r = sqlite3_step(s)) == SQLITE_ROW) {
     if ((rc = grow((void **)&out->v, &cap, out->n, sizeof *out->v, e))) break;
     struct store_metric *m = &out->v[out->n];

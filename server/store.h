@@ -329,14 +329,20 @@ struct store_metric {
 struct store_metric_list {
   struct store_metric *v; /* n items (owned) */
   size_t n;
+  uint64_t gen; /* store_metrics_gen when the rows were read */
 };
 void store_metric_list_deinit(struct store_metric_list *l);
 /* Stores (replacing) the metrics row (job_id, step, kind). kind "train" or "eval". */
 int store_metrics_put(struct store *st, const char *job_id, int64_t step, const char *kind,
                       const json_t *data, struct dapo_err *e);
-/* The job's metrics rows in step order, "train" before "eval" at the same step. */
+/* The job's metrics rows in step order, "train" before "eval" at the same step, with the
+ * generation they were read at (out->gen). */
 int store_metrics_list(struct store *st, const char *job_id, struct store_metric_list *out,
                        struct dapo_err *e);
+/* A number that changes whenever any job's metrics rows change (store_metrics_put, a job's
+ * deletion), read without the store's lock: a rendering of a list read at generation g is
+ * still current while this returns g (what caches of rendered metrics check). */
+uint64_t store_metrics_gen(struct store *st);
 
 /* ---- checkpoints ------------------------------------------------------------------------- */
 

@@ -855,6 +855,16 @@ static void test_metrics_ckpts(struct store *st, char job[STORE_ID_MAX]) {
   store_metric_list_deinit(&ml);
   CHECK(store_metrics_list(st, "job-missing", &ml, &e) == 0 && ml.n == 0);
   store_metric_list_deinit(&ml);
+  /* the generation: moves with every metrics write, a list carries the one it was read at */
+  uint64_t g0 = store_metrics_gen(st);
+  CHECK(store_metrics_list(st, job, &ml, &e) == 0 && ml.gen == g0);
+  store_metric_list_deinit(&ml);
+  json_t *gd = json_pack("{s:f}", "reward", 0.3); /* replaces (3, eval) with the same row */
+  CHECK(store_metrics_put(st, job, 3, "eval", gd, &e) == 0);
+  json_decref(gd);
+  CHECK(store_metrics_gen(st) > g0);
+  CHECK(store_metrics_list(st, job, &ml, &e) == 0 && ml.gen == store_metrics_gen(st));
+  store_metric_list_deinit(&ml);
 
   /* checkpoints */
   json_t *files =
@@ -941,7 +951,9 @@ static void test_delete_job(struct store *st, const char *job) {
   CHECK(store_job_delete(st, job, NULL, &e) == STORE_ESTATE); /* queued */
   CHECK(store_job_request_cancel(st, job, NULL, NULL, &e) == 0);
   CHECK(store_job_delete(st, job, "bob", &e) == STORE_ENOTFOUND);
+  uint64_t gen = store_metrics_gen(st);
   CHECK(store_job_delete(st, job, "alice", &e) == 0);
+  CHECK(store_metrics_gen(st) > gen); /* its metrics rows went with it */
   struct store_job j;
   CHECK(store_job_get(st, job, NULL, &j, &e) == STORE_ENOTFOUND);
   CHECK(sql_int("SELECT COUNT(*) FROM events WHERE job_id = ?1", job) == 0);

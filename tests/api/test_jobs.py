@@ -291,6 +291,11 @@ class TestFlow(DaemonCase):
         jid = self.wait_status(self.created["id"], "succeeded")["id"]
         rows = self.assertJson(self.d.get("/v1/jobs/%s/metrics" % jid), 200)
         self.assertEqual([m["step"] for m in rows], [1, 2, 3])
+        # the second answer comes from the daemon's rendered copy: the same bytes
+        first = self.d.get("/v1/jobs/%s/metrics" % jid)
+        again = self.d.get("/v1/jobs/%s/metrics" % jid)
+        self.assertEqual((again.status, again.body), (200, first.body))
+        self.assertTrue(again.header("Content-Type").startswith("application/json"))
         for m in rows:
             for k in ("reward/mean", "accuracy", "policy/loss", "tokens/generated"):
                 self.assertIn(k, m)
@@ -430,10 +435,12 @@ class TestFlow(DaemonCase):
         self.wait_status(live, "cancelled")
         folder = os.path.join(self.d.data_dir, "jobs", jid)
         self.assertTrue(os.path.isdir(folder))
+        self.assertJson(self.d.get("/v1/jobs/%s/metrics" % jid), 200)  # rendered and kept
         r = self.assertJson(self.d.request("DELETE", "/v1/jobs/" + jid), 200)
         self.assertEqual(r, {"id": jid, "object": "job", "deleted": True})
         self.assertFalse(os.path.exists(folder))
         self.assertProblem(self.d.get("/v1/jobs/" + jid), 404, "not_found")
+        self.assertProblem(self.d.get("/v1/jobs/%s/metrics" % jid), 404, "not_found")
         self.assertProblem(self.d.get("/v1/models/%s:step-3" % jid), 404, "not_found")
         self.assertProblem(self.d.request("DELETE", "/v1/jobs/" + jid), 404, "not_found")
 
