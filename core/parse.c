@@ -24,7 +24,7 @@ int parse_i64(const char *s, int64_t min, int64_t max, int64_t *out, const char 
 }
 
 int parse_int(const char *s, int min, int max, int *out, const char *what, struct dapo_err *e) {
-  int64_t v;
+  int64_t v = 0; /* set on success; the initialiser keeps -O3 from warning */
   int rc = parse_i64(s, min, max, &v, what, e);
   if (!rc) *out = (int)v;
   return rc;

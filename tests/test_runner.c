@@ -38,7 +38,7 @@ static char *slurp(const char *path, size_t *len) {
 }
 
 static int same_file(const char *a, const char *b) {
-  size_t la, lb;
+  size_t la = 0, lb = 0;
   char *x = slurp(a, &la), *y = slurp(b, &lb);
   int same = x && y && la == lb && !memcmp(x, y, la);
   if (!same) fprintf(stderr, "files differ: %s %s\n", a, b);
