@@ -1,7 +1,7 @@
 /* dapoctl: dapod's command-line client for people and CI pipelines (issue 6): upload, submit
  * [--wait] (follows the job's Server-Sent Events, reconnecting with Last-Event-ID), logs [-f],
- * status, list, cancel, download (resumes partial files with Range). libcurl for HTTP, jansson
- * for JSON. Exit codes: enum below and clients/dapoctl/README.md. */
+ * status, list, cancel, pause, resume, download (resumes partial files with Range). libcurl for
+ * HTTP, jansson for JSON. Exit codes: enum below and clients/dapoctl/README.md. */
 #include <curl/curl.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -90,6 +90,11 @@ static const struct command commands[] = {
     {"list", O_STATUS | O_LIMIT | O_AFTER, 0, 0, "list [--status S] [--limit N] [--after ID]",
      "Lists jobs, newest first (one page; --after the last id for the next)."},
     {"cancel", 0, 1, 1, "cancel ID", "Asks the daemon to cancel the job; prints its new status."},
+    {"pause", 0, 1, 1, "pause ID",
+     "Asks the daemon to pause the job at its next safe point (its state is checkpointed); prints\n"
+     "its new status (pausing, then paused)."},
+    {"resume", 0, 1, 1, "resume ID",
+     "Queues a paused job again; it continues exactly where it stopped. Prints its new status."},
     {"download", O_ALL | O_OUTPUT, 2, 3, "download ID STEP|latest FILE [-o PATH] | --all DIR",
      "Downloads one file of a checkpoint (to PATH, default ./FILE) or, with --all, every file of\n"
      "it into DIR. A partial file already there is resumed with an HTTP Range request; every\n"
@@ -798,7 +803,7 @@ static int cmd_logs(struct ctl *c, const struct opts *o, char **args) {
   }
 }
 
-/* ---- status, list, cancel ---- */
+/* ---- status, list, cancel, pause, resume ---- */
 
 static void print_job(const json_t *j) {
   printf("id          %s\n", jstr(j, "id"));
@@ -888,10 +893,11 @@ static int cmd_list(struct ctl *c, const struct opts *o, char **args) {
   return EXIT_OK;
 }
 
-static int cmd_cancel(struct ctl *c, const struct opts *o, char **args) {
+/* cancel, pause, resume: POST /v1/jobs/{id}/{action}, then the job's id and new status. */
+static int cmd_action(struct ctl *c, const char *action, char **args) {
   char p[600], e[400];
   if (esc(c, args[0], e, sizeof e)) return EXIT_USAGE;
-  snprintf(p, sizeof p, "/v1/jobs/%s/cancel", e);
+  snprintf(p, sizeof p, "/v1/jobs/%s/%s", e, action);
   json_t *job;
   int rc = call_json(c, "POST", p, NULL, &job, NULL);
   if (rc) return rc;
@@ -1293,8 +1299,9 @@ int main(int argc, char **argv) {
     rc = cmd_status(&c, &o, args);
   else if (!strcmp(cmd->name, "list"))
     rc = cmd_list(&c, &o, args);
-  else if (!strcmp(cmd->name, "cancel"))
-    rc = cmd_cancel(&c, &o, args);
+  else if (!strcmp(cmd->name, "cancel") || !strcmp(cmd->name, "pause") ||
+           !strcmp(cmd->name, "resume"))
+    rc = cmd_action(&c, cmd->name, args);
   else
     rc = cmd_download(&c, &o, args);
   fflush(stdout);

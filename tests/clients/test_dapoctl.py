@@ -166,6 +166,38 @@ class DapoctlCase(unittest.TestCase):
         self.assertIn("was cancelled", err)
         self.assertEqual(self.d.get("/v1/jobs/" + job_id).json()["status"], "cancelled")
 
+    def test_pause_and_resume(self):
+        path = self.write_job(common.job_spec(self.file_id, common.LONG_HP), "pause.json")
+        rc, out, err = self.ctl("submit", path)
+        self.assertEqual(rc, 0, err)
+        job_id = out.split()[0]
+        deadline = time.monotonic() + common.DEADLINE_S
+        while self.d.get("/v1/jobs/" + job_id).json()["step"] < 1:  # running, a step done
+            self.assertLess(time.monotonic(), deadline, "no step")
+            time.sleep(0.05)
+        rc, out, err = self.ctl("pause", job_id)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out.split(), [job_id, out.split()[1]])
+        self.assertIn(out.split()[1], ("pausing", "paused"))
+        while self.d.get("/v1/jobs/" + job_id).json()["status"] != "paused":
+            self.assertLess(time.monotonic(), deadline, "not paused")
+            time.sleep(0.05)
+        step = self.d.get("/v1/jobs/" + job_id).json()["step"]
+        time.sleep(0.5)
+        self.assertEqual(self.d.get("/v1/jobs/" + job_id).json()["step"], step, "steps while paused")
+        # an unknown job: the daemon answers 404, dapoctl exits with its API error code (6)
+        rc, out, err = self.ctl("resume", "job-00000000-0000-0000-0000-000000000000")
+        self.assertEqual(rc, 6, out + err)
+        rc, out, err = self.ctl("--json", "resume", job_id)
+        self.assertEqual(rc, 0, err)
+        self.assertIn(json.loads(out)["status"], ("queued", "running"))
+        while self.d.get("/v1/jobs/" + job_id).json()["step"] <= step:  # it goes on
+            self.assertLess(time.monotonic(), deadline, "no step after resume")
+            time.sleep(0.05)
+        rc, out, err = self.ctl("cancel", job_id)
+        self.assertEqual(rc, 0, err)
+        common.wait_terminal(self.d, job_id)
+
     def test_submit_wait_timeout_exits_4_and_job_goes_on(self):
         path = self.write_job(common.job_spec(self.file_id, common.LONG_HP), "long2.json")
         t0 = time.monotonic()
@@ -277,7 +309,8 @@ class DapoctlCase(unittest.TestCase):
             self.assertTrue(err.strip(), args)
 
     def test_help_per_command(self):
-        for cmd in ("upload", "submit", "logs", "status", "list", "cancel", "download"):
+        for cmd in ("upload", "submit", "logs", "status", "list", "cancel", "pause", "resume",
+                    "download"):
             rc, out, err = self.ctl(cmd, "--help")
             self.assertEqual(rc, 0, err)
             self.assertIn("usage: dapoctl", out)
