@@ -5,6 +5,7 @@
 #define DAPOD_API_HANDLERS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 struct api_req;
 
@@ -42,6 +43,9 @@ int api_jobs_cancel(struct api_req *r);
 int api_jobs_pause(struct api_req *r);
 int api_jobs_resume(struct api_req *r);
 int api_jobs_metrics(struct api_req *r);
+/* How many times GET /v1/jobs/{id}/metrics read and rendered a JSON list (misses of the kept
+ * list), for /metrics. */
+uint64_t api_jobs_metrics_renders(void);
 
 /* events.c: GET /v1/jobs/{id}/events, GET /v1/jobs/{id}/events/stream (SSE) */
 int api_events_list(struct api_req *r);

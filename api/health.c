@@ -134,9 +134,12 @@ int api_health_metrics(struct api_req *r) {
       "# HELP dapod_tokens_generated_total Tokens sampled by jobs since the daemon started.\n"
       "# TYPE dapod_tokens_generated_total counter\ndapod_tokens_generated_total %llu\n"
       "# HELP dapod_tokens_trained_total Response tokens trained on since the daemon started.\n"
-      "# TYPE dapod_tokens_trained_total counter\ndapod_tokens_trained_total %llu\n",
+      "# TYPE dapod_tokens_trained_total counter\ndapod_tokens_trained_total %llu\n"
+      "# HELP dapod_metrics_list_renders_total Job metrics lists read from the store and rendered "
+      "(requests that found no current kept list).\n"
+      "# TYPE dapod_metrics_list_renders_total counter\ndapod_metrics_list_renders_total %llu\n",
       s->cfg.workers, workers_busy(s->workers), (unsigned long long)gen,
-      (unsigned long long)trained);
+      (unsigned long long)trained, (unsigned long long)api_jobs_metrics_renders());
   if (t.oom) {
     free(t.s);
     return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory building the metrics", NULL);

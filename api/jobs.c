@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <microhttpd.h>
 
@@ -459,7 +460,17 @@ static int reply_csv(struct api_req *r, const json_t *rows) {
  * A dashboard (or wrk) polling GET /v1/jobs/{id}/metrics would otherwise read and parse every
  * row under the store's lock and render the whole array on each request, which also delays the
  * job's own writes. The JSON body is kept with the job's owner and the store's metrics
- * generation it was read at, and served (one copy) while store_metrics_gen has not moved. */
+ * generation it was read at, and served (one copy) while store_metrics_gen has not moved.
+ * When it has, one request renders the list again and the others asking for the same job wait
+ * for it (at most METRICS_WAIT_MS) instead of all reading the store at once after every step. */
+
+#define METRICS_WAIT_MS 2000
+
+static uint64_t g_metrics_renders; /* JSON lists read and rendered (atomic) */
+
+uint64_t api_jobs_metrics_renders(void) {
+  return __atomic_load_n(&g_metrics_renders, __ATOMIC_RELAXED);
+}
 
 struct metrics_slot {
   char job[STORE_ID_MAX];
@@ -467,12 +478,15 @@ struct metrics_slot {
   uint64_t gen; /* store_metrics_gen of the rows rendered */
   char *body;   /* the reply body (owned), NULL: empty slot */
   size_t len;
+  char rendering[STORE_ID_MAX]; /* the job a request is rendering for this slot, "" none */
+  uint64_t rendering_gen;       /* ... at least at this generation */
 };
 
 static struct {
   pthread_mutex_t mu;
+  pthread_cond_t rendered; /* a renderer finished (kept a list or gave up) */
   struct metrics_slot v[METRICS_CACHE];
-} g_metrics = {.mu = PTHREAD_MUTEX_INITIALIZER};
+} g_metrics = {.mu = PTHREAD_MUTEX_INITIALIZER, .rendered = PTHREAD_COND_INITIALIZER};
 
 static struct metrics_slot *metrics_slot(const char *job) {
   uint64_t h = 1469598103934665603ull; /* FNV-1a */
@@ -480,19 +494,51 @@ static struct metrics_slot *metrics_slot(const char *job) {
   return &g_metrics.v[h % METRICS_CACHE];
 }
 
-/* Replies the kept body of job id when it is current and visible to r: 1 (and *rc the reply's
- * result), else 0. */
-static int metrics_from_cache(struct api_req *r, const char *id, uint64_t gen, int *rc) {
+/* Replies the kept body of job id when it is current (generation >= gen) and visible to r: 1
+ * (and *rc the reply's result). Else 0, and *claimed = 1 when this request is now the one
+ * rendering job id (it must call metrics_render_done). While another request renders the job's
+ * current list, waits for it first. */
+static int metrics_from_cache(struct api_req *r, const char *id, uint64_t gen, int *rc,
+                              int *claimed) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until); /* the condition variable's clock */
+  until.tv_sec += METRICS_WAIT_MS / 1000;
+  until.tv_nsec += (long)(METRICS_WAIT_MS % 1000) * 1000000L;
+  if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
   int hit = 0;
+  *claimed = 0;
   pthread_mutex_lock(&g_metrics.mu);
   struct metrics_slot *m = metrics_slot(id);
-  if (m->body && m->gen == gen && !strcmp(m->job, id) &&
-      (!r->owner || !strcmp(m->owner, r->owner))) {
-    *rc = api_reply_text(r, 200, "application/json; charset=utf-8", m->body, m->len);
-    hit = 1;
+  for (;;) {
+    if (m->body && m->gen >= gen && !strcmp(m->job, id) &&
+        (!r->owner || !strcmp(m->owner, r->owner))) {
+      *rc = api_reply_text(r, 200, "application/json; charset=utf-8", m->body, m->len);
+      hit = 1;
+      break;
+    }
+    if (!strcmp(m->rendering, id) && m->rendering_gen >= gen) {
+      if (pthread_cond_timedwait(&g_metrics.rendered, &g_metrics.mu, &until) == ETIMEDOUT)
+        break; /* render it ourselves */
+      continue;
+    }
+    if (!m->rendering[0]) {
+      snprintf(m->rendering, sizeof m->rendering, "%s", id);
+      m->rendering_gen = gen;
+      *claimed = 1;
+    }
+    break;
   }
   pthread_mutex_unlock(&g_metrics.mu);
   return hit;
+}
+
+/* The rendering of job id claimed by metrics_from_cache is over (a list kept, or an error). */
+static void metrics_render_done(const char *id) {
+  pthread_mutex_lock(&g_metrics.mu);
+  struct metrics_slot *m = metrics_slot(id);
+  if (!strcmp(m->rendering, id)) m->rendering[0] = 0;
+  pthread_cond_broadcast(&g_metrics.rendered);
+  pthread_mutex_unlock(&g_metrics.mu);
 }
 
 /* Keeps body (stolen) as job id's list at generation gen, unless a newer one is kept. */
@@ -515,19 +561,13 @@ static void metrics_to_cache(const char *id, const char *owner, uint64_t gen, ch
   pthread_mutex_unlock(&g_metrics.mu);
 }
 
-int api_jobs_metrics(struct api_req *r) {
-  const char *id = r->params[0];
-  const char *format = api_query(r, "format");
-  if (format && strcmp(format, "json") && strcmp(format, "csv"))
-    return api_reply_errorf(r, API_ERR_INVALID_REQUEST, "format: '%.32s' is not json or csv",
-                            format);
-  int csv = format && !strcmp(format, "csv"), rc;
-  if (!csv && metrics_from_cache(r, id, store_metrics_gen(r->srv->store), &rc)) return rc;
+/* Reads, renders and replies job id's metrics list (JSON, kept for the next requests, or CSV). */
+static int metrics_render(struct api_req *r, const char *id, int csv) {
   struct store_job job;
   if (api_job_load(r, id, &job)) return 0;
   struct store_metric_list l = {0};
   struct dapo_err e = {0};
-  rc = store_metrics_list(r->srv->store, id, &l, &e);
+  int rc = store_metrics_list(r->srv->store, id, &l, &e);
   if (rc) {
     store_job_deinit(&job);
     return api_reply_store_error(r, rc, &e);
@@ -545,6 +585,7 @@ int api_jobs_metrics(struct api_req *r) {
     json_decref(rows);
     return rc;
   }
+  __atomic_add_fetch(&g_metrics_renders, 1, __ATOMIC_RELAXED);
   /* the body api_reply_json_steal would send: compact JSON and a newline */
   size_t n = json_dumpb(rows, NULL, 0, JSON_COMPACT);
   char *body = n ? malloc(n + 1) : NULL;
@@ -558,5 +599,19 @@ int api_jobs_metrics(struct api_req *r) {
     rc = api_reply_json_steal(r, 200, rows);
   }
   store_job_deinit(&job);
+  return rc;
+}
+
+int api_jobs_metrics(struct api_req *r) {
+  const char *id = r->params[0];
+  const char *format = api_query(r, "format");
+  if (format && strcmp(format, "json") && strcmp(format, "csv"))
+    return api_reply_errorf(r, API_ERR_INVALID_REQUEST, "format: '%.32s' is not json or csv",
+                            format);
+  if (format && !strcmp(format, "csv")) return metrics_render(r, id, 1);
+  int rc, claimed;
+  if (metrics_from_cache(r, id, store_metrics_gen(r->srv->store), &rc, &claimed)) return rc;
+  rc = metrics_render(r, id, 0);
+  if (claimed) metrics_render_done(id);
   return rc;
 }
