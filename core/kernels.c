@@ -50,6 +50,37 @@ static void parallel_for(int total, long work, void (*body)(void *, int, int), v
   pool_run(p, par_thunk, &pp);
 }
 
+/* ---- instruction set of the hand-vectorised kernels ------------------------------------------ */
+
+static int isa_forced; /* kernels_force_isa; 0: the best available */
+
+static int isa_best(void) {
+  static int best; /* computed once; a benign race: every thread computes the same value */
+  int b = __atomic_load_n(&best, __ATOMIC_RELAXED);
+  if (b) return b;
+  b = KERNELS_ISA_PORTABLE;
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f"))
+    b = KERNELS_ISA_AVX512;
+  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    b = KERNELS_ISA_AVX2;
+#endif
+  __atomic_store_n(&best, b, __ATOMIC_RELAXED);
+  return b;
+}
+
+int kernels_isa(void) {
+  int f = __atomic_load_n(&isa_forced, __ATOMIC_RELAXED);
+  return f ? f : isa_best();
+}
+
+int kernels_force_isa(int isa) {
+  if (isa > isa_best()) return -1;
+  __atomic_store_n(&isa_forced, isa, __ATOMIC_RELAXED);
+  return isa ? isa : isa_best();
+}
+
 /* ---- RMSNorm ---------------------------------------------------------------------------- */
 
 struct rms_args {
@@ -332,12 +363,6 @@ void swiglu_backward(float *dg, float *du, const float *dh, const float *g, cons
 
 static float softmax_causal(float *s, int lim, int n_ctx);
 
-static int attn_portable_only; /* kernels_attention_portable */
-
-void kernels_attention_portable(int on) {
-  __atomic_store_n(&attn_portable_only, on, __ATOMIC_RELAXED);
-}
-
 /* target_clones makes an ifunc resolver, which the dynamic loader runs before the
  * ThreadSanitizer runtime is initialised (and which TSan instruments: a crash at load time), so a
  * TSan build (scripts/test.sh, DAPO_TSAN) keeps the baseline copy only. */
@@ -409,17 +434,22 @@ K512 static inline __m512 exp512(__m512 x) {
   return _mm512_scalef_ps(y, fx);
 }
 
+/* lanes i + (i + 8) */
+K512 static inline __m256 fold512(__m512 a) {
+  return _mm256_add_ps(_mm512_castps512_ps256(a),
+                       _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+
 K512 static inline float hsum512(__m512 a) {
-  __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(a),
-                            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+  __m256 s8 = fold512(a);
   __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
   __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
-K512 static inline __m256 fold512(__m512 a) {
-  return _mm256_add_ps(_mm512_castps512_ps256(a),
-                       _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+/* the first n of 16 lanes (n >= 1) */
+static inline __mmask16 mask16(int n) {
+  return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
 }
 
 /* NV = HS / 16 vectors per head; always inlined with a constant NV so the loops unroll. */
@@ -456,13 +486,13 @@ attn_row512_nv(float *restrict o, const float *restrict qi, const float *restric
   /* softmax numerator and sum */
   __m512 mv = _mm512_set1_ps(-INFINITY);
   for (j = 0; j < lim; j += 16) {
-    __mmask16 mk = lim - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (lim - j)) - 1);
+    __mmask16 mk = mask16(lim - j);
     mv = _mm512_mask_max_ps(mv, mk, mv, _mm512_maskz_loadu_ps(mk, s + j));
   }
   float mx = _mm512_reduce_max_ps(mv);
   __m512 sv = _mm512_setzero_ps(), mxv = _mm512_set1_ps(mx);
   for (j = 0; j < lim; j += 16) {
-    __mmask16 mk = lim - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (lim - j)) - 1);
+    __mmask16 mk = mask16(lim - j);
     __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), mxv));
     e = _mm512_maskz_mov_ps(mk, e);
     _mm512_mask_storeu_ps(s + j, mk, e);
@@ -499,16 +529,6 @@ K512 static float attn_row512(float *restrict o, const float *restrict qi, const
   }
 }
 
-static int attn_isa_avx512(void) {
-  static int v; /* 0 unknown, 1 no, 2 yes; a benign race: every thread computes the same */
-  int r = __atomic_load_n(&v, __ATOMIC_RELAXED);
-  if (!r) {
-    __builtin_cpu_init();
-    r = __builtin_cpu_supports("avx512f") ? 2 : 1;
-    __atomic_store_n(&v, r, __ATOMIC_RELAXED);
-  }
-  return r == 2 && __atomic_load_n(&attn_portable_only, __ATOMIC_RELAXED) == 0;
-}
 #endif
 
 /* Softmax of row s[0..lim) in place, zeroing s[lim..n_ctx); returns the log-sum-exp. */
@@ -542,7 +562,7 @@ void attention_forward(float *out, float *lse, const float *q, const float *k, c
         const float *qi = q + (size_t)i * ldq + (size_t)h * HS;
         float l;
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(__SANITIZE_THREAD__)
-        if (HS % 16 == 0 && (HS <= 96 || HS == 128) && attn_isa_avx512())
+        if (HS % 16 == 0 && (HS <= 96 || HS == 128) && kernels_isa() == KERNELS_ISA_AVX512)
           l = attn_row512(oi, qi, kb, vb, n_past + i + 1, HS, ldkv, scale, scratch);
         else
 #endif

@@ -35,10 +35,14 @@ void matmul_forward_ref(float *out, const float *inp, const float *w, const floa
  * M, the column range or the instruction set used. */
 void linear_few(float *out, const float *inp, const float *w, const float *bias, int M, int IN,
                 int OUT, int j0, int j1, float beta);
-enum { LINEAR_FEW_PORTABLE = 1, LINEAR_FEW_AVX2 = 2, LINEAR_FEW_AVX512 = 3 };
-/* Tests and benchmarks: 0 restores the best version (returned); another value forces that
- * version (returned) or fails with -1 when this CPU lacks it. Process-wide. */
-int kernels_linear_few_isa(int isa);
+
+/* The instruction set of the hand-vectorised decoding kernels (linear_few, decoding attention):
+ * the best this CPU has, unless a test forced one. */
+enum { KERNELS_ISA_PORTABLE = 1, KERNELS_ISA_AVX2 = 2, KERNELS_ISA_AVX512 = 3 };
+int kernels_isa(void);
+/* Tests: 0 restores the best (returned); another value forces that instruction set (returned) or
+ * fails with -1 when this CPU lacks it. Process-wide. */
+int kernels_force_isa(int isa);
 /* dinp[N,IN] (+= when dinp_beta 1, = when 0; may be NULL), dw[OUT,IN] +=, dbias[OUT] += (may be
  * NULL). */
 void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
@@ -69,8 +73,6 @@ void swiglu_backward(float *dg, float *du, const float *dh, const float *g, cons
  * q: [t_new, ldq] (head h at column h*HS), k/v: [n_ctx, ldkv] (head kvh at column kvh*HS),
  * out: [t_new, ldo], lse: [t_new, NH] log-sum-exp of the scaled scores (may be NULL).
  * scratch: t_new * n_ctx floats. */
-/* Tests: 1 makes decoding attention use the portable loop even where AVX-512 is available. */
-void kernels_attention_portable(int on);
 void attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                        int t_new, int n_past, int h0, int n_rep, int kvh, int HS, int ldq, int ldkv,
                        int ldo, int NH, float *scratch);

@@ -214,42 +214,15 @@ LF_AVX2 static void lf_avx2(float *out, const float *inp, const float *w, const 
 typedef void lf_fn(float *, const float *, const float *, const float *, int, int, int, int, int,
                    float);
 
-static int lf_forced; /* kernels_linear_few_isa; 0: best available */
-
-static int lf_best(void) {
-#ifdef LF_X86
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return LINEAR_FEW_AVX512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return LINEAR_FEW_AVX2;
-#endif
-  return LINEAR_FEW_PORTABLE;
-}
-
-int kernels_linear_few_isa(int isa) {
-  int best = lf_best();
-  if (isa == 0) {
-    __atomic_store_n(&lf_forced, 0, __ATOMIC_RELAXED);
-    return best;
-  }
-  if (isa > best) return -1;
-  __atomic_store_n(&lf_forced, isa, __ATOMIC_RELAXED);
-  return isa;
-}
-
 void linear_few(float *out, const float *inp, const float *w, const float *bias, int M, int IN,
                 int OUT, int j0, int j1, float beta) {
-  static int best; /* computed once; a benign race: every thread computes the same value */
-  int isa = __atomic_load_n(&lf_forced, __ATOMIC_RELAXED);
-  if (!isa) {
-    isa = __atomic_load_n(&best, __ATOMIC_RELAXED);
-    if (!isa) __atomic_store_n(&best, isa = lf_best(), __ATOMIC_RELAXED);
-  }
   if (M < 1 || j0 >= j1) return;
   lf_fn *fn = lf_portable;
 #ifdef LF_X86
-  if (isa == LINEAR_FEW_AVX512)
+  int isa = kernels_isa();
+  if (isa == KERNELS_ISA_AVX512)
     fn = lf_avx512;
-  else if (isa == LINEAR_FEW_AVX2)
+  else if (isa == KERNELS_ISA_AVX2)
     fn = lf_avx2;
 #endif
   fn(out, inp, w, bias, M, IN, OUT, j0, j1, beta);

@@ -231,6 +231,16 @@ static int is_stop(const struct sampler_opts *o, int tok) {
   return 0;
 }
 
+/* Sequence q's next token and its log-prob; a stop token finishes the sequence. */
+static void append_token(struct gen_out *out, int q, int maxn, int tok, float lp,
+                         const struct sampler_opts *o) {
+  int len = out->len[q];
+  out->tokens[(size_t)q * maxn + len] = tok;
+  out->logp[(size_t)q * maxn + len] = lp;
+  out->len[q] = len + 1;
+  if (is_stop(o, tok)) out->finish[q] = FINISH_STOP;
+}
+
 /* Runs the blocks over the packed rows already embedded in acts.x_in, then the final norm and LM
  * head over the rows listed in last_row[0..n_out), leaving logits [n_out, V]. */
 static void run_rows(struct gen_state *s, const struct model *m, int n_seq, int N, int n_out) {
@@ -358,13 +368,10 @@ static void decode_step(void *ctx, int ti, int nt) {
   linear_few(logits, xn, m->w.lm_head, NULL, n, C, V, v_lo, v_hi, 0.0f);
   pool_barrier_wait(&s->bar, gn);
   for (int i = r_lo; i < r_hi; i++) {
-    int qq = s->active[g_lo + i], len = x->out->len[qq];
+    int qq = s->active[g_lo + i];
     float lp;
     int tok = sampler_pick(logits + (size_t)i * V, V, x->o, &x->rngs[qq], &lp, pick_idx, pick_p);
-    x->out->tokens[(size_t)qq * x->maxn + len] = tok;
-    x->out->logp[(size_t)qq * x->maxn + len] = lp;
-    x->out->len[qq] = len + 1;
-    if (is_stop(x->o, tok)) x->out->finish[qq] = FINISH_STOP;
+    append_token(x->out, qq, x->maxn, tok, lp, x->o);
   }
   pool_set_current(saved);
 }
@@ -445,15 +452,16 @@ static int gen_run_impl(struct gen_state *s, const struct model *m, int n,
         float lp;
         float *lg = s->logits + (size_t)k * V;
         int tok = sampler_pick(lg, V, o, &rngs[q], &lp, s->pick_idx, s->pick_p);
-        out->tokens[(size_t)q * maxn] = tok;
-        out->logp[(size_t)q * maxn] = lp;
-        out->len[q] = 1;
-        out->finish[q] = is_stop(o, tok) ? FINISH_STOP : FINISH_LENGTH;
+        out->len[q] = 0;
+        out->finish[q] = FINISH_LENGTH;
+        append_token(out, q, maxn, tok, lp, o);
       }
     }
   }
 
   /* decode: all unfinished sequences advance together */
+  int by_rows = s->split == GEN_SPLIT_ROWS ||
+                (s->split == GEN_SPLIT_AUTO && s->weight_bytes < DECODE_COLUMNS_MIN_BYTES);
   for (;;) {
     if (cancel && __atomic_load_n(cancel, __ATOMIC_RELAXED)) /* set by another thread */
       return dapo_errf(e, DAPO_ECANCELLED, "generation cancelled");
@@ -468,10 +476,14 @@ static int gen_run_impl(struct gen_state *s, const struct model *m, int n,
       n_act++;
     }
     if (n_act == 0) break;
-    struct decode_args da = {
-        .s = s, .m = m, .n_act = n_act, .maxn = maxn, .o = o, .rngs = rngs, .out = out};
-    da.by_rows = s->split == GEN_SPLIT_ROWS ||
-                 (s->split == GEN_SPLIT_AUTO && s->weight_bytes < DECODE_COLUMNS_MIN_BYTES);
+    struct decode_args da = {.s = s,
+                             .m = m,
+                             .n_act = n_act,
+                             .maxn = maxn,
+                             .o = o,
+                             .rngs = rngs,
+                             .out = out,
+                             .by_rows = by_rows};
     if (s->pool && pool_threads(s->pool) > 1)
       pool_run(s->pool, decode_step, &da);
     else

@@ -45,15 +45,15 @@ static void test_linear_few(int M, int IN, int OUT) {
   float *y = malloc((size_t)M * OUT * sizeof(float)), *ya = malloc((size_t)M * OUT * sizeof(float));
   matmul_forward_ref(yr, x, w, b, M, IN, OUT);
   for (size_t i = 0; i < (size_t)M * OUT; i++) yr[i] += y0[i];
-  int best = kernels_linear_few_isa(0), n_isa = 0;
-  for (int isa = LINEAR_FEW_PORTABLE; isa <= best; isa++) {
-    if (kernels_linear_few_isa(isa) != isa) continue;
+  int best = kernels_force_isa(0), n_isa = 0;
+  for (int isa = KERNELS_ISA_PORTABLE; isa <= best; isa++) {
+    if (kernels_force_isa(isa) != isa) continue;
     n_isa++;
     memcpy(y, y0, (size_t)M * OUT * sizeof(float));
     linear_few(y, x, w, b, M, IN, OUT, 0, OUT, 1.0f);
     CHECK_MSG(maxdiff(y, yr, (size_t)M * OUT) < 1e-4f, "linear_few isa %d M=%d IN=%d OUT=%d: %g",
               isa, M, IN, OUT, (double)maxdiff(y, yr, (size_t)M * OUT));
-    if (isa == LINEAR_FEW_PORTABLE) {
+    if (isa == KERNELS_ISA_PORTABLE) {
       memcpy(ya, y, (size_t)M * OUT * sizeof(float));
     } else {
       CHECK_MSG(!memcmp(y, ya, (size_t)M * OUT * sizeof(float)),
@@ -76,7 +76,7 @@ static void test_linear_few(int M, int IN, int OUT) {
               "linear_few isa %d: rows alone or split columns differ (M=%d IN=%d OUT=%d)", isa, M,
               IN, OUT);
   }
-  kernels_linear_few_isa(0);
+  kernels_force_isa(0);
   CHECK_MSG(n_isa >= 1, "linear_few: no instruction set ran");
   free(x), free(w), free(b), free(y0), free(yr), free(y), free(ya);
 }
@@ -104,13 +104,13 @@ static void test_attention_decode(int n_past, int NH, int NKV, int HS) {
   float *q = rnd(CQ, 1), *k = rnd((size_t)n_ctx * CKV, 1), *v = rnd((size_t)n_ctx * CKV, 1);
   float *o[2], *lse[2], *orf = calloc(CQ, 4), *scr = calloc(n_ctx, 4);
   for (int path = 0; path < 2; path++) {
-    kernels_attention_portable(path);
+    kernels_force_isa(path ? KERNELS_ISA_PORTABLE : 0);
     o[path] = calloc(CQ, 4), lse[path] = calloc(NH, 4);
     for (int g = 0; g < NKV; g++)
       attention_forward(o[path], lse[path], q, k, v, 1, n_past, g * rep, rep, g, HS, CQ, CKV, CQ,
                         NH, scr);
   }
-  kernels_attention_portable(0);
+  kernels_force_isa(0);
   for (int g = 0; g < NKV; g++)
     attention_forward_ref(orf, q, k, v, 1, n_past, g * rep, rep, g, HS, CQ, CKV, CQ);
   for (int path = 0; path < 2; path++)
