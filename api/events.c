@@ -127,8 +127,7 @@ static struct {
 } g_frames = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static struct frame_slot *frame_slot(const char *job, int64_t id) {
-  uint64_t h = 1469598103934665603ull; /* FNV-1a of the job id, then the event id */
-  for (const char *p = job; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+  uint64_t h = api_fnv1a(API_FNV_SEED, job); /* then the event id */
   h = (h ^ (uint64_t)id) * 1099511628211ull;
   return &g_frames.v[h % FRAME_CACHE];
 }

@@ -113,6 +113,14 @@ int api_content_type_is(const struct api_req *r, const char *type);
  * the parameter and returns -1 (the handler then returns 0). */
 int api_page_params(struct api_req *r, int *limit, const char **after);
 
+/* FNV-1a of s continued from h (start with API_FNV_SEED): the slot of a job id in the small
+ * process-wide caches of api/ (framed events, metrics lists). */
+#define API_FNV_SEED 1469598103934665603ull
+static inline uint64_t api_fnv1a(uint64_t h, const char *s) {
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return h;
+}
+
 /* A page of a list as every list endpoint answers it: {"object": "list", "data", "has_more",
  * "next_after"}; data and next_after are stolen (next_after NULL or ignored when !has_more: null).
  * NULL when out of memory or when data is NULL. */

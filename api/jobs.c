@@ -489,9 +489,7 @@ static struct {
 } g_metrics = {.mu = PTHREAD_MUTEX_INITIALIZER, .rendered = PTHREAD_COND_INITIALIZER};
 
 static struct metrics_slot *metrics_slot(const char *job) {
-  uint64_t h = 1469598103934665603ull; /* FNV-1a */
-  for (const char *p = job; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
-  return &g_metrics.v[h % METRICS_CACHE];
+  return &g_metrics.v[api_fnv1a(API_FNV_SEED, job) % METRICS_CACHE];
 }
 
 /* Replies the kept body of job id when it is current (generation >= gen) and visible to r: 1
