@@ -152,6 +152,7 @@ struct ctl {
   int json;        /* --json */
   double deadline; /* now_s() limit of --timeout; 0: none */
   CURL *curl;      /* owned: one handle, so connections are reused */
+  int quiet;       /* transfer errors are the caller's to report (a stream's outage) */
 };
 
 struct buf {
@@ -257,7 +258,7 @@ static int transfer_error(struct ctl *c, CURLcode cc, const char *what) {
     msg("%s: timed out (--timeout)", what);
     return EXIT_TIMEOUT;
   }
-  msg("%s: %s (%s)", what, curl_easy_strerror(cc), c->url);
+  if (!c->quiet) msg("%s: %s (%s)", what, curl_easy_strerror(cc), c->url);
   return EXIT_CONNECT;
 }
 
@@ -595,17 +596,33 @@ static int finish(struct ctl *c, const char *id, FILE *out) {
   return code;
 }
 
+/* Why a stream ended before `end`, for the one line said per outage. */
+static void stream_gone(char *buf, size_t cap, CURLcode cc, long status) {
+  if (cc == CURLE_COULDNT_CONNECT)
+    snprintf(buf, cap, "the daemon cannot be reached (%s)", curl_easy_strerror(cc));
+  else if (cc != CURLE_OK)
+    snprintf(buf, cap, "the connection was cut (%s)", curl_easy_strerror(cc));
+  else if (status == 503)
+    snprintf(buf, cap, "the daemon is unavailable (HTTP 503: stopping, or too many streams)");
+  else
+    snprintf(buf, cap, "the daemon closed the stream before the job ended");
+}
+
 /* Follows GET /v1/jobs/{id}/events/stream until `end`, reconnecting with Last-Event-ID after a
- * dropped connection (backoff 0.25 s doubling to 4 s; SSE_MAX_FAILURES failures in a row
- * without a new event give up). Returns the job's exit code (finish) or an error code. */
+ * stream that ended early (backoff 0.25 s doubling to 4 s; SSE_MAX_FAILURES failures in a row
+ * without a new event give up). Each outage is said once on stderr, whatever ended it: a cut
+ * connection, a 503, or a stream the daemon closed cleanly (as it does when it stops: a restart
+ * is an outage like a cut, and saying so must not depend on which of them the client saw first).
+ * While the daemon cannot be reached, the job's status is not asked for: the next stream that
+ * opens tells. Returns the job's exit code (finish) or an error code. */
 static int follow_job(struct ctl *c, const char *id, int all, int json_lines, FILE *out,
                       long long total) {
   struct follow fw = {.c = c, .all = all, .out = out, .json_lines = json_lines, .total = total};
-  char p[600], e[400], hdr[64];
+  char p[600], e[400], hdr[64], why[200];
   if (esc(c, id, e, sizeof e)) return EXIT_USAGE;
   snprintf(p, sizeof p, "/v1/jobs/%s/events/stream", e);
   sse_init(&fw.p, on_event, &fw, 0);
-  int failures = 0, rc = EXIT_OK;
+  int failures = 0, said = 0, rc = EXIT_OK;
   double backoff = 0.25;
   while (!fw.ended) {
     if (c->deadline > 0 && now_s() >= c->deadline) {
@@ -639,33 +656,51 @@ static int follow_job(struct ctl *c, const char *id, int all, int json_lines, FI
     }
     long status = fw.status;
     if (!status) curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &status);
-    if (status && status != 200 && status != 503) { /* 503: too many streams, retried */
+    if (status && status != 200 && status != 503) { /* 503: stopping or too many streams */
       rc = api_error(c, p, status, &fw.err);
       break;
     }
     if (status == 200 && !fw.got_event && cc == CURLE_OK) {
       /* The server closed the stream cleanly with nothing new: it does so at once for a stream
-       * opened past the end of a finished job; its status decides. (A cut connection is
-       * CURLE_PARTIAL_FILE or a receive error, and is simply reconnected.) */
+       * opened past the end of a finished job, and when it stops. The job's status decides;
+       * a daemon gone between the two is an outage like any other. */
       json_t *job;
-      rc = fetch_job(c, id, &job);
-      if (rc) break;
-      int code;
-      int done = terminal_exit_name(jstr(job, "status"), &code) != NULL;
-      json_decref(job);
-      if (done) break;
+      long js = 0;
+      struct buf jb = {0};
+      char jp[600];
+      snprintf(jp, sizeof jp, "/v1/jobs/%s", e);
+      c->quiet = 1;
+      int trc = http_call(c, "GET", jp, NULL, &js, &jb);
+      c->quiet = 0;
+      if (!trc && js == 200 && (job = json_loadb(jb.p ? jb.p : "", jb.n, 0, NULL))) {
+        int code;
+        int done = terminal_exit_name(jstr(job, "status"), &code) != NULL;
+        json_decref(job);
+        if (done) {
+          buf_free(&jb);
+          break;
+        }
+      } else if (!trc && js != 200 && js != 503) {
+        rc = api_error(c, jp, js, &jb);
+        buf_free(&jb);
+        break;
+      }
+      buf_free(&jb);
     }
     if (fw.got_event) {
       failures = 0;
       backoff = 0.25;
+      said = 0;
     } else if (++failures >= SSE_MAX_FAILURES) {
       rc = cc != CURLE_OK ? transfer_error(c, cc, p) : EXIT_CONNECT;
-      if (cc == CURLE_OK) msg("%s: the stream keeps closing without events", p);
+      if (cc == CURLE_OK) msg("%s: the stream keeps ending without events", p);
       break;
     }
-    if (cc != CURLE_OK && cc != CURLE_WRITE_ERROR)
-      fprintf(stderr, "%s: stream interrupted (%s); reconnecting after event %lld\n", prog,
-              curl_easy_strerror(cc), fw.last_id);
+    if (!said && cc != CURLE_WRITE_ERROR) {
+      stream_gone(why, sizeof why, cc, status);
+      fprintf(stderr, "%s: %s; reconnecting after event %lld\n", prog, why, fw.last_id);
+      said = 1;
+    }
     sleep_s(fw.got_event ? 0.05 : backoff);
     if (!fw.got_event && backoff < 4) backoff *= 2;
   }
