@@ -20,14 +20,14 @@
 #include "handlers.h"
 #include "http.h"
 #include "log.h"
-#include "models.h"
+#include "registry.h"
 #include "parse.h"
 #include "server.h"
 #include "store.h"
 
 static json_t *ckpt_json(const char *job_id, const struct store_ckpt *c) {
   char model[STORE_ID_MAX + 32];
-  api_model_ckpt_id(job_id, (long long)c->step, model, sizeof model);
+  registry_ckpt_id(job_id, (long long)c->step, model, sizeof model);
   return json_pack("{s:s, s:I, s:s, s:I, s:O, s:O}", "object", "checkpoint", "step",
                    (json_int_t)c->step, "model", model, "created_at", (json_int_t)c->created_at,
                    "metrics", c->metrics ? c->metrics : json_null(), "files",

@@ -14,7 +14,7 @@
 #include "handlers.h"
 #include "http.h"
 #include "lm.h"
-#include "models.h"
+#include "registry.h"
 #include "rng.h"
 #include "sampler.h"
 #include "server.h"
@@ -172,7 +172,7 @@ int api_completions_create(struct api_req *r) {
   parse_body(r->json, &q, errors);
   char *spec = NULL, msg[512];
   if (q.model && *q.model) {
-    int m = api_model_resolve(r->srv, q.model, r->owner, &spec, msg, sizeof msg);
+    int m = registry_resolve(r->srv, q.model, r->owner, &spec, NULL, msg, sizeof msg);
     if (m < 0) {
       json_decref(errors);
       return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory", NULL);

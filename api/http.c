@@ -204,15 +204,7 @@ int api_content_type_is(const struct api_req *r, const char *type) {
 }
 
 json_t *api_json_text(const char *s) {
-  json_t *j = json_string(s);
-  if (j) return j;
-  char *c = strdup(s);
-  if (!c) return NULL;
-  for (char *p = c; *p; p++)
-    if ((unsigned char)*p >= 0x80) *p = '?';
-  j = json_string(c);
-  free(c);
-  return j;
+  return dapo_json_text(s);
 }
 
 /* ---- replies ---- */

@@ -18,7 +18,8 @@
 #include "handlers.h"
 #include "http.h"
 #include "log.h"
-#include "models.h"
+#include "jobs.h"
+#include "registry.h"
 #include "parse.h"
 #include "runner.h"
 #include "server.h"
@@ -84,7 +85,7 @@ static json_t *job_json(struct server *srv, const struct store_job *j) {
   int64_t last = j->n_ckpt ? j->ckpt_steps[j->n_ckpt - 1] : -1;
   json_object_set_new(o, "checkpoints", steps ? steps : json_null());
   char model[STORE_ID_MAX + 32];
-  api_model_ckpt_id(j->id, (long long)last, model, sizeof model);
+  registry_ckpt_id(j->id, (long long)last, model, sizeof model);
   json_object_set_new(o, "fine_tuned_model",
                       j->status == STORE_JOB_SUCCEEDED && last >= 0 ? json_string(model)
                                                                     : json_null());
@@ -108,84 +109,29 @@ static int reply_job(struct api_req *r, int status, const struct store_job *j) {
 
 /* ---- create ---- */
 
-/* Counts jobs of owner (NULL: all) with status (NULL: queued, running, pausing, paused). */
-/* The resolved fields shown in the job object: judge, hyperparameters, seed. */
-static json_t *resolved_of(const struct job_spec *spec) {
-  json_t *all = jobspec_to_json(spec);
-  json_t *o =
-      all ? json_pack("{s:O, s:O, s:O}", "judge", json_object_get(all, "judge"), "hyperparameters",
-                      json_object_get(all, "hyperparameters"), "seed", json_object_get(all, "seed"))
-          : NULL;
-  json_decref(all);
-  return o;
-}
-
 int api_jobs_create(struct api_req *r) {
-  struct server *srv = r->srv;
   const char *key = api_header(r, "Idempotency-Key");
   if (key && (!*key || strlen(key) > IDEMPOTENCY_KEY_MAX))
     return api_reply_errorf(r, API_ERR_INVALID_REQUEST, "Idempotency-Key: must be 1..%d characters",
                             IDEMPOTENCY_KEY_MAX);
-  if (!json_is_object(r->json))
-    return api_reply_error(
-        r, API_ERR_VALIDATION_FAILED, "the body must be a JSON object",
-        json_pack("[{s:s, s:s}]", "field", "", "message",
-                  "expected a JSON object with at least model and training_file"));
-  char id[STORE_ID_MAX];
-  if (store_new_id("job", id)) return api_reply_error(r, API_ERR_INTERNAL, "no job id", NULL);
   json_t *errors = json_array();
-  struct job_spec spec;
-  int n = errors ? workers_build_spec(srv, r->json, r->owner, id, &spec, errors) : -1;
-  struct mem_plan plan = {0};
-  if (n == 0) n = runner_check_job(&spec, &plan, errors); /* model, data, chat template */
-  uint64_t limit = workers_memory_limit(srv);
-  if (n == 0 && plan.total > limit) {
-    char msg[512];
-    snprintf(msg, sizeof msg,
-             "the job needs %.1f MiB (weights %.1f, gradients %.1f, optimizer %.1f, reference "
-             "model %.1f, activations %.1f, generation %.1f, buffers %.1f) but the memory limit "
-             "is %.1f MiB (memory_limit_bytes); lower micro_batch_tokens, gen_batch_size or "
-             "max_new_tokens, or pick a smaller model",
-             plan.total / 1048576.0, plan.weights / 1048576.0, plan.gradients / 1048576.0,
-             plan.optimizer / 1048576.0, plan.reference / 1048576.0, plan.activations / 1048576.0,
-             plan.generation / 1048576.0, plan.buffers / 1048576.0, limit / 1048576.0);
-    json_array_append_new(errors,
-                          json_pack("{s:s, s:s}", "field", "hyperparameters", "message", msg));
-    n = 1;
-  }
-  if (n < 0) {
-    json_decref(errors);
-    return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory validating the job", NULL);
-  }
-  if (n > 0) {
-    jobspec_deinit(&spec);
-    char detail[64];
-    snprintf(detail, sizeof detail, "%d problem%s in the job", n, n > 1 ? "s" : "");
-    return api_reply_error(r, API_ERR_VALIDATION_FAILED, detail, errors);
-  }
-  json_decref(errors);
-  json_t *resolved = resolved_of(&spec);
-  if (resolved) json_object_set_new(resolved, "memory", api_mem_plan_json(&plan));
-  json_t *md = json_object_get(r->json, "metadata");
-  struct store_job_new nj = {
-      .owner = r->owner ? r->owner : "",
-      .spec = r->json,
-      .resolved = resolved,
-      .metadata = json_is_object(md) ? md : NULL,
-      .suffix = json_string_value(json_object_get(r->json, "suffix")),
-      .training_file = json_string_value(json_object_get(r->json, "training_file")),
-      .validation_file = json_string_value(json_object_get(r->json, "validation_file")),
-      .total_steps = spec.hp.total_steps,
-      .idempotency_key = key,
-      .max_queued = srv->cfg.max_queued_jobs,
-      .max_live_owner = r->owner ? srv->cfg.max_jobs_per_key : 0,
-  };
+  if (!errors) return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory", NULL);
+  struct jobs_new req = {.body = r->json, .owner = r->owner, .idempotency_key = key};
   struct store_job job;
   struct dapo_err e = {0};
   int existed = 0;
-  int rc = resolved ? store_job_insert(srv->store, &nj, &job, &existed, &e) : DAPO_ENOMEM;
-  json_decref(resolved);
-  jobspec_deinit(&spec);
+  int rc = jobs_create(r->srv, &req, &job, &existed, errors, &e);
+  if (rc == DAPO_EINVAL) {
+    size_t n = json_array_size(errors);
+    char detail[64];
+    if (!json_is_object(r->json))
+      snprintf(detail, sizeof detail, "the body must be a JSON object");
+    else
+      snprintf(detail, sizeof detail, "%zu problem%s in the job", n, n > 1 ? "s" : "");
+    return api_reply_error(r, API_ERR_VALIDATION_FAILED, detail, errors);
+  }
+  json_decref(errors);
+  if (rc == DAPO_ENOMEM) return api_reply_error(r, API_ERR_UNAVAILABLE, e.msg, NULL);
   if (rc == STORE_ECONFLICT)
     return api_reply_errorf(r, API_ERR_CONFLICT,
                             "Idempotency-Key '%.64s' was used before with a different body", key);
@@ -195,12 +141,6 @@ int api_jobs_create(struct api_req *r) {
     return rc;
   }
   if (rc) return api_reply_store_error(r, rc, &e);
-  if (!existed) {
-    LOG(INFO, "job %s queued (model %s)", job.id,
-        json_string_value(json_object_get(r->json, "model")));
-    server_job_changed(srv, job.id);
-    workers_wake(srv->workers);
-  }
   char loc[STORE_ID_MAX + 16];
   snprintf(loc, sizeof loc, "/v1/jobs/%s", job.id);
   rc = reply_job(r, existed ? 200 : 201, &job);

@@ -3,6 +3,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int dapo_errf(struct dapo_err *e, int code, const char *fmt, ...) {
@@ -50,4 +51,22 @@ const char *dapo_strerror(int code) {
   case DAPO_ECANCELLED: return "cancelled";
   }
   return "unknown";
+}
+
+json_t *dapo_json_text(const char *s) {
+  json_t *j = json_string(s);
+  if (j) return j;
+  char *c = strdup(s);
+  if (!c) return NULL;
+  for (char *p = c; *p; p++)
+    if ((unsigned char)*p >= 0x80) *p = '?';
+  j = json_string(c);
+  free(c);
+  return j;
+}
+
+int dapo_errors_add(json_t *errors, const char *field, const char *msg) {
+  json_t *x =
+      json_pack("{s:o, s:o}", "field", dapo_json_text(field), "message", dapo_json_text(msg));
+  return json_array_append_new(errors, x) ? DAPO_ENOMEM : 0;
 }

@@ -6,6 +6,8 @@
 
 #include <stddef.h>
 
+#include <jansson.h>
+
 enum {
   DAPO_OK = 0,
   DAPO_EINVAL = -1,       /* bad argument or bad input value */
@@ -32,6 +34,16 @@ int dapo_err_prefix(struct dapo_err *e, const char *fmt, ...) __attribute__((for
 
 /* Clears e (may be NULL). */
 void dapo_err_clear(struct dapo_err *e);
+
+/* The one convention for problems found in input from outside (a job body, a dataset, a
+ * request): an array of {"field", "message"} objects, "field" naming the JSON path at fault
+ * ("hyperparameters.group_size", "" for the whole body). Appends one; a message that is not
+ * valid UTF-8 (it may quote the input) has its non-ASCII bytes replaced by '?'. Returns 0 or
+ * DAPO_ENOMEM. */
+int dapo_errors_add(json_t *errors, const char *field, const char *msg);
+
+/* A JSON string of s (new reference), made valid as dapo_errors_add does; NULL out of memory. */
+json_t *dapo_json_text(const char *s);
 
 /* Stable snake_case name of a code ("invalid", "no_memory", ...). Borrowed static string. */
 const char *dapo_strerror(int code);

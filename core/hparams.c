@@ -1,6 +1,8 @@
 /* The hyperparameter table (hparams.h). */
 #include "hparams.h"
 
+#include "error.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -110,7 +112,7 @@ static void add_err(json_t *errors, const char *name, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  json_array_append_new(errors, json_pack("{s:s,s:s}", "field", field, "message", msg));
+  dapo_errors_add(errors, field, msg);
 }
 
 static void set_val(struct hparams *h, const struct hrow *r, double v) {

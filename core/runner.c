@@ -34,7 +34,7 @@
 /* ---- job spec ------------------------------------------------------------------------------ */
 
 static void spec_err(json_t *errors, const char *field, const char *msg) {
-  json_array_append_new(errors, json_pack("{s:s,s:s}", "field", field, "message", msg));
+  dapo_errors_add(errors, field, msg);
 }
 
 static char *dup_str(const char *s) {
@@ -354,6 +354,17 @@ static void caps(const struct hparams *hp, int max_prompt, int with_val, int *ca
   int groups = hp->gen_batch_size / hp->group_size;
   *gen_cap = (groups > 0 ? groups : 1) * hp->group_size;
   if (with_val && hp->eval_samples > *gen_cap) *gen_cap = hp->eval_samples;
+}
+
+json_t *mem_plan_to_json(const struct mem_plan *p) {
+  return json_pack(
+      "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:{s:i, s:i, s:i}}", "parameters",
+      (json_int_t)p->parameters, "weights_bytes", (json_int_t)p->weights, "gradients_bytes",
+      (json_int_t)p->gradients, "optimizer_bytes", (json_int_t)p->optimizer,
+      "reference_model_bytes", (json_int_t)p->reference, "activations_bytes",
+      (json_int_t)p->activations, "generation_bytes", (json_int_t)p->generation, "buffers_bytes",
+      (json_int_t)p->buffers, "total_bytes", (json_int_t)p->total, "for", "max_sequence_tokens",
+      p->cap_seq_len, "micro_batch_tokens", p->cap_tokens, "generation_batch", p->gen_batch);
 }
 
 void runner_memory_plan(const struct model_config *c, const struct hparams *hp,

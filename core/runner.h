@@ -103,6 +103,10 @@ struct mem_plan {
 void runner_memory_plan(const struct model_config *c, const struct hparams *hp,
                         int max_prompt_tokens, int with_validation, struct mem_plan *p);
 
+/* A plan as the job object and GET /v1/models/{id} show it: bytes by part ("weights_bytes",
+ * ..., "total_bytes") and the capacities under "for". New reference; NULL out of memory. */
+json_t *mem_plan_to_json(const struct mem_plan *p);
+
 /* Checks a parsed job against its model and data before it is queued, without loading weights:
  * the model's config and tokenizer open, every prompt of the datasets renders (chat template)
  * and fits the context with max_new_tokens. Problems are appended to errors as {"field",

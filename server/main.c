@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "http.h"
 #include "judge.h"
 #include "lm.h"
 #include "log.h"
@@ -483,10 +484,11 @@ static int cmd_serve(int argc, char **argv) {
   ign.sa_handler = SIG_IGN;
   sigaction(SIGPIPE, &ign, NULL);
 
-  /* Phase 2: storage, recovery of jobs left live, bus, workers, HTTP (server_start). */
+  /* Phase 2: storage, recovery of jobs left live, bus, workers (server_start), then HTTP. */
   struct server srv;
   server_init(&srv, &cfg);
-  if (server_start(&srv, &e)) {
+  struct api_http *http = NULL;
+  if (server_start(&srv, &e) || !(http = api_http_start(&srv, &e))) {
     fprintf(stderr, "dapod: %s\n", e.msg);
     server_stop(&srv);
     judge_global_cleanup();
@@ -494,6 +496,7 @@ static int cmd_serve(int argc, char **argv) {
     close(g_stop_pipe[1]);
     return 1;
   }
+  server_set_ready(&srv, api_http_port(http));
   struct config_addr bound = srv.cfg.listen;
   char addr[300];
   bound.port = srv.port;
@@ -524,6 +527,8 @@ static int cmd_serve(int argc, char **argv) {
   }
   LOG(INFO, "%s: stopping", g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM");
   notify_systemd("STOPPING=1\nSTATUS=stopping: pausing running jobs at a safe point");
+  server_quiesce(&srv); /* jobs pause, streams end */
+  api_http_stop(http);  /* in-flight requests finish, no new ones */
   server_stop(&srv);
   judge_global_cleanup();
   close(g_stop_pipe[0]);

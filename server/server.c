@@ -1,5 +1,5 @@
-/* The daemon's process state (server.h): start storage, recovery, bus, workers, then HTTP; stop
- * in reverse; and the request counters behind GET /metrics. */
+/* The daemon's process state (server.h): start storage, recovery, bus and workers; quiesce and
+ * stop them in reverse; and the request counters behind GET /metrics. HTTP is main's. */
 #include "server.h"
 
 #include <dirent.h>
@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include "bus.h"
-#include "http.h"
 #include "log.h"
 #include "store.h"
 #include "workers.h"
@@ -110,31 +109,37 @@ int server_start(struct server *s, struct dapo_err *e) {
   int rc = workers_recover(s, e);
   if (!rc && *s->cfg.compute_cpus) rc = keep_off_compute_cpus(&s->cfg, e);
   if (!rc && !(s->workers = workers_start(s, e))) rc = e ? e->code : DAPO_EIO;
-  if (!rc && !(s->http = api_http_start(s, e))) rc = e ? e->code : DAPO_EIO;
   if (rc) {
     server_stop(s);
     return rc;
   }
-  s->port = api_http_port(s->http);
-  atomic_store(&s->ready, 1);
   return 0;
 }
 
-void server_stop(struct server *s) {
+void server_set_ready(struct server *s, int port) {
+  s->port = port;
+  atomic_store(&s->ready, 1);
+}
+
+void server_quiesce(struct server *s) {
   atomic_store(&s->ready, 0);
-  int left = 0;
+  if (s->quiesced) return;
+  s->quiesced = 1;
   if (s->workers) {
-    left = workers_stop(s->workers, s->cfg.shutdown_grace_s);
-    if (left)
+    s->jobs_left = workers_stop(s->workers, s->cfg.shutdown_grace_s);
+    if (s->jobs_left)
       LOG(WARN,
           "%d job%s did not reach a safe point within shutdown_grace_s (%d s); %s recovered "
           "at the next start",
-          left, left > 1 ? "s" : "", s->cfg.shutdown_grace_s, left > 1 ? "they are" : "it is");
+          s->jobs_left, s->jobs_left > 1 ? "s" : "", s->cfg.shutdown_grace_s,
+          s->jobs_left > 1 ? "they are" : "it is");
   }
   if (s->bus) bus_close(s->bus); /* event streams and long-polls end */
-  api_http_stop(s->http);
-  s->http = NULL;
-  if (left) return; /* a worker still uses the store and the bus: the process exit ends it */
+}
+
+void server_stop(struct server *s) {
+  server_quiesce(s);
+  if (s->jobs_left) return; /* a worker still uses the store and the bus: the exit ends it */
   workers_free(s->workers);
   s->workers = NULL;
   bus_free(s->bus);

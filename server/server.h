@@ -1,6 +1,8 @@
 /* The daemon's process state: one struct server, passed explicitly to every part of the process
- * (the HTTP layer reaches it through each request). main fills cfg, then server_start opens the
- * storage and starts HTTP; server_stop undoes it in reverse order. */
+ * (the HTTP layer reaches it through each request). main fills cfg, server_start opens the
+ * storage and starts the services; main then starts HTTP (api/) over it and calls
+ * server_set_ready. At the end: server_quiesce, main stops HTTP, server_stop. This layer knows
+ * no HTTP. */
 #ifndef DAPOD_SERVER_H
 #define DAPOD_SERVER_H
 
@@ -13,7 +15,6 @@
 #include "error.h"
 
 struct store;
-struct api_http;
 struct workers;
 struct bus;
 
@@ -49,12 +50,13 @@ struct server_counters {
 struct server {
   struct config cfg;          /* effective configuration; owned (config_deinit in server_stop) */
   struct store *store;        /* SQLite storage, the truth; owned; NULL until server_start */
-  struct api_http *http;      /* the HTTP daemon (api/http.h); owned; NULL when not serving */
   char *files_dir;            /* data_dir/files: uploaded datasets (owned) */
   int64_t started_at;         /* Unix seconds of server_start */
   struct timespec start_mono; /* CLOCK_MONOTONIC at server_start: dapod_uptime_seconds */
-  atomic_int ready;           /* 1 from "storage open and HTTP up" to the start of server_stop */
-  int port; /* the bound HTTP port (the configured one, or the one picked for 0) */
+  atomic_int ready;           /* 1 from server_set_ready (services and HTTP up) to server_quiesce */
+  int port;      /* the bound HTTP port (the configured one, or the one picked for 0) */
+  int quiesced;  /* server_quiesce ran */
+  int jobs_left; /* jobs still running after the shutdown grace (server_quiesce) */
   struct server_counters counters; /* GET /metrics */
   struct workers *workers;         /* job threads, each with its compute pool (workers.h); owned */
   struct bus *bus;                 /* wake-ups for event readers after an event is stored; owned */
@@ -75,17 +77,24 @@ void server_init(struct server *s, struct config *cfg);
 void server_set_api_keys(struct server *s, struct config_api_keys *keys);
 
 /* Opens the storage under cfg.data_dir (creating data_dir, data_dir/files and data_dir/jobs),
- * recovers the jobs a previous process left live (workers_recover), starts the bus, the workers
- * and HTTP on cfg.listen, and sets ready. On failure everything started is stopped again and e
- * names the problem (the address in use, a storage error...). Not thread-safe; call once. */
+ * recovers the jobs a previous process left live (workers_recover), starts the bus and the
+ * workers. On failure everything started is stopped again and e names the problem. Not
+ * thread-safe; call once. */
 int server_start(struct server *s, struct dapo_err *e);
 
-/* Stops in order: not ready; running jobs are asked to pause at a safe point (queued again for
- * the next start) and get up to cfg.shutdown_grace_s to reach it; the bus closes (every event
- * stream and long-poll ends); HTTP (in-flight requests finish, no new ones); the workers are
- * joined; storage. Then frees everything s owns, cfg included. When a job is still running after
- * the grace period, the workers and storage are left to the process's exit (the job is recovered
- * at the next start). Safe after a failed or no server_start; idempotent. */
+/* HTTP is up on port: /readyz answers ready from now on. */
+void server_set_ready(struct server *s, int port);
+
+/* Shutdown, first half (before HTTP stops): not ready; running jobs are asked to pause at a safe
+ * point (queued again for the next start) and get up to cfg.shutdown_grace_s to reach it; the bus
+ * closes, so every event stream and long-poll ends. Idempotent. */
+void server_quiesce(struct server *s);
+
+/* Shutdown, second half (after HTTP stopped: no request uses s any more): server_quiesce if not
+ * done, the workers are joined, storage closed; then frees everything s owns, cfg included. When
+ * a job is still running after the grace period, the workers and storage are left to the
+ * process's exit (the job is recovered at the next start). Safe after a failed or no
+ * server_start; idempotent. */
 void server_stop(struct server *s);
 
 /* A job's events changed in the store (an event appended, a status set): publishes its last

@@ -1,7 +1,6 @@
-/* The job threads (workers.h): claim, build the spec, run, record; the in-memory cancel/pause
- * words and phase of running jobs; startup recovery and the shutdown pause. Built into the
- * dapod_api library because the spec needs the models registry (api/models.h) and the shared
- * SHA-256. */
+/* The job threads (workers.h): claim, take the admitted spec (jobs.h), run, record; the
+ * in-memory cancel/pause words and phase of running jobs; startup recovery and the shutdown
+ * pause. */
 #include "workers.h"
 
 #include <dirent.h>
@@ -21,11 +20,11 @@
 #include <unistd.h>
 
 #include "bus.h"
-#include "http.h"
+#include "jobs.h"
 #include "log.h"
-#include "models.h"
 #include "parse.h"
 #include "pool.h"
+#include "registry.h"
 #include "runner.h"
 #include "server.h"
 #include "sha256.h"
@@ -95,14 +94,6 @@ void workers_judge_policy(const struct server *srv, struct judge_policy *pol) {
                                .allow_private = srv->cfg.judge_allow_private};
 }
 
-static void add_err(json_t *errors, const char *field, const char *msg) {
-  json_t *x = json_object();
-  if (!x) return;
-  json_object_set_new(x, "field", json_string(field));
-  json_object_set_new(x, "message", api_json_text(msg));
-  json_array_append_new(errors, x);
-}
-
 /* Appends a "log" event {level, message, step} to job_id and publishes it. */
 static void log_event(struct server *srv, const char *job_id, const char *level, int64_t step,
                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
@@ -121,80 +112,6 @@ static void log_event(struct server *srv, const char *job_id, const char *level,
         msg);
   json_decref(d);
   server_job_changed(srv, job_id);
-}
-
-/* ---- the job spec ---- */
-
-/* Maps the file id in body[field] to its path, or records why it cannot be used. */
-static int map_file(struct server *srv, json_t *body, const char *field, const char *owner,
-                    json_t *errors) {
-  const char *id = json_string_value(json_object_get(body, field));
-  if (!id || !*id) return 0; /* missing or mistyped: jobspec_parse reports it */
-  struct store_file f;
-  struct dapo_err e = {0};
-  char msg[300];
-  int rc = store_file_get(srv->store, id, owner, &f, &e);
-  if (rc == STORE_ENOTFOUND) {
-    snprintf(msg, sizeof msg, "no such file: '%.128s'", id);
-    add_err(errors, field, msg);
-    return 0;
-  }
-  if (rc == DAPO_ENOMEM) return -1;
-  if (rc) {
-    snprintf(msg, sizeof msg, "file '%.64s' cannot be read: %.200s", id, e.msg);
-    add_err(errors, field, msg);
-    return 0;
-  }
-  if (!f.valid) {
-    snprintf(msg, sizeof msg,
-             "file '%.64s' is invalid (%zu problems reported; GET /v1/files/%.64s lists them): "
-             "upload a corrected file",
-             id, json_array_size(f.errors), id);
-    add_err(errors, field, msg);
-  } else if (json_object_set_new(body, field, json_string(f.path))) {
-    rc = -1;
-  }
-  store_file_deinit(&f);
-  return rc ? -1 : 0;
-}
-
-int workers_build_spec(struct server *srv, const json_t *body, const char *owner,
-                       const char *job_id, struct job_spec *spec, json_t *errors) {
-  memset(spec, 0, sizeof *spec);
-  size_t before = json_array_size(errors);
-  struct judge_policy pol;
-  workers_judge_policy(srv, &pol);
-  if (!json_is_object(body)) {
-    jobspec_parse(body, &pol, spec, errors);
-    return (int)(json_array_size(errors) - before);
-  }
-  json_t *b = json_deep_copy(body);
-  if (!b) return -1;
-  int rc = 0;
-  if (json_object_get(b, "job_id")) {
-    add_err(errors, "job_id", "unknown field (the daemon names the job)");
-    json_object_del(b, "job_id");
-  }
-  const char *model = json_string_value(json_object_get(b, "model"));
-  if (model && *model) {
-    char *path = NULL, msg[512];
-    int m = api_model_resolve(srv, model, owner, &path, msg, sizeof msg);
-    if (m < 0 || (!m && json_object_set_new(b, "model", json_string(path))))
-      rc = -1;
-    else if (m > 0)
-      add_err(errors, "model", msg);
-    free(path);
-  }
-  if (!rc) rc = map_file(srv, b, "training_file", owner, errors);
-  if (!rc) rc = map_file(srv, b, "validation_file", owner, errors);
-  if (!rc && json_object_set_new(b, "job_id", json_string(job_id))) rc = -1;
-  if (!rc) jobspec_parse(b, &pol, spec, errors);
-  json_decref(b);
-  if (rc) {
-    jobspec_deinit(spec);
-    return -1;
-  }
-  return (int)(json_array_size(errors) - before);
 }
 
 /* ---- one running job ---- */
@@ -426,7 +343,7 @@ static int record_checkpoint(struct jobrun *jr, int64_t step, const char *dir, c
     return 0;
   }
   char model[STORE_ID_MAX + 32];
-  api_model_ckpt_id(jr->id, (long long)step, model, sizeof model);
+  registry_ckpt_id(jr->id, (long long)step, model, sizeof model);
   json_t *d = json_pack("{s:I, s:s, s:o, s:O?}", "step", (json_int_t)step, "model", model, "files",
                         files, "metrics", metrics && !json_is_null(metrics) ? metrics : NULL);
   if (!d) return DAPO_ENOMEM;
@@ -593,7 +510,7 @@ static void run_job(struct worker *wk, struct store_job *job) {
   json_t *errors = json_array();
   struct job_spec spec;
   struct runner_result res = {0};
-  int n = errors ? workers_build_spec(srv, job->spec, NULL, job->id, &spec, errors) : -1;
+  int n = errors ? jobs_run_spec(srv, job, &spec, errors) : -1;
   if (n != 0) {
     res.status = RUNNER_FAILED;
     json_t *x = json_array_get(errors, 0);

@@ -1,9 +1,9 @@
 /* The job threads: cfg.workers threads, each with its own compute pool of cfg.blas_threads
  * threads (core/pool.h), so jobs side by side use disjoint core budgets. A free worker claims the
- * oldest queued job (store_job_claim_next), builds its job spec (file ids -> paths, model id ->
- * preset name or folder), and runs it with runner_run into data_dir/jobs/<id>/; the runner's
- * events go to the store and then the bus, metrics and checkpoints also to their tables; its
- * phase stays in memory (workers_phase). Cancel and pause requests are mirrored from the store
+ * oldest queued job (store_job_claim_next), takes the spec admitted at its creation
+ * (jobs_run_spec: ids already resolved), and runs it with runner_run into data_dir/jobs/<id>/; the
+ * runner's events go to the store and then the bus, metrics and checkpoints also to their tables;
+ * its phase stays in memory (workers_phase). Cancel and pause requests are mirrored from the store
  * flags into the running job's in-memory words, which the runner polls. Also the startup
  * recovery of jobs a previous process left live.
  *
@@ -60,15 +60,6 @@ void workers_free(struct workers *w);
  * what happens next (the runner resumes from the newest complete checkpoint). Returns 0 or a
  * store error. */
 int workers_recover(struct server *srv, struct dapo_err *e);
-
-/* Builds the runner's job spec from a job body (borrowed): model id -> preset name, folder or
- * checkpoint path (api_model_resolve); training_file / validation_file ids -> their paths (the
- * files must exist, be visible to owner (NULL: any) and be valid); job_id set. Problems are
- * appended to errors as {field, message}; returns their count (0: spec is usable; release it
- * with jobspec_deinit in any case), or -1 when out of memory. The caller's "job_id" member is
- * refused (it is the daemon's). */
-int workers_build_spec(struct server *srv, const json_t *body, const char *owner,
-                       const char *job_id, struct job_spec *spec, json_t *errors);
 
 /* The memory running jobs may use together, by their plans (core/runner.h mem_plan):
  * memory_limit_bytes, or the machine's physical memory when that is 0. A worker starts the next
