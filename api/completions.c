@@ -116,13 +116,13 @@ static int reply_invalid(struct api_req *r, json_t *errors) {
 }
 
 /* The choices and usage of a finished generation. */
-static json_t *choices_json(const struct lm *lm, const struct creq *q, const struct gen_out *go,
+static json_t *choices_json(const struct lm *lm, const struct creq *q, const struct lm_samples *go,
                             const int *prompt_ids, int n_prompt, struct dapo_err *e) {
   json_t *choices = json_array();
   long long completion = 0;
-  for (int i = 0; choices && i < q->n; i++) {
-    const int *toks = go->tokens + (size_t)i * q->max_tokens;
-    const float *lp = go->logp + (size_t)i * q->max_tokens;
+  for (int i = 0; choices && i < go->n; i++) {
+    const int *toks = go->tokens + (size_t)i * go->max_new;
+    const float *lp = go->logp + (size_t)i * go->max_new;
     char *text = tok_decode_alloc(lm->tok, toks, go->len[i], 1, e);
     if (!text) {
       json_decref(choices);
@@ -191,62 +191,20 @@ int api_completions_create(struct api_req *r) {
     add_err(errors, "model", e.msg);
     return reply_invalid(r, errors);
   }
-  int n_ids = 0, cap_t = 0;
-  int *ids = NULL, *toks = NULL, *len = NULL, *fin = NULL;
-  float *lp = NULL;
-  struct gen_state *gs = NULL;
-  struct rng *rngs = NULL;
-  const int **prompts = NULL;
-  int *plens = NULL;
+  int n_ids = 0;
+  int *ids = NULL;
+  struct lm_samples smp = {0};
   json_t *out = NULL;
-  size_t plen = strlen(q.prompt);
-  const struct model_config *mc = &lm.model->cfg;
-  if ((rc = tok_encode_special(lm.tok, q.prompt, plen, 1, NULL, 0, &n_ids, &e))) {
-    add_err(errors, "prompt", e.msg);
+  if ((rc = lm_encode_prompt(&lm, q.prompt, strlen(q.prompt), LM_PROMPT_TEXT, q.max_tokens, &ids,
+                             &n_ids, &e))) {
+    if (rc == DAPO_ENOMEM) goto oom;
+    add_err(errors, rc == DAPO_ERANGE ? "max_tokens" : "prompt", e.msg);
     goto invalid;
-  }
-  if (!(ids = malloc(sizeof(int) * (size_t)(n_ids + 1)))) goto oom;
-  if ((rc = tok_encode_special(lm.tok, q.prompt, plen, 1, ids, n_ids, &n_ids, &e))) {
-    add_err(errors, "prompt", e.msg);
-    goto invalid;
-  }
-  if (n_ids == 0) {
-    if (mc->bos_token_id < 0) {
-      add_err(errors, "prompt", "empty, and the model has no BOS token to start from");
-      goto invalid;
-    }
-    ids[n_ids++] = mc->bos_token_id;
-  }
-  cap_t = n_ids + q.max_tokens;
-  if (cap_t > mc->max_position_embeddings) {
-    snprintf(msg, sizeof msg,
-             "the prompt's %d tokens plus max_tokens %d exceed the model's context of %d", n_ids,
-             q.max_tokens, mc->max_position_embeddings);
-    add_err(errors, "max_tokens", msg);
-    goto invalid;
-  }
-  size_t nt = (size_t)q.n * (size_t)q.max_tokens;
-  toks = malloc(sizeof(int) * nt);
-  lp = malloc(sizeof(float) * nt);
-  len = malloc(sizeof(int) * (size_t)q.n);
-  fin = malloc(sizeof(int) * (size_t)q.n);
-  rngs = malloc(sizeof(struct rng) * (size_t)q.n);
-  prompts = malloc(sizeof(int *) * (size_t)q.n);
-  plens = malloc(sizeof(int) * (size_t)q.n);
-  if (!toks || !lp || !len || !fin || !rngs || !prompts || !plens) goto oom;
-  if (!(gs = gen_state_new(lm.model, q.n, cap_t, &e))) goto fail;
-  for (int i = 0; i < q.n; i++) {
-    rng_seed(&rngs[i], q.seed, (uint64_t)i);
-    prompts[i] = ids;
-    plens[i] = n_ids;
   }
   struct sampler_opts so = {
       .temperature = (float)q.temperature, .top_p = (float)q.top_p, .max_new_tokens = q.max_tokens};
-  for (int i = 0; i < lm.n_stop && so.n_stop < SAMPLER_MAX_STOP; i++)
-    so.stop_ids[so.n_stop++] = lm.stop_ids[i]; /* config.json's and generation_config.json's */
-  struct gen_out go = {toks, lp, len, fin};
-  if (gen_run(gs, lm.model, q.n, prompts, plens, rngs, &so, &go, NULL, &e)) goto fail;
-  if (!(out = choices_json(&lm, &q, &go, ids, n_ids, &e))) goto fail;
+  if (lm_sample(&lm, ids, n_ids, q.n, &so, q.seed, &smp, &e)) goto fail;
+  if (!(out = choices_json(&lm, &q, &smp, ids, n_ids, &e))) goto fail;
   json_decref(errors);
   rc = api_reply_json_steal(r, 200, out);
   goto done;
@@ -262,8 +220,8 @@ fail:
   rc = e.code == DAPO_ENOMEM ? api_reply_error(r, API_ERR_UNAVAILABLE, e.msg, NULL)
                              : api_reply_errorf(r, API_ERR_INTERNAL, "sampling failed: %s", e.msg);
 done:
-  free(ids), free(toks), free(lp), free(len), free(fin), free(rngs), free(prompts), free(plens);
-  gen_state_free(gs);
+  free(ids);
+  lm_samples_free(&smp);
   lm_close(&lm);
   return rc;
 }

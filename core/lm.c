@@ -1,4 +1,5 @@
-/* Opening presets and checkpoint folders with their tokenizers (lm.h). */
+/* Opening presets and checkpoint folders with their tokenizers; encoding prompts and sampling
+ * from them (lm.h). */
 #include "lm.h"
 
 #include <errno.h>
@@ -200,4 +201,88 @@ void lm_close(struct lm *lm) {
   json_decref(lm->tok_config);
   json_decref(lm->gen_config);
   memset(lm, 0, sizeof *lm);
+}
+
+int lm_encode_prompt(const struct lm *lm, const char *text, size_t len, enum lm_prompt_kind kind,
+                     int max_new, int **ids, int *n, struct dapo_err *e) {
+  *ids = NULL;
+  *n = 0;
+  int special = kind == LM_PROMPT_TEXT, k = 0, rc;
+  int *v = NULL;
+  /* count, then encode into room for one more id (the BOS of an empty prompt) */
+  if ((rc = tok_encode_special(lm->tok, text, len, special, NULL, 0, &k, e))) return rc;
+  if (!(v = malloc(sizeof(int) * (size_t)(k + 1))))
+    return dapo_errf(e, DAPO_ENOMEM, "out of memory");
+  if ((rc = tok_encode_special(lm->tok, text, len, special, v, k, &k, e))) goto fail;
+  const struct model_config *c = &lm->cfg;
+  if (k == 0) {
+    if (c->bos_token_id < 0) {
+      rc = dapo_errf(e, DAPO_EINVAL, "the prompt is empty and the model has no BOS token");
+      goto fail;
+    }
+    v[k++] = c->bos_token_id;
+  }
+  if ((long long)k + max_new > c->max_position_embeddings) {
+    rc = dapo_errf(e, DAPO_ERANGE,
+                   "the prompt has %d tokens; with %d tokens to generate that exceeds the "
+                   "model's context of %d",
+                   k, max_new, c->max_position_embeddings);
+    goto fail;
+  }
+  *ids = v;
+  *n = k;
+  return 0;
+fail:
+  free(v);
+  return rc;
+}
+
+void lm_samples_free(struct lm_samples *out) {
+  free(out->tokens), free(out->logp), free(out->len), free(out->finish);
+  memset(out, 0, sizeof *out);
+}
+
+int lm_sample(const struct lm *lm, const int *ids, int n_ids, int n, const struct sampler_opts *o,
+              uint64_t seed, struct lm_samples *out, struct dapo_err *e) {
+  memset(out, 0, sizeof *out);
+  if (!lm->model || n < 1 || n_ids < 1 || o->max_new_tokens < 1)
+    return dapo_errf(e, DAPO_EINVAL, "lm_sample: no weights, no samples or an empty prompt");
+  int rc = 0, max_new = o->max_new_tokens;
+  struct sampler_opts so = *o;
+  for (int i = 0; i < lm->n_stop && so.n_stop < SAMPLER_MAX_STOP; i++) {
+    int dup = 0;
+    for (int j = 0; j < so.n_stop; j++) dup |= so.stop_ids[j] == lm->stop_ids[i];
+    if (!dup) so.stop_ids[so.n_stop++] = lm->stop_ids[i];
+  }
+  struct gen_state *gs = NULL;
+  struct rng *rngs = malloc(sizeof(struct rng) * (size_t)n);
+  const int **prompts = malloc(sizeof(int *) * (size_t)n);
+  int *plens = malloc(sizeof(int) * (size_t)n);
+  size_t slots = (size_t)n * (size_t)max_new;
+  out->n = n;
+  out->max_new = max_new;
+  out->tokens = malloc(sizeof(int) * slots);
+  out->logp = malloc(sizeof(float) * slots);
+  out->len = malloc(sizeof(int) * (size_t)n);
+  out->finish = malloc(sizeof(int) * (size_t)n);
+  if (!rngs || !prompts || !plens || !out->tokens || !out->logp || !out->len || !out->finish) {
+    rc = dapo_errf(e, DAPO_ENOMEM, "out of memory");
+    goto out;
+  }
+  /* one prompt pointer for all: the sampler prefills it once */
+  for (int i = 0; i < n; i++) {
+    rng_seed(&rngs[i], seed, (uint64_t)i);
+    prompts[i] = ids;
+    plens[i] = n_ids;
+  }
+  if (!(gs = gen_state_new(lm->model, n, n_ids + max_new, e))) {
+    rc = e && e->code ? e->code : DAPO_ENOMEM;
+    goto out;
+  }
+  struct gen_out go = {out->tokens, out->logp, out->len, out->finish};
+  rc = gen_run(gs, lm->model, n, prompts, plens, rngs, &so, &go, NULL, e);
+out:
+  gen_state_free(gs);
+  free(rngs), free(prompts), free(plens);
+  return rc;
 }

@@ -1,6 +1,6 @@
 /* A language model as users name it: a preset ("tiny", built from a seed, needing no files) or a
  * Hugging Face checkpoint folder, with its tokenizer. What the runner, the daemon's completions
- * and the command line open. */
+ * and the command line open, and the one way they encode a prompt (and the latter two sample). */
 #ifndef DAPO_LM_H
 #define DAPO_LM_H
 
@@ -10,6 +10,7 @@
 
 #include "error.h"
 #include "model.h"
+#include "sampler.h"
 #include "tokenizer.h"
 
 struct lm {
@@ -46,5 +47,46 @@ int lm_write_extra(const struct lm *lm, const char *tmp_dir, struct dapo_err *e)
 int lm_save(const struct lm *lm, const char *dir, int bf16, struct dapo_err *e);
 
 void lm_close(struct lm *lm);
+
+/* What a prompt's text is, which decides the special tokens its encoding gets. */
+enum lm_prompt_kind {
+  LM_PROMPT_TEXT, /* a plain prompt: gets what the tokenizer's post-processor adds (Llama 3's
+                     <|begin_of_text|>; GPT-2, Qwen and the presets add nothing), as the
+                     reference's tokenizer(prompt) encodes it */
+  LM_PROMPT_CHAT  /* a rendered chat template: it already holds its special tokens (BOS
+                     included), so nothing is added, as apply_chat_template(tokenize=True) */
+};
+
+/* The one prompt encoder (training, /v1/completions and `dapod generate` all sample from what it
+ * gives): len bytes of UTF-8 text of the given kind -> *ids (owned, free(); *n >= 1 ids). An
+ * empty encoding becomes the model's BOS token alone. Then prompt + max_new tokens must fit the
+ * model's context (max_position_embeddings). Errors, the message naming no field (callers prefix
+ * their own): DAPO_EINVAL for text the tokenizer refuses (invalid UTF-8) or an empty prompt on a
+ * model without a BOS token; DAPO_ERANGE when the prompt's tokens plus max_new exceed the
+ * context; DAPO_ENOMEM. On failure *ids is NULL and *n 0. Thread-safe (the tokenizer is). */
+int lm_encode_prompt(const struct lm *lm, const char *text, size_t len, enum lm_prompt_kind kind,
+                     int max_new, int **ids, int *n, struct dapo_err *e);
+
+/* n samples continuing one prompt, as /v1/completions and `dapod generate` draw them. */
+struct lm_samples {
+  int n, max_new; /* n samples; the rows of tokens and logp hold max_new slots each */
+  int *tokens;    /* [n * max_new] the sampled ids (owned) */
+  float *logp;    /* [n * max_new] their log-probs (struct gen_out's) (owned) */
+  int *len;       /* [n] tokens of each sample, a stop token included (owned) */
+  int *finish;    /* [n] enum finish_reason (owned) */
+};
+
+/* Samples n >= 1 continuations of ids (borrowed, n_ids >= 1 tokens, as lm_encode_prompt gives
+ * them, so that n_ids + o->max_new_tokens fits the context) from lm's weights on the calling
+ * thread. Sample i draws from its own stream rng_seed(seed, i), so a (prompt, seed, options)
+ * gives the same samples every time, and sample i is the same whatever n. o gives temperature,
+ * top_p, max_new_tokens and any stop ids of the caller's; lm's own stop ids (lm->stop_ids) are
+ * added to them. *out is filled with arrays allocated here (lm_samples_free; also on failure).
+ * Returns 0, DAPO_ENOMEM, or a sampler error. The run state (KV cache) is this call's own and lm
+ * is only read. */
+int lm_sample(const struct lm *lm, const int *ids, int n_ids, int n, const struct sampler_opts *o,
+              uint64_t seed, struct lm_samples *out, struct dapo_err *e);
+/* Frees out's arrays (NULL or already freed arrays are fine) and zeroes it. */
+void lm_samples_free(struct lm_samples *out);
 
 #endif

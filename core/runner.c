@@ -479,9 +479,9 @@ static int build_chat(const struct job_spec *spec, const struct lm *lm, struct c
   return 0;
 }
 
-/* A dataset item's prompt as token ids (*ids, owned, one spare slot; *n ids): `messages`
- * rendered with chat, or the prompt text; an empty prompt becomes the BOS token. Checks that
- * prompt + max_new_tokens fits the context. Errors name the line (DAPO_ERANGE: too long). */
+/* A dataset item's prompt as token ids (*ids, owned; *n ids), by lm_encode_prompt: `messages`
+ * rendered with chat (the rendered text in *text_out when asked, owned), or the prompt text.
+ * Errors name the line (DAPO_ERANGE: prompt + max_new_tokens exceed the context). */
 static int encode_prompt(const struct lm *lm, const struct chat_template *chat,
                          const struct ds_item *it, int max_new, int **ids, int *n, char **text_out,
                          struct dapo_err *e) {
@@ -496,46 +496,16 @@ static int encode_prompt(const struct lm *lm, const struct chat_template *chat,
       return dapo_err_prefix(e, "line %d: ", it->line);
   }
   const char *text = rendered ? rendered : it->prompt;
-  size_t len = strlen(text);
-  int k = 0, rc = 0;
-  int *v = NULL;
-  /* a prompt text gets what the tokenizer's post-processor adds (Llama 3's BOS), as
-   * tokenizer(prompt) does; a rendered chat already holds its special tokens, as
-   * apply_chat_template(tokenize=True) encodes it */
-  int special = rendered == NULL;
-  if ((rc = tok_encode_special(lm->tok, text, len, special, NULL, 0, &k, e)) ||
-      (!(v = malloc(sizeof(int) * (size_t)(k + 1))) && (rc = DAPO_ENOMEM)) ||
-      (rc = tok_encode_special(lm->tok, text, len, special, v, k, &k, e))) {
+  int rc = lm_encode_prompt(lm, text, strlen(text), rendered ? LM_PROMPT_CHAT : LM_PROMPT_TEXT,
+                            max_new, ids, n, e);
+  if (rc) {
     free(rendered);
-    free(v);
-    if (rc == DAPO_ENOMEM) return dapo_errf(e, DAPO_ENOMEM, "out of memory");
-    return dapo_err_prefix(e, "line %d: ", it->line);
+    return rc == DAPO_ENOMEM ? rc : dapo_err_prefix(e, "line %d: ", it->line);
   }
   if (text_out)
     *text_out = rendered;
   else
     free(rendered);
-  rendered = NULL;
-  const struct model_config *c = &lm->cfg;
-  if (k == 0) {
-    if (c->bos_token_id < 0) {
-      free(v);
-      if (text_out) free(*text_out), *text_out = NULL;
-      return dapo_errf(e, DAPO_EINVAL,
-                       "line %d: the prompt is empty and the model has no BOS token", it->line);
-    }
-    v[k++] = c->bos_token_id;
-  }
-  if (k + max_new > c->max_position_embeddings) {
-    free(v);
-    if (text_out) free(*text_out), *text_out = NULL;
-    return dapo_errf(e, DAPO_ERANGE,
-                     "line %d: the prompt has %d tokens; with max_new_tokens %d that exceeds the "
-                     "model's context of %d",
-                     it->line, k, max_new, c->max_position_embeddings);
-  }
-  *ids = v;
-  *n = k;
   return 0;
 }
 

@@ -135,57 +135,32 @@ static int cmd_generate(int argc, char **argv) {
   struct lm lm;
   if (lm_open(argv[2], seed, &lm, &e)) return fail(&e);
   int rc = 1, n_ids = 0;
-  int *ids = NULL, *toks = NULL, *len = NULL, *fin = NULL;
-  float *lp = NULL;
-  struct gen_state *gs = NULL;
-  struct rng *rngs = NULL;
-  const int **prompts = NULL;
-  int *plens = NULL;
-  if (tok_encode(lm.tok, prompt, strlen(prompt), NULL, 0, &n_ids, &e)) goto out;
-  ids = malloc(sizeof(int) * (size_t)(n_ids + 1));
-  if (!ids || tok_encode(lm.tok, prompt, strlen(prompt), ids, n_ids, &n_ids, &e)) goto out;
-  if (n_ids == 0 && lm.model->cfg.bos_token_id >= 0) ids[n_ids++] = lm.model->cfg.bos_token_id;
-  if (n_ids == 0) {
-    dapo_errf(&e, DAPO_EINVAL, "--prompt: empty prompt and the model has no BOS token");
+  int *ids = NULL;
+  struct lm_samples smp = {0};
+  /* the prompt as training and /v1/completions encode it (Llama 3's BOS included) */
+  if (lm_encode_prompt(&lm, prompt, strlen(prompt), LM_PROMPT_TEXT, max_tokens, &ids, &n_ids, &e)) {
+    dapo_err_prefix(&e, "%s: ", e.code == DAPO_ERANGE ? "--prompt with --max-tokens" : "--prompt");
     goto out;
-  }
-  int cap_t = n_ids + max_tokens;
-  if (!(gs = gen_state_new(lm.model, n, cap_t, &e))) goto out;
-  toks = malloc(sizeof(int) * (size_t)n * max_tokens);
-  lp = malloc(sizeof(float) * (size_t)n * max_tokens);
-  len = malloc(sizeof(int) * (size_t)n);
-  fin = malloc(sizeof(int) * (size_t)n);
-  rngs = malloc(sizeof(struct rng) * (size_t)n);
-  prompts = malloc(sizeof(int *) * (size_t)n);
-  plens = malloc(sizeof(int) * (size_t)n);
-  if (!toks || !lp || !len || !fin || !rngs || !prompts || !plens) {
-    dapo_errf(&e, DAPO_ENOMEM, "out of memory");
-    goto out;
-  }
-  for (int i = 0; i < n; i++) {
-    rng_seed(&rngs[i], seed, (uint64_t)i);
-    prompts[i] = ids;
-    plens[i] = n_ids;
   }
   struct sampler_opts o = {
       .temperature = (float)temp, .top_p = (float)top_p, .max_new_tokens = max_tokens};
-  if (lm.model->cfg.eos_token_id >= 0) o.stop_ids[o.n_stop++] = lm.model->cfg.eos_token_id;
-  struct gen_out go = {toks, lp, len, fin};
-  if (gen_run(gs, lm.model, n, prompts, plens, rngs, &o, &go, NULL, &e)) goto out;
+  if (lm_sample(&lm, ids, n_ids, n, &o, seed, &smp, &e)) goto out;
   for (int i = 0; i < n; i++) {
-    char *text = tok_decode_alloc(lm.tok, toks + (size_t)i * max_tokens, len[i], 1, &e);
+    const int *toks = smp.tokens + (size_t)i * max_tokens;
+    const float *lp = smp.logp + (size_t)i * max_tokens;
+    char *text = tok_decode_alloc(lm.tok, toks, smp.len[i], 1, &e);
     if (!text) goto out;
     double sum = 0;
-    for (int t = 0; t < len[i]; t++) sum += lp[(size_t)i * max_tokens + t];
-    printf("--- sample %d: %d tokens, finish %s, logprob %.3f\n%s%s\n", i, len[i],
-           fin[i] == FINISH_STOP ? "stop" : "length", sum, prompt, text);
+    for (int t = 0; t < smp.len[i]; t++) sum += lp[t];
+    printf("--- sample %d: %d tokens, finish %s, logprob %.3f\n%s%s\n", i, smp.len[i],
+           smp.finish[i] == FINISH_STOP ? "stop" : "length", sum, prompt, text);
     free(text);
   }
   rc = 0;
 out:
   if (rc) fail(&e);
-  free(ids), free(toks), free(lp), free(len), free(fin), free(rngs), free(prompts), free(plens);
-  gen_state_free(gs);
+  free(ids);
+  lm_samples_free(&smp);
   lm_close(&lm);
   return rc;
 }

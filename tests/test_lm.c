@@ -6,7 +6,11 @@
  * - the memory plan equals what the runner really allocates (mallinfo2 at the first sampling
  *   phase of a real job, cancelled there) within 3%;
  * - runner_check_job: messages without a template, a bad custom template, a prompt too long,
- *   each refused with the field and line named; a custom template renders and is accepted. */
+ *   each refused with the field and line named; a custom template renders and is accepted;
+ * - lm_encode_prompt on a folder with a Llama-3-style tokenizer (tests/data: a TemplateProcessing
+ *   post-processor that puts <|begin_of_text|> first): a prompt text gets the BOS once, a rendered
+ *   chat none added, an empty prompt the BOS, a too long one DAPO_ERANGE; the presets add nothing;
+ *   lm_sample draws sample i from rng_seed(seed, i) whatever the number of samples. */
 #include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,6 +112,114 @@ static void test_side_files(void) {
   write_text(p, "{\"eos_token_id\": ");
   CHECK(lm_open(dir, 0, &a, &e) != 0 && strstr(e.msg, "generation_config.json: line 1"));
   CHECK(lm_open_meta("no-such-preset", &m, &e) != 0 && strstr(e.msg, "neither a model folder"));
+}
+
+/* ---- one prompt encoder ---- */
+
+/* Path of a file in tests/data, found beside this source file. */
+static void data_path(char *buf, size_t cap, const char *name) {
+  const char *slash = strrchr(__FILE__, '/');
+  snprintf(buf, cap, "%.*s/data/%s", slash ? (int)(slash - __FILE__) : 1, slash ? __FILE__ : ".",
+           name);
+}
+
+/* The tiny preset saved to dir with tests/data/llama3_style_tokenizer.json (99 ids: printable
+ * ASCII byte-level, "th", <|begin_of_text|> 97, <|end_of_text|> 98) and config.json's BOS/EOS
+ * set to bos/eos (-1: none). */
+static void llama3_style_folder(const char *dir, int bos, int eos, int with_post) {
+  struct lm a;
+  struct dapo_err e = {0};
+  char p[300], src[600];
+  CHECK_MSG(!lm_open("tiny", 7, &a, &e) && !lm_save(&a, dir, 0, &e), "%s", e.msg);
+  lm_close(&a);
+  data_path(src, sizeof src, "llama3_style_tokenizer.json");
+  json_t *tj = json_load_file(src, 0, NULL);
+  CHECK_MSG(tj != NULL, "cannot read %s", src);
+  if (!with_post) json_object_set_new(tj, "post_processor", json_null());
+  snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+  CHECK(json_dump_file(tj, p, 0) == 0);
+  json_decref(tj);
+  snprintf(p, sizeof p, "%s/config.json", dir);
+  json_t *cj = json_load_file(p, 0, NULL);
+  CHECK(cj != NULL);
+  json_object_set_new(cj, "bos_token_id", bos >= 0 ? json_integer(bos) : json_null());
+  json_object_set_new(cj, "eos_token_id", eos >= 0 ? json_integer(eos) : json_null());
+  CHECK(json_dump_file(cj, p, 0) == 0);
+  json_decref(cj);
+}
+
+/* lm_encode_prompt of text; *ids owned (NULL on failure); returns the code. */
+static int encode(const struct lm *lm, const char *text, enum lm_prompt_kind kind, int max_new,
+                  int **ids, int *n, struct dapo_err *e) {
+  return lm_encode_prompt(lm, text, strlen(text), kind, max_new, ids, n, e);
+}
+
+static void test_encode_prompt(void) {
+  char dir[256], nobos[256];
+  snprintf(dir, sizeof dir, "%s/llama3-style", tmpdir);
+  snprintf(nobos, sizeof nobos, "%s/no-bos", tmpdir);
+  llama3_style_folder(dir, 97, 98, 1);
+  llama3_style_folder(nobos, -1, 98, 0);
+  struct lm lm, nb, tiny;
+  struct dapo_err e = {0};
+  CHECK_MSG(!lm_open(dir, 0, &lm, &e), "%s", e.msg);
+  CHECK_MSG(!lm_open(nobos, 0, &nb, &e), "%s", e.msg);
+  CHECK_MSG(!lm_open("tiny", 0, &tiny, &e), "%s", e.msg);
+  CHECK(tok_bos_id(lm.tok) == 97 && lm.cfg.bos_token_id == 97);
+  int *ids = NULL, n = 0;
+  /* "the cat": t h -> "th", e, "Ġ" c a t: the post-processor's BOS first, as tokenizer(prompt) */
+  int text_ids[] = {97, 96, 'e' - 0x21, 94, 'c' - 0x21, 'a' - 0x21, 't' - 0x21};
+  CHECK_MSG(!encode(&lm, "the cat", LM_PROMPT_TEXT, 8, &ids, &n, &e), "%s", e.msg);
+  CHECK(n == 7 && ids && !memcmp(ids, text_ids, sizeof text_ids));
+  free(ids);
+  /* a rendered chat holds its own BOS: nothing added, as apply_chat_template(tokenize=True) */
+  CHECK_MSG(!encode(&lm, "<|begin_of_text|>the cat", LM_PROMPT_CHAT, 8, &ids, &n, &e), "%s", e.msg);
+  CHECK(n == 7 && ids && !memcmp(ids, text_ids, sizeof text_ids));
+  free(ids);
+  CHECK(!encode(&lm, "the cat", LM_PROMPT_CHAT, 8, &ids, &n, &e));
+  CHECK(n == 6 && ids && ids[0] == 96);
+  free(ids);
+  /* empty: the post-processor's BOS (text) or the model's BOS (chat): the same one token */
+  CHECK(!encode(&lm, "", LM_PROMPT_TEXT, 8, &ids, &n, &e) && n == 1 && ids[0] == 97);
+  free(ids);
+  CHECK(!encode(&lm, "", LM_PROMPT_CHAT, 8, &ids, &n, &e) && n == 1 && ids[0] == 97);
+  free(ids);
+  /* the context: 7 + 505 = 512 fits, 7 + 506 does not */
+  int ctx = lm.cfg.max_position_embeddings;
+  CHECK(!encode(&lm, "the cat", LM_PROMPT_TEXT, ctx - 7, &ids, &n, &e) && n == 7);
+  free(ids);
+  CHECK(encode(&lm, "the cat", LM_PROMPT_TEXT, ctx - 6, &ids, &n, &e) == DAPO_ERANGE);
+  CHECK(!ids && n == 0 && strstr(e.msg, "the prompt has 7 tokens") &&
+        strstr(e.msg, "context of 512"));
+  CHECK(encode(&lm, "\xff", LM_PROMPT_TEXT, 8, &ids, &n, &e) == DAPO_EINVAL && !ids);
+  /* a model without BOS (no post-processor, config.json's bos_token_id null) */
+  CHECK(!encode(&nb, "the cat", LM_PROMPT_TEXT, 8, &ids, &n, &e) && n == 6 && ids[0] == 96);
+  free(ids);
+  CHECK(encode(&nb, "", LM_PROMPT_TEXT, 8, &ids, &n, &e) == DAPO_EINVAL && !ids);
+  CHECK(strstr(e.msg, "empty") && strstr(e.msg, "no BOS token"));
+  /* the presets' character tokenizer adds nothing: one id per character; empty -> <s> */
+  CHECK(!encode(&tiny, "1+1=", LM_PROMPT_TEXT, 8, &ids, &n, &e) && n == 4);
+  free(ids);
+  CHECK(!encode(&tiny, "", LM_PROMPT_TEXT, 8, &ids, &n, &e) && n == 1 &&
+        ids[0] == tiny.cfg.bos_token_id && tok_bos_id(tiny.tok) == ids[0]);
+  free(ids);
+
+  /* lm_sample: 3 samples, and sample 0 alone with the same seed draws the same tokens */
+  CHECK(!encode(&lm, "the cat", LM_PROMPT_TEXT, 8, &ids, &n, &e));
+  struct sampler_opts o = {.temperature = 1.0f, .top_p = 1.0f, .max_new_tokens = 8};
+  struct lm_samples three = {0}, one = {0};
+  CHECK_MSG(!lm_sample(&lm, ids, n, 3, &o, 42, &three, &e), "%s", e.msg);
+  CHECK_MSG(!lm_sample(&lm, ids, n, 1, &o, 42, &one, &e), "%s", e.msg);
+  CHECK(three.n == 3 && three.max_new == 8 && one.n == 1);
+  CHECK(one.len[0] == three.len[0] && one.len[0] >= 1 && one.finish[0] == three.finish[0] &&
+        !memcmp(one.tokens, three.tokens, sizeof(int) * (size_t)one.len[0]));
+  CHECK(three.len[1] != three.len[0] ||
+        memcmp(three.tokens, three.tokens + 8, sizeof(int) * (size_t)three.len[0]));
+  lm_samples_free(&three);
+  lm_samples_free(&one);
+  lm_samples_free(&one); /* a freed (zeroed) set is fine */
+  free(ids);
+  lm_close(&lm), lm_close(&nb), lm_close(&tiny);
 }
 
 /* ---- memory plan vs what a real job allocates ---- */
@@ -240,6 +352,7 @@ int main(void) {
   test_bf16_folder();
   test_side_files();
   test_check_job();
+  test_encode_prompt();
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   printf("memory plan vs mallinfo2: skipped under a sanitizer (its allocator is not malloc's)\n");
 #else
