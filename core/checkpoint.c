@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "safetensors.h"
+#include "sha256.h"
 
 #define CONFIG_MAX ((size_t)16 << 20)     /* config.json, generation_config.json, the index */
 #define TOKENIZER_MAX ((size_t)256 << 20) /* tokenizer.json */
@@ -323,6 +324,51 @@ out:
   json_decref(meta);
   json_decref(cfg);
   free(ts);
+  return rc;
+}
+
+const char *const ckpt_file_names[CKPT_N_FILES] = {
+    "config.json",           "model.safetensors",      "tokenizer.json",
+    "tokenizer_config.json", "generation_config.json", "optimizer.safetensors",
+    "trainer_state.json"};
+
+int ckpt_manifest_read(const char *dir, struct ckpt_manifest *m, struct dapo_err *e) {
+  enum { CHUNK = 1 << 16 };
+  memset(m, 0, sizeof *m);
+  char *buf = malloc(CHUNK);
+  if (!buf) return dapo_errf(e, DAPO_ENOMEM, "out of memory");
+  int rc = 0;
+  for (int i = 0; i < CKPT_N_FILES && !rc; i++) {
+    char p[PATH_MAX];
+    if ((rc = join(p, sizeof p, dir, ckpt_file_names[i], e))) break;
+    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) continue; /* an optional file this checkpoint does not have */
+      rc = dapo_errf(e, DAPO_EIO, "%s: %s", p, strerror(errno));
+      break;
+    }
+    struct sha256_ctx c;
+    sha256_begin(&c);
+    int64_t n = 0;
+    for (;;) {
+      ssize_t k = read(fd, buf, CHUNK);
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0) {
+        rc = dapo_errf(e, DAPO_EIO, "%s: %s", p, strerror(errno));
+        break;
+      }
+      if (k == 0) break;
+      sha256_feed(&c, buf, (size_t)k);
+      n += k;
+    }
+    close(fd);
+    if (rc) break;
+    struct ckpt_file *f = &m->files[m->n++];
+    f->name = ckpt_file_names[i];
+    f->bytes = n;
+    sha256_end_hex(&c, f->sha256);
+  }
+  free(buf);
   return rc;
 }
 

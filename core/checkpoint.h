@@ -5,6 +5,8 @@
 #ifndef DAPO_CHECKPOINT_H
 #define DAPO_CHECKPOINT_H
 
+#include <stdint.h>
+
 #include <jansson.h>
 
 #include "error.h"
@@ -41,6 +43,31 @@ int ckpt_save_with(const char *dir, const struct model *m, const char *tokenizer
  * rollouts file being written). Only for a folder nobody is writing into (the runner calls it
  * before it resumes). Returns how many entries were removed (0 when dir does not exist). */
 int ckpt_remove_temporaries(const char *dir);
+
+/* The files a checkpoint folder may hold, in listing order: ckpt_save_with's four, the
+ * tokenizer_config.json a model brings (core/lm.h lm_write_extra), and the trainer's
+ * optimizer.safetensors and trainer_state.json. The one list that the writers, the daemon's index
+ * and its downloads go by. */
+#define CKPT_N_FILES 7
+extern const char *const ckpt_file_names[CKPT_N_FILES];
+
+struct ckpt_file {
+  const char *name; /* one of ckpt_file_names (borrowed static) */
+  int64_t bytes;
+  char sha256[65]; /* lower-case hex */
+};
+
+/* What a complete checkpoint folder holds: the files of ckpt_file_names present, in that order. */
+struct ckpt_manifest {
+  int n;
+  struct ckpt_file files[CKPT_N_FILES];
+};
+
+/* Reads the manifest of folder dir: each file of ckpt_file_names that is there, with its size
+ * and SHA-256 (read once, in 64 KiB pieces). Called by the writer right after the folder is
+ * renamed into place (its pages are still cached), and by recovery for a folder whose writer died
+ * before it was indexed. Returns 0, or DAPO_EIO naming the file that cannot be read. Reentrant. */
+int ckpt_manifest_read(const char *dir, struct ckpt_manifest *m, struct dapo_err *e);
 
 /* Writes j (borrowed) as indented JSON to path and fsyncs it. */
 int ckpt_write_json(const char *path, const json_t *j, struct dapo_err *e);

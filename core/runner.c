@@ -229,14 +229,12 @@ static double now_s(void) {
 }
 
 /* Records a failure in res; returns 1 (the "stop" signal of the step functions). */
-static int failf(struct trainer *t, const char *code, const char *category, const char *param,
-                 const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-static int failf(struct trainer *t, const char *code, const char *category, const char *param,
-                 const char *fmt, ...) {
+static int failf(struct trainer *t, enum failure code, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int failf(struct trainer *t, enum failure code, const char *param, const char *fmt, ...) {
   struct runner_result *r = t->res;
   r->status = RUNNER_FAILED;
-  snprintf(r->code, sizeof r->code, "%s", code);
-  snprintf(r->category, sizeof r->category, "%s", category);
+  r->failure = code;
   snprintf(r->param, sizeof r->param, "%s", param ? param : "");
   va_list ap;
   va_start(ap, fmt);
@@ -245,25 +243,38 @@ static int failf(struct trainer *t, const char *code, const char *category, cons
   return 1;
 }
 
-/* A failure from a libdapo call: out of memory and I/O are the system's fault. */
-static int fail_err(struct trainer *t, const char *code, const char *param,
+/* A failure from a libdapo call: out of memory and I/O are the system's, whatever the call. */
+static int fail_err(struct trainer *t, enum failure code, const char *param,
                     const struct dapo_err *e) {
-  int sys = e->code == DAPO_ENOMEM || e->code == DAPO_EIO;
-  return failf(t, sys ? (e->code == DAPO_ENOMEM ? "out_of_memory" : "io_error") : code,
-               sys ? "system" : "user", param, "%s", e->msg);
+  if (e->code == DAPO_ENOMEM) code = FAIL_OUT_OF_MEMORY;
+  if (e->code == DAPO_EIO) code = FAIL_IO_ERROR;
+  return failf(t, code, param, "%s", e->msg);
+}
+
+static int oom(struct trainer *t) {
+  return failf(t, FAIL_OUT_OF_MEMORY, NULL, "out of memory");
 }
 
 static void phase(struct trainer *t, const char *p) {
   if (t->h && t->h->phase) t->h->phase(t->h->ctx, p);
 }
 
-static int emit(struct trainer *t, const char *type, json_t *data /* stolen */) {
-  int rc = 0;
-  if (t->h && t->h->event) rc = t->h->event(t->h->ctx, type, data);
-  json_decref(data);
-  if (rc)
-    return failf(t, "event_store_failed", "system", NULL, "could not record a %s event", type);
-  return 0;
+/* A hook's refusal: the daemon could not record what it was told. */
+static int hook_failed(struct trainer *t, const char *what) {
+  return failf(t, FAIL_EVENT_STORE_FAILED, NULL, "could not record a %s event", what);
+}
+
+/* Tells the metrics of step t->step (m stolen; eval: an evaluation's). */
+static int emit_metrics(struct trainer *t, json_t *m, int eval, int64_t gen_tokens,
+                        int64_t train_tokens) {
+  struct runner_metrics rm = {.step = t->step,
+                              .eval = eval,
+                              .tokens_generated = gen_tokens,
+                              .tokens_trained = train_tokens,
+                              .data = m};
+  int rc = t->h && t->h->metrics ? t->h->metrics(t->h->ctx, &rm) : 0;
+  json_decref(m);
+  return rc ? hook_failed(t, "metrics") : 0;
 }
 
 static int log_event(struct trainer *t, const char *level, const char *fmt, ...)
@@ -274,9 +285,8 @@ static int log_event(struct trainer *t, const char *level, const char *fmt, ...)
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  return emit(
-      t, "log",
-      json_pack("{s:s,s:s,s:I}", "level", level, "message", msg, "step", (json_int_t)t->step));
+  int rc = t->h && t->h->log ? t->h->log(t->h->ctx, level, t->step, msg) : 0;
+  return rc ? hook_failed(t, "log") : 0;
 }
 
 static int cancelled(const struct trainer *t) {
@@ -515,7 +525,7 @@ static int need_chat(struct trainer *t) {
   struct dapo_err e = {0};
   int id;
   if (build_chat(t->spec, &t->lm, &t->chat, &id, &e))
-    return failf(t, "invalid_chat_template", "user", "chat_template", "%s", e.msg);
+    return failf(t, FAIL_INVALID_CHAT_TEMPLATE, "chat_template", "%s", e.msg);
   if (id >= 0) t->chat_stop[t->n_chat_stop++] = id;
   return 0;
 }
@@ -528,17 +538,16 @@ static int tokenize_items(struct trainer *t, const struct dataset *d, const char
   *ids = calloc((size_t)n, sizeof **ids);
   *lens = calloc((size_t)n, sizeof **lens);
   *texts = calloc((size_t)n, sizeof **texts);
-  if (!*ids || !*lens || !*texts)
-    return failf(t, "out_of_memory", "system", which, "out of memory");
+  if (!*ids || !*lens || !*texts) return failf(t, FAIL_OUT_OF_MEMORY, which, "out of memory");
   for (int i = 0; i < n; i++) {
     const struct ds_item *it = ds_get(d, i);
     struct dapo_err e = {0};
     if (!it->prompt && need_chat(t)) return 1;
     int k, rc = encode_prompt(&t->lm, t->chat, it, t->hp->max_new_tokens, &(*ids)[i], &k,
                               &(*texts)[i], &e);
-    if (rc == DAPO_ENOMEM) return failf(t, "out_of_memory", "system", which, "out of memory");
+    if (rc == DAPO_ENOMEM) return failf(t, FAIL_OUT_OF_MEMORY, which, "out of memory");
     if (rc)
-      return failf(t, rc == DAPO_ERANGE ? "prompt_too_long" : "invalid_dataset", "user", which,
+      return failf(t, rc == DAPO_ERANGE ? FAIL_PROMPT_TOO_LONG : FAIL_INVALID_DATASET, which,
                    "%s %s", which, e.msg);
     (*lens)[i] = k;
     if (k > *max_len) *max_len = k;
@@ -550,7 +559,7 @@ static int load_dataset(struct trainer *t, const char *path, const char *which,
                         struct dataset **out) {
   struct dapo_err e = {0};
   struct ds_limits lim = {DS_DEFAULT_MAX_LINE_BYTES, DS_DEFAULT_MAX_ITEMS, DS_DEFAULT_MAX_ERRORS};
-  if (ds_load(path, &lim, out, NULL, &e)) return fail_err(t, "invalid_dataset", which, &e);
+  if (ds_load(path, &lim, out, NULL, &e)) return fail_err(t, FAIL_INVALID_DATASET, which, &e);
   return 0;
 }
 
@@ -585,10 +594,10 @@ static int setup(struct trainer *t) {
   char sub[PATH_MAX];
   snprintf(sub, sizeof sub, "%s/checkpoints", t->out);
   if (mkdir_p(sub))
-    return failf(t, "io_error", "system", NULL, "cannot create %s: %s", sub, strerror(errno));
+    return failf(t, FAIL_IO_ERROR, NULL, "cannot create %s: %s", sub, strerror(errno));
   snprintf(sub, sizeof sub, "%s/rollouts", t->out);
   if (mkdir_p(sub))
-    return failf(t, "io_error", "system", NULL, "cannot create %s: %s", sub, strerror(errno));
+    return failf(t, FAIL_IO_ERROR, NULL, "cannot create %s: %s", sub, strerror(errno));
   /* A process killed while writing a checkpoint or a rollouts file left temporaries behind:
    * never read, but they hold disk space until the job is deleted. */
   ckpt_remove_temporaries(sub);
@@ -601,7 +610,7 @@ static int setup(struct trainer *t) {
   if (from >= 0) {
     char dir[PATH_MAX];
     ckpt_path(t, from, dir, sizeof dir);
-    if (lm_open(dir, 0, &t->lm, &e)) return fail_err(t, "invalid_checkpoint", "model", &e);
+    if (lm_open(dir, 0, &t->lm, &e)) return fail_err(t, FAIL_INVALID_CHECKPOINT, "model", &e);
     char p[PATH_MAX + 32];
     snprintf(p, sizeof p, "%s/trainer_state.json", dir);
     json_error_t je;
@@ -611,7 +620,7 @@ static int setup(struct trainer *t) {
     json_decref(spec_now);
     if (!same) {
       json_decref(state);
-      return failf(t, "checkpoint_mismatch", "user", NULL,
+      return failf(t, FAIL_CHECKPOINT_MISMATCH, NULL,
                    "%s was written by a different job spec (or is unreadable); refusing to "
                    "resume from it",
                    p);
@@ -624,14 +633,14 @@ static int setup(struct trainer *t) {
     json_decref(state);
   } else {
     if (lm_open(t->spec->model, t->spec->seed, &t->lm, &e))
-      return fail_err(t, "invalid_model", "model", &e);
+      return fail_err(t, FAIL_INVALID_MODEL, "model", &e);
     t->step = 0;
     t->cursor.seed = t->spec->seed;
   }
   if (hp->kl_coef > 0) {
     struct lm base;
     if (lm_open(t->spec->model, t->spec->seed, &base, &e))
-      return fail_err(t, "invalid_model", "model", &e);
+      return fail_err(t, FAIL_INVALID_MODEL, "model", &e);
     t->ref = base.model;
     base.model = NULL;
     lm_close(&base);
@@ -643,14 +652,15 @@ static int setup(struct trainer *t) {
                          .weight_decay = (float)hp->weight_decay,
                          .grad_clip = (float)hp->grad_clip,
                          .warmup_steps = hp->lr_warmup_steps};
-  if (adamw_init(&t->opt, t->lm.model, &ac, &e)) return fail_err(t, "out_of_memory", NULL, &e);
+  if (adamw_init(&t->opt, t->lm.model, &ac, &e)) return fail_err(t, FAIL_OUT_OF_MEMORY, NULL, &e);
   t->have_opt = 1;
-  if (model_alloc_grads(t->lm.model, &e)) return fail_err(t, "out_of_memory", NULL, &e);
+  if (model_alloc_grads(t->lm.model, &e)) return fail_err(t, FAIL_OUT_OF_MEMORY, NULL, &e);
   if (from >= 0) {
     char p[PATH_MAX];
     ckpt_path(t, from, p, sizeof p);
     strncat(p, "/optimizer.safetensors", sizeof p - strlen(p) - 1);
-    if (adamw_load(&t->opt, t->lm.model, p, &e)) return fail_err(t, "invalid_checkpoint", NULL, &e);
+    if (adamw_load(&t->opt, t->lm.model, p, &e))
+      return fail_err(t, FAIL_INVALID_CHECKPOINT, NULL, &e);
   }
 
   if (load_dataset(t, t->spec->training_file, "training_file", &t->train)) return 1;
@@ -666,16 +676,16 @@ static int setup(struct trainer *t) {
     return 1;
 
   if (!(t->judge = judge_new(t->spec->judge, t->o ? t->o->judge_policy : NULL, &e)))
-    return fail_err(t, "invalid_judge", "judge", &e);
+    return fail_err(t, FAIL_INVALID_JUDGE, "judge", &e);
 
   /* capacities (as runner_memory_plan counts them) */
   caps(hp, max_prompt, t->val != NULL, &t->cap_t, &t->cap_tokens, &t->gen_cap);
   if (!(t->ts = train_state_new(t->lm.model, t->cap_tokens, t->cap_tokens, t->cap_t, &e)) ||
       !(t->gs = gen_state_new(t->lm.model, t->gen_cap, t->cap_t, &e)))
-    return fail_err(t, "out_of_memory", NULL, &e);
+    return fail_err(t, FAIL_OUT_OF_MEMORY, NULL, &e);
   if (t->o && t->o->pool &&
       (train_state_set_pool(t->ts, t->o->pool, &e) || gen_state_set_pool(t->gs, t->o->pool, &e)))
-    return fail_err(t, "out_of_memory", NULL, &e);
+    return fail_err(t, FAIL_OUT_OF_MEMORY, NULL, &e);
   size_t T = (size_t)t->cap_tokens, G = (size_t)t->gen_cap, M = (size_t)hp->max_new_tokens;
   t->b_tok = malloc(sizeof(int) * T);
   t->b_off = malloc(sizeof(int) * (T + 1));
@@ -698,7 +708,7 @@ static int setup(struct trainer *t) {
   if (!t->b_tok || !t->b_off || !t->b_plen || !t->b_logp || !t->b_ent || !t->b_w || !t->b_ro ||
       !t->b_old || !t->b_ref || !t->mb_len || !t->mb_adv || !t->g_tok || !t->g_logp || !t->g_len ||
       !t->g_fin || !t->g_plen || !t->g_rng || !t->g_prompts)
-    return failf(t, "out_of_memory", "system", NULL, "out of memory for batch buffers");
+    return failf(t, FAIL_OUT_OF_MEMORY, NULL, "out of memory for batch buffers");
 
   t->so.top_p = (float)hp->top_p;
   t->so.temperature = (float)hp->temperature;
@@ -754,7 +764,7 @@ static int generate(struct trainer *t, int n, const int *items, int *const *ids,
   if (per_chunk < 1) per_chunk = 1;
   int M = so->max_new_tokens;
   for (int p0 = 0; p0 < n; p0 += per_chunk) {
-    if (cancelled(t)) return failf(t, "cancelled", "user", NULL, "cancelled");
+    if (cancelled(t)) return failf(t, FAIL_CANCELLED, NULL, "cancelled");
     int np = n - p0 < per_chunk ? n - p0 : per_chunk, ns = np * k;
     for (int q = 0; q < np; q++)
       for (int i = 0; i < k; i++) {
@@ -768,11 +778,11 @@ static int generate(struct trainer *t, int n, const int *items, int *const *ids,
     struct dapo_err e = {0};
     int rc = gen_run(t->gs, t->lm.model, ns, t->g_prompts, t->g_plen, t->g_rng, so, &go,
                      t->o ? t->o->cancel : NULL, &e);
-    if (rc == DAPO_ECANCELLED) return failf(t, "cancelled", "user", NULL, "cancelled");
-    if (rc) return fail_err(t, "generation_failed", NULL, &e);
+    if (rc == DAPO_ECANCELLED) return failf(t, FAIL_CANCELLED, NULL, "cancelled");
+    if (rc) return fail_err(t, FAIL_GENERATION_FAILED, NULL, &e);
     for (int s = 0; s < ns; s++) {
       struct ro *r = new_ro(t);
-      if (!r) return failf(t, "out_of_memory", "system", NULL, "out of memory for rollouts");
+      if (!r) return failf(t, FAIL_OUT_OF_MEMORY, NULL, "out of memory for rollouts");
       r->item = items[p0 + s / k];
       r->group = group0 + p0 + s / k;
       r->index = s % k;
@@ -782,11 +792,11 @@ static int generate(struct trainer *t, int n, const int *items, int *const *ids,
       r->toks = malloc(sizeof(int) * (size_t)(r->len ? r->len : 1));
       r->slogp = malloc(sizeof(float) * (size_t)(r->len ? r->len : 1));
       if (!r->toks || !r->slogp)
-        return failf(t, "out_of_memory", "system", NULL, "out of memory for rollouts");
+        return failf(t, FAIL_OUT_OF_MEMORY, NULL, "out of memory for rollouts");
       memcpy(r->toks, t->g_tok + (size_t)s * M, sizeof(int) * (size_t)r->len);
       memcpy(r->slogp, t->g_logp + (size_t)s * M, sizeof(float) * (size_t)r->len);
       r->text = tok_decode_alloc(t->lm.tok, r->toks, r->len, 1, &e);
-      if (!r->text) return fail_err(t, "generation_failed", NULL, &e);
+      if (!r->text) return fail_err(t, FAIL_GENERATION_FAILED, NULL, &e);
       *n_tokens += r->len;
     }
   }
@@ -803,7 +813,7 @@ static int judge_range(struct trainer *t, const struct dataset *d, int first, in
   char(*idbuf)[48] = calloc((size_t)n, sizeof *idbuf);
   if (!items || !res || !idbuf) {
     free(items), free(res), free(idbuf);
-    return failf(t, "out_of_memory", "system", NULL, "out of memory judging");
+    return failf(t, FAIL_OUT_OF_MEMORY, NULL, "out of memory judging");
   }
   for (int i = 0; i < n; i++) {
     const struct ro *r = &t->ros[first + i];
@@ -825,9 +835,9 @@ static int judge_range(struct trainer *t, const struct dataset *d, int first, in
                      t->o ? t->o->cancel : NULL, &e);
   int stop = 0;
   if (rc && cancelled(t))
-    stop = failf(t, "cancelled", "user", NULL, "cancelled");
+    stop = failf(t, FAIL_CANCELLED, NULL, "cancelled");
   else if (rc && t->hp->on_judge_error == JUDGE_ERR_FAIL)
-    stop = failf(t, "judge_error", "user", "judge", "%s", e.msg);
+    stop = failf(t, FAIL_JUDGE_ERROR, "judge", "%s", e.msg);
   for (int i = 0; i < n; i++) {
     struct ro *r = &t->ros[first + i];
     if (res[i].err != JE_NONE) continue;
@@ -882,7 +892,7 @@ static int forward(struct trainer *t, struct model *m, int ns, float *ent) {
   struct fwd_batch b = {ns, t->b_tok, t->b_off, t->b_plen};
   struct dapo_err e = {0};
   if (train_forward(t->ts, m, &b, 1.0f / (float)t->hp->temperature, t->b_logp, ent, &e))
-    return fail_err(t, "internal", NULL, &e);
+    return fail_err(t, FAIL_INTERNAL, NULL, &e);
   return 0;
 }
 
@@ -909,7 +919,7 @@ static int old_logprobs(struct trainer *t, struct ro **L, int n, const int *orde
                         long *mismatch_n) {
   int M = t->hp->minibatch_size;
   struct ro **mb = malloc(sizeof *mb * (size_t)(M < n ? M : n));
-  if (!mb) return failf(t, "out_of_memory", "system", NULL, "out of memory");
+  if (!mb) return oom(t);
   for (int j0 = 0; j0 < n; j0 += M) {
     int nm = n - j0 < M ? n - j0 : M;
     for (int i = 0; i < nm; i++) mb[i] = L[order[j0 + i]];
@@ -926,7 +936,7 @@ static int old_logprobs(struct trainer *t, struct ro **L, int n, const int *orde
           float **dst = pass ? &r->lp_ref : &r->lp_old;
           if (!*dst && !(*dst = malloc(sizeof(float) * (size_t)r->len))) {
             free(mb);
-            return failf(t, "out_of_memory", "system", NULL, "out of memory");
+            return oom(t);
           }
           memcpy(*dst, t->b_logp + k, sizeof(float) * (size_t)r->len);
           if (!pass)
@@ -951,7 +961,7 @@ static int update(struct trainer *t, struct ro **L, int n, struct upd_stats *us,
   struct ro **mb = malloc(sizeof *mb * (size_t)(M < n ? M : n));
   if (!order || !mb) {
     free(order), free(mb);
-    return failf(t, "out_of_memory", "system", NULL, "out of memory");
+    return oom(t);
   }
   int stop = 0;
   double mismatch = 0;
@@ -962,7 +972,7 @@ static int update(struct trainer *t, struct ro **L, int n, struct upd_stats *us,
     if (ep > 0) epoch_order(t, order, n, ep);
     for (int j0 = 0; j0 < n && !stop; j0 += M) {
       if (cancelled(t)) {
-        stop = failf(t, "cancelled", "user", NULL, "cancelled");
+        stop = failf(t, FAIL_CANCELLED, NULL, "cancelled");
         break;
       }
       int nm = n - j0 < M ? n - j0 : M;
@@ -993,7 +1003,7 @@ static int update(struct trainer *t, struct ro **L, int n, struct upd_stats *us,
         us->train_tokens += t->b_off[ns];
         struct dapo_err e = {0};
         if (train_backward(t->ts, t->lm.model, t->b_w, &e)) {
-          stop = fail_err(t, "internal", NULL, &e);
+          stop = fail_err(t, FAIL_INTERNAL, NULL, &e);
           break;
         }
         i += ns;
@@ -1002,8 +1012,7 @@ static int update(struct trainer *t, struct ro **L, int n, struct upd_stats *us,
       double gn = 0;
       struct dapo_err e = {0};
       if (adamw_step(&t->opt, t->lm.model, (float)lr, &gn, &e)) {
-        stop =
-            failf(t, "non_finite_gradient", "system", NULL, "step %" PRId64 ": %s", t->step, e.msg);
+        stop = failf(t, FAIL_NON_FINITE_GRADIENT, NULL, "step %" PRId64 ": %s", t->step, e.msg);
         break;
       }
       us->gnorm_sum += gn;
@@ -1031,7 +1040,7 @@ static int write_rollouts(struct trainer *t) {
   snprintf(path, sizeof path, "%s/rollouts/step-%" PRId64 ".jsonl", t->out, t->step);
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
   FILE *f = fopen(tmp, "w");
-  if (!f) return failf(t, "io_error", "system", NULL, "cannot write %s: %s", tmp, strerror(errno));
+  if (!f) return failf(t, FAIL_IO_ERROR, NULL, "cannot write %s: %s", tmp, strerror(errno));
   int bad = 0;
   for (int i = 0; i < t->n_ro && !bad; i++) {
     const struct ro *r = &t->ros[i];
@@ -1063,7 +1072,7 @@ static int write_rollouts(struct trainer *t) {
   if (fclose(f)) bad = 1;
   if (bad || rename(tmp, path)) {
     unlink(tmp);
-    return failf(t, "io_error", "system", NULL, "cannot write %s: %s", path, strerror(errno));
+    return failf(t, FAIL_IO_ERROR, NULL, "cannot write %s: %s", path, strerror(errno));
   }
   return 0;
 }
@@ -1145,28 +1154,22 @@ static int checkpoint(struct trainer *t, const json_t *metrics) {
   json_t *tj = tok_to_json(t->lm.tok);
   char *text = tj ? json_dumps(tj, JSON_INDENT(2) | JSON_ENSURE_ASCII) : NULL;
   json_decref(tj);
-  if (!text) return failf(t, "out_of_memory", "system", NULL, "out of memory");
+  if (!text) return oom(t);
   struct ckpt_ctx c = {t, metrics};
   struct dapo_err e = {0};
   int rc = ckpt_save_with(dir, t->lm.model, text, t->lm.gen_config, 0, ckpt_extra, &c, &e);
   free(text);
-  if (rc) return fail_err(t, "io_error", NULL, &e);
+  if (rc) return fail_err(t, FAIL_IO_ERROR, NULL, &e);
   prune(t);
-  json_t *files = json_array();
-  static const char *const names[] = {
-      "config.json",           "model.safetensors",      "tokenizer.json",
-      "tokenizer_config.json", "generation_config.json", "optimizer.safetensors",
-      "trainer_state.json"};
-  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-    char p[PATH_MAX + 32];
-    snprintf(p, sizeof p, "%s/%s", dir, names[i]);
-    if (stat(p, &st) == 0)
-      json_array_append_new(
-          files, json_pack("{s:s,s:I}", "name", names[i], "bytes", (json_int_t)st.st_size));
-  }
-  return emit(t, "checkpoint",
-              json_pack("{s:I,s:s,s:o,s:O?}", "step", (json_int_t)t->step, "path", dir, "files",
-                        files, "metrics", metrics));
+  /* the writer reads what it wrote once, while it is cached: the daemon indexes this manifest
+   * and serves downloads by it without reading the files again */
+  struct ckpt_manifest man;
+  if ((rc = ckpt_manifest_read(dir, &man, &e))) return fail_err(t, FAIL_IO_ERROR, NULL, &e);
+  struct runner_checkpoint rc_ = {
+      .step = t->step, .path = dir, .manifest = &man, .metrics = metrics};
+  if (t->h && t->h->checkpoint && t->h->checkpoint(t->h->ctx, &rc_))
+    return hook_failed(t, "checkpoint");
+  return 0;
 }
 
 /* ---- evaluation ------------------------------------------------------------------------------ */
@@ -1179,7 +1182,7 @@ static int evaluate(struct trainer *t) {
   if (hp->eval_max_prompts > 0 && hp->eval_max_prompts < n) n = hp->eval_max_prompts;
   int k = hp->eval_samples;
   int *items = malloc(sizeof(int) * (size_t)n);
-  if (!items) return failf(t, "out_of_memory", "system", NULL, "out of memory");
+  if (!items) return oom(t);
   for (int i = 0; i < n; i++) items[i] = i;
   struct sampler_opts so = t->so;
   so.temperature = (float)hp->eval_temperature;
@@ -1214,7 +1217,7 @@ static int evaluate(struct trainer *t) {
   /* drop the validation rollouts again */
   for (int i = first; i < t->n_ro; i++) ro_clear(&t->ros[i]);
   t->n_ro = first;
-  return emit(t, "metrics", m);
+  return emit_metrics(t, m, 1, 0, 0);
 }
 
 /* ---- one step -------------------------------------------------------------------------------- */
@@ -1226,7 +1229,13 @@ static int cmp_ro_ptr(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-static int do_step(struct trainer *t, json_t **metrics_out) {
+/* One step: sample groups (dynamic sampling: rounds until prompt_batch_size groups with mixed
+ * rewards are kept, or max_gen_batches), judge, shape rewards and advantages, then the update's
+ * epochs of minibatches. Its metrics into *metrics_out (owned) and its token counts into
+ * *gen_tokens and *train_tokens. STEP_OK, STEP_PAUSED (a pause between rounds; nothing trained),
+ * or STEP_STOP with res set. */
+static int do_step(struct trainer *t, json_t **metrics_out, int64_t *gen_tokens_out,
+                   int64_t *train_tokens_out) {
   const struct hparams *hp = t->hp;
   const int G = hp->group_size, want = hp->prompt_batch_size;
   double t_step = now_s(), t_gen = 0, t_judge = 0;
@@ -1238,12 +1247,12 @@ static int do_step(struct trainer *t, json_t **metrics_out) {
   int n_prompts = hp->dynamic_sampling ? want * hp->gen_batch_multiplier : want;
   int max_rounds = hp->dynamic_sampling ? hp->max_gen_batches : 1;
   int *items = malloc(sizeof(int) * (size_t)n_prompts);
-  if (!items) return failf(t, "out_of_memory", "system", NULL, "out of memory");
+  if (!items) return oom(t);
 
   for (int r = 0; r < max_rounds && kept_groups < want; r++) {
     if (cancelled(t)) {
       free(items);
-      return failf(t, "cancelled", "user", NULL, "cancelled");
+      return failf(t, FAIL_CANCELLED, NULL, "cancelled");
     }
     if (pause_requested(t)) { /* nothing trained yet this step: abandon it */
       free(items);
@@ -1303,7 +1312,7 @@ static int do_step(struct trainer *t, json_t **metrics_out) {
   free(items);
   if (kept_groups < want) {
     if (hp->on_sampling_shortfall == SHORTFALL_ERROR)
-      return failf(t, "sampling_shortfall", "user", "hyperparameters.max_gen_batches",
+      return failf(t, FAIL_SAMPLING_SHORTFALL, "hyperparameters.max_gen_batches",
                    "step %" PRId64 ": dynamic sampling kept %d of %d groups after %d rounds "
                    "(%d groups sampled); raise gen_batch_multiplier or max_gen_batches, or set "
                    "on_sampling_shortfall to \"partial\"",
@@ -1321,7 +1330,7 @@ static int do_step(struct trainer *t, json_t **metrics_out) {
   int n_loss = 0;
   for (int i = 0; i < t->n_ro; i++) n_loss += t->ros[i].in_loss;
   struct ro **L = malloc(sizeof *L * (size_t)(n_loss ? n_loss : 1));
-  if (!L) return failf(t, "out_of_memory", "system", NULL, "out of memory");
+  if (!L) return oom(t);
   for (int i = 0, k = 0; i < t->n_ro; i++)
     if (t->ros[i].in_loss) L[k++] = &t->ros[i];
   qsort(L, (size_t)n_loss, sizeof *L, cmp_ro_ptr);
@@ -1401,6 +1410,8 @@ static int do_step(struct trainer *t, json_t **metrics_out) {
 #undef PUT_R
 #undef PUT_I
   *metrics_out = m;
+  *gen_tokens_out = gen_tokens;
+  *train_tokens_out = us.train_tokens;
   return STEP_OK;
 }
 
@@ -1414,8 +1425,7 @@ int runner_run(const struct job_spec *spec, const char *out_dir, const struct ru
   struct trainer *t = calloc(1, sizeof *t);
   if (!t) {
     res->status = RUNNER_FAILED;
-    snprintf(res->code, sizeof res->code, "out_of_memory");
-    snprintf(res->category, sizeof res->category, "system");
+    res->failure = FAIL_OUT_OF_MEMORY;
     snprintf(res->message, sizeof res->message, "out of memory");
     return 0;
   }
@@ -1434,7 +1444,7 @@ int runner_run(const struct job_spec *spec, const char *out_dir, const struct ru
   }
   while (!stop && t->step < t->hp->total_steps) {
     if (cancelled(t)) {
-      stop = failf(t, "cancelled", "user", NULL, "cancelled");
+      stop = failf(t, FAIL_CANCELLED, NULL, "cancelled");
       break;
     }
     if (pause_requested(t)) {
@@ -1443,7 +1453,8 @@ int runner_run(const struct job_spec *spec, const char *out_dir, const struct ru
     }
     t->step++;
     json_t *m = NULL;
-    int rc = do_step(t, &m);
+    int64_t gen_tokens = 0, train_tokens = 0;
+    int rc = do_step(t, &m, &gen_tokens, &train_tokens);
     if (rc == STEP_PAUSED) {
       t->step--;
       res->status = RUNNER_PAUSED;
@@ -1462,7 +1473,7 @@ int runner_run(const struct job_spec *spec, const char *out_dir, const struct ru
     if (last || (t->hp->checkpoint_every > 0 && t->step % t->hp->checkpoint_every == 0) ||
         paused_now || pause_requested(t))
       stop = checkpoint(t, m);
-    if (!stop) stop = emit(t, "metrics", json_incref(m));
+    if (!stop) stop = emit_metrics(t, json_incref(m), 0, gen_tokens, train_tokens);
     json_decref(m);
     if (!stop && t->hp->eval_every > 0 && (t->step % t->hp->eval_every == 0 || last))
       stop = evaluate(t);
@@ -1480,7 +1491,7 @@ int runner_run(const struct job_spec *spec, const char *out_dir, const struct ru
   }
   res->step = t->step;
   if (stop) {
-    if (!strcmp(res->code, "cancelled"))
+    if (res->failure == FAIL_CANCELLED)
       res->status = RUNNER_CANCELLED;
     else
       res->status = RUNNER_FAILED;

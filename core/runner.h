@@ -16,7 +16,9 @@
 
 #include <jansson.h>
 
+#include "checkpoint.h"
 #include "error.h"
+#include "failure.h"
 #include "hparams.h"
 #include "model.h"
 #include "judge.h"
@@ -46,13 +48,36 @@ int jobspec_parse(const json_t *body, const struct judge_policy *pol, struct job
 json_t *jobspec_to_json(const struct job_spec *s);
 void jobspec_deinit(struct job_spec *s);
 
-/* Hooks (all optional). event: type is "metrics", "log" or "checkpoint"; data borrowed for the
- * call. A non-zero return from event fails the job (the daemon could not store it). phase is one
- * of "loading", "sampling", "judging", "updating", "evaluating", "checkpointing". Called from the
- * runner's thread. */
+/* What the runner tells its caller, typed (all hooks optional; called from the runner's thread;
+ * pointers borrowed for the call). A non-zero return from metrics, checkpoint or log fails the
+ * job with FAIL_EVENT_STORE_FAILED (the daemon could not record it).
+ *
+ * metrics: a training step's figures (after its checkpoint, if it has one) or an evaluation's
+ *   (eval = 1; at step 0 before any training, and after the steps eval_every names). data holds
+ *   every figure under its API.md name ("reward/mean", "eval/accuracy", ...) and "step"; the
+ *   ones the daemon acts on are typed beside it.
+ * checkpoint: a complete checkpoint folder, with the manifest its writer read (every file, its
+ *   size and SHA-256) and the step's training metrics (NULL at step 0).
+ * log: a line for the job's log ("info", "warning"), at a step.
+ * phase: one of "loading", "sampling", "judging", "updating", "evaluating", "checkpointing". */
+struct runner_metrics {
+  int64_t step;
+  int eval;                 /* 1: an evaluation's figures, 0: a training step's */
+  int64_t tokens_generated; /* a training step's sampled tokens (0 for an evaluation) */
+  int64_t tokens_trained;   /* a training step's tokens in the loss (0 for an evaluation) */
+  const json_t *data;
+};
+struct runner_checkpoint {
+  int64_t step;
+  const char *path;                     /* the folder, renamed into place */
+  const struct ckpt_manifest *manifest; /* its files (core/checkpoint.h) */
+  const json_t *metrics;                /* the step's training metrics; NULL at step 0 */
+};
 struct runner_hooks {
   void *ctx;
-  int (*event)(void *ctx, const char *type, const json_t *data);
+  int (*metrics)(void *ctx, const struct runner_metrics *m);
+  int (*checkpoint)(void *ctx, const struct runner_checkpoint *c);
+  int (*log)(void *ctx, const char *level, int64_t step, const char *message);
   void (*phase)(void *ctx, const char *phase);
 };
 
@@ -73,10 +98,10 @@ struct runner_result {
   enum runner_status status;
   int64_t step;         /* last completed step */
   int64_t resumed_from; /* step of the checkpoint the run started from (-1: fresh) */
-  /* on failure: API error object fields */
-  char code[48];    /* e.g. "sampling_shortfall", "judge_error", "invalid_dataset" */
-  char category[8]; /* "user" or "system" */
-  char param[96];   /* the field at fault, or "" */
+  /* RUNNER_FAILED: why (core/failure.h: name and category), the field at fault or "", and a
+   * message naming the line, tensor or file */
+  enum failure failure;
+  char param[96];
   char message[512];
 };
 

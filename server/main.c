@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "failure.h"
 #include "http.h"
 #include "judge.h"
 #include "lm.h"
@@ -37,6 +38,7 @@ static void usage(FILE *f) {
              "[--models-dir DIR] [flags]\n"
              "       dapod train --config JOB.json --out DIR [--threads N] [--stop-after-step N]\n"
              "       dapod presets\n"
+             "       dapod failures [--json]     the codes a failed job's error.code may show\n"
              "       dapod save-preset NAME DIR [--seed N] [--bf16]\n"
              "       dapod generate MODEL --prompt TEXT [--max-tokens N] [--temperature T]\n"
              "                      [--top-p P] [--n N] [--seed N]\n"
@@ -48,6 +50,27 @@ static void usage(FILE *f) {
 static int fail(const struct dapo_err *e) {
   fprintf(stderr, "dapod: %s\n", e->msg);
   return 1;
+}
+
+/* The registry of failure codes (core/failure.h): "name  category  meaning" lines, or a JSON
+ * array of {code, category, meaning} with --json (what openapi.yaml's JobError.code lists). */
+static int cmd_failures(int argc, char **argv) {
+  int as_json = argc > 2 && !strcmp(argv[2], "--json");
+  json_t *a = as_json ? json_array() : NULL;
+  for (int i = FAIL_FIRST_SHOWN; i < FAIL_COUNT; i++) {
+    const struct failure_info *f = failure_info((enum failure)i);
+    if (a)
+      json_array_append_new(a, json_pack("{s:s, s:s, s:s}", "code", f->name, "category",
+                                         f->category, "meaning", f->meaning));
+    else
+      printf("%-22s %-7s %s\n", f->name, f->category, f->meaning);
+  }
+  if (a) {
+    json_dumpf(a, stdout, JSON_INDENT(2));
+    fputc('\n', stdout);
+    json_decref(a);
+  }
+  return 0;
 }
 
 static int cmd_presets(void) {
@@ -179,36 +202,42 @@ static void on_signal(int sig) {
     g_cancel = 1;
 }
 
-static int train_event(void *ctx, const char *type, const json_t *data) {
+/* dapod train's hooks: each metrics object on stdout (JSON Lines), a summary line per step, the
+ * log and the checkpoints on stderr. */
+static int train_metrics(void *ctx, const struct runner_metrics *m) {
   (void)ctx;
-  if (!strcmp(type, "metrics")) {
-    char *line = json_dumps(data, JSON_COMPACT);
-    if (!line) return -1;
-    printf("%s\n", line);
-    fflush(stdout);
-    free(line);
-    json_t *acc = json_object_get(data, "accuracy");
-    if (acc)
-      fprintf(stderr,
-              "step %lld: reward %.3f accuracy %.3f entropy %.3f length %.1f kept %lld/%lld "
-              "(%.1f s)\n",
-              (long long)json_integer_value(json_object_get(data, "step")),
-              json_real_value(json_object_get(data, "reward/mean")), json_real_value(acc),
-              json_real_value(json_object_get(data, "entropy")),
-              json_real_value(json_object_get(data, "response_length/mean")),
-              (long long)json_integer_value(json_object_get(data, "groups/kept")),
-              (long long)json_integer_value(json_object_get(data, "groups/sampled")),
-              json_real_value(json_object_get(data, "time/step_s")));
-    else
-      fprintf(stderr, "step %lld: eval accuracy %.3f\n",
-              (long long)json_integer_value(json_object_get(data, "step")),
-              json_real_value(json_object_get(data, "eval/accuracy")));
-  } else if (!strcmp(type, "log")) {
-    fprintf(stderr, "%s: %s\n", json_string_value(json_object_get(data, "level")),
-            json_string_value(json_object_get(data, "message")));
-  } else if (!strcmp(type, "checkpoint")) {
-    fprintf(stderr, "checkpoint: %s\n", json_string_value(json_object_get(data, "path")));
-  }
+  const json_t *data = m->data;
+  char *line = json_dumps(data, JSON_COMPACT);
+  if (!line) return -1;
+  printf("%s\n", line);
+  fflush(stdout);
+  free(line);
+  if (!m->eval)
+    fprintf(stderr,
+            "step %lld: reward %.3f accuracy %.3f entropy %.3f length %.1f kept %lld/%lld "
+            "(%.1f s)\n",
+            (long long)m->step, json_real_value(json_object_get(data, "reward/mean")),
+            json_real_value(json_object_get(data, "accuracy")),
+            json_real_value(json_object_get(data, "entropy")),
+            json_real_value(json_object_get(data, "response_length/mean")),
+            (long long)json_integer_value(json_object_get(data, "groups/kept")),
+            (long long)json_integer_value(json_object_get(data, "groups/sampled")),
+            json_real_value(json_object_get(data, "time/step_s")));
+  else
+    fprintf(stderr, "step %lld: eval accuracy %.3f\n", (long long)m->step,
+            json_real_value(json_object_get(data, "eval/accuracy")));
+  return 0;
+}
+
+static int train_log(void *ctx, const char *level, int64_t step, const char *message) {
+  (void)ctx, (void)step;
+  fprintf(stderr, "%s: %s\n", level, message);
+  return 0;
+}
+
+static int train_checkpoint(void *ctx, const struct runner_checkpoint *c) {
+  (void)ctx;
+  fprintf(stderr, "checkpoint: %s\n", c->path);
   return 0;
 }
 
@@ -282,7 +311,8 @@ static int cmd_train(int argc, char **argv) {
   sa.sa_handler = on_signal;
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
-  struct runner_hooks hooks = {.event = train_event};
+  struct runner_hooks hooks = {
+      .metrics = train_metrics, .checkpoint = train_checkpoint, .log = train_log};
   struct pool *pool = pool_new(threads);
   struct runner_opts opts = {
       .cancel = &g_cancel, .pause = &g_pause, .stop_after_step = stop_after, .pool = pool};
@@ -299,7 +329,8 @@ static int cmd_train(int argc, char **argv) {
   case RUNNER_CANCELLED: fprintf(stderr, "cancelled at step %lld\n", (long long)res.step); return 4;
   case RUNNER_FAILED: break;
   }
-  fprintf(stderr, "dapod train: failed (%s, %s%s%s): %s\n", res.code, res.category,
+  const struct failure_info *f = failure_info(res.failure);
+  fprintf(stderr, "dapod train: failed (%s, %s%s%s): %s\n", f->name, f->category,
           res.param[0] ? ", " : "", res.param, res.message);
   return 1;
 }
@@ -519,6 +550,7 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (!strcmp(cmd, "presets")) return cmd_presets();
+  if (!strcmp(cmd, "failures")) return cmd_failures(argc, argv);
   if (!strcmp(cmd, "train")) return cmd_train(argc, argv);
   if (!strcmp(cmd, "save-preset")) return cmd_save_preset(argc, argv);
   if (!strcmp(cmd, "generate")) return cmd_generate(argc, argv);

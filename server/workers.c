@@ -27,7 +27,6 @@
 #include "registry.h"
 #include "runner.h"
 #include "server.h"
-#include "sha256.h"
 #include "store.h"
 
 /* A worker waits this long for a wake-up before looking at the queue again anyway (a safety
@@ -214,13 +213,12 @@ static int append_event(struct jobrun *jr, const char *type, const json_t *data)
   return 0;
 }
 
-static int on_metrics(struct jobrun *jr, const json_t *data) {
+/* Records a step's metrics (row, the job's step and latest_metrics, the event) once: a step
+ * recomputed after a restart is not stored again. */
+static int record_metrics(struct jobrun *jr, int64_t step, int eval, int64_t generated,
+                          int64_t trained, const json_t *data) {
   struct dapo_err e = {0};
-  json_t *st = json_object_get(data, "step");
-  if (!json_is_integer(st)) return append_event(jr, "metrics", data);
-  int64_t step = json_integer_value(st);
-  const char *kind = metrics_kind(data);
-  int eval = !strcmp(kind, "eval");
+  const char *kind = eval ? "eval" : "train";
   struct steps *seen = eval ? &jr->eval : &jr->train;
   /* A step recomputed after a restart is not stored again: the row and the event already there
    * stay the pair that was announced (the timings of a recomputation differ). */
@@ -254,44 +252,10 @@ static int on_metrics(struct jobrun *jr, const json_t *data) {
     jr->latest = latest;
     if (!eval) jr->step = step;
   }
-  if (!eval) {
-    struct workers *w = jr->wk->w;
-    json_t *g = json_object_get(data, "tokens/generated"),
-           *t = json_object_get(data, "tokens/trained");
-    if (json_is_integer(g) && json_integer_value(g) > 0)
-      atomic_fetch_add(&w->tokens_generated, (uint_fast64_t)json_integer_value(g));
-    if (json_is_integer(t) && json_integer_value(t) > 0)
-      atomic_fetch_add(&w->tokens_trained, (uint_fast64_t)json_integer_value(t));
-  }
+  if (generated > 0) atomic_fetch_add(&jr->wk->w->tokens_generated, (uint_fast64_t)generated);
+  if (trained > 0) atomic_fetch_add(&jr->wk->w->tokens_trained, (uint_fast64_t)trained);
   if ((rc = append_event(jr, "metrics", data))) return rc;
   return steps_add(seen, step) ? DAPO_ENOMEM : 0;
-}
-
-/* SHA-256 and size of dir/name. */
-static int hash_file(const char *dir, const char *name, char sha[65], int64_t *bytes) {
-  char p[PATH_MAX + 320];
-  if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, name) >= sizeof p) return -1;
-  int fd = open(p, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  struct sha256_ctx c;
-  sha256_begin(&c);
-  char *buf = malloc(1 << 16);
-  ssize_t k = 0;
-  int64_t n = 0;
-  while (buf && (k = read(fd, buf, 1 << 16)) != 0) {
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      break;
-    }
-    sha256_feed(&c, buf, (size_t)k);
-    n += k;
-  }
-  close(fd);
-  free(buf);
-  if (!buf || k < 0) return -1;
-  sha256_end_hex(&c, sha);
-  *bytes = n;
-  return 0;
 }
 
 /* Removes the index rows of checkpoints the runner pruned (keep_checkpoints). */
@@ -311,25 +275,20 @@ static void prune_rows(struct jobrun *jr) {
   store_ckpt_list_deinit(&l);
 }
 
-/* Indexes the complete checkpoint of step in folder dir (files hashed) with its metrics
- * (borrowed, may be NULL) and announces it once. */
-static int record_checkpoint(struct jobrun *jr, int64_t step, const char *dir, const json_t *names,
-                             const json_t *metrics) {
+/* Indexes the complete checkpoint of step in folder dir with its manifest and metrics (borrowed,
+ * may be NULL), and announces it once. */
+static int record_checkpoint(struct jobrun *jr, int64_t step, const char *dir,
+                             const struct ckpt_manifest *man, const json_t *metrics) {
   json_t *files = json_array();
-  if (!files) return DAPO_ENOMEM;
-  for (size_t i = 0; i < json_array_size(names); i++) {
-    const char *name = json_string_value(json_object_get(json_array_get(names, i), "name"));
-    char sha[65];
-    int64_t bytes;
-    if (!name) continue;
-    if (hash_file(dir, name, sha, &bytes)) {
-      LOG(ERROR, "job %s: reading %s/%s: %s", jr->id, dir, name, strerror(errno));
+  for (int i = 0; files && i < man->n; i++) {
+    const struct ckpt_file *f = &man->files[i];
+    if (json_array_append_new(files, json_pack("{s:s, s:I, s:s}", "name", f->name, "bytes",
+                                               (json_int_t)f->bytes, "sha256", f->sha256))) {
       json_decref(files);
-      return DAPO_EIO;
+      files = NULL;
     }
-    json_array_append_new(files, json_pack("{s:s, s:I, s:s}", "name", name, "bytes",
-                                           (json_int_t)bytes, "sha256", sha));
   }
+  if (!files) return DAPO_ENOMEM;
   struct dapo_err e = {0};
   int rc = store_ckpt_put(jr->srv->store, jr->id, step, dir, files, metrics, &e);
   if (rc) {
@@ -353,20 +312,21 @@ static int record_checkpoint(struct jobrun *jr, int64_t step, const char *dir, c
   return rc;
 }
 
-static int on_event(void *ctx, const char *type, const json_t *data) {
+static int on_metrics(void *ctx, const struct runner_metrics *m) {
+  return record_metrics(ctx, m->step, m->eval, m->tokens_generated, m->tokens_trained, m->data);
+}
+
+static int on_checkpoint(void *ctx, const struct runner_checkpoint *c) {
+  return record_checkpoint(ctx, c->step, c->path, c->manifest, c->metrics);
+}
+
+static int on_log(void *ctx, const char *level, int64_t step, const char *message) {
   struct jobrun *jr = ctx;
-  if (!strcmp(type, "metrics")) return on_metrics(jr, data);
-  if (!strcmp(type, "checkpoint")) {
-    json_t *st = json_object_get(data, "step");
-    const char *dir = json_string_value(json_object_get(data, "path"));
-    if (!json_is_integer(st) || !dir) {
-      LOG(WARN, "job %s: a checkpoint event without step or path", jr->id);
-      return 0;
-    }
-    return record_checkpoint(jr, json_integer_value(st), dir, json_object_get(data, "files"),
-                             json_object_get(data, "metrics"));
-  }
-  return append_event(jr, type, data);
+  json_t *d =
+      json_pack("{s:s, s:s, s:I}", "level", level, "message", message, "step", (json_int_t)step);
+  int rc = d ? append_event(jr, "log", d) : DAPO_ENOMEM;
+  json_decref(d);
+  return rc;
 }
 
 /* The phase lives in memory only: a step changes it about twenty times (sampling and judging
@@ -395,29 +355,25 @@ static int fill_gaps(struct jobrun *jr) {
   if (json_is_null(metrics)) metrics = NULL;
   int rc = 0;
   if (!steps_has(&jr->ckpt, n)) {
-    static const char *const names[] = {"config.json",           "model.safetensors",
-                                        "tokenizer.json",        "generation_config.json",
-                                        "optimizer.safetensors", "trainer_state.json"};
-    json_t *files = json_array();
-    for (size_t i = 0; files && i < sizeof names / sizeof names[0]; i++) {
-      char f[PATH_MAX + 128];
-      struct stat st;
-      snprintf(f, sizeof f, "%s/%s", dir, names[i]);
-      if (stat(f, &st) == 0) json_array_append_new(files, json_pack("{s:s}", "name", names[i]));
-    }
-    rc = files ? record_checkpoint(jr, n, dir, files, metrics) : DAPO_ENOMEM;
-    json_decref(files);
+    struct ckpt_manifest man;
+    struct dapo_err e = {0};
+    rc = ckpt_manifest_read(dir, &man, &e);
+    if (rc)
+      LOG(ERROR, "job %s: reading the checkpoint of step %" PRId64 ": %s", jr->id, n, e.msg);
+    else
+      rc = record_checkpoint(jr, n, dir, &man, metrics);
   }
-  if (!rc && n > 0 && metrics && !steps_has(&jr->train, n)) rc = on_metrics(jr, metrics);
+  if (!rc && n > 0 && metrics && !steps_has(&jr->train, n))
+    rc = record_metrics(jr, n, 0, 0, 0, metrics);
   json_decref(state);
   return rc;
 }
 
 static json_t *error_json(const struct runner_result *res) {
-  return json_pack("{s:s, s:s, s:s?, s:s}", "code", res->code[0] ? res->code : "failed", "message",
-                   res->message[0] ? res->message : "the job failed", "param",
-                   res->param[0] ? res->param : NULL, "category",
-                   res->category[0] ? res->category : "system");
+  const struct failure_info *f = failure_info(res->failure);
+  return json_pack("{s:s, s:s, s:s?, s:s}", "code", f->name, "message",
+                   res->message[0] ? res->message : f->meaning, "param",
+                   res->param[0] ? res->param : NULL, "category", f->category);
 }
 
 static void set_status(struct server *srv, const char *id, enum store_job_status to,
@@ -449,8 +405,8 @@ static void finish(struct jobrun *jr, const struct runner_result *res) {
     set_status(srv, jr->id, STORE_JOB_CANCELLED, NULL, NULL);
     break;
   case RUNNER_FAILED:
-    LOG(INFO, "job %s failed at step %" PRId64 ": %s (%s): %s", jr->id, res->step, res->code,
-        res->category, res->message);
+    LOG(INFO, "job %s failed at step %" PRId64 ": %s (%s): %s", jr->id, res->step,
+        failure_info(res->failure)->name, failure_info(res->failure)->category, res->message);
     err = error_json(res);
     set_status(srv, jr->id, STORE_JOB_FAILED, err, NULL);
     json_decref(err);
@@ -514,8 +470,7 @@ static void run_job(struct worker *wk, struct store_job *job) {
   if (n != 0) {
     res.status = RUNNER_FAILED;
     json_t *x = json_array_get(errors, 0);
-    snprintf(res.code, sizeof res.code, "%s", n < 0 ? "out_of_memory" : "invalid_spec");
-    snprintf(res.category, sizeof res.category, "%s", n < 0 ? "system" : "user");
+    res.failure = n < 0 ? FAIL_OUT_OF_MEMORY : FAIL_INVALID_SPEC;
     snprintf(res.param, sizeof res.param, "%s",
              n < 0 ? "" : json_string_value(json_object_get(x, "field")));
     snprintf(res.message, sizeof res.message, "%s",
@@ -523,19 +478,21 @@ static void run_job(struct worker *wk, struct store_job *job) {
   } else if (workers_job_dir(srv, job->id, jr.out, sizeof jr.out) ||
              (mkdir(jr.out, 0700) && errno != EEXIST)) {
     res.status = RUNNER_FAILED;
-    snprintf(res.code, sizeof res.code, "io_error");
-    snprintf(res.category, sizeof res.category, "system");
+    res.failure = FAIL_IO_ERROR;
     snprintf(res.message, sizeof res.message, "cannot create the job's folder %.400s: %s", jr.out,
              strerror(errno));
   } else if (load_seen(&jr) || fill_gaps(&jr)) {
     res.status = RUNNER_FAILED;
-    snprintf(res.code, sizeof res.code, "event_store_failed");
-    snprintf(res.category, sizeof res.category, "system");
+    res.failure = FAIL_EVENT_STORE_FAILED;
     snprintf(res.message, sizeof res.message, "could not read or record the job's events");
   } else {
     struct judge_policy pol;
     workers_judge_policy(srv, &pol);
-    struct runner_hooks hooks = {.ctx = &jr, .event = on_event, .phase = on_phase};
+    struct runner_hooks hooks = {.ctx = &jr,
+                                 .metrics = on_metrics,
+                                 .checkpoint = on_checkpoint,
+                                 .log = on_log,
+                                 .phase = on_phase};
     struct runner_opts opts = {
         .judge_policy = &pol, .cancel = &wk->run.cancel, .pause = &wk->run.pause, .pool = wk->pool};
     LOG(INFO, "job %s: running (worker %d, step %" PRId64 " of %" PRId64 ")", job->id, wk->idx,

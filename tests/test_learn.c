@@ -14,10 +14,11 @@ struct evals {
   int n;
 };
 
-static int on_event(void *ctx, const char *type, const json_t *data) {
+static int on_metrics(void *ctx, const struct runner_metrics *m) {
   struct evals *ev = ctx;
+  const json_t *data = m->data;
   json_t *acc = json_object_get(data, "eval/accuracy");
-  if (strcmp(type, "metrics") || !acc) return 0;
+  if (!m->eval || !acc) return 0;
   if (ev->n++ == 0) ev->first = json_real_value(acc);
   ev->last = json_real_value(acc);
   fprintf(stderr, "step %lld: greedy accuracy %.2f\n",
@@ -47,10 +48,10 @@ int main(void) {
   struct job_spec spec;
   CHECK(jobspec_parse(body, NULL, &spec, errs) == 0);
   struct evals ev = {0};
-  struct runner_hooks h = {.ctx = &ev, .event = on_event};
+  struct runner_hooks h = {.ctx = &ev, .metrics = on_metrics};
   struct runner_result res;
   runner_run(&spec, out, &h, NULL, &res);
-  CHECK_MSG(res.status == RUNNER_SUCCEEDED, "%s: %s", res.code, res.message);
+  CHECK_MSG(res.status == RUNNER_SUCCEEDED, "%s: %s", failure_info(res.failure)->name, res.message);
   CHECK(ev.n == 4); /* steps 0, 50, 100, 150 */
   CHECK_MSG(ev.first <= 0.1, "accuracy before training %.2f", ev.first);
   CHECK_MSG(ev.last >= 0.8, "accuracy after 150 steps %.2f", ev.last);

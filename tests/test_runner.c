@@ -53,9 +53,10 @@ struct collect {
   volatile int *cancel;
 };
 
-static int on_event(void *ctx, const char *type, const json_t *data) {
+static int on_metrics(void *ctx, const struct runner_metrics *rm) {
   struct collect *c = ctx;
-  if (!c || strcmp(type, "metrics") || !json_object_get(data, "accuracy")) return 0;
+  const json_t *data = rm->data;
+  if (!c || rm->eval) return 0;
   json_t *m = json_deep_copy(data);
   const char *k;
   json_t *v;
@@ -94,12 +95,12 @@ static int run(json_t *body, const char *out, struct collect *c, int stop_after,
     free(d);
   }
   CHECK(n == 0);
-  struct runner_hooks h = {.ctx = c, .event = on_event};
+  struct runner_hooks h = {.ctx = c, .metrics = on_metrics};
   struct runner_opts o = {
       .stop_after_step = stop_after, .cancel = c ? c->cancel : NULL, .pool = g_pool};
   runner_run(&s, out, &h, &o, res);
   if (res->status == RUNNER_FAILED)
-    fprintf(stderr, "run failed: %s: %s\n", res->code, res->message);
+    fprintf(stderr, "run failed: %s: %s\n", failure_info(res->failure)->name, res->message);
   jobspec_deinit(&s);
   json_decref(errs);
   return res->status;
@@ -216,7 +217,7 @@ static void test_cancel_and_shortfall(const char *train) {
   json_object_set_new(json_object_get(body, "hyperparameters"), "max_gen_batches", json_integer(2));
   snprintf(out, sizeof out, "%s/shortfall", tmpdir);
   CHECK(run(body, out, NULL, 0, &r) == RUNNER_FAILED);
-  CHECK(!strcmp(r.code, "sampling_shortfall") && !strcmp(r.category, "user"));
+  CHECK(r.failure == FAIL_SAMPLING_SHORTFALL && !strcmp(failure_info(r.failure)->category, "user"));
   CHECK_MSG(strstr(r.message, "kept 0 of 3 groups after 2 rounds") != NULL, "%s", r.message);
   /* "partial": trains on nothing, warns, goes on */
   json_object_set_new(json_object_get(body, "hyperparameters"), "on_sampling_shortfall",

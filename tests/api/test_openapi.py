@@ -525,6 +525,15 @@ def main():
             d.start()
             hp = json.loads(subprocess.check_output(
                 ["node", os.path.join(args.node_dir, "validate.mjs"), "--hyperparameters", SPEC]))
+            # JobError.code enumerates the daemon's registry of failure codes, no more, no less
+            documented = json.loads(subprocess.check_output(
+                ["node", os.path.join(args.node_dir, "validate.mjs"), "--enum", "JobError", "code",
+                 SPEC]))
+            registry = [f["code"] for f in json.loads(subprocess.check_output(
+                [args.dapod, "failures", "--json"]))]
+            if sorted(documented or []) != sorted(registry):
+                raise AssertionError("openapi.yaml JobError.code %s != `dapod failures` %s"
+                                     % (documented, registry))
             with open(path, "w") as out:
                 c = Recorder(d, out, hp)
                 scenario(c)

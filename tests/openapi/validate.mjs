@@ -30,6 +30,13 @@ if (process.argv[2] === "--hyperparameters") {
   console.log(JSON.stringify(d.components.schemas.Hyperparameters.properties));
   process.exit(0);
 }
+// `node validate.mjs --enum SCHEMA PROPERTY OPENAPI.yaml` prints that property's enum as JSON
+// (the contract test compares JobError.code's with the daemon's registry of failure codes).
+if (process.argv[2] === "--enum") {
+  const d = YAML.parse(fs.readFileSync(process.argv[5], "utf8"));
+  console.log(JSON.stringify(d.components.schemas[process.argv[3]].properties[process.argv[4]].enum));
+  process.exit(0);
+}
 const [specPath, exchangesPath] = process.argv.slice(2);
 if (!specPath || !exchangesPath) {
   console.error("usage: node validate.mjs OPENAPI.yaml EXCHANGES.jsonl");
