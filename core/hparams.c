@@ -37,7 +37,8 @@ static const char *const JUDGE_ERRS[] = {"fail", "drop", NULL};
 static const struct hrow ROWS[] = {
     {"algorithm", H_ENUM, F(algorithm), 0, 0, ALGO_DAPO, SAME, ALGOS,
      "dapo or grpo: chooses the defaults of the other knobs"},
-    {"group_size", H_INT, F(group_size), 2, 1024, 8, SAME, NULL, "G, responses per prompt"},
+    {"group_size", H_INT, F(group_size), 2, HPARAMS_GROUP_SIZE_MAX, 8, SAME, NULL,
+     "G, responses per prompt"},
     {"prompt_batch_size", H_INT, F(prompt_batch_size), 1, 65536, 8, SAME, NULL,
      "prompt groups trained on per step"},
     {"gen_batch_multiplier", H_INT, F(gen_batch_multiplier), 1, 64, 3, 1, NULL,

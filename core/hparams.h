@@ -15,6 +15,10 @@ enum overlong_mode { OVERLONG_MIN = 0, OVERLONG_ADDITIVE = 1 };
 enum loss_agg { AGG_TOKEN_MEAN = 0, AGG_SEQ_MEAN_TOKEN_MEAN = 1, AGG_SEQ_MEAN_TOKEN_SUM_NORM = 2 };
 enum judge_error_policy { JUDGE_ERR_FAIL = 0, JUDGE_ERR_DROP = 1 };
 
+/* The largest group_size a spec may ask for: the DAPO step keeps a group's rewards and
+ * advantages on the stack, sized by it. */
+#define HPARAMS_GROUP_SIZE_MAX 1024
+
 struct hparams {
   int algorithm; /* enum algo */
   /* sampling */

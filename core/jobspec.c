@@ -1,0 +1,138 @@
+/* Job specs (jobspec.h): the body of POST /v1/jobs (or a job file of `dapod train`) parsed and
+ * validated into struct job_spec, every problem named by its field; and back to JSON. */
+#include "jobspec.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chat.h"
+
+static char *dup_str(const char *s) {
+  if (!s) return NULL;
+  size_t n = strlen(s) + 1;
+  char *d = malloc(n);
+  if (d) memcpy(d, s, n);
+  return d;
+}
+
+/* A message that names its field ("judge.url: ...", "chat_template.user: ...", as judge_new and
+ * chat_from_spec write them) split into {field, message}; otherwise field `base`. */
+static void spec_err_named(json_t *errors, const char *base, const char *text) {
+  const char *colon = strstr(text, ": ");
+  char field[96];
+  snprintf(field, sizeof field, "%s", base);
+  size_t n = strlen(base);
+  if (colon && !strncmp(text, base, n) && (text[n] == '.' || text + n == colon) &&
+      colon - text < (long)sizeof field) {
+    memcpy(field, text, (size_t)(colon - text));
+    field[colon - text] = '\0';
+    text = colon + 2;
+  }
+  dapo_errors_add(errors, field, text);
+}
+
+int jobspec_parse(const json_t *body, const struct judge_policy *pol, struct job_spec *s,
+                  json_t *errors) {
+  size_t before = json_array_size(errors);
+  memset(s, 0, sizeof *s);
+  if (!json_is_object(body)) {
+    dapo_errors_add(errors, "", "the job body must be a JSON object");
+    return 1;
+  }
+  static const char *const known[] = {
+      "model", "training_file", "validation_file", "judge",  "hyperparameters",
+      "seed",  "metadata",      "suffix",          "job_id", "chat_template"};
+  const char *key;
+  json_t *v;
+  json_object_foreach((json_t *)body, key, v) {
+    int ok = 0;
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) ok |= !strcmp(key, known[i]);
+    if (!ok) dapo_errors_add(errors, key, "unknown field");
+  }
+  const char *model = json_string_value(json_object_get(body, "model"));
+  if (!model || !*model)
+    dapo_errors_add(errors, "model", "required: a preset name or a model folder");
+  const char *tf = json_string_value(json_object_get(body, "training_file"));
+  if (!tf || !*tf) dapo_errors_add(errors, "training_file", "required: the training dataset");
+  json_t *vf = json_object_get(body, "validation_file");
+  if (vf && !json_is_null(vf) && !json_is_string(vf))
+    dapo_errors_add(errors, "validation_file", "expected a string or null");
+  s->model = dup_str(model);
+  s->training_file = dup_str(tf);
+  s->validation_file = dup_str(json_string_value(vf));
+  const char *jid = json_string_value(json_object_get(body, "job_id"));
+  s->job_id = dup_str(jid ? jid : "job-local");
+
+  json_t *seed = json_object_get(body, "seed");
+  if (!seed || json_is_null(seed))
+    s->seed = 0;
+  else if (!json_is_integer(seed) || json_integer_value(seed) < 0)
+    dapo_errors_add(errors, "seed", "expected a non-negative integer");
+  else
+    s->seed = (uint64_t)json_integer_value(seed);
+
+  json_t *md = json_object_get(body, "metadata");
+  if (md && !json_is_null(md)) {
+    if (!json_is_object(md))
+      dapo_errors_add(errors, "metadata", "expected an object of strings");
+    else {
+      json_object_foreach(md, key, v) if (!json_is_string(v)) {
+        char f[160];
+        snprintf(f, sizeof f, "metadata.%.100s", key);
+        dapo_errors_add(errors, f, "expected a string");
+      }
+    }
+  }
+  json_t *suffix = json_object_get(body, "suffix");
+  if (suffix && !json_is_null(suffix) &&
+      (!json_is_string(suffix) || strlen(json_string_value(suffix)) > 64))
+    dapo_errors_add(errors, "suffix", "expected a string of at most 64 characters");
+
+  json_t *judge = json_object_get(body, "judge");
+  if (!judge || json_is_null(judge)) {
+    s->judge = json_pack("{s:s}", "type", "exact");
+  } else {
+    s->judge = json_incref(judge);
+    struct dapo_err e = {0};
+    struct judge *j = judge_new(judge, pol, &e);
+    if (!j) spec_err_named(errors, "judge", e.msg);
+    judge_free(j);
+  }
+  json_t *ct = json_object_get(body, "chat_template");
+  if (ct && !json_is_null(ct)) {
+    s->chat_template = json_incref(ct);
+    /* everything but "auto" can be checked without the model */
+    if (!json_is_string(ct) || strcmp(json_string_value(ct), "auto")) {
+      struct dapo_err e = {0};
+      struct chat_template *c = chat_from_spec(ct, NULL, &e);
+      if (!c) spec_err_named(errors, "chat_template", e.msg);
+      chat_free(c);
+    }
+  }
+  hparams_parse(&s->hp, json_object_get(body, "hyperparameters"), errors);
+  if (!s->model || !s->training_file || !s->job_id || !s->judge) {
+    if ((model && !s->model) || (tf && !s->training_file) || !s->job_id || !s->judge)
+      dapo_errors_add(errors, "", "out of memory");
+  }
+  return (int)(json_array_size(errors) - before);
+}
+
+json_t *jobspec_to_json(const struct job_spec *s) {
+  /* chat_template only when given, so that specs (and the checkpoints that record them) of jobs
+   * without one stay as they were */
+  return json_pack("{s:s?,s:s?,s:s?,s:O?,s:o,s:I,s:O*}", "model", s->model, "training_file",
+                   s->training_file, "validation_file", s->validation_file, "judge", s->judge,
+                   "hyperparameters", hparams_to_json(&s->hp), "seed", (json_int_t)s->seed,
+                   "chat_template", s->chat_template);
+}
+
+void jobspec_deinit(struct job_spec *s) {
+  free(s->model);
+  free(s->training_file);
+  free(s->validation_file);
+  free(s->job_id);
+  json_decref(s->judge);
+  json_decref(s->chat_template);
+  memset(s, 0, sizeof *s);
+}

@@ -1,0 +1,37 @@
+/* A job spec: what a job trains (model, data, judge, hyperparameters, seed, chat template),
+ * parsed from the body of POST /v1/jobs or a `dapod train` job file and validated field by field.
+ * The runner (runner.h) runs one; the daemon stores the body it was parsed from. */
+#ifndef DAPO_JOBSPEC_H
+#define DAPO_JOBSPEC_H
+
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "hparams.h"
+#include "judge.h"
+
+struct job_spec {
+  char *model;           /* preset name or model folder path (owned) */
+  char *training_file;   /* path (owned) */
+  char *validation_file; /* path or NULL (owned) */
+  json_t *judge;         /* judge spec object (owned reference) */
+  struct hparams hp;     /* resolved */
+  uint64_t seed;
+  char *job_id;          /* name used in judge requests; "job-local" by default (owned) */
+  json_t *chat_template; /* how `messages` prompts are rendered (core/chat.h): NULL when the
+                            body has none ("auto": the model's own template), else the given
+                            value (owned reference) */
+};
+
+/* Parses and validates a job body (borrowed). Problems are appended to errors (a JSON array) as
+ * {"field", "message"}; returns their count (0: s is usable; release it with jobspec_deinit in
+ * any case). Files are paths here: the daemon maps file ids to paths before calling. The judge
+ * spec is checked with judge_new under pol (NULL: the loopback default). */
+int jobspec_parse(const json_t *body, const struct judge_policy *pol, struct job_spec *s,
+                  json_t *errors);
+/* The resolved spec (every hyperparameter with its value), a new reference. */
+json_t *jobspec_to_json(const struct job_spec *s);
+void jobspec_deinit(struct job_spec *s);
+
+#endif

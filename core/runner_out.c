@@ -1,0 +1,165 @@
+/* What a job run leaves in its folder (runner_impl.h): rollouts/step-N.jsonl and checkpoints/
+ * step-N folders written atomically (a crash leaves them complete or absent), pruned beyond
+ * keep_checkpoints, and each checkpoint's manifest told to the hooks. */
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "checkpoint.h"
+#include "parse.h"
+#include "runner_impl.h"
+
+/* ---- outputs: rollouts file, checkpoints ----------------------------------------------------- */
+
+static json_t *int_array(const int *v, int n) {
+  json_t *a = json_array();
+  for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(v[i]));
+  return a;
+}
+
+/* Writes rollouts/step-N.jsonl atomically (temporary file, fsync, rename). */
+int trainer_write_rollouts(struct trainer *t) {
+  char path[PATH_MAX], tmp[PATH_MAX + 16];
+  snprintf(path, sizeof path, "%s/rollouts/step-%" PRId64 ".jsonl", t->out, t->step);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "w");
+  if (!f) return trainer_fail(t, FAIL_IO_ERROR, NULL, "cannot write %s: %s", tmp, strerror(errno));
+  int bad = 0;
+  for (int i = 0; i < t->n_ro && !bad; i++) {
+    const struct ro *r = &t->ros[i];
+    const struct ds_item *it = ds_get(t->train, r->item);
+    json_t *o = json_pack(
+        "{s:I,s:i,s:i,s:i,s:s,s:s,s:s,s:s,s:o,s:o,s:o,s:o,s:o,s:o,s:i,s:b,s:b,s:b,s:b}", "step",
+        (json_int_t)t->step, "round", r->round, "group", r->group, "index", r->index, "id", it->id,
+        "prompt", it->prompt ? it->prompt : t->texts[r->item], "response", r->text, "answer",
+        it->answer, "prompt_token_ids", int_array(t->ids[r->item], t->ids_len[r->item]),
+        "response_token_ids", int_array(r->toks, r->len), "reward_raw",
+        r->judged ? json_real(r->reward_raw) : json_null(), "reward",
+        r->judged ? json_real(r->reward) : json_null(), "correct",
+        r->judged ? json_boolean(r->correct > 0) : json_null(), "advantage",
+        r->kept ? json_real(r->adv) : json_null(), "length", r->len, "truncated", r->truncated,
+        "kept", r->kept, "in_loss", r->in_loss, "overlong_penalised", r->penalised);
+    if (!o) {
+      bad = 1;
+      break;
+    }
+    if (it->messages) json_object_set(o, "messages", it->messages); /* prompt: as rendered */
+    if (r->info) json_object_set(o, "info", r->info);
+    if (!r->judged) json_object_set_new(o, "judge_error", json_true());
+    char *line = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+    json_decref(o);
+    if (!line || fputs(line, f) == EOF || fputc('\n', f) == EOF) bad = 1;
+    free(line);
+  }
+  if (fflush(f) || fsync(fileno(f))) bad = 1;
+  if (fclose(f)) bad = 1;
+  if (bad || rename(tmp, path)) {
+    unlink(tmp);
+    return trainer_fail(t, FAIL_IO_ERROR, NULL, "cannot write %s: %s", path, strerror(errno));
+  }
+  return 0;
+}
+
+struct ckpt_ctx {
+  struct trainer *t;
+  const json_t *metrics;
+};
+
+static int ckpt_extra(void *ctx, const char *tmp_dir, struct dapo_err *e) {
+  struct ckpt_ctx *c = ctx;
+  struct trainer *t = c->t;
+  char p[PATH_MAX];
+  snprintf(p, sizeof p, "%s/optimizer.safetensors", tmp_dir);
+  int rc = adamw_save(&t->opt, t->lm.model, p, e);
+  if (rc || (rc = lm_write_extra(&t->lm, tmp_dir, e))) return rc;
+  json_t *st =
+      json_pack("{s:I,s:{s:I,s:I,s:I},s:o,s:O?}", "step", (json_int_t)t->step, "cursor", "seed",
+                (json_int_t)t->cursor.seed, "epoch", (json_int_t)t->cursor.epoch, "pos",
+                (json_int_t)t->cursor.pos, "spec", jobspec_to_json(t->spec), "metrics", c->metrics);
+  if (!st) return dapo_errf(e, DAPO_ENOMEM, "trainer_state.json: out of memory");
+  snprintf(p, sizeof p, "%s/trainer_state.json", tmp_dir);
+  rc = ckpt_write_json(p, st, e);
+  json_decref(st);
+  return rc;
+}
+
+static void remove_tree_files(const char *dir) {
+  DIR *d = opendir(dir);
+  if (d) {
+    struct dirent *de;
+    char p[PATH_MAX + 320];
+    while ((de = readdir(d)))
+      if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        unlink(p);
+      }
+    closedir(d);
+  }
+  rmdir(dir);
+}
+
+/* Deletes the oldest checkpoints beyond keep_checkpoints (never the newest one). */
+static void prune(struct trainer *t) {
+  int keep = t->hp->keep_checkpoints;
+  if (keep <= 0) return;
+  char dir[PATH_MAX];
+  snprintf(dir, sizeof dir, "%s/checkpoints", t->out);
+  for (;;) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    int64_t oldest = INT64_MAX;
+    int count = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+      int64_t s;
+      if (strncmp(de->d_name, "step-", 5) || parse_i64(de->d_name + 5, 0, INT64_MAX, &s, "", NULL))
+        continue;
+      count++;
+      if (s < oldest) oldest = s;
+    }
+    closedir(d);
+    if (count <= keep || oldest == t->step) return;
+    char p[PATH_MAX];
+    trainer_ckpt_path(t, oldest, p, sizeof p);
+    remove_tree_files(p);
+  }
+}
+
+int trainer_checkpoint(struct trainer *t, const json_t *metrics) {
+  trainer_phase(t, "checkpointing");
+  char dir[PATH_MAX];
+  trainer_ckpt_path(t, t->step, dir, sizeof dir);
+  struct stat st;
+  char probe[PATH_MAX + 32];
+  snprintf(probe, sizeof probe, "%s/trainer_state.json", dir);
+  if (stat(probe, &st) == 0) return 0; /* already there (a resumed run passing it again) */
+  if (stat(dir, &st) == 0) remove_tree_files(dir); /* incomplete leftovers cannot exist, but */
+  json_t *tj = tok_to_json(t->lm.tok);
+  char *text = tj ? json_dumps(tj, JSON_INDENT(2) | JSON_ENSURE_ASCII) : NULL;
+  json_decref(tj);
+  if (!text) return trainer_oom(t);
+  struct ckpt_ctx c = {t, metrics};
+  struct dapo_err e = {0};
+  int rc = ckpt_save_with(dir, t->lm.model, text, t->lm.gen_config, 0, ckpt_extra, &c, &e);
+  free(text);
+  if (rc) return trainer_fail_err(t, FAIL_IO_ERROR, NULL, &e);
+  prune(t);
+  /* the writer reads what it wrote once, while it is cached: the daemon indexes this manifest
+   * and serves downloads by it without reading the files again */
+  struct ckpt_manifest man;
+  if ((rc = ckpt_manifest_read(dir, &man, &e))) return trainer_fail_err(t, FAIL_IO_ERROR, NULL, &e);
+  struct runner_checkpoint rc_ = {
+      .step = t->step, .path = dir, .manifest = &man, .metrics = metrics};
+  if (t->h && t->h->checkpoint && t->h->checkpoint(t->h->ctx, &rc_))
+    return trainer_hook_failed(t, "checkpoint");
+  return 0;
+}

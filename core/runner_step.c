@@ -1,0 +1,581 @@
+/* One DAPO step of the job runner (runner_impl.h): sample G responses for each prompt of the
+ * step (as batches, KV cache), judge them, shape rewards (overlong penalty), keep the groups with
+ * mixed rewards until prompt_batch_size are kept (dynamic sampling), compute advantages, then
+ * the epochs of minibatch updates with the clipped token-mean loss; and evaluation on the
+ * validation prompts. DAPO.md steps 1-7. */
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dapo.h"
+#include "runner_impl.h"
+
+/* ---- rollouts of a step ---------------------------------------------------------------------- */
+
+/* RNG stream for (purpose, a, b, c): a 64-bit mix so that streams never collide in practice. */
+static uint64_t stream_of(uint64_t tag, uint64_t a, uint64_t b, uint64_t c) {
+  uint64_t x = tag;
+  uint64_t v[3] = {a, b, c};
+  for (int i = 0; i < 3; i++) {
+    x ^= v[i] + 0x9e3779b97f4a7c15ULL + (x << 6) + (x >> 2);
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 31;
+  }
+  return x;
+}
+#define TAG_GEN 0x67656e0000000000ULL  /* "gen" */
+#define TAG_MB 0x6d62000000000000ULL   /* "mb" */
+#define TAG_EVAL 0x6576616c00000000ULL /* "eval" */
+
+static void ro_clear(struct ro *r) {
+  free(r->toks);
+  free(r->slogp);
+  free(r->lp_old);
+  free(r->lp_ref);
+  free(r->text);
+  json_decref(r->info);
+  memset(r, 0, sizeof *r);
+}
+
+void trainer_clear_rollouts(struct trainer *t) {
+  for (int i = 0; i < t->n_ro; i++) ro_clear(&t->ros[i]);
+  t->n_ro = 0;
+}
+
+static struct ro *new_ro(struct trainer *t) {
+  if (t->n_ro == t->cap_ro) {
+    int cap = t->cap_ro ? 2 * t->cap_ro : 256;
+    struct ro *n = realloc(t->ros, sizeof *n * (size_t)cap);
+    if (!n) return NULL;
+    t->ros = n;
+    t->cap_ro = cap;
+  }
+  struct ro *r = &t->ros[t->n_ro++];
+  memset(r, 0, sizeof *r);
+  return r;
+}
+
+/* ---- generation ----------------------------------------------------------------------------- */
+
+/* Generates k responses for each of n prompts (items[i] indexes ids/lens), appending one ro per
+ * response with group numbers group0 + i. Streams are derived from (tag, step, a, slot). */
+static int generate(struct trainer *t, int n, const int *items, int *const *ids, const int *lens,
+                    int k, const struct sampler_opts *so, uint64_t tag, uint64_t a, int group0,
+                    int round, int *n_tokens) {
+  int per_chunk = t->gen_cap / k;
+  if (per_chunk < 1) per_chunk = 1;
+  int R = so->max_new_tokens;
+  for (int p0 = 0; p0 < n; p0 += per_chunk) {
+    if (trainer_cancelled(t)) return trainer_fail(t, FAIL_CANCELLED, NULL, "cancelled");
+    int np = n - p0 < per_chunk ? n - p0 : per_chunk, ns = np * k;
+    for (int q = 0; q < np; q++)
+      for (int i = 0; i < k; i++) {
+        int s = q * k + i, it = items[p0 + q];
+        t->g_prompts[s] = ids[it];
+        t->g_plen[s] = lens[it];
+        rng_seed(&t->g_rng[s], t->spec->seed,
+                 stream_of(tag, (uint64_t)t->step, a, (uint64_t)(p0 + q) * 65536u + (uint64_t)i));
+      }
+    struct gen_out go = {t->g_tok, t->g_logp, t->g_len, t->g_fin};
+    struct dapo_err e = {0};
+    int rc = gen_run(t->gs, t->lm.model, ns, t->g_prompts, t->g_plen, t->g_rng, so, &go,
+                     t->o ? t->o->cancel : NULL, &e);
+    if (rc == DAPO_ECANCELLED) return trainer_fail(t, FAIL_CANCELLED, NULL, "cancelled");
+    if (rc) return trainer_fail_err(t, FAIL_GENERATION_FAILED, NULL, &e);
+    for (int s = 0; s < ns; s++) {
+      struct ro *r = new_ro(t);
+      if (!r) return trainer_fail(t, FAIL_OUT_OF_MEMORY, NULL, "out of memory for rollouts");
+      r->item = items[p0 + s / k];
+      r->group = group0 + p0 + s / k;
+      r->index = s % k;
+      r->round = round;
+      r->len = t->g_len[s];
+      r->truncated = t->g_fin[s] == FINISH_LENGTH;
+      r->toks = malloc(sizeof(int) * (size_t)(r->len ? r->len : 1));
+      r->slogp = malloc(sizeof(float) * (size_t)(r->len ? r->len : 1));
+      if (!r->toks || !r->slogp)
+        return trainer_fail(t, FAIL_OUT_OF_MEMORY, NULL, "out of memory for rollouts");
+      memcpy(r->toks, t->g_tok + (size_t)s * R, sizeof(int) * (size_t)r->len);
+      memcpy(r->slogp, t->g_logp + (size_t)s * R, sizeof(float) * (size_t)r->len);
+      r->text = tok_decode_alloc(t->lm.tok, r->toks, r->len, 1, &e);
+      if (!r->text) return trainer_fail_err(t, FAIL_GENERATION_FAILED, NULL, &e);
+      *n_tokens += r->len;
+    }
+  }
+  return 0;
+}
+
+/* Judges responses ros[first .. first+n). Items that the judge could not judge keep judged = 0.
+ * Returns 1 (job failed) when on_judge_error is fail and something failed. */
+static int judge_range(struct trainer *t, const struct dataset *d, int first, int n,
+                       struct judge_stats *st) {
+  if (n == 0) return 0;
+  struct judge_item *items = calloc((size_t)n, sizeof *items);
+  struct judge_result *res = calloc((size_t)n, sizeof *res);
+  char(*idbuf)[48] = calloc((size_t)n, sizeof *idbuf);
+  if (!items || !res || !idbuf) {
+    free(items), free(res), free(idbuf);
+    return trainer_fail(t, FAIL_OUT_OF_MEMORY, NULL, "out of memory judging");
+  }
+  for (int i = 0; i < n; i++) {
+    const struct ro *r = &t->ros[first + i];
+    const struct ds_item *it = ds_get(d, r->item);
+    snprintf(idbuf[i], sizeof idbuf[i], "s%" PRId64 "-r%d-g%d-%d", t->step, r->round, r->group,
+             r->index);
+    items[i] = (struct judge_item){
+        .id = idbuf[i],
+        .group = r->group,
+        .prompt = it->prompt ? it->prompt : (d == t->train ? t->texts : t->vtexts)[r->item],
+        .response = r->text,
+        .answer = it->answer,
+        .metadata = it->metadata,
+        .response_tokens = r->len,
+        .truncated = r->truncated};
+  }
+  struct dapo_err e = {0};
+  int rc = judge_run(t->judge, t->spec->job_id, t->step, items, n, res, st,
+                     t->o ? t->o->cancel : NULL, &e);
+  int stop = 0;
+  if (rc && trainer_cancelled(t))
+    stop = trainer_fail(t, FAIL_CANCELLED, NULL, "cancelled");
+  else if (rc && t->hp->on_judge_error == JUDGE_ERR_FAIL)
+    stop = trainer_fail(t, FAIL_JUDGE_ERROR, "judge", "%s", e.msg);
+  for (int i = 0; i < n; i++) {
+    struct ro *r = &t->ros[first + i];
+    if (res[i].err != JE_NONE) continue;
+    r->judged = 1;
+    r->reward_raw = res[i].reward;
+    r->correct = res[i].correct;
+    r->jmask = res[i].mask;
+    r->info = res[i].info;
+    res[i].info = NULL;
+  }
+  if (rc && !stop)
+    stop = trainer_log(t, "warning", "judge errors; the affected groups are dropped: %s", e.msg);
+  judge_results_release(res, n);
+  free(items), free(res), free(idbuf);
+  return stop;
+}
+
+/* Shapes rewards and decides correctness for ros[first .. first+n). */
+static void shape_rewards(struct trainer *t, int first, int n) {
+  const struct hparams *hp = t->hp;
+  for (int i = first; i < first + n; i++) {
+    struct ro *r = &t->ros[i];
+    if (!r->judged) continue;
+    r->reward = dapo_overlong_shape(r->reward_raw, r->len, hp->max_new_tokens, hp->overlong_buffer,
+                                    hp->overlong_penalty, hp->overlong_mode, &r->penalised);
+    if (r->correct < 0) r->correct = r->reward > 0;
+  }
+}
+
+/* ---- the update ----------------------------------------------------------------------------- */
+
+/* Packs responses list[from ..] into the batch scratch while they fit cap_tokens; returns how
+ * many were packed (>= 1: one response always fits, cap_tokens >= cap_t). */
+static int pack(struct trainer *t, struct ro *const *list, int from, int to) {
+  int ntok = 0, ns = 0;
+  t->b_off[0] = 0;
+  for (int i = from; i < to; i++) {
+    const struct ro *r = list[i];
+    int pl = t->ids_len[r->item], seq_len = pl + r->len;
+    if (ns > 0 && ntok + seq_len > t->cap_tokens) break;
+    memcpy(t->b_tok + ntok, t->ids[r->item], sizeof(int) * (size_t)pl);
+    memcpy(t->b_tok + ntok + pl, r->toks, sizeof(int) * (size_t)r->len);
+    t->b_plen[ns] = pl;
+    t->b_ro[ns] = list[i];
+    ntok += seq_len;
+    t->b_off[++ns] = ntok;
+  }
+  return ns;
+}
+
+static int forward(struct trainer *t, struct model *m, int ns, float *ent) {
+  struct fwd_batch b = {ns, t->b_tok, t->b_off, t->b_plen};
+  struct dapo_err e = {0};
+  if (train_forward(t->ts, m, &b, 1.0f / (float)t->hp->temperature, t->b_logp, ent, &e))
+    return trainer_fail_err(t, FAIL_INTERNAL, NULL, &e);
+  return 0;
+}
+
+struct upd_stats {
+  struct pg_stats pg;
+  double ent_sum, gnorm_sum;
+  long ent_tokens, n_upd;
+  double mismatch_sum; /* |sampler logp - trainer logp_old| summed over tokens */
+  long mismatch_n;
+  long train_tokens; /* tokens through the model in update passes (prompt + response) */
+};
+
+/* Minibatch order of epoch e: a permutation of 0..n-1 from the step's stream. */
+static void epoch_order(const struct trainer *t, int *order, int n, int e) {
+  for (int i = 0; i < n; i++) order[i] = i;
+  struct rng r;
+  rng_seed(&r, t->spec->seed, stream_of(TAG_MB, (uint64_t)t->step, (uint64_t)e, 0));
+  rng_shuffle_int(&r, order, n);
+}
+
+/* logp_old (and the reference's) for every response in epoch 0's minibatch/micro-batch packing,
+ * so that the first minibatch's forward is bit-identical and its ratio exactly 1. */
+static int old_logprobs(struct trainer *t, struct ro **loss_ros, int n, const int *order,
+                        double *mismatch, long *mismatch_n) {
+  int mb_size = t->hp->minibatch_size;
+  struct ro **mb = malloc(sizeof *mb * (size_t)(mb_size < n ? mb_size : n));
+  if (!mb) return trainer_oom(t);
+  for (int j0 = 0; j0 < n; j0 += mb_size) {
+    int nm = n - j0 < mb_size ? n - j0 : mb_size;
+    for (int i = 0; i < nm; i++) mb[i] = loss_ros[order[j0 + i]];
+    for (int i = 0; i < nm;) {
+      int ns = pack(t, mb, i, nm);
+      for (int pass = 0; pass < (t->ref ? 2 : 1); pass++) {
+        if (forward(t, pass ? t->ref : t->lm.model, ns, NULL)) {
+          free(mb);
+          return 1;
+        }
+        int k = 0;
+        for (int s = 0; s < ns; s++) {
+          struct ro *r = t->b_ro[s];
+          float **dst = pass ? &r->lp_ref : &r->lp_old;
+          if (!*dst && !(*dst = malloc(sizeof(float) * (size_t)r->len))) {
+            free(mb);
+            return trainer_oom(t);
+          }
+          memcpy(*dst, t->b_logp + k, sizeof(float) * (size_t)r->len);
+          if (!pass)
+            for (int q = 0; q < r->len; q++) {
+              *mismatch += fabs((double)r->slogp[q] - (double)t->b_logp[k + q]);
+              (*mismatch_n)++;
+            }
+          k += r->len;
+        }
+      }
+      i += ns;
+    }
+  }
+  free(mb);
+  return 0;
+}
+
+static int update(struct trainer *t, struct ro **loss_ros, int n, struct upd_stats *us, double lr) {
+  const struct hparams *hp = t->hp;
+  int mb_size = hp->minibatch_size;
+  int *order = malloc(sizeof(int) * (size_t)n);
+  struct ro **mb = malloc(sizeof *mb * (size_t)(mb_size < n ? mb_size : n));
+  if (!order || !mb) {
+    free(order), free(mb);
+    return trainer_oom(t);
+  }
+  int stop = 0;
+  double mismatch = 0;
+  long mismatch_n = 0;
+  epoch_order(t, order, n, 0);
+  if ((stop = old_logprobs(t, loss_ros, n, order, &mismatch, &mismatch_n))) goto out;
+  for (int ep = 0; ep < hp->epochs && !stop; ep++) {
+    if (ep > 0) epoch_order(t, order, n, ep);
+    for (int j0 = 0; j0 < n && !stop; j0 += mb_size) {
+      if (trainer_cancelled(t)) {
+        stop = trainer_fail(t, FAIL_CANCELLED, NULL, "cancelled");
+        break;
+      }
+      int nm = n - j0 < mb_size ? n - j0 : mb_size;
+      long tot = 0;
+      for (int i = 0; i < nm; i++) {
+        mb[i] = loss_ros[order[j0 + i]];
+        tot += mb[i]->len;
+      }
+      model_zero_grads(t->lm.model);
+      for (int i = 0; i < nm && !stop;) {
+        int ns = pack(t, mb, i, nm);
+        if ((stop = forward(t, t->lm.model, ns, ep == 0 ? t->b_ent : NULL))) break;
+        /* per-response arrays of this micro-batch, tokens concatenated */
+        int k = 0;
+        for (int s = 0; s < ns; s++) {
+          const struct ro *r = t->b_ro[s];
+          t->mb_len[s] = r->len;
+          t->mb_adv[s] = r->adv;
+          memcpy(t->b_old + k, r->lp_old, sizeof(float) * (size_t)r->len);
+          if (t->ref) memcpy(t->b_ref + k, r->lp_ref, sizeof(float) * (size_t)r->len);
+          if (ep == 0)
+            for (int q = 0; q < r->len; q++) us->ent_sum += t->b_ent[k + q];
+          k += r->len;
+        }
+        if (ep == 0) us->ent_tokens += k;
+        dapo_token_weights(hp, ns, t->mb_len, t->mb_adv, t->b_logp, t->b_old,
+                           t->ref ? t->b_ref : NULL, nm, tot, t->b_w, &us->pg);
+        us->train_tokens += t->b_off[ns];
+        struct dapo_err e = {0};
+        if (train_backward(t->ts, t->lm.model, t->b_w, &e)) {
+          stop = trainer_fail_err(t, FAIL_INTERNAL, NULL, &e);
+          break;
+        }
+        i += ns;
+      }
+      if (stop) break;
+      double gn = 0;
+      struct dapo_err e = {0};
+      if (adamw_step(&t->opt, t->lm.model, (float)lr, &gn, &e)) {
+        stop =
+            trainer_fail(t, FAIL_NON_FINITE_GRADIENT, NULL, "step %" PRId64 ": %s", t->step, e.msg);
+        break;
+      }
+      us->gnorm_sum += gn;
+      us->n_upd++;
+    }
+  }
+  us->mismatch_sum = mismatch;
+  us->mismatch_n = mismatch_n;
+out:
+  free(order), free(mb);
+  return stop;
+}
+
+/* ---- evaluation ------------------------------------------------------------------------------ */
+
+int trainer_evaluate(struct trainer *t) {
+  const struct hparams *hp = t->hp;
+  if (!t->val) return 0;
+  trainer_phase(t, "evaluating");
+  int n = ds_count(t->val);
+  if (hp->eval_max_prompts > 0 && hp->eval_max_prompts < n) n = hp->eval_max_prompts;
+  int k = hp->eval_samples;
+  int *items = malloc(sizeof(int) * (size_t)n);
+  if (!items) return trainer_oom(t);
+  for (int i = 0; i < n; i++) items[i] = i;
+  struct sampler_opts so = t->so;
+  so.temperature = (float)hp->eval_temperature;
+  so.top_p = (float)hp->eval_top_p;
+  int first = t->n_ro, ntok = 0;
+  double t0 = now_s();
+  /* the validation rollouts borrow the step's array after the training ones */
+  int stop = generate(t, n, items, t->vids, t->vids_len, k, &so, TAG_EVAL, 0, 0, -1, &ntok);
+  free(items);
+  struct judge_stats st = {0};
+  if (!stop) stop = judge_range(t, t->val, first, t->n_ro - first, &st);
+  if (stop) return stop;
+  shape_rewards(t, first, t->n_ro - first);
+  double acc = 0, passk = 0, len = 0;
+  for (int p = 0; p < n; p++) {
+    int c = 0;
+    for (int i = 0; i < k; i++) {
+      const struct ro *r = &t->ros[first + p * k + i];
+      c += r->judged && r->correct > 0;
+      len += r->len;
+    }
+    acc += (double)c / k;
+    passk += dapo_pass_at_k(k, c, k);
+  }
+  char key[64];
+  json_t *m =
+      json_pack("{s:I,s:f,s:f,s:f,s:i,s:i,s:f}", "step", (json_int_t)t->step, "eval/accuracy",
+                acc / n, "eval/pass@1", acc / n, "eval/response_length", len / ((double)n * k),
+                "eval/prompts", n, "eval/samples", k, "eval/seconds", now_s() - t0);
+  snprintf(key, sizeof key, "eval/pass@%d", k);
+  json_object_set_new(m, key, json_real(passk / n));
+  /* drop the validation rollouts again */
+  for (int i = first; i < t->n_ro; i++) ro_clear(&t->ros[i]);
+  t->n_ro = first;
+  return trainer_emit_metrics(t, m, 1, 0, 0);
+}
+
+/* ---- one step -------------------------------------------------------------------------------- */
+
+static int cmp_ro_ptr(const void *a, const void *b) {
+  const struct ro *x = *(struct ro *const *)a, *y = *(struct ro *const *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* One step: sample groups (dynamic sampling: rounds until prompt_batch_size groups with mixed
+ * rewards are kept, or max_gen_batches), judge, shape rewards and advantages, then the update's
+ * epochs of minibatches. Its metrics into *metrics_out (owned) and its token counts into
+ * *gen_tokens and *train_tokens. STEP_OK, STEP_PAUSED (a pause between rounds; nothing trained),
+ * or STEP_STOP with res set. */
+int trainer_step(struct trainer *t, json_t **metrics_out, int64_t *gen_tokens_out,
+                 int64_t *train_tokens_out) {
+  const struct hparams *hp = t->hp;
+  const int G = hp->group_size, want = hp->prompt_batch_size;
+  double t_step = now_s(), t_gen = 0, t_judge = 0;
+  trainer_clear_rollouts(t);
+  struct judge_stats js = {0};
+  int rounds = 0, kept_groups = 0, sampled_groups = 0, all_correct = 0, all_wrong = 0;
+  int gen_tokens = 0;
+  struct ds_cursor cur0 = t->cursor;
+  int n_prompts = hp->dynamic_sampling ? want * hp->gen_batch_multiplier : want;
+  int max_rounds = hp->dynamic_sampling ? hp->max_gen_batches : 1;
+  int *items = malloc(sizeof(int) * (size_t)n_prompts);
+  if (!items) return trainer_oom(t);
+
+  for (int r = 0; r < max_rounds && kept_groups < want; r++) {
+    if (trainer_cancelled(t)) {
+      free(items);
+      return trainer_fail(t, FAIL_CANCELLED, NULL, "cancelled");
+    }
+    if (trainer_pause_requested(t)) { /* nothing trained yet this step: abandon it */
+      free(items);
+      t->cursor = cur0;
+      return STEP_PAUSED;
+    }
+    trainer_phase(t, "sampling");
+    double t0 = now_s();
+    for (int i = 0; i < n_prompts; i++) items[i] = ds_next(t->train, &t->cursor);
+    int first = t->n_ro;
+    if (generate(t, n_prompts, items, t->ids, t->ids_len, G, &t->so, TAG_GEN, (uint64_t)r,
+                 sampled_groups, r, &gen_tokens)) {
+      free(items);
+      return STEP_STOP;
+    }
+    t_gen += now_s() - t0;
+    trainer_phase(t, "judging");
+    t0 = now_s();
+    if (judge_range(t, t->train, first, t->n_ro - first, &js)) {
+      free(items);
+      return STEP_STOP;
+    }
+    t_judge += now_s() - t0;
+    shape_rewards(t, first, t->n_ro - first);
+    for (int g = 0; g < n_prompts; g++) {
+      struct ro *grp = &t->ros[first + g * G];
+      int judged = 0, correct = 0, incl = 0;
+      for (int i = 0; i < G; i++) {
+        judged += grp[i].judged;
+        if (grp[i].judged && !grp[i].jmask) {
+          incl++;
+          correct += grp[i].correct > 0;
+        }
+      }
+      sampled_groups++;
+      all_correct += incl > 0 && correct == incl;
+      all_wrong += correct == 0;
+      int keep = judged == G && (!hp->dynamic_sampling || (correct > 0 && correct < incl));
+      if (!keep || kept_groups >= want) continue;
+      kept_groups++;
+      double rw[HPARAMS_GROUP_SIZE_MAX], adv[HPARAMS_GROUP_SIZE_MAX];
+      int inc[HPARAMS_GROUP_SIZE_MAX]; /* G <= HPARAMS_GROUP_SIZE_MAX: hparams_parse's bound */
+      for (int i = 0; i < G; i++) {
+        rw[i] = grp[i].reward;
+        inc[i] = !grp[i].jmask;
+      }
+      dapo_group_advantages(rw, inc, G, hp->adv_eps, hp->scale_advantages, adv);
+      for (int i = 0; i < G; i++) {
+        grp[i].kept = 1;
+        grp[i].adv = adv[i];
+        grp[i].in_loss =
+            !grp[i].jmask && !(hp->mask_truncated && grp[i].truncated) && grp[i].len > 0;
+      }
+    }
+    rounds++;
+  }
+  free(items);
+  if (kept_groups < want) {
+    if (hp->on_sampling_shortfall == SHORTFALL_ERROR)
+      return trainer_fail(
+          t, FAIL_SAMPLING_SHORTFALL, "hyperparameters.max_gen_batches",
+          "step %" PRId64 ": dynamic sampling kept %d of %d groups after %d rounds "
+          "(%d groups sampled); raise gen_batch_multiplier or max_gen_batches, or set "
+          "on_sampling_shortfall to \"partial\"",
+          t->step, kept_groups, want, rounds, sampled_groups);
+    if (trainer_log(t, "warning",
+                    "step %" PRId64 ": dynamic sampling kept %d of %d groups after %d rounds (%d "
+                    "sampled); training on what was kept",
+                    t->step, kept_groups, want, rounds, sampled_groups))
+      return STEP_STOP;
+  }
+
+  /* the update */
+  trainer_phase(t, "updating");
+  double t0 = now_s();
+  int n_loss = 0;
+  for (int i = 0; i < t->n_ro; i++) n_loss += t->ros[i].in_loss;
+  struct ro **loss_ros = malloc(sizeof *loss_ros * (size_t)(n_loss ? n_loss : 1));
+  if (!loss_ros) return trainer_oom(t);
+  for (int i = 0, k = 0; i < t->n_ro; i++)
+    if (t->ros[i].in_loss) loss_ros[k++] = &t->ros[i];
+  qsort(loss_ros, (size_t)n_loss, sizeof *loss_ros, cmp_ro_ptr);
+  struct upd_stats us = {0};
+  double lr = adamw_lr_at(&t->opt.cfg, t->step - 1);
+  if (n_loss > 0 && update(t, loss_ros, n_loss, &us, lr)) {
+    free(loss_ros);
+    return STEP_STOP;
+  }
+  free(loss_ros);
+  double t_train = now_s() - t0;
+
+  /* metrics over every sampled response of the step */
+  double rsum = 0, rrsum = 0, psum = 0;
+  long lsum = 0, n_j = 0, n_c = 0, n_tr = 0, n_pen = 0, lmin = LONG_MAX, lmax = 0, ptok = 0;
+  for (int i = 0; i < t->n_ro; i++) {
+    const struct ro *r = &t->ros[i];
+    lsum += r->len;
+    lmin = r->len < lmin ? r->len : lmin;
+    lmax = r->len > lmax ? r->len : lmax;
+    n_tr += r->truncated;
+    if (r->judged) {
+      n_j++;
+      rsum += r->reward;
+      rrsum += r->reward_raw;
+      n_c += r->correct > 0;
+      n_pen += r->penalised;
+    }
+    if (r->lp_old)
+      for (int q = 0; q < r->len; q++) psum += exp(r->lp_old[q]), ptok++;
+  }
+  int n = t->n_ro ? t->n_ro : 1;
+  double step_s = now_s() - t_step;
+  json_t *m = json_object();
+#define PUT_R(k, v) json_object_set_new(m, k, json_real(v))
+#define PUT_I(k, v) json_object_set_new(m, k, json_integer((json_int_t)(v)))
+  PUT_I("step", t->step);
+  PUT_R("reward/mean", n_j ? rsum / n_j : 0);
+  PUT_R("reward/raw_mean", n_j ? rrsum / n_j : 0);
+  PUT_R("accuracy", n_j ? (double)n_c / n_j : 0);
+  PUT_R("entropy", us.ent_tokens ? us.ent_sum / us.ent_tokens : 0);
+  PUT_R("response_length/mean", (double)lsum / n);
+  PUT_I("response_length/min", t->n_ro ? lmin : 0);
+  PUT_I("response_length/max", lmax);
+  PUT_R("response/truncated_frac", (double)n_tr / n);
+  PUT_R("response/overlong_penalised_frac", n_j ? (double)n_pen / n_j : 0);
+  PUT_R("policy/loss", us.n_upd ? us.pg.loss / us.n_upd : 0);
+  PUT_R("policy/clip_frac_low", us.pg.tokens ? (double)us.pg.clip_low / us.pg.tokens : 0);
+  PUT_R("policy/clip_frac_high", us.pg.tokens ? (double)us.pg.clip_high / us.pg.tokens : 0);
+  PUT_R("policy/clip_frac_dual", us.pg.tokens ? (double)us.pg.clip_dual / us.pg.tokens : 0);
+  PUT_R("policy/approx_kl", us.pg.tokens ? us.pg.approx_kl_sum / us.pg.tokens : 0);
+  if (t->ref) PUT_R("policy/kl_ref", us.pg.tokens ? us.pg.kl_ref_sum / us.pg.tokens : 0);
+  PUT_R("policy/grad_norm", us.n_upd ? us.gnorm_sum / us.n_upd : 0);
+  PUT_I("policy/updates", us.n_upd);
+  PUT_R("policy/lr", lr);
+  PUT_R("policy/sampled_token_prob", ptok ? psum / ptok : 0);
+  PUT_R("policy/clipped_high_old_prob",
+        us.pg.clip_high ? us.pg.p_clip_high_sum / us.pg.clip_high : 0);
+  PUT_R("policy/logp_mismatch", us.mismatch_n ? us.mismatch_sum / us.mismatch_n : 0);
+  PUT_I("groups/kept", kept_groups);
+  PUT_I("groups/sampled", sampled_groups);
+  PUT_R("groups/all_correct_frac", sampled_groups ? (double)all_correct / sampled_groups : 0);
+  PUT_R("groups/all_wrong_frac", sampled_groups ? (double)all_wrong / sampled_groups : 0);
+  PUT_I("gen/rounds", rounds);
+  PUT_I("tokens/generated", gen_tokens);
+  PUT_I("tokens/trained", us.train_tokens);
+  PUT_R("throughput/gen_tokens_per_s", t_gen > 0 ? gen_tokens / t_gen : 0);
+  PUT_R("throughput/train_tokens_per_s", t_train > 0 ? us.train_tokens / t_train : 0);
+  PUT_R("judge/seconds", t_judge);
+  PUT_I("judge/errors/judge_timeout", js.n_timeout);
+  PUT_I("judge/errors/judge_http_error", js.n_http_error);
+  PUT_I("judge/errors/judge_parse_error", js.n_parse_error);
+  PUT_I("judge/errors/reward_out_of_range", js.n_out_of_range);
+  PUT_R("time/generation_s", t_gen);
+  PUT_R("time/training_s", t_train);
+  PUT_R("time/step_s", step_s);
+#undef PUT_R
+#undef PUT_I
+  *metrics_out = m;
+  *gen_tokens_out = gen_tokens;
+  *train_tokens_out = us.train_tokens;
+  return STEP_OK;
+}
