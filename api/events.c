@@ -79,6 +79,7 @@ int api_events_list(struct api_req *r) {
 struct stream {
   struct server *srv;
   struct api_hub *hub;
+  struct api_frames *frames; /* borrowed: the framed events of every stream (api_caches) */
   struct MHD_Connection *conn;
   char job_id[STORE_ID_MAX];
   int64_t last_id;      /* the last event id written to buf */
@@ -121,22 +122,35 @@ struct frame_slot {
   size_t len;
 };
 
-static struct {
+struct api_frames {
   pthread_mutex_t mu;
   struct frame_slot v[FRAME_CACHE];
-} g_frames = {.mu = PTHREAD_MUTEX_INITIALIZER};
+};
 
-static struct frame_slot *frame_slot(const char *job, int64_t id) {
+struct api_frames *api_frames_new(void) {
+  struct api_frames *f = calloc(1, sizeof *f);
+  if (f) pthread_mutex_init(&f->mu, NULL);
+  return f;
+}
+
+void api_frames_free(struct api_frames *f) {
+  if (!f) return;
+  for (int i = 0; i < FRAME_CACHE; i++) free(f->v[i].text);
+  pthread_mutex_destroy(&f->mu);
+  free(f);
+}
+
+static struct frame_slot *frame_slot(struct api_frames *frames, const char *job, int64_t id) {
   uint64_t h = api_fnv1a(API_FNV_SEED, job); /* then the event id */
   h = (h ^ (uint64_t)id) * 1099511628211ull;
-  return &g_frames.v[h % FRAME_CACHE];
+  return &frames->v[h % FRAME_CACHE];
 }
 
 /* Appends the cached frame of (job, id) to s; 1 when it was there, 0 when not, -1 on error. */
 static int frame_from_cache(struct stream *s, int64_t id) {
   int rc = 0;
-  pthread_mutex_lock(&g_frames.mu);
-  struct frame_slot *f = frame_slot(s->job_id, id);
+  pthread_mutex_lock(&s->frames->mu);
+  struct frame_slot *f = frame_slot(s->frames, s->job_id, id);
   if (f->id == id && !strcmp(f->job, s->job_id)) {
     rc = buf_add(s, f->text, f->len) ? -1 : 1;
     if (rc == 1) {
@@ -144,25 +158,25 @@ static int frame_from_cache(struct stream *s, int64_t id) {
       if (f->end) s->ended = 1;
     }
   }
-  pthread_mutex_unlock(&g_frames.mu);
+  pthread_mutex_unlock(&s->frames->mu);
   return rc;
 }
 
-static void frame_to_cache(const char *job, const struct store_event *ev, const char *text,
-                           size_t len) {
+static void frame_to_cache(struct api_frames *frames, const char *job, const struct store_event *ev,
+                           const char *text, size_t len) {
   if (len > FRAME_CACHE_MAX_BYTES) return;
   char *copy = malloc(len);
   if (!copy) return;
   memcpy(copy, text, len);
-  pthread_mutex_lock(&g_frames.mu);
-  struct frame_slot *f = frame_slot(job, ev->id);
+  pthread_mutex_lock(&frames->mu);
+  struct frame_slot *f = frame_slot(frames, job, ev->id);
   free(f->text);
   snprintf(f->job, sizeof f->job, "%s", job);
   f->id = ev->id;
   f->end = !strcmp(ev->type, "end");
   f->text = copy;
   f->len = len;
-  pthread_mutex_unlock(&g_frames.mu);
+  pthread_mutex_unlock(&frames->mu);
 }
 
 /* One event in SSE framing: id, event, one-line JSON data, blank line; also into the cache. */
@@ -174,7 +188,7 @@ static int frame(struct stream *s, const struct store_event *ev) {
   size_t start = s->len;
   int rc = buf_add(s, head, (size_t)h) || buf_add(s, data, strlen(data)) || buf_add(s, "\n\n", 2);
   free(data);
-  if (!rc) frame_to_cache(s->job_id, ev, s->buf + start, s->len - start);
+  if (!rc) frame_to_cache(s->frames, s->job_id, ev, s->buf + start, s->len - start);
   return rc ? -1 : 0;
 }
 
@@ -309,6 +323,7 @@ int api_events_stream(struct api_req *r) {
     return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory", NULL);
   }
   s->srv = r->srv;
+  s->frames = r->caches->frames;
   s->hub = r->hub;
   s->conn = r->conn;
   snprintf(s->job_id, sizeof s->job_id, "%s", id);

@@ -9,6 +9,14 @@
 
 struct api_req;
 
+/* What the HTTP layer keeps between requests, owned by struct api_http (created with it, freed
+ * when it stops) and reached by every request (api_req.caches): no process-wide state, so that
+ * two HTTP layers in one process (tests) never share it. */
+struct api_caches {
+  struct api_frames *frames;         /* events.c */
+  struct api_metrics_cache *metrics; /* jobs.c */
+};
+
 /* health.c: GET /healthz, GET /readyz, GET /metrics */
 int api_health_live(struct api_req *r);
 int api_health_ready(struct api_req *r);
@@ -43,11 +51,19 @@ int api_jobs_cancel(struct api_req *r);
 int api_jobs_pause(struct api_req *r);
 int api_jobs_resume(struct api_req *r);
 int api_jobs_metrics(struct api_req *r);
+/* The rendered metrics lists kept per job (jobs.c), owned by the HTTP layer (api_caches). */
+struct api_metrics_cache;
+struct api_metrics_cache *api_metrics_cache_new(void);
+void api_metrics_cache_free(struct api_metrics_cache *c);
 /* How many times GET /v1/jobs/{id}/metrics read and rendered a JSON list (misses of the kept
  * list), for /metrics. */
-uint64_t api_jobs_metrics_renders(void);
+uint64_t api_jobs_metrics_renders(const struct api_metrics_cache *c);
 
 /* events.c: GET /v1/jobs/{id}/events, GET /v1/jobs/{id}/events/stream (SSE) */
+/* The framed events shared by the streams of a job (events.c), owned by the HTTP layer. */
+struct api_frames;
+struct api_frames *api_frames_new(void);
+void api_frames_free(struct api_frames *f);
 int api_events_list(struct api_req *r);
 int api_events_stream(struct api_req *r);
 

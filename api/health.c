@@ -139,7 +139,8 @@ int api_health_metrics(struct api_req *r) {
       "(requests that found no current kept list).\n"
       "# TYPE dapod_metrics_list_renders_total counter\ndapod_metrics_list_renders_total %llu\n",
       s->cfg.workers, workers_busy(s->workers), (unsigned long long)gen,
-      (unsigned long long)trained, (unsigned long long)api_jobs_metrics_renders());
+      (unsigned long long)trained,
+      (unsigned long long)api_jobs_metrics_renders(r->caches->metrics));
   if (t.oom) {
     free(t.s);
     return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory building the metrics", NULL);

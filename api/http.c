@@ -116,6 +116,7 @@ struct api_http {
   int port;
   char *tls_cert, *tls_key; /* PEM text, kept while the daemon runs */
   struct api_hub hub;
+  struct api_caches caches; /* owned: what handlers keep between requests */
   /* the slow-header guard (struct conn_track) */
   pthread_mutex_t conn_mu; /* guards conns, each track's awaiting/since_ms, guard_stop */
   pthread_cond_t guard_cond;
@@ -665,6 +666,7 @@ static struct api_req *req_new(struct api_http *h, struct MHD_Connection *conn, 
   clock_gettime(CLOCK_MONOTONIC, &r->start);
   r->srv = h->srv;
   r->hub = &h->hub;
+  r->caches = &h->caches;
   r->conn = conn;
   snprintf(r->method_buf, sizeof r->method_buf, "%s", method);
   r->method = r->method_buf;
@@ -999,6 +1001,11 @@ struct api_http *api_http_start(struct server *srv, struct dapo_err *e) {
     free(h);
     return NULL;
   }
+  if (!(h->caches.frames = api_frames_new()) || !(h->caches.metrics = api_metrics_cache_new())) {
+    dapo_errf(e, DAPO_ENOMEM, "out of memory");
+    api_http_stop(h);
+    return NULL;
+  }
   char port[16], addr[300];
   snprintf(port, sizeof port, "%d", c->listen.port);
   config_addr_format(&c->listen, addr, sizeof addr);
@@ -1092,6 +1099,8 @@ void api_http_stop(struct api_http *h) {
   }
   if (h->d) MHD_stop_daemon(h->d);
   hub_free(&h->hub);
+  api_frames_free(h->caches.frames);
+  api_metrics_cache_free(h->caches.metrics);
   pthread_mutex_destroy(&h->conn_mu);
   pthread_cond_destroy(&h->guard_cond);
   free(h->tls_cert);

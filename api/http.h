@@ -62,9 +62,10 @@ struct api_req {
   struct timespec start; /* CLOCK_MONOTONIC at the first call: access log, latency */
   /* The pending reply (set by api_reply_*, queued by the dispatcher). */
   struct MHD_Response *resp;
-  int status;          /* 0 until a reply exists */
-  int suspended;       /* the handler suspended the request (api_wait_event): no reply yet */
-  struct api_hub *hub; /* borrowed: the daemon's suspend/resume hub */
+  int status;                /* 0 until a reply exists */
+  int suspended;             /* the handler suspended the request (api_wait_event): no reply yet */
+  struct api_hub *hub;       /* borrowed: the daemon's suspend/resume hub */
+  struct api_caches *caches; /* borrowed: the HTTP layer's caches (handlers.h) */
 };
 
 /* A route. begin (may be NULL) runs once the headers are known; for API_BODY_STREAM, chunk

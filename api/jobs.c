@@ -406,12 +406,6 @@ static int reply_csv(struct api_req *r, const json_t *rows) {
 
 #define METRICS_WAIT_MS 2000
 
-static uint64_t g_metrics_renders; /* JSON lists read and rendered (atomic) */
-
-uint64_t api_jobs_metrics_renders(void) {
-  return __atomic_load_n(&g_metrics_renders, __ATOMIC_RELAXED);
-}
-
 struct metrics_slot {
   char job[STORE_ID_MAX];
   char *owner;  /* the job's owner (owned) */
@@ -422,14 +416,39 @@ struct metrics_slot {
   uint64_t rendering_gen;       /* ... at least at this generation */
 };
 
-static struct {
+struct api_metrics_cache {
   pthread_mutex_t mu;
   pthread_cond_t rendered; /* a renderer finished (kept a list or gave up) */
+  uint64_t renders;        /* JSON lists read and rendered (atomic) */
   struct metrics_slot v[METRICS_CACHE];
-} g_metrics = {.mu = PTHREAD_MUTEX_INITIALIZER, .rendered = PTHREAD_COND_INITIALIZER};
+};
 
-static struct metrics_slot *metrics_slot(const char *job) {
-  return &g_metrics.v[api_fnv1a(API_FNV_SEED, job) % METRICS_CACHE];
+struct api_metrics_cache *api_metrics_cache_new(void) {
+  struct api_metrics_cache *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_condattr_t ca; /* the deadline of a waiting request is on the monotonic clock */
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&c->rendered, &ca);
+  pthread_condattr_destroy(&ca);
+  return c;
+}
+
+void api_metrics_cache_free(struct api_metrics_cache *c) {
+  if (!c) return;
+  for (int i = 0; i < METRICS_CACHE; i++) free(c->v[i].owner), free(c->v[i].body);
+  pthread_cond_destroy(&c->rendered);
+  pthread_mutex_destroy(&c->mu);
+  free(c);
+}
+
+uint64_t api_jobs_metrics_renders(const struct api_metrics_cache *c) {
+  return c ? __atomic_load_n(&c->renders, __ATOMIC_RELAXED) : 0;
+}
+
+static struct metrics_slot *metrics_slot(struct api_metrics_cache *c, const char *job) {
+  return &c->v[api_fnv1a(API_FNV_SEED, job) % METRICS_CACHE];
 }
 
 /* Replies the kept body of job id when it is current (generation >= gen) and visible to r: 1
@@ -438,15 +457,16 @@ static struct metrics_slot *metrics_slot(const char *job) {
  * current list, waits for it first. */
 static int metrics_from_cache(struct api_req *r, const char *id, uint64_t gen, int *rc,
                               int *claimed) {
+  struct api_metrics_cache *c = r->caches->metrics;
   struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until); /* the condition variable's clock */
+  clock_gettime(CLOCK_MONOTONIC, &until); /* the condition variable's clock */
   until.tv_sec += METRICS_WAIT_MS / 1000;
   until.tv_nsec += (long)(METRICS_WAIT_MS % 1000) * 1000000L;
   if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
   int hit = 0;
   *claimed = 0;
-  pthread_mutex_lock(&g_metrics.mu);
-  struct metrics_slot *m = metrics_slot(id);
+  pthread_mutex_lock(&c->mu);
+  struct metrics_slot *m = metrics_slot(c, id);
   for (;;) {
     if (m->body && m->gen >= gen && !strcmp(m->job, id) &&
         (!r->owner || !strcmp(m->owner, r->owner))) {
@@ -455,7 +475,7 @@ static int metrics_from_cache(struct api_req *r, const char *id, uint64_t gen, i
       break;
     }
     if (!strcmp(m->rendering, id) && m->rendering_gen >= gen) {
-      if (pthread_cond_timedwait(&g_metrics.rendered, &g_metrics.mu, &until) == ETIMEDOUT)
+      if (pthread_cond_timedwait(&c->rendered, &c->mu, &until) == ETIMEDOUT)
         break; /* render it ourselves */
       continue;
     }
@@ -466,29 +486,29 @@ static int metrics_from_cache(struct api_req *r, const char *id, uint64_t gen, i
     }
     break;
   }
-  pthread_mutex_unlock(&g_metrics.mu);
+  pthread_mutex_unlock(&c->mu);
   return hit;
 }
 
 /* The rendering of job id claimed by metrics_from_cache is over (a list kept, or an error). */
-static void metrics_render_done(const char *id) {
-  pthread_mutex_lock(&g_metrics.mu);
-  struct metrics_slot *m = metrics_slot(id);
+static void metrics_render_done(struct api_metrics_cache *c, const char *id) {
+  pthread_mutex_lock(&c->mu);
+  struct metrics_slot *m = metrics_slot(c, id);
   if (!strcmp(m->rendering, id)) m->rendering[0] = 0;
-  pthread_cond_broadcast(&g_metrics.rendered);
-  pthread_mutex_unlock(&g_metrics.mu);
+  pthread_cond_broadcast(&c->rendered);
+  pthread_mutex_unlock(&c->mu);
 }
 
 /* Keeps body (stolen) as job id's list at generation gen, unless a newer one is kept. */
-static void metrics_to_cache(const char *id, const char *owner, uint64_t gen, char *body,
-                             size_t len) {
+static void metrics_to_cache(struct api_metrics_cache *c, const char *id, const char *owner,
+                             uint64_t gen, char *body, size_t len) {
   char *o = len <= METRICS_CACHE_MAX_BYTES ? strdup(owner ? owner : "") : NULL;
   if (!o) {
     free(body);
     return;
   }
-  pthread_mutex_lock(&g_metrics.mu);
-  struct metrics_slot *m = metrics_slot(id);
+  pthread_mutex_lock(&c->mu);
+  struct metrics_slot *m = metrics_slot(c, id);
   if (m->body && !strcmp(m->job, id) && m->gen >= gen) {
     free(o), free(body); /* another request kept the same or a newer list */
   } else {
@@ -496,7 +516,7 @@ static void metrics_to_cache(const char *id, const char *owner, uint64_t gen, ch
     snprintf(m->job, sizeof m->job, "%s", id);
     m->owner = o, m->gen = gen, m->body = body, m->len = len;
   }
-  pthread_mutex_unlock(&g_metrics.mu);
+  pthread_mutex_unlock(&c->mu);
 }
 
 /* Reads, renders and replies job id's metrics list (JSON, kept for the next requests, or CSV). */
@@ -523,14 +543,14 @@ static int metrics_render(struct api_req *r, const char *id, int csv) {
     json_decref(rows);
     return rc;
   }
-  __atomic_add_fetch(&g_metrics_renders, 1, __ATOMIC_RELAXED);
+  __atomic_add_fetch(&r->caches->metrics->renders, 1, __ATOMIC_RELAXED);
   /* the body api_reply_json_steal would send: compact JSON and a newline */
   size_t n = json_dumpb(rows, NULL, 0, JSON_COMPACT);
   char *body = n ? malloc(n + 1) : NULL;
   if (body && json_dumpb(rows, body, n, JSON_COMPACT) == n) {
     body[n] = '\n';
     rc = api_reply_text(r, 200, "application/json; charset=utf-8", body, n + 1);
-    metrics_to_cache(id, job.owner, gen, body, n + 1);
+    metrics_to_cache(r->caches->metrics, id, job.owner, gen, body, n + 1);
     json_decref(rows);
   } else {
     free(body);
@@ -550,6 +570,6 @@ int api_jobs_metrics(struct api_req *r) {
   int rc, claimed;
   if (metrics_from_cache(r, id, store_metrics_gen(r->srv->store), &rc, &claimed)) return rc;
   rc = metrics_render(r, id, 0);
-  if (claimed) metrics_render_done(id);
+  if (claimed) metrics_render_done(r->caches->metrics, id);
   return rc;
 }
