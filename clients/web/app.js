@@ -9,6 +9,7 @@ import {
   api, ApiError, download, getKey, jsonLines, onKeyChange, setKey, setKeyPrompt, uploadFile,
 } from './api.js';
 import { CHARTS, MetricSeries, StepChart, loadUplot } from './charts.js';
+import { fmtBytes, fmtNumber as fmt, fmtStep } from './format.js';
 import { followEvents } from './sse.js';
 
 // ---- small DOM helpers ----
@@ -30,24 +31,9 @@ function h(tag, attrs = {}, ...children) {
   return el;
 }
 
-function fmt(v, digits = 4) {
-  if (v === null || v === undefined || v === '') return '–';
-  if (typeof v !== 'number') return String(v);
-  if (Number.isInteger(v)) return String(v);
-  const a = Math.abs(v);
-  if (a !== 0 && (a < 1e-3 || a >= 1e6)) return v.toExponential(2);
-  return String(Number(v.toPrecision(digits)));
-}
-
 function fmtTime(t) {
   if (!t) return '–';
   return new Date(t * 1000).toLocaleString(undefined, { dateStyle: 'short', timeStyle: 'medium' });
-}
-
-function fmtBytes(n) {
-  if (n < 1024) return `${n} B`;
-  if (n < 1 << 20) return `${(n / 1024).toFixed(1)} KiB`;
-  return `${(n / (1 << 20)).toFixed(1)} MiB`;
 }
 
 function badge(status) {
@@ -139,7 +125,7 @@ function viewJobs(view) {
       const list = await api('GET', '/v1/jobs?limit=100');
       tbody.replaceChildren(...list.data.map(jobRow));
       if (!list.data.length) tbody.append(h('tr', {}, h('td', { colspan: 7, class: 'empty' }, 'No jobs yet. ', h('a', { href: '#/new', text: 'Start one' }), '.')));
-      info.textContent = `${list.data.length} job${list.data.length === 1 ? '' : 's'}${list.has_more ? ' (newest 100 shown)' : ''} · updated ${new Date().toLocaleTimeString()}`;
+      info.textContent = `${fmt(list.data.length)} job${list.data.length === 1 ? '' : 's'}${list.has_more ? ' (newest 100 shown)' : ''} · updated ${new Date().toLocaleTimeString()}`;
     } catch (e) {
       info.replaceChildren(errorBox(e));
     }
@@ -158,7 +144,7 @@ function jobRow(j) {
     h('td', {}, badge(j.status), j.phase ? h('span', { class: 'muted small', text: ` ${j.phase}` }) : null,
       j.queue_position ? h('span', { class: 'muted small', text: ` #${j.queue_position}` }) : null),
     h('td', {}, h('div', { class: 'progress' }, h('div', { class: 'bar', dataset: { pct: String(pct) } })),
-      h('span', { class: 'small', text: `${j.step || 0} / ${j.total_steps}` })),
+      h('span', { class: 'small', text: `${fmtStep(j.step || 0)} / ${fmtStep(j.total_steps)}` })),
     h('td', { class: 'num', text: fmt(m['reward/mean']) }),
     h('td', { class: 'num', text: fmt(m.accuracy) }),
     h('td', { class: 'small', text: fmtTime(j.created_at) }));
@@ -207,7 +193,7 @@ async function viewNew(view) {
   const valSelect = h('select', { name: 'validation_file' });
   const fillFiles = (selected) => {
     const valid = files.data.filter((f) => f.status === 'valid').reverse();
-    const opts = () => valid.map((f) => h('option', { value: f.id, text: `${f.filename} · ${f.n_items} items · ${f.id}` }));
+    const opts = () => valid.map((f) => h('option', { value: f.id, text: `${f.filename} · ${fmt(f.n_items)} items · ${f.id}` }));
     const keepVal = valSelect.value;
     fileSelect.replaceChildren(h('option', { value: '', text: valid.length ? '— choose an uploaded file —' : '— upload a file first —' }), ...opts());
     valSelect.replaceChildren(h('option', { value: '', text: 'none (no evaluation)' }), ...opts());
@@ -229,7 +215,7 @@ async function viewNew(view) {
       if (fo.status === 'valid') {
         files.data.push(fo);
         fillFiles(fo.id);
-        upResult.append(h('div', { class: 'alert ok' }, `Uploaded ${fo.filename}: ${fo.n_items} items, ${fmtBytes(fo.bytes)}. `, h('span', { class: 'mono small', text: fo.id })));
+        upResult.append(h('div', { class: 'alert ok' }, `Uploaded ${fo.filename}: ${fmt(fo.n_items)} items, ${fmtBytes(fo.bytes)}. `, h('span', { class: 'mono small', text: fo.id })));
       } else {
         upResult.append(h('div', { class: 'alert error' }, h('strong', { text: `${fo.filename} is not a valid dataset` }),
           h('ul', {}, (fo.errors || []).slice(0, 20).map((er) => h('li', { text: er.line ? `line ${er.line}: ${er.message}` : er.message })))));
@@ -410,10 +396,10 @@ function describeEvent(ev) {
   switch (ev.type) {
     case 'status': return `${d.previous || '–'} → ${d.status}${d.error ? `: ${d.error.message}` : ''}`;
     case 'metrics': {
-      if (Object.keys(d).some((k) => k.startsWith('eval/'))) return `step ${d.step} eval: accuracy ${fmt(d['eval/accuracy'])}`;
-      return `step ${d.step}: reward ${fmt(d['reward/mean'])}, accuracy ${fmt(d.accuracy)}, groups ${d['groups/kept']}/${d['groups/sampled']}, ${fmt(d['throughput/gen_tokens_per_s'], 3)} gen tok/s`;
+      if (Object.keys(d).some((k) => k.startsWith('eval/'))) return `step ${fmtStep(d.step)} eval: accuracy ${fmt(d['eval/accuracy'])}`;
+      return `step ${fmtStep(d.step)}: reward ${fmt(d['reward/mean'])}, accuracy ${fmt(d.accuracy)}, groups ${fmt(d['groups/kept'])}/${fmt(d['groups/sampled'])}, ${fmt(d['throughput/gen_tokens_per_s'])} gen tok/s`;
     }
-    case 'checkpoint': return `checkpoint of step ${d.step} (${(d.files || []).length} files)`;
+    case 'checkpoint': return `checkpoint of step ${fmtStep(d.step)} (${(d.files || []).length} files)`;
     case 'log': return `${d.level || 'info'}: ${d.message}`;
     case 'end': return `stream ends: ${d.status}`;
     default: return JSON.stringify(d);
@@ -470,7 +456,7 @@ async function viewJob(view, id) {
       j.queue_position ? h('span', { class: 'muted small', text: ` position ${j.queue_position} in the queue` }) : '');
     const pct = j.total_steps ? (100 * (j.step || 0)) / j.total_steps : 0;
     progressBar.style.width = `${pct}%`;
-    progressText.textContent = `step ${j.step || 0} of ${j.total_steps}`;
+    progressText.textContent = `step ${fmtStep(j.step || 0)} of ${fmtStep(j.total_steps)}`;
     buttons.pause.disabled = j.status !== 'running';
     buttons.resume.disabled = j.status !== 'paused';
     buttons.cancel.disabled = !['queued', 'running', 'pausing', 'paused'].includes(j.status);
@@ -492,7 +478,7 @@ async function viewJob(view, id) {
   const paintStats = (m) => {
     const cells = [
       ['Reward', m['reward/mean']], ['Accuracy', m.accuracy], ['Entropy', m.entropy],
-      ['Mean length', m['response_length/mean']], ['Groups kept', m['groups/kept'] === undefined ? null : `${m['groups/kept']} / ${m['groups/sampled']}`],
+      ['Mean length', m['response_length/mean']], ['Groups kept', m['groups/kept'] === undefined ? null : `${fmt(m['groups/kept'])} / ${fmt(m['groups/sampled'])}`],
       ['Gen tokens/s', m['throughput/gen_tokens_per_s']],
     ];
     stats.replaceChildren(...cells.map(([k, v]) => h('div', { class: 'stat' }, h('div', { class: 'stat-label', text: k }), h('div', { class: 'stat-value', text: fmt(v) }))));
@@ -525,7 +511,7 @@ async function viewJob(view, id) {
       const list = await api('GET', `/v1/jobs/${id}/checkpoints`);
       if (!list.data.length) { ckptBox.replaceChildren(h('p', { class: 'muted', text: 'No checkpoints yet.' })); return; }
       ckptBox.replaceChildren(...list.data.slice().reverse().map((c) => h('details', { class: 'ckpt', dataset: { step: String(c.step) }, open: c === list.data[list.data.length - 1] },
-        h('summary', {}, h('strong', { text: `step ${c.step}` }), h('span', { class: 'muted small', text: ` · ${fmtTime(c.created_at)} · ` }), h('span', { class: 'mono small', text: c.model })),
+        h('summary', {}, h('strong', { text: `step ${fmtStep(c.step)}` }), h('span', { class: 'muted small', text: ` · ${fmtTime(c.created_at)} · ` }), h('span', { class: 'mono small', text: c.model })),
         h('table', { class: 'table compact' }, h('tbody', {}, c.files.map((f) => h('tr', {},
           h('td', { class: 'mono', text: f.name }),
           h('td', { class: 'num small', text: fmtBytes(f.bytes) }),
@@ -559,7 +545,7 @@ async function viewJob(view, id) {
         series.add(ev.data);
         if (!Object.keys(ev.data).some((k) => k.startsWith('eval/'))) paintStats(ev.data);
         scheduleRedraw();
-        if (ev.data.step > (job.step || 0)) { job.step = ev.data.step; progressText.textContent = `step ${job.step} of ${job.total_steps}`; progressBar.style.width = `${(100 * job.step) / job.total_steps}%`; }
+        if (ev.data.step > (job.step || 0)) { job.step = ev.data.step; progressText.textContent = `step ${fmtStep(job.step)} of ${fmtStep(job.total_steps)}`; progressBar.style.width = `${(100 * job.step) / job.total_steps}%`; }
       }
       if (ev.type === 'status' || ev.type === 'end') refreshJob();
       if (ev.type === 'checkpoint') loadCheckpoints();
@@ -585,7 +571,7 @@ async function viewRollouts(view, id, stepParam) {
   const last = job.step || 0;
   const step = Math.min(Math.max(Number(stepParam) || last, 1), Math.max(last, 1));
   const stepSelect = h('select', { id: 'rollout-step', onchange: () => { location.hash = `#/jobs/${id}/rollouts/${stepSelect.value}`; } },
-    Array.from({ length: last }, (_, i) => i + 1).reverse().map((s) => h('option', { value: String(s), text: `step ${s}`, selected: s === step })));
+    Array.from({ length: last }, (_, i) => i + 1).reverse().map((s) => h('option', { value: String(s), text: `step ${fmtStep(s)}`, selected: s === step })));
   const nav = (d) => h('button', { type: 'button', text: d < 0 ? '← previous' : 'next →', disabled: step + d < 1 || step + d > last, onclick: () => { location.hash = `#/jobs/${id}/rollouts/${step + d}`; } });
   const body = h('div', { id: 'rollouts' });
   view.append(
@@ -608,7 +594,7 @@ async function viewRollouts(view, id, stepParam) {
   }
   const kept = [...groups.values()].filter((g) => g.some((r) => r.kept)).length;
   const correct = rows.filter((r) => r.correct).length;
-  body.append(h('p', { class: 'muted', id: 'rollout-summary', text: `step ${step}: ${groups.size} groups (${kept} kept by dynamic sampling), ${rows.length} responses, ${correct} correct` }));
+  body.append(h('p', { class: 'muted', id: 'rollout-summary', text: `step ${fmtStep(step)}: ${fmt(groups.size)} groups (${fmt(kept)} kept by dynamic sampling), ${fmt(rows.length)} responses, ${fmt(correct)} correct` }));
   for (const [g, rs] of [...groups.entries()].sort((a, b) => a[0] - b[0])) {
     rs.sort((a, b) => a.index - b.index);
     const first = rs[0];
@@ -618,7 +604,7 @@ async function viewRollouts(view, id, stepParam) {
       h('div', { class: 'group-head' },
         h('h3', { text: `Group ${g}` }),
         h('span', { class: `badge ${isKept ? 'st-succeeded' : 'st-cancelled'}`, text: isKept ? 'kept' : 'dropped' }),
-        h('span', { class: 'muted small', text: `${nc} / ${rs.length} correct` })),
+        h('span', { class: 'muted small', text: `${fmt(nc)} / ${fmt(rs.length)} correct` })),
       h('div', { class: 'prompt' }, h('div', { class: 'label', text: 'Prompt' }), h('pre', { class: 'text', text: first.prompt })),
       h('div', { class: 'prompt' }, h('div', { class: 'label', text: 'Answer' }), h('pre', { class: 'text', text: first.answer })),
       h('table', { class: 'table compact responses' },
@@ -630,7 +616,7 @@ async function viewRollouts(view, id, stepParam) {
           h('td', { class: 'num muted', text: fmt(r.reward_raw) }),
           h('td', { text: r.correct ? '✓' : '✗' }),
           h('td', { class: `num ${r.advantage > 0 ? 'pos' : r.advantage < 0 ? 'neg' : ''}`, text: fmt(r.advantage) }),
-          h('td', { class: 'num', text: String(r.length) }),
+          h('td', { class: 'num', text: fmt(r.length) }),
           h('td', { text: r.truncated ? 'yes' : 'no' })))))));
   }
 }

@@ -1,6 +1,10 @@
 // Live step charts with uPlot (loaded from uPlot.esm.js, copied next to the page by the build).
 // When the library is missing (a build without npm) loadUplot() resolves to null and the page
-// says that the charts are unavailable; everything else works.
+// says that the charts are unavailable; everything else works. Numbers are written by format.js:
+// the step axis has whole steps only, value ticks keep their own value with separators, and the
+// legend shows the values under the cursor (else the newest step's) as the page writes them.
+
+import { fmtNumber, fmtStep, fmtTick, STEP_INCRS } from './format.js';
 
 let uplotPromise = null;
 export function loadUplot() {
@@ -10,13 +14,16 @@ export function loadUplot() {
   return uplotPromise;
 }
 
-// Axis labels: 12k, 1.5M, 4.5715.
-function compact(v) {
-  if (v === null || v === undefined) return '';
-  const a = Math.abs(v);
-  if (a >= 1e6) return `${+(v / 1e6).toFixed(1)}M`;
-  if (a >= 1e4) return `${+(v / 1e3).toFixed(1)}k`;
-  return String(+v.toFixed(6)); // the split's own precision, without float noise
+// The legend's values: the point under the cursor, else the newest point of the series.
+function lastValue(col) {
+  for (let i = col.length - 1; i >= 0; i--) if (col[i] !== null && col[i] !== undefined) return col[i];
+  return null;
+}
+function legendValue(write) {
+  return (u, v, sidx, idx) => {
+    const x = idx === null || idx === undefined ? lastValue(u.data[sidx]) : v;
+    return x === null || x === undefined ? null : write(x); // null: uPlot's "--"
+  };
 }
 
 const PALETTE = ['#2457d6', '#e07a10', '#1a9c5b', '#c2334d', '#7a4cc2', '#4b5563'];
@@ -77,6 +84,13 @@ export class StepChart {
     if (this.plot) this.plot.setSize(this.size());
   }
 
+  // The step axis' labels; the ticks uPlot chose are kept in data-step-ticks (the browser test
+  // checks that they are whole steps).
+  stepTicks(vals) {
+    this.el.dataset.stepTicks = vals.join(' ');
+    return vals.map(fmtStep);
+  }
+
   update(metrics) {
     if (this.destroyed) return; // a redraw scheduled before the page was left
     const data = metrics.columns(this.spec.series);
@@ -85,20 +99,21 @@ export class StepChart {
     if (!this.plot) {
       const opts = {
         ...this.size(),
-        legend: { show: true, live: false },
+        legend: { show: true, live: true }, // the values under the cursor, else the newest
         cursor: { drag: { x: true, y: false } },
         // fractions start at 0 and show at least up to 5 %, so an all-zero series is not a 0..100 axis
         scales: this.spec.fraction
           ? { x: { time: false }, y: { range: (u, min, max) => [0, Math.max(0.05, max * 1.1)] } }
           : { x: { time: false } },
         axes: [
-          { label: 'step', stroke: '#6b7280', grid: { stroke: '#eef0f3' }, ticks: { stroke: '#eef0f3' } },
-          { stroke: '#6b7280', grid: { stroke: '#eef0f3' }, ticks: { stroke: '#eef0f3' }, size: 60, values: (u, vals) => vals.map(compact) },
+          { label: 'step', stroke: '#6b7280', grid: { stroke: '#eef0f3' }, ticks: { stroke: '#eef0f3' }, incrs: STEP_INCRS, values: (u, vals) => this.stepTicks(vals) },
+          { stroke: '#6b7280', grid: { stroke: '#eef0f3' }, ticks: { stroke: '#eef0f3' }, size: 60, values: (u, vals) => vals.map(fmtTick) },
         ],
         series: [
-          { label: 'step' },
+          { label: 'step', value: legendValue(fmtStep) },
           ...this.spec.series.map(([, label], i) => ({
             label,
+            value: legendValue(fmtNumber),
             stroke: PALETTE[i % PALETTE.length],
             width: 2,
             points: { show: true, size: 5 },

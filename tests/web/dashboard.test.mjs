@@ -16,25 +16,35 @@
 //  5. A checkpoint's model.safetensors downloaded from the page (fetch + blob with the key):
 //     its SHA-256 equals the checkpoint list's and the bytes the API sends.
 //  6. Without uPlot the page says the charts are unavailable.
+// Numbers read as people read them (clients/web/format.js, imported from --web): the tiles, the
+// event log, the chart legend under the cursor and the rollout viewer show the API's values as
+// format.js writes them (331,500; 0.0083), and the step axis has whole steps only.
 // Screenshots go to --artifacts (printed at the end).
 //
 // Usage: node dashboard.test.mjs --dapod BUILD/server/dapod --data tests/data/addition.jsonl
-//          --invalid tests/data/invalid.jsonl --artifacts DIR
+//          --invalid tests/data/invalid.jsonl --web clients/web --artifacts DIR
 
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
 import { chromium } from 'playwright-core';
 
 const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) => {
   if (a.startsWith('--')) acc.push([a.slice(2), all[i + 1]]);
   return acc;
 }, []));
-for (const k of ['dapod', 'data', 'invalid', 'artifacts']) {
-  if (!args[k]) { console.error(`usage: --dapod BIN --data FILE --invalid FILE --artifacts DIR (missing --${k})`); process.exit(2); }
+for (const k of ['dapod', 'data', 'invalid', 'web', 'artifacts']) {
+  if (!args[k]) { console.error(`usage: --dapod BIN --data FILE --invalid FILE --web CLIENTS_WEB_DIR --artifacts DIR (missing --${k})`); process.exit(2); }
 }
+const { fmtNumber, fmtStep } = await import(pathToFileURL(join(args.web, 'format.js')).href);
+// A figure as the page writes it, read back as a number ('331,500' -> 331500).
+const num = (t) => Number(String(t).replace(/,/g, ''));
+// Whole steps only on a chart's step axis (the ticks uPlot chose, kept in data-step-ticks).
+const stepTicks = (page, id) => page.evaluate((i) => document.querySelector(`#chart-${i}`).dataset.stepTicks || '', id);
+const wholeTicks = (t) => t !== '' && t.split(' ').every((x) => Number.isInteger(Number(x)));
 
 const KEY = 'dashboard-test-key-7f3a';
 const WAIT = 90000; // generous: a loaded 2-core machine, a sanitizer build
@@ -211,6 +221,8 @@ async function main() {
     await page.waitForFunction(() => Number(document.querySelector('#chart-reward')?.dataset.points) >= 2);
     const early = await points();
     check(early >= 2, `the reward chart has points while the job runs (${early})`);
+    const earlyTicks = await stepTicks(page, 'reward');
+    check(wholeTicks(earlyTicks), `the step axis has whole steps only with few points (ticks ${earlyTicks})`);
     await page.waitForFunction(() => !document.querySelector('#job-pause').disabled);
     await page.click('#job-pause');
     await page.locator('#job-status .badge.st-paused').waitFor();
@@ -223,8 +235,43 @@ async function main() {
     const trained = metrics.filter((m) => m.step >= 1 && m['reward/mean'] !== undefined);
     check(trained.length === paused.step, 'the API has as many step metrics');
     const lastM = trained[trained.length - 1];
-    const shownReward = await page.evaluate(() => document.querySelector('.stat .stat-value').textContent);
-    check(Number(shownReward) === Number(lastM['reward/mean'].toPrecision(4)), `the reward tile shows the last step's reward (${shownReward})`);
+    const tiles = Object.fromEntries(await page.evaluate(() => [...document.querySelectorAll('.stat')]
+      .map((t) => [t.querySelector('.stat-label').textContent, t.querySelector('.stat-value').textContent])));
+    const shownReward = tiles.Reward;
+    check(shownReward === fmtNumber(lastM['reward/mean']) && Math.abs(num(shownReward) - lastM['reward/mean']) <= 0.05 * Math.max(1e-4, Math.abs(lastM['reward/mean'])),
+      `the reward tile shows the last step's reward (${shownReward} for ${lastM['reward/mean']})`);
+    for (const [label, key] of [['Accuracy', 'accuracy'], ['Entropy', 'entropy'], ['Mean length', 'response_length/mean'], ['Gen tokens/s', 'throughput/gen_tokens_per_s']]) {
+      check(tiles[label] === fmtNumber(lastM[key]), `the ${label} tile reads ${tiles[label]} (${lastM[key]})`);
+    }
+    check(tiles['Groups kept'] === `${fmtNumber(lastM['groups/kept'])} / ${fmtNumber(lastM['groups/sampled'])}`, `the groups tile reads ${tiles['Groups kept']}`);
+    const genRate = lastM['throughput/gen_tokens_per_s'];
+    check(genRate < 1000 || /^\d{1,3}(,\d{3})+$/.test(tiles['Gen tokens/s']), `a rate of thousands has separators (${tiles['Gen tokens/s']} for ${genRate})`);
+    check(Object.values(tiles).every((t) => !/\d{5}/.test(t.replace(/,\d{3}/g, ''))), `no tile has a long run of digits (${Object.values(tiles).join(' | ')})`);
+    const pausedTicks = await stepTicks(page, 'reward');
+    check(wholeTicks(pausedTicks), `the step axis has whole steps only at ${paused.step} points (ticks ${pausedTicks})`);
+    for (const id of ['entropy', 'throughput']) {
+      const t = await stepTicks(page, id);
+      check(wholeTicks(t), `chart ${id}: whole steps only (ticks ${t})`);
+    }
+    // the legend: the newest step's values, and under the cursor the hovered step's, written as
+    // the tiles write them
+    const legendOf = () => page.locator('#chart-reward .u-legend .u-value').allTextContents();
+    let legend = await legendOf();
+    check(legend[0] === fmtStep(lastM.step) && legend[1] === fmtNumber(lastM['reward/mean']) && legend[2] === fmtNumber(lastM.accuracy),
+      `without a cursor the legend shows the newest step (${legend.join(' | ')})`);
+    const over = page.locator('#chart-reward .u-over');
+    const box = await over.boundingBox();
+    await page.mouse.move(box.x + 2, box.y + box.height / 2);
+    await page.waitForFunction((s) => document.querySelector('#chart-reward .u-legend .u-value')?.textContent !== s, legend[0]);
+    legend = await legendOf();
+    const hovered = trained.find((m) => fmtStep(m.step) === legend[0]);
+    check(hovered !== undefined && hovered.step < lastM.step, `the legend names the whole step under the cursor (${legend[0]})`);
+    check(hovered && legend[1] === fmtNumber(hovered['reward/mean']) && legend[2] === fmtNumber(hovered.accuracy),
+      `the legend shows step ${legend[0]}'s reward and accuracy as the page writes them (${legend.join(' | ')})`);
+    await page.mouse.move(0, 0);
+    const newestMetrics = await page.locator('#event-log tbody tr.ev-metrics td:nth-child(3)').first().textContent();
+    check(newestMetrics === `step ${fmtStep(lastM.step)}: reward ${fmtNumber(lastM['reward/mean'])}, accuracy ${fmtNumber(lastM.accuracy)}, groups ${fmtNumber(lastM['groups/kept'])}/${fmtNumber(lastM['groups/sampled'])}, ${fmtNumber(genRate)} gen tok/s`,
+      `the event log's newest metrics row reads "${newestMetrics}"`);
     const apiEvents = [];
     for (let after = null; ;) {
       const pageOfEvents = await apiJson(`/v1/jobs/${jobId}/events?limit=100${after ? `&after=${after}` : ''}`);
@@ -278,7 +325,10 @@ async function main() {
       check(shown.every((t, i) => t === (rs[i].response === '' ? '∅ (empty)' : rs[i].response)), `group ${g}: the responses' text`);
       check((await sec.locator('pre.text').first().textContent()) === rs[0].prompt, `group ${g}: the prompt`);
       const adv = await sec.locator('tbody tr td:nth-child(6)').allTextContents();
-      check(adv.every((t, i) => Math.abs(Number(t) - rs[i].advantage) <= 1e-3 * Math.max(1, Math.abs(rs[i].advantage))), `group ${g}: the advantages`);
+      check(adv.every((t, i) => t === fmtNumber(rs[i].advantage) && Math.abs(num(t) - rs[i].advantage) <= 0.05 * Math.max(1e-4, Math.abs(rs[i].advantage))),
+        `group ${g}: the advantages (${adv.join(' ')})`);
+      const rewards = await sec.locator('tbody tr td:nth-child(3)').allTextContents();
+      check(rewards.every((t, i) => t === fmtNumber(rs[i].reward)), `group ${g}: the rewards (${rewards.join(' ')})`);
       const kept = (await sec.locator('.group-head .badge').textContent()) === 'kept';
       check(kept === rs.some((r) => r.kept), `group ${g}: kept/dropped as the file says`);
     }
