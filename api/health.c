@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "handlers.h"
+#include "jobs.h"
 #include "http.h"
 #include "server.h"
 #include "store.h"
@@ -141,6 +142,16 @@ int api_health_metrics(struct api_req *r) {
       s->cfg.workers, workers_busy(s->workers), (unsigned long long)gen,
       (unsigned long long)trained,
       (unsigned long long)api_jobs_metrics_renders(r->caches->metrics));
+  uint64_t ran = 0, kept = 0, offloaded = 0;
+  jobs_service_counts(s->jobsvc, &ran, &kept, &offloaded);
+  add(&t,
+      "# HELP dapod_job_checks_total Checks of a new job's data against its model: run (on the "
+      "request's thread or the checker's), answered from a kept check, and of those run, run on "
+      "the checker thread (datasets over job_check_inline_bytes).\n"
+      "# TYPE dapod_job_checks_total counter\n"
+      "dapod_job_checks_total{how=\"ran\"} %llu\ndapod_job_checks_total{how=\"kept\"} %llu\n"
+      "dapod_job_checks_total{how=\"offloaded\"} %llu\n",
+      (unsigned long long)ran, (unsigned long long)kept, (unsigned long long)offloaded);
   if (t.oom) {
     free(t.s);
     return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory building the metrics", NULL);

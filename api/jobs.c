@@ -109,18 +109,62 @@ static int reply_job(struct api_req *r, int status, const struct store_job *j) {
 
 /* ---- create ---- */
 
+/* A creation whose data the checker thread checks: the task and how long the request waits. */
+struct create_wait {
+  struct server *srv;
+  struct jobs_task *task;
+  int64_t deadline_ms;
+};
+
+static void create_wait_free(void *ctx) {
+  struct create_wait *w = ctx;
+  jobs_task_release(w->srv, w->task);
+  free(w);
+}
+
+#define CREATE_WAIT_MAX_MS (15 * 60 * 1000) /* the longest a creation waits for its check */
+
 int api_jobs_create(struct api_req *r) {
   const char *key = api_header(r, "Idempotency-Key");
-  if (key && (!*key || strlen(key) > IDEMPOTENCY_KEY_MAX))
+  struct create_wait *w = r->ctx;
+  if (!w && key && (!*key || strlen(key) > IDEMPOTENCY_KEY_MAX))
     return api_reply_errorf(r, API_ERR_INVALID_REQUEST, "Idempotency-Key: must be 1..%d characters",
                             IDEMPOTENCY_KEY_MAX);
   json_t *errors = json_array();
   if (!errors) return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory", NULL);
-  struct jobs_new req = {.body = r->json, .owner = r->owner, .idempotency_key = key};
   struct store_job job;
   struct dapo_err e = {0};
-  int existed = 0;
-  int rc = jobs_create(r->srv, &req, &job, &existed, errors, &e);
+  int existed = 0, rc;
+  if (!w) {
+    struct jobs_new req = {.body = r->json, .owner = r->owner, .idempotency_key = key};
+    struct jobs_task *task = NULL;
+    rc = jobs_create(r->srv, &req, &job, &existed, errors, &task, &e);
+    if (rc == JOBS_PENDING) {
+      if (!(w = calloc(1, sizeof *w))) {
+        jobs_task_release(r->srv, task);
+        json_decref(errors);
+        return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory", NULL);
+      }
+      *w = (struct create_wait){r->srv, task, api_now_ms() + CREATE_WAIT_MAX_MS};
+      r->ctx = w;
+      r->ctx_free = create_wait_free;
+    }
+  } else {
+    rc = jobs_create_resume(r->srv, w->task, &job, &existed, errors, &e);
+  }
+  if (rc == JOBS_PENDING) { /* the checker thread has it: wait for its ticket, suspended */
+    json_decref(errors);
+    int sw = api_now_ms() < w->deadline_ms
+                 ? api_wait_event(r, jobs_task_ticket(w->task), 0, w->deadline_ms)
+                 : -1;
+    if (sw == 0) return 0;
+    if (sw == 1) return api_jobs_create(r); /* done already */
+    return api_reply_error(r, API_ERR_UNAVAILABLE,
+                           api_now_ms() < w->deadline_ms
+                               ? "the daemon is stopping: submit the job again when it is back"
+                               : "checking the job's data took too long: try again",
+                           NULL);
+  }
   if (rc == DAPO_EINVAL) {
     size_t n = json_array_size(errors);
     char detail[64];

@@ -224,15 +224,17 @@ static int check_file(const struct job_spec *s, const struct lm *lm, struct chat
   return bad;
 }
 
-int runner_check_job(const struct job_spec *s, struct mem_plan *plan, json_t *errors) {
+int runner_check_data(const struct job_spec *s, struct runner_data_facts *f, json_t *errors) {
   size_t before = json_array_size(errors);
-  memset(plan, 0, sizeof *plan);
+  memset(f, 0, sizeof *f);
   struct lm lm;
   struct dapo_err e = {0};
   if (lm_open_meta(s->model, &lm, &e)) {
     dapo_errors_add(errors, "model", e.msg);
     return (int)(json_array_size(errors) - before);
   }
+  f->model_ok = 1;
+  f->cfg = lm.cfg;
   struct chat_template *chat = NULL;
   int id, max_prompt = 0;
   if (s->chat_template && build_chat(s, &lm, &chat, &id, &e))
@@ -240,10 +242,19 @@ int runner_check_job(const struct job_spec *s, struct mem_plan *plan, json_t *er
   else if (!check_file(s, &lm, &chat, s->training_file, "training_file", &max_prompt, errors) &&
            s->validation_file)
     check_file(s, &lm, &chat, s->validation_file, "validation_file", &max_prompt, errors);
-  runner_memory_plan(&lm.cfg, &s->hp, max_prompt, s->validation_file != NULL, plan);
+  f->max_prompt_tokens = max_prompt;
   chat_free(chat);
   lm_close(&lm);
   return (int)(json_array_size(errors) - before);
+}
+
+int runner_check_job(const struct job_spec *s, struct mem_plan *plan, json_t *errors) {
+  struct runner_data_facts f;
+  int n = runner_check_data(s, &f, errors);
+  memset(plan, 0, sizeof *plan);
+  if (f.model_ok)
+    runner_memory_plan(&f.cfg, &s->hp, f.max_prompt_tokens, s->validation_file != NULL, plan);
+  return n;
 }
 
 /* The chat template of spec on lm (*out, owned) and its end-of-turn token (*stop_id, -1 when it

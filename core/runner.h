@@ -110,6 +110,20 @@ void runner_memory_plan(const struct model_config *c, const struct hparams *hp,
  * ..., "total_bytes") and the capacities under "for". New reference; NULL out of memory. */
 json_t *mem_plan_to_json(const struct mem_plan *p);
 
+/* What checking a job's data against its model learns (runner_check_data): whether the model's
+ * config and tokenizer open (model_ok), its config, and the longest prompt in tokens. */
+struct runner_data_facts {
+  int model_ok;
+  struct model_config cfg;
+  int max_prompt_tokens;
+};
+
+/* The part of runner_check_job that reads the model's config and tokenizer and every prompt of
+ * the datasets (rendered, tokenized, checked against the context with max_new_tokens): what it
+ * depends on is the model's files, the datasets, chat_template and max_new_tokens only, so that
+ * a caller may keep its answer for those. Problems as runner_check_job; returns their count. */
+int runner_check_data(const struct job_spec *s, struct runner_data_facts *f, json_t *errors);
+
 /* Checks a parsed job against its model and data before it is queued, without loading weights:
  * the model's config and tokenizer open, every prompt of the datasets renders (chat template)
  * and fits the context with max_new_tokens. Problems are appended to errors as {"field",

@@ -91,6 +91,12 @@ static const struct crow ROWS[] = {
      "live jobs (queued, running, pausing, paused) one API key may have"},
     {"max_queued_jobs", C_INT, F(max_queued_jobs), 1, 1000000, "1000", NULL,
      "queued jobs in total; beyond it new jobs are refused"},
+    {"job_check_inline_bytes", C_SIZE, F(job_check_inline_bytes), 0, TiB, "1M", NULL,
+     "a new job's datasets (training and validation together) up to this size are checked "
+     "against its model (every prompt rendered and tokenized) on the request's own thread; larger "
+     "ones on the job checker thread while the request waits without holding an HTTP thread. A "
+     "check is kept for the next job on the same model, data, template and max_new_tokens; 0: "
+     "always the checker thread"},
     {"max_body_bytes", C_SIZE, F(max_body_bytes), KiB, GiB, "1M", NULL,
      "largest JSON request body"},
     {"max_upload_bytes", C_SIZE, F(max_upload_bytes), KiB, TiB, "1G", NULL,
@@ -130,6 +136,10 @@ static const struct crow ROWS[] = {
      "one log line per HTTP request (method, path, status, milliseconds)"},
 };
 #define NROWS ((int)(sizeof ROWS / sizeof ROWS[0]))
+
+int config_key_count(void) {
+  return NROWS;
+}
 
 static const struct crow *find_row(const char *name) {
   for (int i = 0; i < NROWS; i++)

@@ -67,6 +67,7 @@ struct config {
   uint64_t memory_limit_bytes;     /* jobs' total memory estimate cap; 0 = none */
   int max_jobs_per_key;            /* live (queued, running, paused) jobs per API key */
   int max_queued_jobs;             /* queued jobs in total */
+  uint64_t job_check_inline_bytes; /* datasets checked on the request's thread up to this size */
   uint64_t max_body_bytes;         /* JSON request bodies */
   uint64_t max_upload_bytes;       /* one uploaded file */
   int max_json_depth;              /* nesting of request bodies */
@@ -158,6 +159,10 @@ char *config_to_text(const struct config *c);
  * type and bounds. Independent of the machine (auto stays "auto"). Owned (free()); NULL on OOM.
  * systemd/dapod.example.json is this text, and a test keeps it so. */
 char *config_example_text(void);
+
+/* The number of keys of the configuration table (each has a flag, a line of help and a member of
+ * the printed and example configurations). */
+int config_key_count(void);
 
 /* --help: usage and every flag with its type, bounds, default and help. */
 void config_print_help(FILE *f);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "bus.h"
+#include "jobs.h"
 #include "log.h"
 #include "store.h"
 #include "workers.h"
@@ -106,6 +107,10 @@ int server_start(struct server *s, struct dapo_err *e) {
     server_stop(s);
     return dapo_errf(e, DAPO_ENOMEM, "out of memory");
   }
+  if (!(s->jobsvc = jobs_service_start(s, e))) {
+    server_stop(s);
+    return e ? e->code : DAPO_EIO;
+  }
   int rc = workers_recover(s, e);
   if (!rc && *s->cfg.compute_cpus) rc = keep_off_compute_cpus(&s->cfg, e);
   if (!rc && !(s->workers = workers_start(s, e))) rc = e ? e->code : DAPO_EIO;
@@ -142,6 +147,8 @@ void server_stop(struct server *s) {
   if (s->jobs_left) return; /* a worker still uses the store and the bus: the exit ends it */
   workers_free(s->workers);
   s->workers = NULL;
+  jobs_service_stop(s->jobsvc); /* after HTTP: no request holds a check any more */
+  s->jobsvc = NULL;
   bus_free(s->bus);
   s->bus = NULL;
   store_close(s->store);

@@ -17,6 +17,7 @@
 struct store;
 struct workers;
 struct bus;
+struct jobs_service;
 
 /* Request counters for GET /metrics, by method and status, plus a latency histogram. Updated
  * with relaxed atomics from the HTTP threads (one request = one update, in the completion
@@ -61,6 +62,7 @@ struct server {
   struct workers *workers;         /* job threads, each with its compute pool (workers.h); owned */
   struct bus *bus;                 /* wake-ups for event readers after an event is stored; owned */
   char *jobs_dir;                  /* data_dir/jobs: one output folder per job (owned) */
+  struct jobs_service *jobsvc;     /* job creation's checks, kept and threaded (jobs.h); owned */
   /* Guards cfg.api_keys, the one setting that changes at run time (SIGHUP): readers are the
    * HTTP threads (api_auth), the writer server_set_api_keys. Writer-preferring, so that a
    * reload is not starved by a steady stream of requests. */
