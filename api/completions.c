@@ -3,25 +3,29 @@
  * logprobs} -> {object: "text_completion", model, choices: [{index, text, finish_reason,
  * logprobs?: {tokens, token_ids, token_logprobs, prompt_token_ids}}], usage}.
  *
- * Kept simple: the model is opened per request and sampled on the HTTP thread, with the work
- * bounded (max_tokens <= 512, n <= 16, prompt <= 16 KiB). A preset's weights are the ones its
- * seed 0 gives (as `dapod save-preset` writes them); `seed` seeds the sampling streams, one per
- * choice, so a request is reproducible. */
+ * The body is validated and the model id resolved here; the completion service
+ * (server/completions.h) samples it on its own threads within the memory limit, with the work
+ * bounded (max_tokens <= 512, n <= 16, prompt <= 16 KiB). The request is suspended meanwhile (no
+ * HTTP thread waits) and answered when the service publishes the completion's end on the bus; a
+ * full queue, or a wait for a thread or memory past completion_wait_s, is answered 503 with
+ * Retry-After. A preset's weights are the ones its seed 0 gives (as `dapod save-preset` writes
+ * them); `seed` seeds the sampling streams, one per choice, so a request is reproducible. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "completions.h"
 #include "handlers.h"
 #include "http.h"
-#include "lm.h"
 #include "registry.h"
-#include "rng.h"
 #include "sampler.h"
 #include "server.h"
 
 #define MAX_TOKENS_MAX 512
 #define N_MAX 16
 #define PROMPT_MAX_BYTES (16 * 1024)
+/* Once sampling started, the longest the request waits for it (as the longest long-poll). */
+#define RUN_WAIT_MAX_S 600
 
 struct creq {
   const char *model, *prompt;
@@ -116,33 +120,27 @@ static int reply_invalid(struct api_req *r, json_t *errors) {
 }
 
 /* The choices and usage of a finished generation. */
-static json_t *choices_json(const struct lm *lm, const struct creq *q, const struct lm_samples *go,
-                            const int *prompt_ids, int n_prompt, struct dapo_err *e) {
+static json_t *choices_json(const char *model, int logprobs, const struct completion_result *res) {
+  const struct lm_samples *go = &res->samples;
   json_t *choices = json_array();
   long long completion = 0;
   for (int i = 0; choices && i < go->n; i++) {
     const int *toks = go->tokens + (size_t)i * go->max_new;
     const float *lp = go->logp + (size_t)i * go->max_new;
-    char *text = tok_decode_alloc(lm->tok, toks, go->len[i], 1, e);
-    if (!text) {
-      json_decref(choices);
-      return NULL;
-    }
-    json_t *c = json_pack("{s:i, s:o, s:s}", "index", i, "text", api_json_text(text),
+    json_t *c = json_pack("{s:i, s:o, s:s}", "index", i, "text", api_json_text(res->text[i]),
                           "finish_reason", go->finish[i] == FINISH_STOP ? "stop" : "length");
-    free(text);
     completion += go->len[i];
-    if (c && q->logprobs) {
+    if (c && logprobs) {
       json_t *tokens = json_array(), *ids = json_array(), *lps = json_array();
       for (int t = 0; t < go->len[i]; t++) {
-        char *piece = tok_decode_alloc(lm->tok, toks + t, 1, 0, e);
+        const char *piece = res->pieces[(size_t)i * go->max_new + t];
         json_array_append_new(tokens, piece ? api_json_text(piece) : json_string(""));
-        free(piece);
         json_array_append_new(ids, json_integer(toks[t]));
         json_array_append_new(lps, json_real(lp[t]));
       }
       json_t *pids = json_array();
-      for (int t = 0; t < n_prompt; t++) json_array_append_new(pids, json_integer(prompt_ids[t]));
+      for (int t = 0; t < res->n_prompt; t++)
+        json_array_append_new(pids, json_integer(res->prompt_ids[t]));
       json_object_set_new(c, "logprobs",
                           json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_ids", ids,
                                     "token_logprobs", lps, "prompt_token_ids", pids));
@@ -154,14 +152,85 @@ static json_t *choices_json(const struct lm *lm, const struct creq *q, const str
       return NULL;
     }
   }
-  json_t *o = json_pack("{s:s, s:s, s:o, s:{s:i, s:I, s:I}}", "object", "text_completion", "model",
-                        q->model, "choices", choices, "usage", "prompt_tokens", n_prompt,
-                        "completion_tokens", (json_int_t)completion, "total_tokens",
-                        (json_int_t)(completion + n_prompt));
+  json_t *o =
+      json_pack("{s:s, s:s, s:o, s:{s:i, s:I, s:I}}", "object", "text_completion", "model", model,
+                "choices", choices, "usage", "prompt_tokens", res->n_prompt, "completion_tokens",
+                (json_int_t)completion, "total_tokens", (json_int_t)(completion + res->n_prompt));
   return o;
 }
 
+/* A 503 that tells the client when to come back. */
+static int reply_busy(struct api_req *r, const char *detail) {
+  char after[16];
+  snprintf(after, sizeof after, "%d", completions_retry_after_s(r->srv->completions));
+  int rc = api_reply_error(r, API_ERR_UNAVAILABLE, detail, NULL);
+  if (!rc) api_reply_header(r, "Retry-After", after);
+  return rc;
+}
+
+/* The request's state while its completion is queued or sampled (r->ctx). */
+struct wait {
+  struct completion *t; /* owned: completion_release */
+  char *model;          /* the id as asked (owned) */
+  int logprobs;
+  int running;         /* sampling was seen started: deadline_ms is the run's bound */
+  int64_t deadline_ms; /* api_now_ms clock */
+};
+
+static void wait_free(void *p) {
+  struct wait *w = p;
+  if (!w) return;
+  completion_release(w->t);
+  free(w->model);
+  free(w);
+}
+
+static int reply_result(struct api_req *r, const struct wait *w,
+                        const struct completion_result *res) {
+  switch (res->outcome) {
+  case COMPLETION_OK: return api_reply_json_steal(r, 200, choices_json(w->model, w->logprobs, res));
+  case COMPLETION_INVALID:
+  case COMPLETION_TOO_LARGE: return reply_invalid(r, json_deep_copy(res->errors));
+  case COMPLETION_STOPPING:
+  case COMPLETION_NO_MEMORY: return api_reply_error(r, API_ERR_UNAVAILABLE, res->message, NULL);
+  default: return api_reply_errorf(r, API_ERR_INTERNAL, "sampling failed: %s", res->message);
+  }
+}
+
+/* Answers when the completion is done, or suspends the request until it is (or its deadline). */
+static int await(struct api_req *r, struct wait *w) {
+  for (int round = 0; round < 8; round++) {
+    const struct completion_result *res = NULL;
+    enum completion_state st = completion_poll(w->t, &res);
+    if (st == COMPLETION_DONE) return reply_result(r, w, res);
+    int64_t now = api_now_ms();
+    if (st == COMPLETION_RUNNING && !w->running) {
+      w->running = 1;
+      w->deadline_ms = now + (int64_t)RUN_WAIT_MAX_S * 1000;
+    }
+    if (now >= w->deadline_ms) {
+      if (w->running)
+        return api_reply_errorf(r, API_ERR_UNAVAILABLE, "the completion did not finish within %d s",
+                                RUN_WAIT_MAX_S);
+      if (completion_cancel(w->t)) {
+        char detail[160];
+        snprintf(detail, sizeof detail,
+                 "the completion waited completion_wait_s (%d s) for a sampling thread or for "
+                 "memory; retry later",
+                 r->srv->cfg.completion_wait_s);
+        return reply_busy(r, detail);
+      }
+      continue; /* it started meanwhile */
+    }
+    int rc = api_wait_event(r, completion_key(w->t), 0, w->deadline_ms);
+    if (rc == 0) return 0; /* suspended: this handler runs again when it ends or at the deadline */
+    if (rc < 0) return api_reply_error(r, API_ERR_UNAVAILABLE, "the daemon is stopping", NULL);
+  }
+  return api_reply_error(r, API_ERR_UNAVAILABLE, "the completion could not be awaited", NULL);
+}
+
 int api_completions_create(struct api_req *r) {
+  if (r->ctx) return await(r, r->ctx);
   if (!json_is_object(r->json))
     return api_reply_error(r, API_ERR_VALIDATION_FAILED, "the body must be a JSON object",
                            json_pack("[{s:s, s:s}]", "field", "", "message",
@@ -171,8 +240,9 @@ int api_completions_create(struct api_req *r) {
   struct creq q;
   parse_body(r->json, &q, errors);
   char *spec = NULL, msg[512];
+  struct registry_entry entry;
   if (q.model && *q.model) {
-    int m = registry_resolve(r->srv, q.model, r->owner, &spec, NULL, msg, sizeof msg);
+    int m = registry_resolve(r->srv, q.model, r->owner, &spec, &entry, msg, sizeof msg);
     if (m < 0) {
       json_decref(errors);
       return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory", NULL);
@@ -183,45 +253,33 @@ int api_completions_create(struct api_req *r) {
     free(spec);
     return reply_invalid(r, errors);
   }
-  struct lm lm = {0};
+  json_decref(errors);
+  struct completion_req req = {.model = q.model,
+                               .spec = spec,
+                               .cfg = &entry.cfg,
+                               .prompt = q.prompt,
+                               .prompt_len = strlen(q.prompt),
+                               .max_tokens = q.max_tokens,
+                               .n = q.n,
+                               .logprobs = q.logprobs,
+                               .temperature = (float)q.temperature,
+                               .top_p = (float)q.top_p,
+                               .seed = q.seed};
+  struct wait *w = calloc(1, sizeof *w);
   struct dapo_err e = {0};
-  int rc = lm_open(spec, 0, &lm, &e);
+  int rc = w && (w->model = strdup(q.model))
+               ? completions_submit(r->srv->completions, &req, &w->t, &e)
+               : DAPO_ENOMEM;
   free(spec);
   if (rc) {
-    add_err(errors, "model", e.msg);
-    return reply_invalid(r, errors);
+    wait_free(w);
+    if (rc == COMPLETIONS_EFULL) return reply_busy(r, e.msg);
+    return api_reply_error(r, API_ERR_UNAVAILABLE, rc == DAPO_ENOMEM ? "out of memory" : e.msg,
+                           NULL);
   }
-  int n_ids = 0;
-  int *ids = NULL;
-  struct lm_samples smp = {0};
-  json_t *out = NULL;
-  if ((rc = lm_encode_prompt(&lm, q.prompt, strlen(q.prompt), LM_PROMPT_TEXT, q.max_tokens, &ids,
-                             &n_ids, &e))) {
-    if (rc == DAPO_ENOMEM) goto oom;
-    add_err(errors, rc == DAPO_ERANGE ? "max_tokens" : "prompt", e.msg);
-    goto invalid;
-  }
-  struct sampler_opts so = {
-      .temperature = (float)q.temperature, .top_p = (float)q.top_p, .max_new_tokens = q.max_tokens};
-  if (lm_sample(&lm, ids, n_ids, q.n, &so, q.seed, &smp, &e)) goto fail;
-  if (!(out = choices_json(&lm, &q, &smp, ids, n_ids, &e))) goto fail;
-  json_decref(errors);
-  rc = api_reply_json_steal(r, 200, out);
-  goto done;
-invalid:
-  rc = reply_invalid(r, errors);
-  goto done;
-oom:
-  json_decref(errors);
-  rc = api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory", NULL);
-  goto done;
-fail:
-  json_decref(errors);
-  rc = e.code == DAPO_ENOMEM ? api_reply_error(r, API_ERR_UNAVAILABLE, e.msg, NULL)
-                             : api_reply_errorf(r, API_ERR_INTERNAL, "sampling failed: %s", e.msg);
-done:
-  free(ids);
-  lm_samples_free(&smp);
-  lm_close(&lm);
-  return rc;
+  w->logprobs = q.logprobs;
+  w->deadline_ms = api_now_ms() + (int64_t)r->srv->cfg.completion_wait_s * 1000;
+  r->ctx = w;
+  r->ctx_free = wait_free;
+  return await(r, w);
 }

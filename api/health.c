@@ -1,12 +1,14 @@
 /* Handlers: GET /healthz (liveness), GET /readyz (readiness: storage open, workers up),
  * GET /metrics (Prometheus text exposition 0.0.4: HTTP requests by method and status, request
  * latency histogram, uptime, jobs by status from the store, busy workers, tokens generated and
- * trained). */
+ * trained, the completion service's queue, outcomes and model cache, the memory ledger). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "admit.h"
+#include "completions.h"
 #include "handlers.h"
 #include "jobs.h"
 #include "http.h"
@@ -142,6 +144,47 @@ int api_health_metrics(struct api_req *r) {
       s->cfg.workers, workers_busy(s->workers), (unsigned long long)gen,
       (unsigned long long)trained,
       (unsigned long long)api_jobs_metrics_renders(r->caches->metrics));
+  struct completions_stats cs;
+  completions_stats(s->completions, &cs);
+  add(&t,
+      "# HELP dapod_completion_threads Threads sampling completions.\n"
+      "# TYPE dapod_completion_threads gauge\ndapod_completion_threads %d\n"
+      "# HELP dapod_completions_waiting Completions queued or waiting for memory "
+      "(completion_queue bounds them).\n"
+      "# TYPE dapod_completions_waiting gauge\ndapod_completions_waiting %d\n"
+      "# HELP dapod_completions_waiting_memory 1 while the next completion waits for memory.\n"
+      "# TYPE dapod_completions_waiting_memory gauge\ndapod_completions_waiting_memory %d\n"
+      "# HELP dapod_completions_running Completions being sampled now.\n"
+      "# TYPE dapod_completions_running gauge\ndapod_completions_running %d\n"
+      "# HELP dapod_completions_total Completions since the daemon started, by how they ended.\n"
+      "# TYPE dapod_completions_total counter\n",
+      cs.threads, cs.waiting, cs.waiting_memory, cs.running);
+  for (int k = 0; k < COMPLETION_OUTCOMES; k++)
+    add(&t, "dapod_completions_total{outcome=\"%s\"} %llu\n",
+        completion_outcome_name((enum completion_outcome)k), (unsigned long long)cs.outcomes[k]);
+  add(&t,
+      "# HELP dapod_completion_model_loads_total Models opened for completions (weights loaded).\n"
+      "# TYPE dapod_completion_model_loads_total counter\ndapod_completion_model_loads_total %llu\n"
+      "# HELP dapod_completion_model_evictions_total Kept models closed to make room.\n"
+      "# TYPE dapod_completion_model_evictions_total counter\n"
+      "dapod_completion_model_evictions_total %llu\n"
+      "# HELP dapod_completion_models_open Models open for completions (in use or kept).\n"
+      "# TYPE dapod_completion_models_open gauge\ndapod_completion_models_open %d\n",
+      (unsigned long long)cs.model_loads, (unsigned long long)cs.model_evictions, cs.models_cached);
+  if (s->admit) {
+    struct admit_stats ms;
+    admit_stats(s->admit, &ms);
+    add(&t,
+        "# HELP dapod_memory_limit_bytes Memory that jobs and completions may use together.\n"
+        "# TYPE dapod_memory_limit_bytes gauge\ndapod_memory_limit_bytes %llu\n"
+        "# HELP dapod_memory_reserved_bytes Memory reserved by running jobs and completions.\n"
+        "# TYPE dapod_memory_reserved_bytes gauge\ndapod_memory_reserved_bytes %llu\n"
+        "# HELP dapod_memory_cached_bytes Weights of models kept open that no completion uses "
+        "now (given back when memory is needed).\n"
+        "# TYPE dapod_memory_cached_bytes gauge\ndapod_memory_cached_bytes %llu\n",
+        (unsigned long long)ms.limit, (unsigned long long)ms.reserved,
+        (unsigned long long)ms.cached);
+  }
   uint64_t ran = 0, kept = 0, offloaded = 0;
   jobs_service_counts(s->jobsvc, &ran, &kept, &offloaded);
   add(&t,

@@ -84,9 +84,21 @@ static const struct crow ROWS[] = {
     {"http_threads", C_INT, F(http_threads), 1, 1024, "auto", NULL,
      "HTTP server threads; auto: min(8, max(2, cores / 4))"},
     {"memory_limit_bytes", C_SIZE, F(memory_limit_bytes), 0, TiB * 1024, "0", NULL,
-     "memory that running jobs may use together (by their memory plans); a job that would pass "
-     "it waits at the head of the queue, one that can never fit is refused; 0: the machine's "
-     "physical memory"},
+     "memory that running jobs and completions (with the models kept open for them) may use "
+     "together, by their memory plans; a job or completion that would pass it waits at the head "
+     "of its queue, one that can never fit is refused; 0: the machine's physical memory"},
+    {"completion_threads", C_INT, F(completion_threads), 1, 64, "1", NULL,
+     "threads sampling POST /v1/completions, i.e. completions computed at once; each runs on "
+     "compute_cpus beside the jobs"},
+    {"completion_queue", C_INT, F(completion_queue), 1, 100000, "8", NULL,
+     "completions waiting for a sampling thread or for memory; beyond it a completion is "
+     "answered 503 with Retry-After at once"},
+    {"completion_wait_s", C_INT, F(completion_wait_s), 1, 3600, "60", NULL,
+     "seconds a completion may wait for a sampling thread or for memory before it is answered "
+     "503 with Retry-After (sampling itself is bounded by max_tokens and n)"},
+    {"completion_cache_models", C_INT, F(completion_cache_models), 0, 64, "2", NULL,
+     "opened models kept for the next completion (least recently used first out; closed at once "
+     "when a job or completion needs their memory); 0: every completion opens its model"},
     {"max_jobs_per_key", C_INT, F(max_jobs_per_key), 1, 1000000, "16", NULL,
      "live jobs (queued, running, pausing, paused) one API key may have"},
     {"max_queued_jobs", C_INT, F(max_queued_jobs), 1, 1000000, "1000", NULL,

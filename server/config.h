@@ -64,7 +64,11 @@ struct config {
   int blas_threads;                /* BLAS threads per job; auto */
   int http_threads;                /* HTTP thread pool; auto */
   char *compute_cpus;              /* CPUs reserved for the jobs' compute ("0-3,6"); "" = none */
-  uint64_t memory_limit_bytes;     /* jobs' total memory estimate cap; 0 = none */
+  uint64_t memory_limit_bytes;     /* jobs' and completions' memory cap; 0 = physical memory */
+  int completion_threads;          /* completion sampling threads */
+  int completion_queue;            /* completions waiting for a thread or memory */
+  int completion_wait_s;           /* longest such wait before a 503 */
+  int completion_cache_models;     /* opened models kept between completions; 0 = none */
   int max_jobs_per_key;            /* live (queued, running, paused) jobs per API key */
   int max_queued_jobs;             /* queued jobs in total */
   uint64_t job_check_inline_bytes; /* datasets checked on the request's thread up to this size */

@@ -1,5 +1,6 @@
-/* The daemon's process state (server.h): start storage, recovery, bus and workers; quiesce and
- * stop them in reverse; and the request counters behind GET /metrics. HTTP is main's. */
+/* The daemon's process state (server.h): start storage, recovery, bus, the memory ledger, workers
+ * and completions; quiesce and stop them in reverse; and the request counters behind
+ * GET /metrics. HTTP is main's. */
 #include "server.h"
 
 #include <dirent.h>
@@ -12,7 +13,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "admit.h"
 #include "bus.h"
+#include "completions.h"
 #include "jobs.h"
 #include "log.h"
 #include "store.h"
@@ -107,6 +110,10 @@ int server_start(struct server *s, struct dapo_err *e) {
     server_stop(s);
     return dapo_errf(e, DAPO_ENOMEM, "out of memory");
   }
+  if (!(s->admit = admit_new(workers_memory_limit(s)))) {
+    server_stop(s);
+    return dapo_errf(e, DAPO_ENOMEM, "out of memory");
+  }
   if (!(s->jobsvc = jobs_service_start(s, e))) {
     server_stop(s);
     return e ? e->code : DAPO_EIO;
@@ -114,6 +121,7 @@ int server_start(struct server *s, struct dapo_err *e) {
   int rc = workers_recover(s, e);
   if (!rc && *s->cfg.compute_cpus) rc = keep_off_compute_cpus(&s->cfg, e);
   if (!rc && !(s->workers = workers_start(s, e))) rc = e ? e->code : DAPO_EIO;
+  if (!rc && !(s->completions = completions_start(s, e))) rc = e ? e->code : DAPO_EIO;
   if (rc) {
     server_stop(s);
     return rc;
@@ -130,6 +138,7 @@ void server_quiesce(struct server *s) {
   atomic_store(&s->ready, 0);
   if (s->quiesced) return;
   s->quiesced = 1;
+  completions_quiesce(s->completions); /* waiting completions end now, not after the jobs' grace */
   if (s->workers) {
     s->jobs_left = workers_stop(s->workers, s->cfg.shutdown_grace_s);
     if (s->jobs_left)
@@ -145,8 +154,12 @@ void server_quiesce(struct server *s) {
 void server_stop(struct server *s) {
   server_quiesce(s);
   if (s->jobs_left) return; /* a worker still uses the store and the bus: the exit ends it */
+  completions_free(s->completions); /* before the workers: it calls them through the ledger */
+  s->completions = NULL;
   workers_free(s->workers);
   s->workers = NULL;
+  admit_free(s->admit);
+  s->admit = NULL;
   jobs_service_stop(s->jobsvc); /* after HTTP: no request holds a check any more */
   s->jobsvc = NULL;
   bus_free(s->bus);

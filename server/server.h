@@ -18,6 +18,8 @@ struct store;
 struct workers;
 struct bus;
 struct jobs_service;
+struct admit;
+struct completions;
 
 /* Request counters for GET /metrics, by method and status, plus a latency histogram. Updated
  * with relaxed atomics from the HTTP threads (one request = one update, in the completion
@@ -59,7 +61,10 @@ struct server {
   int quiesced;  /* server_quiesce ran */
   int jobs_left; /* jobs still running after the shutdown grace (server_quiesce) */
   struct server_counters counters; /* GET /metrics */
+  struct admit *admit;             /* the memory ledger of jobs and completions (admit.h); owned */
   struct workers *workers;         /* job threads, each with its compute pool (workers.h); owned */
+  struct completions *completions; /* POST /v1/completions' queue and threads (completions.h);
+                                      owned */
   struct bus *bus;                 /* wake-ups for event readers after an event is stored; owned */
   char *jobs_dir;                  /* data_dir/jobs: one output folder per job (owned) */
   struct jobs_service *jobsvc;     /* job creation's checks, kept and threaded (jobs.h); owned */
@@ -79,21 +84,23 @@ void server_init(struct server *s, struct config *cfg);
 void server_set_api_keys(struct server *s, struct config_api_keys *keys);
 
 /* Opens the storage under cfg.data_dir (creating data_dir, data_dir/files and data_dir/jobs),
- * recovers the jobs a previous process left live (workers_recover), starts the bus and the
- * workers. On failure everything started is stopped again and e names the problem. Not
- * thread-safe; call once. */
+ * recovers the jobs a previous process left live (workers_recover), starts the bus, the memory
+ * ledger, the workers and the completion service. On failure everything started is stopped again
+ * and e names the problem. Not thread-safe; call once. */
 int server_start(struct server *s, struct dapo_err *e);
 
 /* HTTP is up on port: /readyz answers ready from now on. */
 void server_set_ready(struct server *s, int port);
 
-/* Shutdown, first half (before HTTP stops): not ready; running jobs are asked to pause at a safe
- * point (queued again for the next start) and get up to cfg.shutdown_grace_s to reach it; the bus
- * closes, so every event stream and long-poll ends. Idempotent. */
+/* Shutdown, first half (before HTTP stops): not ready; completions still waiting end (those
+ * sampling finish); running jobs are asked to pause at a safe point (queued again for the next
+ * start) and get up to cfg.shutdown_grace_s to reach it; the bus closes, so every event stream,
+ * long-poll and completion wait ends. Idempotent. */
 void server_quiesce(struct server *s);
 
 /* Shutdown, second half (after HTTP stopped: no request uses s any more): server_quiesce if not
- * done, the workers are joined, storage closed; then frees everything s owns, cfg included. When
+ * done, the completion threads and the workers are joined, storage closed; then frees everything
+ * s owns, cfg included. When
  * a job is still running after the grace period, the workers and storage are left to the
  * process's exit (the job is recovered at the next start). Safe after a failed or no
  * server_start; idempotent. */

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "admit.h"
 #include "bus.h"
 #include "jobs.h"
 #include "log.h"
@@ -60,8 +61,8 @@ struct workers {
   pthread_cond_t idle; /* a worker finished a job */
   uint64_t gen;        /* wake-ups so far */
   int stopping;
-  int busy;          /* workers running a job */
-  uint64_t mem_used; /* memory plans of the running jobs, summed (workers_memory_limit) */
+  int busy;      /* workers running a job */
+  int listening; /* on_memory_freed is one of the ledger's listeners */
   int n;
   struct worker *v;
   atomic_uint_fast64_t tokens_generated, tokens_trained;
@@ -536,9 +537,26 @@ static void pin_compute(struct worker *wk) {
   pool_run(wk->pool, pin_task, &set);
 }
 
+/* admit_claim's decision: the next queued job when its plan fits what the ledger has free. */
+struct claim {
+  struct store *store;
+  struct store_job *job;
+  struct dapo_err *e;
+  int rc; /* store_job_claim_within's */
+};
+
+static int claim_within(void *ctx, uint64_t free, uint64_t *taken) {
+  struct claim *c = ctx;
+  c->rc = store_job_claim_within(c->store, free, c->job, c->e);
+  if (c->rc) return c->rc == STORE_EFULL || c->rc == STORE_ENOTFOUND ? 1 : -1;
+  *taken = store_job_memory(c->job);
+  return 0;
+}
+
 static void *worker_main(void *arg) {
   struct worker *wk = arg;
   struct workers *w = wk->w;
+  struct admit *ledger = w->srv->admit;
   pin_compute(wk);
   pthread_mutex_lock(&w->mu);
   while (!w->stopping) {
@@ -546,24 +564,17 @@ static void *worker_main(void *arg) {
     pthread_mutex_unlock(&w->mu);
     struct store_job job;
     struct dapo_err e = {0};
-    /* the claim and the memory account change together: two workers never both take the same
-     * free memory */
-    pthread_mutex_lock(&w->mu);
-    uint64_t limit = workers_memory_limit(w->srv);
-    int rc = store_job_claim_within(w->srv->store, limit > w->mem_used ? limit - w->mem_used : 0,
-                                    &job, &e);
-    uint64_t need = rc ? 0 : store_job_memory(&job);
-    w->mem_used += need;
-    pthread_mutex_unlock(&w->mu);
+    /* the claim and the memory account change together (under the ledger's lock): two workers,
+     * or a worker and a completion, never both take the same free memory */
+    struct claim c = {.store = w->srv->store, .job = &job, .e = &e};
+    admit_claim(ledger, claim_within, &c);
+    int rc = c.rc;
     if (!rc) {
+      uint64_t need = store_job_memory(&job);
       run_job(wk, &job);
       store_job_deinit(&job);
+      admit_release(ledger, need); /* memory came free: wakes a job waiting for it (workers_wake) */
       pthread_mutex_lock(&w->mu);
-      w->mem_used -= need;
-      if (need) { /* memory came free: a job waiting for it may fit now */
-        w->gen++;
-        pthread_cond_broadcast(&w->wake);
-      }
       continue;
     }
     if (rc == STORE_EFULL)
@@ -581,6 +592,12 @@ static void *worker_main(void *arg) {
 }
 
 /* ---- the pool of workers ---- */
+
+/* The ledger's listener: memory came free (a job or a completion ended, a kept model was
+ * closed), so a job waiting at the head of the queue may fit now. */
+static void on_memory_freed(void *ctx) {
+  workers_wake(ctx);
+}
 
 struct workers *workers_start(struct server *srv, struct dapo_err *e) {
   struct workers *w = calloc(1, sizeof *w);
@@ -602,6 +619,12 @@ struct workers *workers_start(struct server *srv, struct dapo_err *e) {
     dapo_errf(e, DAPO_ENOMEM, "out of memory");
     return NULL;
   }
+  if (admit_listen(srv->admit, on_memory_freed, w)) {
+    workers_free(w);
+    dapo_errf(e, DAPO_EINVAL, "the memory ledger has no room for another listener");
+    return NULL;
+  }
+  w->listening = 1;
   for (int i = 0; i < w->n; i++) {
     struct worker *wk = &w->v[i];
     wk->w = w;
@@ -711,6 +734,7 @@ int workers_stop(struct workers *w, int grace_s) {
 
 void workers_free(struct workers *w) {
   if (!w) return;
+  if (w->listening) admit_unlisten(w->srv->admit, on_memory_freed, w);
   pthread_mutex_lock(&w->mu);
   w->stopping = 1;
   pthread_cond_broadcast(&w->wake);

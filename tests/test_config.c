@@ -144,6 +144,8 @@ static void test_defaults(void) {
   CHECK(c.log_level == LOG_LEVEL_INFO);
   CHECK(c.access_log == 1);
   CHECK(c.memory_limit_bytes == 0);
+  CHECK(c.completion_threads == 1 && c.completion_queue == 8 && c.completion_wait_s == 60 &&
+        c.completion_cache_models == 2);
 
   /* no file, no flags: the defaults are valid as they are */
   CHECK(!strcmp(c.web_dir, "auto"));
@@ -361,6 +363,9 @@ static void test_flags(void) {
   config_deinit(&c);
 
   flag_error_is("--workers", "0", "--workers: 0 not in [1, 64]");
+  flag_error_is("--completion-threads", "0", "--completion-threads: 0 not in [1, 64]");
+  flag_error_is("--completion-queue", "auto", "--completion-queue: 'auto' is not an integer");
+  flag_error_is("--completion-cache-models", "-1", "--completion-cache-models: -1 not in [0, 64]");
   flag_error_is("--workers=x", NULL, "--workers: 'x' is not an integer or \"auto\"");
   flag_error_is("--max-json-depth", "auto", "--max-json-depth: 'auto' is not an integer");
   flag_error_is("--workers", NULL, "--workers: missing value");

@@ -1,0 +1,834 @@
+/* The completion service (completions.h): the queue and its sampling threads, admission of a
+ * completion's memory in the ledger (admit.h), the cache of opened models, and the tickets that
+ * callers poll and the bus announces. */
+#include "completions.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "admit.h"
+#include "bus.h"
+#include "log.h"
+#include "pool.h"
+#include "rng.h"
+#include "sampler.h"
+#include "server.h"
+
+/* Entries of a model folder that its stamp looks at (a model folder has about ten). */
+#define STAMP_ENTRIES_MAX 4096
+
+/* One opened model: in the cache list while it may serve later completions; a stale one (its
+ * folder changed) is off the list and closed when its last user is done. Its weights are
+ * reserved in the ledger while refs > 0, cached while it is idle on the list. */
+struct cmodel {
+  char *spec;     /* the lm_open spec (owned) */
+  uint64_t stamp; /* folder_stamp when it was opened */
+  struct lm lm;
+  uint64_t bytes;      /* its weights, as the ledger counts them */
+  int refs;            /* completions using it now (the one loading it included) */
+  int listed;          /* on c->models */
+  uint64_t used_tick;  /* c->tick when last taken: least recently used goes first */
+  struct cmodel *next; /* c->models, or a list of models to close */
+};
+
+/* One completion, shared by its caller and the service (refs). */
+struct completion {
+  struct completions *c;
+  uint64_t seq;
+  char key[32]; /* "completion-<seq>": its bus key */
+  /* the request (owned copies) */
+  char *model, *spec, *prompt;
+  size_t prompt_len;
+  struct model_config cfg;
+  int max_tokens, n, logprobs;
+  float temperature, top_p;
+  uint64_t seed;
+  /* under c->mu */
+  enum completion_state state;
+  int refs;      /* the caller's and, until it is done with it, the service's */
+  int queued;    /* on the queue (not yet taken by a thread) */
+  int cancelled; /* before it started, the caller gave up (1: completion_cancel) or left (2) */
+  int released;  /* the caller released it: nothing is published any more */
+  struct completion *next;
+  struct timespec submitted, started;
+  struct completion_result res; /* written by the thread serving it, read after DONE */
+};
+
+struct sampler {
+  struct completions *c;
+  int idx;
+  pthread_t th;
+  int started;
+  struct pool *pool; /* owned: this thread's compute pool (pinned to compute_cpus) */
+};
+
+struct completions {
+  struct server *srv;
+  struct admit *ledger; /* borrowed: srv->admit */
+  int listening;        /* on_memory_freed is a listener of the ledger; reclaim is its hook */
+  pthread_mutex_t mu;   /* guards everything below and every completion's shared fields */
+  /* A completion was queued, the head was released, memory came free, a completion was
+   * cancelled, or the service stops. */
+  pthread_cond_t cond;
+  int stopping;
+  struct completion *head, *tail; /* the queue, oldest first */
+  int waiting;                    /* queued + the one being admitted */
+  int admitting;                  /* a thread admits the head: the others wait (first in, first
+                                     started) */
+  int waiting_memory;             /* the head waits for memory */
+  int running;
+  uint64_t seq;
+  double avg_s; /* moving average of a completion's time in a thread (Retry-After) */
+  struct cmodel *models;
+  int n_models;
+  uint64_t tick;
+  uint64_t outcomes[COMPLETION_OUTCOMES];
+  uint64_t model_loads, model_evictions;
+  int n;
+  struct sampler *v;
+};
+
+static const char *const OUTCOME_NAMES[COMPLETION_OUTCOMES] = {
+    "ok", "invalid", "too_large", "stopping", "no_memory", "failed", "busy", "timeout"};
+
+const char *completion_outcome_name(enum completion_outcome o) {
+  return (int)o >= 0 && o < COMPLETION_OUTCOMES ? OUTCOME_NAMES[o] : "?";
+}
+
+/* ---- sizes ---- */
+
+static uint64_t weights_bytes(const struct model_config *cfg) {
+  return (uint64_t)model_param_count(cfg) * sizeof(float);
+}
+
+uint64_t completion_memory(const struct model_config *cfg, int n, int seq_len, int max_new) {
+  /* lm_sample's arrays: tokens and log-probs of every slot, then per sample its length, finish,
+   * stream and prompt pointer/length */
+  uint64_t arrays = (uint64_t)n * (uint64_t)max_new * (sizeof(int) + sizeof(float)) +
+                    (uint64_t)n * (3 * sizeof(int) + sizeof(struct rng) + sizeof(int *));
+  return (uint64_t)gen_state_bytes(cfg, n, seq_len) + arrays;
+}
+
+static double secs_between(const struct timespec *a, const struct timespec *b) {
+  return (double)(b->tv_sec - a->tv_sec) + (double)(b->tv_nsec - a->tv_nsec) / 1e9;
+}
+
+/* ---- the folder stamp ---- */
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+  const unsigned char *s = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 1099511628211ull;
+  return h;
+}
+
+/* A hash of what a folder holds: each entry's name, size, mtime and inode, summed (readdir's
+ * order does not matter), and the folder's inode. 0 for a preset (no folder). */
+static uint64_t folder_stamp(const char *spec) {
+  struct stat st;
+  if (stat(spec, &st) || !S_ISDIR(st.st_mode)) return 0;
+  DIR *d = opendir(spec);
+  uint64_t sum = fnv(1469598103934665603ull, &st.st_ino, sizeof st.st_ino);
+  if (!d) return sum;
+  struct dirent *de;
+  char p[4096 + 256];
+  for (int i = 0; i < STAMP_ENTRIES_MAX && (de = readdir(d)); i++) {
+    if (de->d_name[0] == '.' && (!de->d_name[1] || (de->d_name[1] == '.' && !de->d_name[2])))
+      continue;
+    if ((size_t)snprintf(p, sizeof p, "%s/%s", spec, de->d_name) >= sizeof p) continue;
+    struct stat fs;
+    if (stat(p, &fs)) continue;
+    uint64_t h = fnv(1469598103934665603ull, de->d_name, strlen(de->d_name));
+    int64_t parts[4] = {(int64_t)fs.st_size, (int64_t)fs.st_mtim.tv_sec,
+                        (int64_t)fs.st_mtim.tv_nsec, (int64_t)fs.st_ino};
+    sum += fnv(h, parts, sizeof parts);
+  }
+  closedir(d);
+  return sum ? sum : 1;
+}
+
+/* ---- the cache of opened models (under c->mu) ---- */
+
+static void unlist(struct completions *c, struct cmodel *m) {
+  for (struct cmodel **p = &c->models; *p; p = &(*p)->next)
+    if (*p == m) {
+      *p = m->next;
+      m->next = NULL;
+      m->listed = 0;
+      c->n_models--;
+      return;
+    }
+}
+
+/* Models taken off the list to be closed once c->mu is released, with what the ledger holds of
+ * them (their weights, reserved or cached). */
+struct to_close {
+  struct cmodel *reserved, *cached;
+};
+
+static void push(struct cmodel **list, struct cmodel *m) {
+  m->next = *list;
+  *list = m;
+}
+
+/* The least recently used model nobody uses, or NULL. */
+static struct cmodel *idle_lru(struct completions *c) {
+  struct cmodel *best = NULL;
+  for (struct cmodel *m = c->models; m; m = m->next)
+    if (!m->refs && (!best || m->used_tick < best->used_tick)) best = m;
+  return best;
+}
+
+/* Takes the least recently used idle model off the list for closing: its bytes, or 0 when every
+ * kept model is in use. */
+static uint64_t evict_one(struct completions *c, struct to_close *tc) {
+  struct cmodel *m = idle_lru(c);
+  if (!m) return 0;
+  unlist(c, m);
+  push(&tc->cached, m);
+  c->model_evictions++;
+  return m->bytes ? m->bytes : 1;
+}
+
+/* Closes what tc holds and gives its memory back to the ledger (which wakes whoever waits for
+ * memory). Without c->mu. */
+static void close_models(struct completions *c, struct to_close *tc) {
+  for (int k = 0; k < 2; k++) {
+    struct cmodel *m = k ? tc->cached : tc->reserved;
+    while (m) {
+      struct cmodel *next = m->next;
+      uint64_t bytes = m->bytes;
+      if (m->lm.model) /* (one whose opening failed is only given back) */
+        LOG(INFO, "completions: closed %s (%.1f MiB of weights)", m->spec,
+            (double)bytes / (1 << 20));
+      lm_close(&m->lm);
+      free(m->spec);
+      free(m);
+      if (k)
+        admit_uncache(c->ledger, bytes);
+      else
+        admit_release(c->ledger, bytes);
+      m = next;
+    }
+  }
+  tc->reserved = tc->cached = NULL;
+}
+
+/* The ledger's reclaim hook: a job was claimed into memory that kept models hold; close idle
+ * ones, least recently used first, until over bytes are given back. */
+static void reclaim(void *ctx, uint64_t over) {
+  struct completions *c = ctx;
+  struct to_close tc = {0};
+  uint64_t freed = 0;
+  pthread_mutex_lock(&c->mu);
+  for (uint64_t got = 1; freed < over && got;) freed += got = evict_one(c, &tc);
+  pthread_mutex_unlock(&c->mu);
+  if (freed < over)
+    LOG(WARN, "completions: a job needs %" PRIu64 " more bytes than kept models could give back",
+        over - freed);
+  close_models(c, &tc);
+}
+
+/* The ledger's listener: memory came free, so the head may fit now. */
+static void on_memory_freed(void *ctx) {
+  struct completions *c = ctx;
+  pthread_mutex_lock(&c->mu);
+  pthread_cond_broadcast(&c->cond);
+  pthread_mutex_unlock(&c->mu);
+}
+
+/* A completion is done with m (under c->mu): an idle model stays listed, its weights cached,
+ * unless it is stale or the cache is full (then it, or the least recently used idle one, goes
+ * into tc). */
+static void unpin(struct completions *c, struct cmodel *m, struct to_close *tc) {
+  if (--m->refs > 0) return;
+  if (!m->listed || c->srv->cfg.completion_cache_models == 0) {
+    if (m->listed) unlist(c, m);
+    push(&tc->reserved, m);
+    return;
+  }
+  admit_to_cache(c->ledger, m->bytes);
+  while (c->n_models > c->srv->cfg.completion_cache_models && evict_one(c, tc)) {
+  }
+}
+
+/* ---- results ---- */
+
+static void result_deinit(struct completion_result *r) {
+  json_decref(r->errors);
+  free(r->prompt_ids);
+  for (int i = 0; r->text && i < r->samples.n; i++) free(r->text[i]);
+  free(r->text);
+  for (size_t i = 0; r->pieces && i < (size_t)r->samples.n * (size_t)r->samples.max_new; i++)
+    free(r->pieces[i]);
+  free(r->pieces);
+  lm_samples_free(&r->samples);
+  memset(r, 0, sizeof *r);
+}
+
+/* Sets a refusal of fields (each with the same message) as t's result. */
+static void refuse(struct completion *t, enum completion_outcome o, const char *f1, const char *f2,
+                   const char *msg) {
+  t->res.outcome = o;
+  json_decref(t->res.errors);
+  t->res.errors = json_array();
+  if (!t->res.errors || dapo_errors_add(t->res.errors, f1, msg) ||
+      (f2 && dapo_errors_add(t->res.errors, f2, msg))) {
+    t->res.outcome = COMPLETION_NO_MEMORY;
+    snprintf(t->res.message, sizeof t->res.message, "out of memory");
+  }
+}
+
+static void fail(struct completion *t, enum completion_outcome o, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void fail(struct completion *t, enum completion_outcome o, const char *fmt, ...) {
+  t->res.outcome = o;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(t->res.message, sizeof t->res.message, fmt, ap);
+  va_end(ap);
+}
+
+static void completion_free(struct completion *t) {
+  result_deinit(&t->res);
+  free(t->model);
+  free(t->spec);
+  free(t->prompt);
+  free(t);
+}
+
+/* The service is done with t (under c->mu): its result is there; published unless its caller
+ * left already. */
+static void finish(struct completions *c, struct completion *t) {
+  t->state = COMPLETION_DONE;
+  if (t->res.outcome >= 0 && t->res.outcome < COMPLETION_OUTCOMES && !t->cancelled)
+    c->outcomes[t->res.outcome]++;
+  if (!t->released) bus_publish(c->srv->bus, t->key, 1);
+  if (--t->refs == 0) completion_free(t);
+}
+
+/* ---- admission and sampling of the head ---- */
+
+/* What a completion holds while it runs. */
+struct hold {
+  struct cmodel *m; /* pinned */
+  uint64_t mem;     /* its generation state and arrays, reserved */
+};
+
+/* 1 when the head t must end instead of waiting on (under c->mu): its caller gave up, or the
+ * service stops (t's outcome then says so). */
+static int must_end(struct completions *c, struct completion *t) {
+  if (t->cancelled) return 1;
+  if (!c->stopping) return 0;
+  fail(t, COMPLETION_STOPPING, "the daemon is stopping");
+  return 1;
+}
+
+/* Waits (under c->mu) until memory comes free, or something else wakes the head. */
+static void wait_memory(struct completions *c) {
+  c->waiting_memory = 1;
+  pthread_cond_wait(&c->cond, &c->mu);
+  c->waiting_memory = 0;
+}
+
+/* Pins t's model into h->m (under c->mu, which it releases while opening the model): a kept one
+ * when its folder is unchanged, else opened after its weights are reserved. Returns 0 (pinned),
+ * 1 (no memory now: wait and try again) or -1 (t's result says why it ends). */
+static int pin_model(struct completions *c, struct completion *t, uint64_t stamp, struct hold *h,
+                     struct to_close *tc) {
+  struct cmodel *m = c->models;
+  while (m && strcmp(m->spec, t->spec)) m = m->next;
+  if (m && m->stamp != stamp) { /* the folder changed on disk: open it again */
+    unlist(c, m);
+    if (!m->refs) {
+      push(&tc->cached, m);
+      return 1; /* closed first, then look again */
+    }
+    m = NULL; /* closed by its last user's unpin */
+  }
+  if (m) {
+    if (!m->refs && admit_from_cache(c->ledger, m->bytes)) return 1; /* being reclaimed */
+    m->refs++;
+    m->used_tick = ++c->tick;
+    h->m = m;
+    return 0;
+  }
+  uint64_t limit = admit_limit(c->ledger), w = weights_bytes(&t->cfg);
+  uint64_t least = w + completion_memory(&t->cfg, t->n, 1 + t->max_tokens, t->max_tokens);
+  char msg[512];
+  if (w > limit || least > limit) {
+    if (w > limit)
+      snprintf(msg, sizeof msg,
+               "the model's weights take %" PRIu64 " bytes, more than memory_limit_bytes (%" PRIu64
+               ") allows",
+               w, limit);
+    else
+      snprintf(msg, sizeof msg,
+               "n %d samples of max_tokens %d need at least %" PRIu64 " bytes (weights %" PRIu64
+               ", generation %" PRIu64 "), more than memory_limit_bytes (%" PRIu64
+               ") allows; lower max_tokens or n",
+               t->n, t->max_tokens, least, w, least - w, limit);
+    refuse(t, COMPLETION_TOO_LARGE, w > limit ? "model" : "max_tokens", w > limit ? NULL : "n",
+           msg);
+    return -1;
+  }
+  if (!(m = calloc(1, sizeof *m)) || !(m->spec = strdup(t->spec))) {
+    free(m);
+    fail(t, COMPLETION_NO_MEMORY, "out of memory");
+    return -1;
+  }
+  if (admit_try(c->ledger, w)) { /* no room now: an idle model goes (closed, then try again) */
+    free(m->spec);
+    free(m);
+    evict_one(c, tc);
+    return 1;
+  }
+  m->stamp = stamp;
+  m->bytes = w;
+  m->refs = 1;
+  m->used_tick = ++c->tick;
+  m->listed = 1;
+  m->next = c->models;
+  c->models = m;
+  c->n_models++;
+  c->model_loads++;
+  pthread_mutex_unlock(&c->mu);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  struct dapo_err e = {0};
+  int rc = lm_open(t->spec, 0, &m->lm, &e);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  if (!rc && weights_bytes(&m->lm.cfg) != w) {
+    lm_close(&m->lm);
+    rc = dapo_errf(&e, DAPO_EINVAL, "%s changed while it was opened; retry", t->spec);
+  }
+  pthread_mutex_lock(&c->mu);
+  if (rc) {
+    unlist(c, m);
+    push(&tc->reserved, m); /* its weights were reserved */
+    if (rc == DAPO_ENOMEM)
+      fail(t, COMPLETION_NO_MEMORY, "%s", e.msg);
+    else
+      refuse(t, COMPLETION_INVALID, "model", NULL, e.msg);
+    return -1;
+  }
+  LOG(INFO, "completions: opened %s (%.1f MiB of weights) in %.0f ms", t->spec,
+      (double)w / (1 << 20), secs_between(&t0, &t1) * 1e3);
+  h->m = m;
+  return 0;
+}
+
+/* Admits the head t (under c->mu, released at times): its model pinned and its prompt encoded,
+ * then its generation memory reserved. Returns 0 (admitted: h holds it) or 1 (t ends: its result
+ * says why, or it was cancelled; h is released, or handed to tc). */
+static int admit(struct completions *c, struct completion *t, struct hold *h, struct to_close *tc) {
+  pthread_mutex_unlock(&c->mu);
+  uint64_t stamp = folder_stamp(t->spec);
+  pthread_mutex_lock(&c->mu);
+  for (;;) {
+    if (must_end(c, t)) return 1;
+    int rc = pin_model(c, t, stamp, h, tc);
+    if (rc < 0) return 1;
+    if (rc == 0) break;
+    if (tc->reserved || tc->cached) { /* close what was evicted, then look again */
+      pthread_mutex_unlock(&c->mu);
+      close_models(c, tc);
+      pthread_mutex_lock(&c->mu);
+      continue;
+    }
+    wait_memory(c);
+  }
+  /* the prompt, with the pinned model's tokenizer */
+  pthread_mutex_unlock(&c->mu);
+  struct dapo_err e = {0};
+  int rc = lm_encode_prompt(&h->m->lm, t->prompt, t->prompt_len, LM_PROMPT_TEXT, t->max_tokens,
+                            &t->res.prompt_ids, &t->res.n_prompt, &e);
+  pthread_mutex_lock(&c->mu);
+  if (rc) {
+    if (rc == DAPO_ENOMEM)
+      fail(t, COMPLETION_NO_MEMORY, "out of memory");
+    else
+      refuse(t, COMPLETION_INVALID, rc == DAPO_ERANGE ? "max_tokens" : "prompt", NULL, e.msg);
+    unpin(c, h->m, tc);
+    h->m = NULL;
+    return 1;
+  }
+  uint64_t limit = admit_limit(c->ledger);
+  uint64_t mem =
+      completion_memory(&h->m->lm.cfg, t->n, t->res.n_prompt + t->max_tokens, t->max_tokens);
+  if (h->m->bytes + mem > limit) {
+    char msg[512];
+    snprintf(msg, sizeof msg,
+             "n %d samples of %d prompt tokens + max_tokens %d need %" PRIu64
+             " bytes (weights %" PRIu64 ", generation %" PRIu64
+             "), more than memory_limit_bytes (%" PRIu64 ") allows; lower max_tokens or n",
+             t->n, t->res.n_prompt, t->max_tokens, h->m->bytes + mem, h->m->bytes, mem, limit);
+    refuse(t, COMPLETION_TOO_LARGE, "max_tokens", "n", msg);
+    unpin(c, h->m, tc);
+    h->m = NULL;
+    return 1;
+  }
+  for (;;) {
+    if (must_end(c, t)) { /* checked under the lock up to the start: no cancel is missed */
+      unpin(c, h->m, tc);
+      h->m = NULL;
+      return 1;
+    }
+    if (!admit_try(c->ledger, mem)) break;
+    if (evict_one(c, tc)) { /* another idle model gives its memory back */
+      pthread_mutex_unlock(&c->mu);
+      close_models(c, tc);
+      pthread_mutex_lock(&c->mu);
+      continue;
+    }
+    wait_memory(c);
+  }
+  h->mem = mem;
+  return 0;
+}
+
+/* Samples t with the model h holds and decodes the samples (without c->mu). */
+static void run(struct completion *t, struct hold *h) {
+  const struct lm *lm = &h->m->lm;
+  struct completion_result *r = &t->res;
+  struct sampler_opts so = {
+      .temperature = t->temperature, .top_p = t->top_p, .max_new_tokens = t->max_tokens};
+  struct dapo_err e = {0};
+  if (lm_sample(lm, r->prompt_ids, r->n_prompt, t->n, &so, t->seed, &r->samples, &e)) {
+    fail(t, e.code == DAPO_ENOMEM ? COMPLETION_NO_MEMORY : COMPLETION_FAILED, "%s", e.msg);
+    return;
+  }
+  const struct lm_samples *s = &r->samples;
+  size_t slots = (size_t)s->n * (size_t)s->max_new;
+  if (!(r->text = calloc((size_t)s->n, sizeof *r->text)) ||
+      (t->logprobs && !(r->pieces = calloc(slots, sizeof *r->pieces)))) {
+    fail(t, COMPLETION_NO_MEMORY, "out of memory");
+    return;
+  }
+  for (int i = 0; i < s->n; i++) {
+    const int *toks = s->tokens + (size_t)i * s->max_new;
+    if (!(r->text[i] = tok_decode_alloc(lm->tok, toks, s->len[i], 1, &e))) {
+      fail(t, e.code == DAPO_ENOMEM ? COMPLETION_NO_MEMORY : COMPLETION_FAILED, "%s", e.msg);
+      return;
+    }
+    for (int k = 0; r->pieces && k < s->len[i]; k++)
+      r->pieces[(size_t)i * s->max_new + k] = tok_decode_alloc(lm->tok, toks + k, 1, 0, &e);
+  }
+  r->outcome = COMPLETION_OK;
+}
+
+/* Each thread of the pool (the sampler's own included) moves onto compute_cpus. */
+static void pin_task(void *ctx, int i, int n) {
+  const cpu_set_t *set = ctx;
+  (void)i, (void)n;
+  if (pthread_setaffinity_np(pthread_self(), sizeof *set, set))
+    LOG(WARN, "compute_cpus: a completion thread could not be moved (%s)", strerror(errno));
+}
+
+static void pin_compute(struct sampler *sp) {
+  const char *list = sp->c->srv->cfg.compute_cpus;
+  struct config_cpus cpus;
+  struct dapo_err e = {0};
+  if (!*list || config_parse_cpus(list, &cpus, &e)) return; /* checked by config_finish */
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int i = 0; i < 1024 && i < CPU_SETSIZE; i++)
+    if (cpus.on[i]) CPU_SET(i, &set);
+  pool_run(sp->pool, pin_task, &set);
+}
+
+static void *sampler_main(void *arg) {
+  struct sampler *sp = arg;
+  struct completions *c = sp->c;
+  pin_compute(sp);
+  pthread_mutex_lock(&c->mu);
+  for (;;) {
+    while (!c->stopping && (!c->head || c->admitting)) pthread_cond_wait(&c->cond, &c->mu);
+    if (c->stopping) break;
+    struct completion *t = c->head;
+    c->head = t->next;
+    if (!c->head) c->tail = NULL;
+    t->next = NULL;
+    t->queued = 0;
+    c->admitting = 1;
+    struct hold h = {0};
+    struct to_close tc = {0};
+    int ended = admit(c, t, &h, &tc);
+    c->admitting = 0;
+    c->waiting--;
+    pthread_cond_broadcast(&c->cond); /* the next head may be admitted */
+    if (ended) {
+      if (t->cancelled == 1) c->outcomes[COMPLETION_TIMEOUT]++;
+      LOG(DEBUG, "completion %" PRIu64 " (%s): %s", t->seq, t->model,
+          t->cancelled ? "cancelled while waiting" : completion_outcome_name(t->res.outcome));
+      pthread_mutex_unlock(&c->mu);
+      close_models(c, &tc); /* what it held is given back before its end is told */
+      pthread_mutex_lock(&c->mu);
+      finish(c, t);
+      continue;
+    }
+    t->state = COMPLETION_RUNNING;
+    clock_gettime(CLOCK_MONOTONIC, &t->started);
+    c->running++;
+    pthread_mutex_unlock(&c->mu);
+    close_models(c, &tc);
+    run(t, &h);
+    struct timespec end;
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    double took = secs_between(&t->started, &end);
+    LOG(DEBUG,
+        "completion %" PRIu64 " (%s): %s, n %d, %d prompt + %d max tokens, waited %.1f ms, "
+        "sampled in %.1f ms",
+        t->seq, t->model, completion_outcome_name(t->res.outcome), t->n, t->res.n_prompt,
+        t->max_tokens, secs_between(&t->submitted, &t->started) * 1e3, took * 1e3);
+    pthread_mutex_lock(&c->mu);
+    c->running--;
+    c->avg_s = c->avg_s > 0 ? 0.8 * c->avg_s + 0.2 * took : took;
+    unpin(c, h.m, &tc);
+    pthread_mutex_unlock(&c->mu);
+    /* the memory goes back (waking the head and jobs waiting for it) before the caller hears of
+     * the end, so that what it reads next (/metrics) no longer counts this completion */
+    admit_release(c->ledger, h.mem);
+    close_models(c, &tc);
+    pthread_mutex_lock(&c->mu);
+    finish(c, t);
+  }
+  pthread_mutex_unlock(&c->mu);
+  return NULL;
+}
+
+/* ---- the service ---- */
+
+struct completions *completions_start(struct server *srv, struct dapo_err *e) {
+  struct completions *c = calloc(1, sizeof *c);
+  if (!c) {
+    dapo_errf(e, DAPO_ENOMEM, "out of memory");
+    return NULL;
+  }
+  c->srv = srv;
+  c->ledger = srv->admit;
+  c->n = srv->cfg.completion_threads > 0 ? srv->cfg.completion_threads : 1;
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_cond_init(&c->cond, NULL);
+  if (!(c->v = calloc((size_t)c->n, sizeof *c->v))) {
+    completions_free(c);
+    dapo_errf(e, DAPO_ENOMEM, "out of memory");
+    return NULL;
+  }
+  if (admit_listen(c->ledger, on_memory_freed, c)) {
+    completions_free(c);
+    dapo_errf(e, DAPO_EINVAL, "the memory ledger has no room for another listener");
+    return NULL;
+  }
+  admit_set_reclaim(c->ledger, reclaim, c);
+  c->listening = 1;
+  for (int i = 0; i < c->n; i++) {
+    struct sampler *sp = &c->v[i];
+    sp->c = c;
+    sp->idx = i;
+    if (!(sp->pool = pool_new(1))) {
+      completions_free(c);
+      dapo_errf(e, DAPO_ENOMEM, "completion thread %d: cannot make its compute pool", i);
+      return NULL;
+    }
+    int err = pthread_create(&sp->th, NULL, sampler_main, sp);
+    if (err) {
+      completions_free(c);
+      dapo_errf(e, DAPO_EIO, "cannot start completion thread %d: %s", i, strerror(err));
+      return NULL;
+    }
+    sp->started = 1;
+  }
+  LOG(INFO, "completions: %d thread%s, queue %d, %d model%s kept open", c->n, c->n > 1 ? "s" : "",
+      srv->cfg.completion_queue, srv->cfg.completion_cache_models,
+      srv->cfg.completion_cache_models == 1 ? "" : "s");
+  return c;
+}
+
+void completions_quiesce(struct completions *c) {
+  if (!c) return;
+  pthread_mutex_lock(&c->mu);
+  c->stopping = 1;
+  while (c->head) {
+    struct completion *t = c->head;
+    c->head = t->next;
+    t->next = NULL;
+    t->queued = 0;
+    c->waiting--;
+    fail(t, COMPLETION_STOPPING, "the daemon is stopping");
+    finish(c, t);
+  }
+  c->tail = NULL;
+  pthread_cond_broadcast(&c->cond);
+  pthread_mutex_unlock(&c->mu);
+}
+
+void completions_free(struct completions *c) {
+  if (!c) return;
+  completions_quiesce(c);
+  for (int i = 0; c->v && i < c->n; i++) {
+    if (c->v[i].started) pthread_join(c->v[i].th, NULL);
+    pool_free(c->v[i].pool);
+  }
+  if (c->listening) {
+    admit_set_reclaim(c->ledger, NULL, NULL);
+    admit_unlisten(c->ledger, on_memory_freed, c);
+  }
+  struct to_close tc = {0};
+  pthread_mutex_lock(&c->mu);
+  while (c->models) {
+    struct cmodel *m = c->models;
+    unlist(c, m);
+    push(m->refs ? &tc.reserved : &tc.cached, m); /* none is in use once the threads are gone */
+  }
+  pthread_mutex_unlock(&c->mu);
+  close_models(c, &tc);
+  free(c->v);
+  pthread_cond_destroy(&c->cond);
+  pthread_mutex_destroy(&c->mu);
+  free(c);
+}
+
+int completions_submit(struct completions *c, const struct completion_req *req,
+                       struct completion **out, struct dapo_err *e) {
+  *out = NULL;
+  struct completion *t = calloc(1, sizeof *t);
+  if (!t || !(t->model = strdup(req->model)) || !(t->spec = strdup(req->spec)) ||
+      !(t->prompt = malloc(req->prompt_len + 1))) {
+    if (t) completion_free(t);
+    return dapo_errf(e, DAPO_ENOMEM, "out of memory");
+  }
+  memcpy(t->prompt, req->prompt, req->prompt_len);
+  t->prompt[req->prompt_len] = '\0';
+  t->prompt_len = req->prompt_len;
+  t->c = c;
+  t->cfg = *req->cfg;
+  t->max_tokens = req->max_tokens;
+  t->n = req->n;
+  t->logprobs = req->logprobs;
+  t->temperature = req->temperature;
+  t->top_p = req->top_p;
+  t->seed = req->seed;
+  t->state = COMPLETION_WAITING;
+  t->refs = 2;
+  clock_gettime(CLOCK_MONOTONIC, &t->submitted);
+  pthread_mutex_lock(&c->mu);
+  int rc = 0;
+  if (c->stopping) {
+    rc = dapo_errf(e, COMPLETIONS_ESTOPPING, "the daemon is stopping");
+  } else if (c->waiting >= c->srv->cfg.completion_queue) {
+    c->outcomes[COMPLETION_BUSY]++;
+    rc = dapo_errf(e, COMPLETIONS_EFULL,
+                   "%d completions are waiting already (completion_queue %d), %d sampling",
+                   c->waiting, c->srv->cfg.completion_queue, c->running);
+  }
+  if (rc) {
+    pthread_mutex_unlock(&c->mu);
+    completion_free(t);
+    return rc;
+  }
+  t->seq = ++c->seq;
+  snprintf(t->key, sizeof t->key, "completion-%" PRIu64, t->seq);
+  t->queued = 1;
+  if (c->tail)
+    c->tail->next = t;
+  else
+    c->head = t;
+  c->tail = t;
+  c->waiting++;
+  pthread_cond_broadcast(&c->cond);
+  pthread_mutex_unlock(&c->mu);
+  *out = t;
+  return 0;
+}
+
+const char *completion_key(const struct completion *t) {
+  return t->key;
+}
+
+enum completion_state completion_poll(struct completion *t, const struct completion_result **res) {
+  struct completions *c = t->c;
+  pthread_mutex_lock(&c->mu);
+  enum completion_state s = t->state;
+  pthread_mutex_unlock(&c->mu);
+  if (res) *res = s == COMPLETION_DONE ? &t->res : NULL;
+  return s;
+}
+
+/* Takes a queued t off the queue (under c->mu); the service's reference goes with it. */
+static void dequeue(struct completions *c, struct completion *t) {
+  struct completion *prev = NULL;
+  for (struct completion *x = c->head; x && x != t; x = x->next) prev = x;
+  if (prev)
+    prev->next = t->next;
+  else
+    c->head = t->next;
+  if (c->tail == t) c->tail = prev;
+  t->next = NULL;
+  t->queued = 0;
+  c->waiting--;
+  t->refs--;
+}
+
+int completion_cancel(struct completion *t) {
+  struct completions *c = t->c;
+  pthread_mutex_lock(&c->mu);
+  int was = t->state == COMPLETION_WAITING && !t->cancelled;
+  if (was) {
+    t->cancelled = 1;
+    if (t->queued) {
+      dequeue(c, t);
+      c->outcomes[COMPLETION_TIMEOUT]++;
+    }
+    /* else a thread admits it: it sees the flag, lets go of what it holds and counts it */
+    pthread_cond_broadcast(&c->cond);
+  }
+  pthread_mutex_unlock(&c->mu);
+  return was;
+}
+
+void completion_release(struct completion *t) {
+  if (!t) return;
+  struct completions *c = t->c;
+  pthread_mutex_lock(&c->mu);
+  if (t->queued) dequeue(c, t);
+  if (t->state == COMPLETION_WAITING && !t->cancelled) t->cancelled = 2;
+  t->released = 1;
+  bus_forget(c->srv->bus, t->key);
+  pthread_cond_broadcast(&c->cond);
+  int last = --t->refs == 0;
+  pthread_mutex_unlock(&c->mu);
+  if (last) completion_free(t);
+}
+
+int completions_retry_after_s(struct completions *c) {
+  pthread_mutex_lock(&c->mu);
+  double s = (c->avg_s > 0 ? c->avg_s : 1.0) * (double)(c->waiting + c->running) / (double)c->n;
+  pthread_mutex_unlock(&c->mu);
+  int v = (int)(s + 0.999);
+  return v < 1 ? 1 : v > 60 ? 60 : v;
+}
+
+void completions_stats(struct completions *c, struct completions_stats *out) {
+  memset(out, 0, sizeof *out);
+  if (!c) return;
+  pthread_mutex_lock(&c->mu);
+  out->threads = c->n;
+  out->queue_cap = c->srv->cfg.completion_queue;
+  out->waiting = c->waiting;
+  out->waiting_memory = c->waiting_memory;
+  out->running = c->running;
+  out->models_cached = c->n_models;
+  memcpy(out->outcomes, c->outcomes, sizeof out->outcomes);
+  out->model_loads = c->model_loads;
+  out->model_evictions = c->model_evictions;
+  pthread_mutex_unlock(&c->mu);
+}
