@@ -525,30 +525,10 @@ static void run(struct completion *t, struct hold *h) {
   r->outcome = COMPLETION_OK;
 }
 
-/* Each thread of the pool (the sampler's own included) moves onto compute_cpus. */
-static void pin_task(void *ctx, int i, int n) {
-  const cpu_set_t *set = ctx;
-  (void)i, (void)n;
-  if (pthread_setaffinity_np(pthread_self(), sizeof *set, set))
-    LOG(WARN, "compute_cpus: a completion thread could not be moved (%s)", strerror(errno));
-}
-
-static void pin_compute(struct sampler *sp) {
-  const char *list = sp->c->srv->cfg.compute_cpus;
-  struct config_cpus cpus;
-  struct dapo_err e = {0};
-  if (!*list || config_parse_cpus(list, &cpus, &e)) return; /* checked by config_finish */
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  for (int i = 0; i < 1024 && i < CPU_SETSIZE; i++)
-    if (cpus.on[i]) CPU_SET(i, &set);
-  pool_run(sp->pool, pin_task, &set);
-}
-
 static void *sampler_main(void *arg) {
   struct sampler *sp = arg;
   struct completions *c = sp->c;
-  pin_compute(sp);
+  server_pin_compute(sp->c->srv, sp->pool);
   pthread_mutex_lock(&c->mu);
   for (;;) {
     while (!c->stopping && (!c->head || c->admitting)) pthread_cond_wait(&c->cond, &c->mu);

@@ -18,6 +18,7 @@
 #include "completions.h"
 #include "jobs.h"
 #include "log.h"
+#include "pool.h"
 #include "store.h"
 #include "workers.h"
 
@@ -217,4 +218,24 @@ double server_uptime(const struct server *s) {
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (double)(t.tv_sec - s->start_mono.tv_sec) +
          (double)(t.tv_nsec - s->start_mono.tv_nsec) / 1e9;
+}
+
+/* Each thread of the pool (its owner's included) moves onto compute_cpus. */
+static void pin_task(void *ctx, int i, int n) {
+  const cpu_set_t *set = ctx;
+  (void)i, (void)n;
+  if (pthread_setaffinity_np(pthread_self(), sizeof *set, set))
+    LOG(WARN, "compute_cpus: a compute thread could not be moved (%s)", strerror(errno));
+}
+
+void server_pin_compute(const struct server *s, struct pool *p) {
+  struct config_cpus cpus;
+  struct dapo_err e = {0};
+  if (!*s->cfg.compute_cpus || config_parse_cpus(s->cfg.compute_cpus, &cpus, &e))
+    return; /* checked by config_finish */
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int i = 0; i < 1024 && i < CPU_SETSIZE; i++)
+    if (cpus.on[i]) CPU_SET(i, &set);
+  pool_run(p, pin_task, &set);
 }

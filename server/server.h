@@ -117,6 +117,12 @@ void server_count_request(struct server *s, const char *method, int status, doub
 /* Name of a method bucket ("GET", ..., "other"). Borrowed static string. */
 const char *server_method_name(enum server_http_method m);
 
+struct pool;
+/* Moves every thread of compute pool p (the calling thread, its owner, included) onto
+ * cfg.compute_cpus; nothing when that is empty. Called by each job worker and completion thread
+ * on its own pool at start. */
+void server_pin_compute(const struct server *s, struct pool *p);
+
 /* Seconds since server_start (monotonic clock). */
 double server_uptime(const struct server *s);
 

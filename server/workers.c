@@ -517,26 +517,6 @@ static void run_job(struct worker *wk, struct store_job *job) {
   json_decref(jr.latest);
 }
 
-/* Each thread of the pool (the worker's own included) moves onto compute_cpus. */
-static void pin_task(void *ctx, int i, int n) {
-  const cpu_set_t *set = ctx;
-  (void)i, (void)n;
-  if (pthread_setaffinity_np(pthread_self(), sizeof *set, set))
-    LOG(WARN, "compute_cpus: a compute thread could not be moved (%s)", strerror(errno));
-}
-
-static void pin_compute(struct worker *wk) {
-  const char *list = wk->w->srv->cfg.compute_cpus;
-  struct config_cpus cpus;
-  struct dapo_err e = {0};
-  if (!*list || config_parse_cpus(list, &cpus, &e)) return; /* checked by config_finish */
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  for (int i = 0; i < 1024 && i < CPU_SETSIZE; i++)
-    if (cpus.on[i]) CPU_SET(i, &set);
-  pool_run(wk->pool, pin_task, &set);
-}
-
 /* admit_claim's decision: the next queued job when its plan fits what the ledger has free. */
 struct claim {
   struct store *store;
@@ -557,7 +537,7 @@ static void *worker_main(void *arg) {
   struct worker *wk = arg;
   struct workers *w = wk->w;
   struct admit *ledger = w->srv->admit;
-  pin_compute(wk);
+  server_pin_compute(wk->w->srv, wk->pool);
   pthread_mutex_lock(&w->mu);
   while (!w->stopping) {
     uint64_t seen = w->gen;

@@ -37,6 +37,16 @@ TOKENIZER_CONFIG = {"model_max_length": 512, "clean_up_tokenization_spaces": Fal
 STEPS = 3
 
 
+def wait_ended(test, d, job_id):
+    """The job object once its status is terminal (long-polls; fails after 300 s)."""
+    deadline = time.monotonic() + 300
+    while True:
+        job = d.get("/v1/jobs/%s?wait=10" % job_id, timeout=30).json()
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            return job
+        test.assertLess(time.monotonic(), deadline, "job %s did not end" % job_id)
+
+
 def sha256(path):
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
@@ -68,12 +78,7 @@ class CheckpointIndex(unittest.TestCase):
                           headers={"Content-Type": "application/json"})
             self.assertEqual(r.status, 201, r)
             job_id = r.json()["id"]
-            deadline = time.monotonic() + 300
-            while True:
-                job = d.get("/v1/jobs/%s?wait=10" % job_id, timeout=30).json()
-                if job["status"] in ("succeeded", "failed", "cancelled"):
-                    break
-                self.assertLess(time.monotonic(), deadline, "the job did not end")
+            job = wait_ended(self, d, job_id)
             self.assertEqual(job["status"], "succeeded", job)
             listed = {c["step"]: c for c in
                       d.get("/v1/jobs/%s/checkpoints" % job_id).json()["data"]}
@@ -96,12 +101,7 @@ class CheckpointIndex(unittest.TestCase):
             d2 = harness.Daemon(DAPOD, args, data_dir=data_dir)
             d2.models_dir = d.models_dir
             d2.start()
-            deadline = time.monotonic() + 300
-            while True:
-                job = d2.get("/v1/jobs/%s?wait=10" % job_id, timeout=30).json()
-                if job["status"] in ("succeeded", "failed", "cancelled"):
-                    break
-                self.assertLess(time.monotonic(), deadline, "the recovered job did not end")
+            job = wait_ended(self, d2, job_id)
             self.assertEqual(job["status"], "succeeded", job)
 
             again = {c["step"]: c for c in
