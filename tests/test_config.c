@@ -146,6 +146,7 @@ static void test_defaults(void) {
   CHECK(c.memory_limit_bytes == 0);
   CHECK(c.completion_threads == 1 && c.completion_queue == 8 && c.completion_wait_s == 60 &&
         c.completion_cache_models == 2);
+  CHECK(c.job_check_inline_bytes == (uint64_t)1 << 20);
 
   /* no file, no flags: the defaults are valid as they are */
   CHECK(!strcmp(c.web_dir, "auto"));
@@ -364,6 +365,9 @@ static void test_flags(void) {
 
   flag_error_is("--workers", "0", "--workers: 0 not in [1, 64]");
   flag_error_is("--completion-threads", "0", "--completion-threads: 0 not in [1, 64]");
+  flag_error_is("--job-check-inline-bytes", "2x",
+                "--job-check-inline-bytes: '2x' is not a size (whole bytes, optionally with a K, "
+                "M, G or T suffix)");
   flag_error_is("--completion-queue", "auto", "--completion-queue: 'auto' is not an integer");
   flag_error_is("--completion-cache-models", "-1", "--completion-cache-models: -1 not in [0, 64]");
   flag_error_is("--workers=x", NULL, "--workers: 'x' is not an integer or \"auto\"");
