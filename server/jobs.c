@@ -426,15 +426,17 @@ int jobs_create(struct server *srv, const struct jobs_new *req, struct store_job
         rc = dapo_errf(e, DAPO_ENOMEM, "out of memory");
       } else {
         t->refs = 2;
-        t->body = json_incref((json_t *)req->body);
+        /* a copy: jansson's reference counts are not for sharing across threads */
+        t->body = json_deep_copy(req->body);
         t->owner = dup_or_null(req->owner);
         t->key = dup_or_null(req->idempotency_key);
+        int copied = t->body && (!req->owner || t->owner) && (!req->idempotency_key || t->key);
         t->run = run, run = NULL;
         t->spec = spec;
         memset(&spec, 0, sizeof spec);
         memcpy(t->check_key, key, sizeof key);
         pthread_mutex_lock(&js->mu);
-        int full = js->queued >= CHECK_QUEUE_MAX || js->stopping;
+        int full = !copied || js->queued >= CHECK_QUEUE_MAX || js->stopping;
         if (!full) {
           if (js->tail)
             js->tail->next = t;
@@ -448,8 +450,9 @@ int jobs_create(struct server *srv, const struct jobs_new *req, struct store_job
         if (full) {
           t->refs = 1;
           task_release(js, t);
-          rc = dapo_errf(e, STORE_EFULL, "%d jobs are being checked: retry shortly",
-                         CHECK_QUEUE_MAX);
+          rc = !copied ? dapo_errf(e, DAPO_ENOMEM, "out of memory")
+                       : dapo_errf(e, STORE_EFULL, "%d jobs are being checked: retry shortly",
+                                   CHECK_QUEUE_MAX);
         } else {
           atomic_fetch_add(&js->offloaded, 1);
           *pending = t;
