@@ -77,7 +77,7 @@ static void parse_body(const json_t *b, struct creq *q, json_t *errors) {
     int ok = 0;
     for (size_t i = 0; i < sizeof KNOWN / sizeof KNOWN[0]; i++) ok |= !strcmp(key, KNOWN[i]);
     if (!ok) {
-      json_t *f = api_json_text(key);
+      json_t *f = dapo_json_text(key);
       json_array_append_new(errors,
                             json_pack("{s:o, s:s}", "field", f, "message", "unknown field"));
     }
@@ -127,14 +127,14 @@ static json_t *choices_json(const char *model, int logprobs, const struct comple
   for (int i = 0; choices && i < go->n; i++) {
     const int *toks = go->tokens + (size_t)i * go->max_new;
     const float *lp = go->logp + (size_t)i * go->max_new;
-    json_t *c = json_pack("{s:i, s:o, s:s}", "index", i, "text", api_json_text(res->text[i]),
+    json_t *c = json_pack("{s:i, s:o, s:s}", "index", i, "text", dapo_json_text(res->text[i]),
                           "finish_reason", go->finish[i] == FINISH_STOP ? "stop" : "length");
     completion += go->len[i];
     if (c && logprobs) {
       json_t *tokens = json_array(), *ids = json_array(), *lps = json_array();
       for (int t = 0; t < go->len[i]; t++) {
         const char *piece = res->pieces[(size_t)i * go->max_new + t];
-        json_array_append_new(tokens, piece ? api_json_text(piece) : json_string(""));
+        json_array_append_new(tokens, piece ? dapo_json_text(piece) : json_string(""));
         json_array_append_new(ids, json_integer(toks[t]));
         json_array_append_new(lps, json_real(lp[t]));
       }

@@ -306,7 +306,7 @@ static int upload_finish(struct upload *up, struct ds_report *rep, json_t **erro
     *errors = ds_report_to_json(rep);
     /* A file-level problem (no items, too many items or lines) has no line of its own. */
     if (*errors && (rc != DAPO_EFORMAT || rep->n_reported == 0))
-      json_array_append_new(*errors, json_pack("{s:o}", "message", api_json_text(e.msg)));
+      json_array_append_new(*errors, json_pack("{s:o}", "message", dapo_json_text(e.msg)));
     if (!*errors) return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory", NULL), -1;
   }
   return 0;

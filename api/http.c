@@ -204,10 +204,6 @@ int api_content_type_is(const struct api_req *r, const char *type) {
   return c == '\0' || c == ';' || c == ' ' || c == '\t';
 }
 
-json_t *api_json_text(const char *s) {
-  return dapo_json_text(s);
-}
-
 /* ---- replies ---- */
 
 /* Sets the pending reply; a second reply is a bug in a handler: logged, the first one kept. */
@@ -277,7 +273,7 @@ int api_reply_error_ext(struct api_req *r, enum api_err code, const char *detail
     json_object_set_new(o, "type", json_string(type));
     json_object_set_new(o, "title", json_string(row->title));
     json_object_set_new(o, "status", json_integer(row->http_status));
-    json_object_set_new(o, "detail", api_json_text(detail ? detail : row->hint));
+    json_object_set_new(o, "detail", dapo_json_text(detail ? detail : row->hint));
     if (errors) json_object_set(o, "errors", errors);
     if (ext) json_object_update_missing(o, (json_t *)ext);
   }

@@ -203,10 +203,6 @@ void api_hub_stream_leave(struct api_hub *h);
  * -1 (no reply yet, or out of memory). */
 int api_reply_header(struct api_req *r, const char *name, const char *value);
 
-/* A new JSON string of s (text from outside: file names, messages quoting input); where s is not
- * valid UTF-8, every byte >= 0x80 becomes '?' instead of failing. NULL only when out of memory. */
-json_t *api_json_text(const char *s);
-
 /* Milliseconds since the request began. */
 double api_req_ms(const struct api_req *r);
 

@@ -16,20 +16,15 @@
 
 #define JUDGE_TEST_MAX_ITEMS 256
 
-static void add_err(json_t *errors, const char *field, const char *msg) {
-  json_array_append_new(errors, json_pack("{s:o, s:o}", "field", api_json_text(field), "message",
-                                          api_json_text(msg)));
-}
-
 /* judge_new's message "judge.url: host ... " -> field "judge.url", message the rest. */
 static void add_judge_err(json_t *errors, const char *msg) {
   const char *colon = strstr(msg, ": ");
   if (!strncmp(msg, "judge", 5) && colon && colon - msg < 64 && !memchr(msg, ' ', colon - msg)) {
     char field[64];
     snprintf(field, sizeof field, "%.*s", (int)(colon - msg), msg);
-    add_err(errors, field, colon + 2);
+    dapo_errors_add(errors, field, colon + 2);
   } else {
-    add_err(errors, "judge", msg);
+    dapo_errors_add(errors, "judge", msg);
   }
 }
 
@@ -42,7 +37,7 @@ static void read_items(const json_t *arr, struct judge_item *it, json_t *errors)
     struct judge_item *t = &it[i];
     if (!json_is_object(x)) {
       snprintf(f, sizeof f, "items[%zu]", i);
-      add_err(errors, f, "must be an object");
+      dapo_errors_add(errors, f, "must be an object");
       continue;
     }
     const char *key;
@@ -52,7 +47,7 @@ static void read_items(const json_t *arr, struct judge_item *it, json_t *errors)
       if (!strcmp(key, "response") || !strcmp(key, "answer") || !strcmp(key, "prompt") ||
           !strcmp(key, "id")) {
         if (!json_is_string(v)) {
-          add_err(errors, f, "must be a string");
+          dapo_errors_add(errors, f, "must be a string");
           continue;
         }
         const char *s = json_string_value(v);
@@ -63,7 +58,7 @@ static void read_items(const json_t *arr, struct judge_item *it, json_t *errors)
       } else if (!strcmp(key, "group") || !strcmp(key, "response_tokens")) {
         json_int_t n = json_integer_value(v);
         if (!json_is_integer(v) || n < 0 || n > 1000000) {
-          add_err(errors, f, "must be an integer in [0, 1000000]");
+          dapo_errors_add(errors, f, "must be an integer in [0, 1000000]");
           continue;
         }
         if (key[0] == 'g')
@@ -72,22 +67,22 @@ static void read_items(const json_t *arr, struct judge_item *it, json_t *errors)
           t->response_tokens = (int)n;
       } else if (!strcmp(key, "metadata")) {
         if (!json_is_object(v) && !json_is_null(v))
-          add_err(errors, f, "must be an object");
+          dapo_errors_add(errors, f, "must be an object");
         else
           t->metadata = json_is_object(v) ? v : NULL;
       } else if (!strcmp(key, "truncated")) {
         if (!json_is_boolean(v))
-          add_err(errors, f, "must be a boolean");
+          dapo_errors_add(errors, f, "must be a boolean");
         else
           t->truncated = json_is_true(v);
       } else {
-        add_err(errors, f, "unknown field");
+        dapo_errors_add(errors, f, "unknown field");
       }
     }
     snprintf(f, sizeof f, "items[%zu].response", i);
-    if (!t->response && !json_object_get(x, "response")) add_err(errors, f, "required");
+    if (!t->response && !json_object_get(x, "response")) dapo_errors_add(errors, f, "required");
     snprintf(f, sizeof f, "items[%zu].answer", i);
-    if (!t->answer && !json_object_get(x, "answer")) add_err(errors, f, "required");
+    if (!t->answer && !json_object_get(x, "answer")) dapo_errors_add(errors, f, "required");
   }
 }
 
@@ -105,16 +100,17 @@ int api_judges_test(struct api_req *r) {
     if (strcmp(key, "judge") && strcmp(key, "items")) {
       char f[80];
       snprintf(f, sizeof f, "%.64s", key);
-      add_err(errors, f, "unknown field (expected judge, items)");
+      dapo_errors_add(errors, f, "unknown field (expected judge, items)");
     }
   }
   const json_t *spec = json_object_get(b, "judge"), *items = json_object_get(b, "items");
   size_t n = json_array_size(items);
-  if (!json_is_object(spec)) add_err(errors, "judge", "required: an object with a \"type\"");
+  if (!json_is_object(spec))
+    dapo_errors_add(errors, "judge", "required: an object with a \"type\"");
   if (!json_is_array(items) || n < 1 || n > JUDGE_TEST_MAX_ITEMS) {
     char m[96];
     snprintf(m, sizeof m, "required: an array of 1..%d items", JUDGE_TEST_MAX_ITEMS);
-    add_err(errors, "items", m);
+    dapo_errors_add(errors, "items", m);
     n = 0;
   }
   struct judge_item *it = n ? calloc(n, sizeof *it) : NULL;
@@ -128,7 +124,7 @@ int api_judges_test(struct api_req *r) {
   struct judge *j = NULL;
   if (json_is_object(spec)) {
     struct judge_policy pol;
-    workers_judge_policy(r->srv, &pol);
+    server_judge_policy(r->srv, &pol);
     struct dapo_err e = {0};
     if (!(j = judge_new(spec, &pol, &e))) add_judge_err(errors, e.msg);
   }
@@ -176,7 +172,7 @@ int api_judges_test(struct api_req *r) {
                 "requests", st.n_requests, "retries", st.n_retries, "judge_timeout", st.n_timeout,
                 "judge_http_error", st.n_http_error, "judge_parse_error", st.n_parse_error,
                 "reward_out_of_range", st.n_out_of_range);
-  if (reply) json_object_set_new(reply, "error", rc ? api_json_text(e.msg) : json_null());
+  if (reply) json_object_set_new(reply, "error", rc ? dapo_json_text(e.msg) : json_null());
   judge_results_release(res, (int)n);
   judge_free(j);
   free(it), free(res);

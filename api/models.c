@@ -45,7 +45,7 @@ static json_t *model_json(const struct registry_entry *m) {
     json_object_set_new(o, "step", json_integer(m->step));
   }
   if (!m->ready) {
-    json_object_set_new(o, "error", api_json_text(m->error));
+    json_object_set_new(o, "error", dapo_json_text(m->error));
     return o;
   }
   json_object_set_new(o, "parameters", json_integer(model_param_count(&m->cfg)));
@@ -120,8 +120,8 @@ int api_models_get(struct api_req *r) {
     json_t *mem = mem_plan_to_json(&plan);
     if (mem) {
       json_object_set_new(mem, "limit_bytes",
-                          json_integer((json_int_t)workers_memory_limit(r->srv)));
-      json_object_set_new(mem, "fits", json_boolean(plan.total <= workers_memory_limit(r->srv)));
+                          json_integer((json_int_t)server_memory_limit(r->srv)));
+      json_object_set_new(mem, "fits", json_boolean(plan.total <= server_memory_limit(r->srv)));
       json_object_set_new(
           mem, "assumes",
           json_pack("{s:s, s:i}", "hyperparameters", "defaults", "max_prompt_tokens", (int)prompt));

@@ -86,7 +86,7 @@ static int resolve_body(struct server *srv, const json_t *body, const char *owne
 /* Parses a resolved body into spec; the problem count, or -1 out of memory. */
 static int parse_run(struct server *srv, const json_t *run, struct job_spec *spec, json_t *errors) {
   struct judge_policy pol;
-  workers_judge_policy(srv, &pol);
+  server_judge_policy(srv, &pol);
   size_t before = json_array_size(errors);
   if (jobspec_parse(run, &pol, spec, errors) < 0) return -1;
   return (int)(json_array_size(errors) - before);
@@ -349,7 +349,7 @@ static int finish_admission(struct server *srv, const json_t *body, const char *
                             const struct runner_data_facts *f, size_t base, struct store_job *job,
                             int *existed, json_t *errors, struct dapo_err *e) {
   struct mem_plan plan = {0};
-  uint64_t limit = workers_memory_limit(srv);
+  uint64_t limit = server_memory_limit(srv);
   if (json_array_size(errors) == base && f->model_ok) {
     runner_memory_plan(&f->cfg, &spec->hp, f->max_prompt_tokens, spec->validation_file != NULL,
                        &plan);

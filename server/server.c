@@ -111,7 +111,7 @@ int server_start(struct server *s, struct dapo_err *e) {
     server_stop(s);
     return dapo_errf(e, DAPO_ENOMEM, "out of memory");
   }
-  if (!(s->admit = admit_new(workers_memory_limit(s)))) {
+  if (!(s->admit = admit_new(server_memory_limit(s)))) {
     server_stop(s);
     return dapo_errf(e, DAPO_ENOMEM, "out of memory");
   }
@@ -238,4 +238,17 @@ void server_pin_compute(const struct server *s, struct pool *p) {
   for (int i = 0; i < 1024 && i < CPU_SETSIZE; i++)
     if (cpus.on[i]) CPU_SET(i, &set);
   pool_run(p, pin_task, &set);
+}
+
+uint64_t server_memory_limit(const struct server *srv) {
+  if (srv->cfg.memory_limit_bytes) return srv->cfg.memory_limit_bytes;
+  long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : UINT64_MAX;
+}
+
+void server_judge_policy(const struct server *srv, struct judge_policy *pol) {
+  const struct config_list *hosts = &srv->cfg.judge_allowed_hosts;
+  *pol = (struct judge_policy){.allowed_hosts = (const char *const *)hosts->v,
+                               .n_allowed = hosts->n,
+                               .allow_private = srv->cfg.judge_allow_private};
 }

@@ -117,6 +117,19 @@ void server_count_request(struct server *s, const char *method, int status, doub
 /* Name of a method bucket ("GET", ..., "other"). Borrowed static string. */
 const char *server_method_name(enum server_http_method m);
 
+struct judge_policy;
+/* The memory running jobs and completions may use together, by their plans (core/runner.h
+ * mem_plan; server/completions.h): memory_limit_bytes, or the machine's physical memory when that
+ * is 0. It is the limit of the server's memory ledger (admit.h), where a worker reserves a job's
+ * plan as it claims it: the next queued job starts only when its plan fits what running jobs and
+ * completions leave free (queue order is kept: the job waits at the head, and models the
+ * completion service keeps open are closed to make room); job creation refuses a job whose plan
+ * alone exceeds it. */
+uint64_t server_memory_limit(const struct server *srv);
+
+/* The judge policy of srv's configuration (hosts borrowed from srv->cfg). */
+void server_judge_policy(const struct server *srv, struct judge_policy *pol);
+
 struct pool;
 /* Moves every thread of compute pool p (the calling thread, its owner, included) onto
  * cfg.compute_cpus; nothing when that is empty. Called by each job worker and completion thread

@@ -87,13 +87,6 @@ int workers_job_dir(const struct server *srv, const char *job_id, char *buf, siz
   return n < 0 || (size_t)n >= cap ? -1 : 0;
 }
 
-void workers_judge_policy(const struct server *srv, struct judge_policy *pol) {
-  const struct config_list *hosts = &srv->cfg.judge_allowed_hosts;
-  *pol = (struct judge_policy){.allowed_hosts = (const char *const *)hosts->v,
-                               .n_allowed = hosts->n,
-                               .allow_private = srv->cfg.judge_allow_private};
-}
-
 /* Appends a "log" event {level, message, step} to job_id and publishes it. */
 static void log_event(struct server *srv, const char *job_id, const char *level, int64_t step,
                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
@@ -488,7 +481,7 @@ static void run_job(struct worker *wk, struct store_job *job) {
     snprintf(res.message, sizeof res.message, "could not read or record the job's events");
   } else {
     struct judge_policy pol;
-    workers_judge_policy(srv, &pol);
+    server_judge_policy(srv, &pol);
     struct runner_hooks hooks = {.ctx = &jr,
                                  .metrics = on_metrics,
                                  .checkpoint = on_checkpoint,
@@ -627,12 +620,6 @@ struct workers *workers_start(struct server *srv, struct dapo_err *e) {
   LOG(INFO, "%d worker%s, %d compute thread%s each", w->n, w->n > 1 ? "s" : "",
       srv->cfg.blas_threads, srv->cfg.blas_threads > 1 ? "s" : "");
   return w;
-}
-
-uint64_t workers_memory_limit(const struct server *srv) {
-  if (srv->cfg.memory_limit_bytes) return srv->cfg.memory_limit_bytes;
-  long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : UINT64_MAX;
 }
 
 void workers_wake(struct workers *w) {

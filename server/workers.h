@@ -61,18 +61,6 @@ void workers_free(struct workers *w);
  * store error. */
 int workers_recover(struct server *srv, struct dapo_err *e);
 
-/* The memory running jobs and completions may use together, by their plans (core/runner.h
- * mem_plan; server/completions.h): memory_limit_bytes, or the machine's physical memory when that
- * is 0. It is the limit of the server's memory ledger (admit.h), where a worker reserves a job's
- * plan as it claims it: the next queued job starts only when its plan fits what running jobs and
- * completions leave free (queue order is kept: the job waits at the head, and models the
- * completion service keeps open are closed to make room); job creation refuses a job whose plan
- * alone exceeds it. */
-uint64_t workers_memory_limit(const struct server *srv);
-
-/* The judge policy of srv's configuration (hosts borrowed from srv->cfg). */
-void workers_judge_policy(const struct server *srv, struct judge_policy *pol);
-
 /* data_dir/jobs/<job_id> into buf (cap bytes); -1 when it does not fit. */
 int workers_job_dir(const struct server *srv, const char *job_id, char *buf, size_t cap);
 
