@@ -157,9 +157,9 @@ int trainer_checkpoint(struct trainer *t, const json_t *metrics) {
    * and serves downloads by it without reading the files again */
   struct ckpt_manifest man;
   if ((rc = ckpt_manifest_read(dir, &man, &e))) return trainer_fail_err(t, FAIL_IO_ERROR, NULL, &e);
-  struct runner_checkpoint rc_ = {
+  struct runner_checkpoint told = {
       .step = t->step, .path = dir, .manifest = &man, .metrics = metrics};
-  if (t->h && t->h->checkpoint && t->h->checkpoint(t->h->ctx, &rc_))
+  if (t->h && t->h->checkpoint && t->h->checkpoint(t->h->ctx, &told))
     return trainer_hook_failed(t, "checkpoint");
   return 0;
 }
