@@ -13,6 +13,7 @@
 #include <libgen.h>
 #include <limits.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -489,12 +490,26 @@ static int cmd_serve(int argc, char **argv) {
   sigaction(SIGHUP, &sa, NULL);
   ign.sa_handler = SIG_IGN;
   sigaction(SIGPIPE, &ign, NULL);
+  /* The threads started below (workers and their compute pools, the completion and checker
+   * threads, HTTP) inherit a mask that blocks the stop and reload signals, so that the kernel
+   * gives them to this thread (or a library's thread started before main), never to one of ours:
+   * under ThreadSanitizer, a signal taken by a thread that is blocked outside the runtime is
+   * deferred until that thread next enters it, and once in eight ThreadSanitizer runs a daemon
+   * that had served one request ignored SIGTERM for 20 s. */
+  sigset_t stop_set;
+  sigemptyset(&stop_set);
+  sigaddset(&stop_set, SIGINT);
+  sigaddset(&stop_set, SIGTERM);
+  sigaddset(&stop_set, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &stop_set, NULL);
 
   /* Phase 2: storage, recovery of jobs left live, bus, workers (server_start), then HTTP. */
   struct server srv;
   server_init(&srv, &cfg);
   struct api_http *http = NULL;
-  if (server_start(&srv, &e) || !(http = api_http_start(&srv, &e))) {
+  int started = !server_start(&srv, &e) && (http = api_http_start(&srv, &e)) != NULL;
+  pthread_sigmask(SIG_UNBLOCK, &stop_set, NULL); /* pending ones run now, in this thread */
+  if (!started) {
     fprintf(stderr, "dapod: %s\n", e.msg);
     server_stop(&srv);
     judge_global_cleanup();
