@@ -16,17 +16,25 @@
 #include "workers.h"
 
 static const char *arch_name(enum model_arch a) {
-  return a == ARCH_QWEN2 ? "qwen2" : "llama";
+  static const char *const NAMES[] = {"llama", "qwen2", "qwen3"};
+  return NAMES[a];
+}
+
+static const char *rope_name(int t) {
+  static const char *const NAMES[] = {"default", "linear", "llama3", "yarn"};
+  return NAMES[t];
 }
 
 static json_t *config_summary(const struct model_config *c) {
-  return json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:b, s:i, s:i}",
+  return json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:b, s:b, s:b, s:s, s:i, "
+                   "s:i}",
                    "architecture", arch_name(c->arch), "vocab_size", c->vocab_size, "hidden_size",
                    c->hidden_size, "intermediate_size", c->intermediate_size, "num_hidden_layers",
                    c->num_layers, "num_attention_heads", c->num_heads, "num_key_value_heads",
                    c->num_kv_heads, "head_dim", c->head_dim, "max_position_embeddings",
                    c->max_position_embeddings, "tie_word_embeddings", c->tie_word_embeddings,
-                   "qkv_bias", c->qkv_bias, "bos_token_id", c->bos_token_id, "eos_token_id",
+                   "qkv_bias", c->qkv_bias, "o_bias", c->o_bias, "qk_norm", c->qk_norm, "rope_type",
+                   rope_name(c->rope.type), "bos_token_id", c->bos_token_id, "eos_token_id",
                    c->eos_token_id);
 }
 

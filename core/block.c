@@ -1,5 +1,5 @@
-/* One transformer block's forward (block.h): RMSNorm -> GQA attention with RoPE -> residual,
- * RMSNorm -> SwiGLU MLP -> residual. */
+/* One transformer block's forward (block.h): RMSNorm -> GQA attention with RoPE (Qwen3: q and k
+ * RMSNormed per head first) -> residual, RMSNorm -> SwiGLU MLP -> residual. */
 #include "block.h"
 
 #include <stdlib.h>
@@ -60,18 +60,32 @@ static void attn_fwd_thread(void *ctx, int ti, int nt) {
   }
 }
 
+void block_qk_finish(const struct model_config *c, const struct layer_views *w, float *q, float *k,
+                     const float *q_pre, const float *k_pre, float *rstd_q, float *rstd_k,
+                     const int *pos, int N, const struct rope_table *rope) {
+  int HS = c->head_dim, NH = c->num_heads, NKV = c->num_kv_heads;
+  if (c->qk_norm) {
+    rmsnorm_forward(q, rstd_q, q_pre ? q_pre : q, w->q_norm, N * NH, HS, c->rms_norm_eps);
+    rmsnorm_forward(k, rstd_k, k_pre ? k_pre : k, w->k_norm, N * NKV, HS, c->rms_norm_eps);
+  }
+  rope_forward(q, pos, N, NH * HS, NH, HS, rope);
+  rope_forward(k, pos, N, NKV * HS, NKV, HS, rope);
+}
+
 void block_forward(const struct model_config *c, const struct layer_views *w,
                    const struct block_acts *a, const struct block_seqs *s, int N,
                    const struct rope_table *rope, float *scratch, size_t scratch_stride) {
   int C = c->hidden_size, HS = c->head_dim, NH = c->num_heads, NKV = c->num_kv_heads;
   int CQ = NH * HS, CKV = NKV * HS, FF = c->intermediate_size;
 
+  /* with qk_norm and saved activations, the projections land in q_pre/k_pre */
+  float *qp = c->qk_norm && a->q_pre ? a->q_pre : a->q,
+        *kp = c->qk_norm && a->k_pre ? a->k_pre : a->k;
   rmsnorm_forward(a->xn1, a->rstd1, a->x_in, w->attn_norm, N, C, c->rms_norm_eps);
-  matmul_forward(a->q, a->xn1, w->wq, w->bq, N, C, CQ, 0.0f);
-  matmul_forward(a->k, a->xn1, w->wk, w->bk, N, C, CKV, 0.0f);
+  matmul_forward(qp, a->xn1, w->wq, w->bq, N, C, CQ, 0.0f);
+  matmul_forward(kp, a->xn1, w->wk, w->bk, N, C, CKV, 0.0f);
   matmul_forward(a->v, a->xn1, w->wv, w->bv, N, C, CKV, 0.0f);
-  rope_forward(a->q, s->pos, N, CQ, NH, HS, rope);
-  rope_forward(a->k, s->pos, N, CKV, NKV, HS, rope);
+  block_qk_finish(c, w, a->q, a->k, qp, kp, a->rstd_q, a->rstd_k, s->pos, N, rope);
 
   /* context of each sequence: its packed rows (training) or its cache slot, after appending */
   const float *kcs[s->n_seq > 0 ? s->n_seq : 1], *vcs[s->n_seq > 0 ? s->n_seq : 1];
@@ -99,7 +113,7 @@ void block_forward(const struct model_config *c, const struct layer_views *w,
     attn_fwd_thread(&args, 0, 1);
 
   if (a->x_mid != a->x_in) memcpy(a->x_mid, a->x_in, sizeof(float) * (size_t)N * C);
-  matmul_forward(a->x_mid, a->att, w->wo, NULL, N, CQ, C, 1.0f);
+  matmul_forward(a->x_mid, a->att, w->wo, w->bo, N, CQ, C, 1.0f);
 
   rmsnorm_forward(a->xn2, a->rstd2, a->x_mid, w->ffn_norm, N, C, c->rms_norm_eps);
   matmul_forward(a->g, a->xn2, w->w_gate, NULL, N, C, FF, 0.0f);

@@ -12,10 +12,20 @@ struct pool;
 
 /* One layer's activations over N packed rows. x_in, x_mid and x_out may all be the same buffer
  * (in-place residual stream, for inference). Shapes: x_* xn* [N,C], rstd* [N], q/att [N,CQ],
- * k/v [N,CKV], lse [N,NH] (may be NULL), g/u/h [N,FF]. */
+ * k/v [N,CKV] (after RoPE), lse [N,NH] (may be NULL), g/u/h [N,FF]. With qk_norm (Qwen3):
+ * q_pre [N,CQ] and k_pre [N,CKV] the projections before the per-head norm, rstd_q [N,NH] and
+ * rstd_k [N,NKV] its statistics (all four NULL for inference: q and k are normed in place). */
 struct block_acts {
   float *x_in, *xn1, *rstd1, *q, *k, *v, *att, *lse, *x_mid, *xn2, *rstd2, *g, *u, *h, *x_out;
+  float *q_pre, *k_pre, *rstd_q, *rstd_k;
 };
+
+/* q and k of one or more rows after the projections: Qwen3's per-head RMSNorm (from q_pre/k_pre
+ * into q/k, or in place when those are NULL or equal), then RoPE at each row's position. The one
+ * definition both block_forward and the sampler's decoding step use. */
+void block_qk_finish(const struct model_config *c, const struct layer_views *w, float *q, float *k,
+                     const float *q_pre, const float *k_pre, float *rstd_q, float *rstd_k,
+                     const int *pos, int N, const struct rope_table *rope);
 
 /* How the packed rows split into sequences. Sequence s owns rows row0[s] .. row0[s]+t_new[s]-1 at
  * positions n_past[s]... With cache_k == NULL (training) n_past must be 0 and the context is the

@@ -250,9 +250,10 @@ void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, co
 
 /* ---- RoPE ------------------------------------------------------------------------------- */
 
-int rope_table_init(struct rope_table *t, int max_pos, int head_dim, float theta) {
+int rope_table_init_freqs(struct rope_table *t, int max_pos, int half, const float *inv_freq,
+                          float scale) {
   t->max_pos = max_pos;
-  t->half = head_dim / 2;
+  t->half = half;
   size_t n = (size_t)max_pos * t->half;
   t->cos = malloc(n * sizeof(float));
   t->sin = malloc(n * sizeof(float));
@@ -261,15 +262,26 @@ int rope_table_init(struct rope_table *t, int max_pos, int head_dim, float theta
     return -1;
   }
   for (int i = 0; i < t->half; i++) {
-    /* as transformers: inv_freq = 1 / theta^(2i/HS) in float32, angle = float32(pos * inv_freq) */
-    float inv_freq = (float)(1.0 / pow((double)theta, (double)(2 * i) / head_dim));
+    /* as transformers: angle = float32(pos * inv_freq), cos and sin times the attention scale */
     for (int p = 0; p < max_pos; p++) {
-      float a = (float)p * inv_freq;
-      t->cos[(size_t)p * t->half + i] = (float)cos((double)a);
-      t->sin[(size_t)p * t->half + i] = (float)sin((double)a);
+      float a = (float)p * inv_freq[i];
+      t->cos[(size_t)p * t->half + i] = (float)cos((double)a) * scale;
+      t->sin[(size_t)p * t->half + i] = (float)sin((double)a) * scale;
     }
   }
   return 0;
+}
+
+int rope_table_init(struct rope_table *t, int max_pos, int head_dim, float theta) {
+  int half = head_dim / 2;
+  float *inv_freq = malloc(sizeof(float) * (size_t)(half > 0 ? half : 1));
+  if (!inv_freq) return -1;
+  /* inv_freq = 1 / theta^(2i/HS), computed in double and rounded */
+  for (int i = 0; i < half; i++)
+    inv_freq[i] = (float)(1.0 / pow((double)theta, (double)(2 * i) / head_dim));
+  int rc = rope_table_init_freqs(t, max_pos, half, inv_freq, 1.0f);
+  free(inv_freq);
+  return rc;
 }
 
 void rope_table_deinit(struct rope_table *t) {

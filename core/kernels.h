@@ -54,7 +54,12 @@ struct rope_table {
   int max_pos, half;
   float *cos, *sin; /* owned */
 };
+/* Plain RoPE with base theta. */
 int rope_table_init(struct rope_table *t, int max_pos, int head_dim, float theta);
+/* Given inverse frequencies inv_freq[half] (scaled RoPE types, model_rope_freqs) and a factor
+ * that multiplies cos and sin (yarn's attention factor; 1 otherwise). 0 or -1 (out of memory). */
+int rope_table_init_freqs(struct rope_table *t, int max_pos, int half, const float *inv_freq,
+                          float scale);
 void rope_table_deinit(struct rope_table *t);
 void rope_forward(float *x, const int *pos, int N, int ld, int nh, int HS,
                   const struct rope_table *t);

@@ -170,6 +170,10 @@ static int open_lm(const char *spec, uint64_t seed, int with_weights, struct lm 
                    tok_vocab_size(out->tok), out->cfg.vocab_size);
     goto fail;
   }
+  /* logits and sampling over the tokenizer's ids only: embedding rows past them (Qwen's 151,936
+   * rows for 151,669 ids) are padding that no text encodes and no sample may draw */
+  out->cfg.vocab_used = tok_vocab_size(out->tok);
+  if (out->model) out->model->cfg.vocab_used = out->cfg.vocab_used;
   add_stop(out, out->cfg.eos_token_id);
   return 0;
 fail:

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "rng.h"
 
 float *dapo_alloc_floats(size_t n) {
@@ -22,7 +23,8 @@ int model_config_validate(const struct model_config *c, struct dapo_err *e) {
   do {                                                                                             \
     if (!(cond)) return dapo_errf(e, DAPO_EINVAL, "config." key ": " __VA_ARGS__);                 \
   } while (0)
-  NEED(c->arch == ARCH_LLAMA || c->arch == ARCH_QWEN2, "architectures", "unsupported architecture");
+  NEED(c->arch == ARCH_LLAMA || c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3, "architectures",
+       "unsupported architecture");
   NEED(c->vocab_size >= 2 && c->vocab_size <= (1 << 24), "vocab_size", "%d not in [2, 16777216]",
        c->vocab_size);
   NEED(c->hidden_size >= 2 && c->hidden_size <= 65536, "hidden_size", "%d not in [2, 65536]",
@@ -49,8 +51,110 @@ int model_config_validate(const struct model_config *c, struct dapo_err *e) {
        "%d outside the vocabulary (%d)", c->eos_token_id, c->vocab_size);
   NEED(c->initializer_range >= 0 && c->initializer_range < 10, "initializer_range",
        "%g not in [0, 10)", (double)c->initializer_range);
+  NEED(c->vocab_used >= 0 && c->vocab_used <= c->vocab_size, "vocab_size",
+       "the tokenizer's %d ids exceed the %d embedding rows", c->vocab_used, c->vocab_size);
+  const struct rope_scaling *r = &c->rope;
+  NEED(r->type >= ROPE_DEFAULT && r->type <= ROPE_YARN, "rope_scaling", "unknown type %d", r->type);
+  if (r->type != ROPE_DEFAULT)
+    NEED(r->factor >= 1 && r->factor <= 1e6, "rope_scaling.factor", "%g not in [1, 1e6]",
+         r->factor);
+  if (r->type == ROPE_LLAMA3) {
+    NEED(r->low_freq_factor > 0 && r->high_freq_factor > r->low_freq_factor &&
+             r->high_freq_factor < 1e6,
+         "rope_scaling.high_freq_factor", "%g must exceed low_freq_factor %g > 0",
+         r->high_freq_factor, r->low_freq_factor);
+    NEED(r->original_max_position_embeddings >= 1, "rope_scaling.original_max_position_embeddings",
+         "%d must be >= 1", r->original_max_position_embeddings);
+  }
+  if (r->type == ROPE_YARN) {
+    NEED(r->original_max_position_embeddings >= 0 && r->original_max_position_embeddings <= 1 << 22,
+         "rope_scaling.original_max_position_embeddings", "%d not in [1, 4194304]",
+         r->original_max_position_embeddings);
+    NEED(r->attention_factor >= 0 && r->attention_factor < 100, "rope_scaling.attention_factor",
+         "%g not in (0, 100)", r->attention_factor);
+    NEED(r->beta_fast >= 0 && r->beta_slow >= 0 && r->beta_fast < 1e6 && r->beta_slow < 1e6,
+         "rope_scaling.beta_fast", "beta_fast %g and beta_slow %g must be >= 0", r->beta_fast,
+         r->beta_slow);
+    NEED(r->mscale >= 0 && r->mscale_all_dim >= 0 && r->mscale < 1e3 && r->mscale_all_dim < 1e3,
+         "rope_scaling.mscale", "mscale %g and mscale_all_dim %g must be >= 0", r->mscale,
+         r->mscale_all_dim);
+  }
 #undef NEED
   return 0;
+}
+
+/* yarn's mscale: 0.1 * m * ln(scale) + 1 for scale > 1 (transformers' get_mscale). */
+static double yarn_mscale(double scale, double m) {
+  return scale <= 1 ? 1.0 : 0.1 * m * log(scale) + 1.0;
+}
+
+/* The dimension index (of head_dim) whose wavelength makes n rotations in max_pos positions. */
+static double yarn_correction_dim(double n, int dim, double base, int max_pos) {
+  return dim * log(max_pos / (n * 2 * M_PI)) / (2 * log(base));
+}
+
+void model_rope_freqs(const struct model_config *c, float *inv_freq, float *attn_factor) {
+  const struct rope_scaling *r = &c->rope;
+  int dim = c->head_dim, half = dim / 2;
+  double base = c->rope_theta, af = 1.0;
+  double low = 0, high = 0; /* yarn's ramp */
+  if (r->type == ROPE_YARN) {
+    int orig = r->original_max_position_embeddings > 0 ? r->original_max_position_embeddings
+                                                       : c->max_position_embeddings;
+    double bf = r->beta_fast > 0 ? r->beta_fast : 32, bs = r->beta_slow > 0 ? r->beta_slow : 1;
+    low = yarn_correction_dim(bf, dim, base, orig);
+    high = yarn_correction_dim(bs, dim, base, orig);
+    if (!r->no_truncate) {
+      low = floor(low);
+      high = ceil(high);
+    }
+    if (low < 0) low = 0;
+    if (high > dim - 1) high = dim - 1;
+    if (low == high) high += 0.001; /* as transformers: no division by zero */
+    if (r->attention_factor > 0)
+      af = r->attention_factor;
+    else if (r->mscale > 0 && r->mscale_all_dim > 0)
+      af = yarn_mscale(r->factor, r->mscale) / yarn_mscale(r->factor, r->mscale_all_dim);
+    else
+      af = yarn_mscale(r->factor, 1.0);
+  }
+  for (int i = 0; i < half; i++) {
+    double f = 1.0 / pow(base, (double)(2 * i) / dim);
+    switch (r->type) {
+    case ROPE_LINEAR: f /= r->factor; break;
+    case ROPE_LLAMA3: {
+      double orig = r->original_max_position_embeddings, wavelen = 2 * M_PI / f;
+      if (wavelen > orig / r->low_freq_factor) {
+        f /= r->factor; /* low frequencies: interpolated */
+      } else if (wavelen >= orig / r->high_freq_factor) {
+        double smooth =
+            (orig / wavelen - r->low_freq_factor) / (r->high_freq_factor - r->low_freq_factor);
+        f = (1 - smooth) * f / r->factor + smooth * f;
+      } /* high frequencies: kept */
+      break;
+    }
+    case ROPE_YARN: {
+      double ramp = (i - low) / (high - low);
+      ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+      /* ramp 0: extrapolated (kept), 1: interpolated (divided by factor) */
+      f = f / r->factor * ramp + f * (1 - ramp);
+      break;
+    }
+    default: break;
+    }
+    inv_freq[i] = (float)f;
+  }
+  *attn_factor = (float)af;
+}
+
+int model_rope_table_init(struct rope_table *t, const struct model_config *c) {
+  int half = c->head_dim / 2;
+  float *inv_freq = malloc(sizeof(float) * (size_t)(half > 0 ? half : 1)), scale = 1.0f;
+  if (!inv_freq) return -1;
+  model_rope_freqs(c, inv_freq, &scale);
+  int rc = rope_table_init_freqs(t, c->max_position_embeddings, half, inv_freq, scale);
+  free(inv_freq);
+  return rc;
 }
 
 /* Reads an optional integer key; a present key of the wrong type is an error. */
@@ -89,20 +193,168 @@ static int get_bool(const json_t *j, const char *key, int *out, int dflt, struct
   return 0;
 }
 
+/* rope_scaling: null, or an object whose rope_type (or legacy type) is default, linear, llama3 or
+ * yarn, with exactly the keys that type reads; anything else is refused by name. */
+static int parse_rope_scaling(struct model_config *c, const json_t *rs, const char *name,
+                              struct dapo_err *e) {
+  struct rope_scaling *r = &c->rope;
+  memset(r, 0, sizeof *r);
+  if (!rs || json_is_null(rs)) return 0;
+  if (!json_is_object(rs))
+    return dapo_errf(e, DAPO_EFORMAT, "config.%s: expected an object or null", name);
+  const char *t1 = json_string_value(json_object_get(rs, "rope_type"));
+  const char *t2 = json_string_value(json_object_get(rs, "type"));
+  if (t1 && t2 && strcmp(t1, t2) != 0)
+    return dapo_errf(e, DAPO_EFORMAT, "config.%s: rope_type '%s' and type '%s' differ", name, t1,
+                     t2);
+  const char *t = t1 ? t1 : t2;
+  if (!t) return dapo_errf(e, DAPO_EFORMAT, "config.%s.rope_type: missing", name);
+  /* the keys each type reads (besides rope_type/type) */
+  static const char *const LINEAR[] = {"factor", NULL};
+  static const char *const LLAMA3[] = {"factor", "low_freq_factor", "high_freq_factor",
+                                       "original_max_position_embeddings", NULL};
+  static const char *const YARN[] = {"factor",
+                                     "original_max_position_embeddings",
+                                     "attention_factor",
+                                     "beta_fast",
+                                     "beta_slow",
+                                     "mscale",
+                                     "mscale_all_dim",
+                                     "truncate",
+                                     NULL};
+  static const char *const NONE[] = {NULL};
+  const char *const *keys;
+  if (!strcmp(t, "default"))
+    r->type = ROPE_DEFAULT, keys = NONE;
+  else if (!strcmp(t, "linear"))
+    r->type = ROPE_LINEAR, keys = LINEAR;
+  else if (!strcmp(t, "llama3"))
+    r->type = ROPE_LLAMA3, keys = LLAMA3;
+  else if (!strcmp(t, "yarn"))
+    r->type = ROPE_YARN, keys = YARN;
+  else
+    return dapo_errf(e, DAPO_EUNSUPPORTED,
+                     "config.%s.rope_type: '%s' is not supported (default, linear, "
+                     "llama3, yarn)",
+                     name, t);
+  const char *key;
+  json_t *v;
+  json_object_foreach((json_t *)rs, key, v) {
+    if (!strcmp(key, "rope_type") || !strcmp(key, "type")) continue;
+    if (!strcmp(key, "rope_theta") && !strcmp(name, "rope_parameters")) continue; /* read above */
+    int known = 0;
+    for (int i = 0; keys[i] && !known; i++) known = !strcmp(keys[i], key);
+    if (!known)
+      return dapo_errf(e, DAPO_EUNSUPPORTED, "config.%s.%s: not understood for rope_type '%s'",
+                       name, key, t);
+    if (!strcmp(key, "truncate")) {
+      if (!json_is_boolean(v))
+        return dapo_errf(e, DAPO_EFORMAT, "config.%s.truncate: expected true/false", name);
+      r->no_truncate = json_is_false(v);
+      continue;
+    }
+    if (json_is_null(v) && strcmp(key, "factor") != 0) continue; /* as absent */
+    if (!json_is_number(v))
+      return dapo_errf(e, DAPO_EFORMAT, "config.%s.%s: expected a number", name, key);
+    double x = json_number_value(v);
+    if (!strcmp(key, "factor"))
+      r->factor = x;
+    else if (!strcmp(key, "low_freq_factor"))
+      r->low_freq_factor = x;
+    else if (!strcmp(key, "high_freq_factor"))
+      r->high_freq_factor = x;
+    else if (!strcmp(key, "attention_factor")) {
+      if (!(x > 0))
+        return dapo_errf(e, DAPO_EINVAL, "config.%s.attention_factor: %g must be > 0", name, x);
+      r->attention_factor = x;
+    } else if (!strcmp(key, "beta_fast"))
+      r->beta_fast = x;
+    else if (!strcmp(key, "beta_slow"))
+      r->beta_slow = x;
+    else if (!strcmp(key, "mscale"))
+      r->mscale = x;
+    else if (!strcmp(key, "mscale_all_dim"))
+      r->mscale_all_dim = x;
+    else if (!strcmp(key, "original_max_position_embeddings")) {
+      if (!json_is_integer(v) || x < 1 || x > (1 << 22))
+        return dapo_errf(e, DAPO_EFORMAT,
+                         "config.%s.original_max_position_embeddings: expected an "
+                         "integer in [1, 4194304]",
+                         name);
+      r->original_max_position_embeddings = (int)x;
+    }
+  }
+  for (int i = 0; keys[i]; i++) {
+    int required = !strcmp(keys[i], "factor") || r->type == ROPE_LLAMA3;
+    if (required && !json_is_number(json_object_get(rs, keys[i])))
+      return dapo_errf(e, DAPO_EFORMAT, "config.%s.%s: required for rope_type '%s'", name, keys[i],
+                       t);
+  }
+  return 0;
+}
+
+/* Keys whose presence with a value other than the harmless one changes the maths in a way we do
+ * not implement: refused by name. */
+static int refuse_unimplemented(const json_t *j, struct dapo_err *e) {
+  int rc = 0, flag = 0;
+  const char *act = json_string_value(json_object_get(j, "hidden_act"));
+  if (act && strcmp(act, "silu") != 0)
+    return dapo_errf(e, DAPO_EUNSUPPORTED, "config.hidden_act: '%s' is not supported (only silu)",
+                     act);
+  if ((rc = get_bool(j, "mlp_bias", &flag, 0, e))) return rc;
+  if (flag) return dapo_errf(e, DAPO_EUNSUPPORTED, "config.mlp_bias: MLP biases are not supported");
+  if ((rc = get_bool(j, "use_sliding_window", &flag, 0, e))) return rc;
+  if (flag)
+    return dapo_errf(e, DAPO_EUNSUPPORTED,
+                     "config.use_sliding_window: sliding-window attention is not supported");
+  json_t *lt = json_object_get(j, "layer_types");
+  if (lt && !json_is_null(lt)) {
+    if (!json_is_array(lt))
+      return dapo_errf(e, DAPO_EFORMAT, "config.layer_types: expected an array");
+    for (size_t i = 0; i < json_array_size(lt); i++) {
+      const char *s = json_string_value(json_array_get(lt, i));
+      if (!s || strcmp(s, "full_attention") != 0)
+        return dapo_errf(e, DAPO_EUNSUPPORTED,
+                         "config.layer_types[%zu]: '%s' is not supported (only full_attention)", i,
+                         s ? s : "(not a string)");
+    }
+  }
+  static const char *const ZERO_OK[] = {"attention_dropout", "hidden_dropout",
+                                        "attn_logit_softcapping", "final_logit_softcapping", NULL};
+  for (int i = 0; ZERO_OK[i]; i++) {
+    json_t *v = json_object_get(j, ZERO_OK[i]);
+    if (!v || json_is_null(v)) continue;
+    if (!json_is_number(v) || json_number_value(v) != 0)
+      return dapo_errf(e, DAPO_EUNSUPPORTED, "config.%s: only 0 or null is supported", ZERO_OK[i]);
+  }
+  json_t *prf = json_object_get(j, "partial_rotary_factor");
+  if (prf && !json_is_null(prf) && (!json_is_number(prf) || json_number_value(prf) != 1))
+    return dapo_errf(e, DAPO_EUNSUPPORTED,
+                     "config.partial_rotary_factor: only 1 (RoPE on the whole head) is supported");
+  json_t *q = json_object_get(j, "quantization_config");
+  if (q && !json_is_null(q))
+    return dapo_errf(e, DAPO_EUNSUPPORTED,
+                     "config.quantization_config: quantized weights are not supported");
+  return 0;
+}
+
 int model_config_from_json(struct model_config *c, const json_t *j, struct dapo_err *e) {
   memset(c, 0, sizeof *c);
   if (!json_is_object(j)) return dapo_errf(e, DAPO_EFORMAT, "config.json: not a JSON object");
   const char *mt = json_string_value(json_object_get(j, "model_type"));
   json_t *archs = json_object_get(j, "architectures");
   const char *a0 = json_string_value(json_array_get(archs, 0));
-  if ((mt && !strcmp(mt, "llama")) || (a0 && !strcmp(a0, "LlamaForCausalLM")))
+  if ((mt && !strcmp(mt, "llama")) || (!mt && a0 && !strcmp(a0, "LlamaForCausalLM")))
     c->arch = ARCH_LLAMA;
-  else if ((mt && !strcmp(mt, "qwen2")) || (a0 && !strcmp(a0, "Qwen2ForCausalLM")))
+  else if ((mt && !strcmp(mt, "qwen2")) || (!mt && a0 && !strcmp(a0, "Qwen2ForCausalLM")))
     c->arch = ARCH_QWEN2;
+  else if ((mt && !strcmp(mt, "qwen3")) || (!mt && a0 && !strcmp(a0, "Qwen3ForCausalLM")))
+    c->arch = ARCH_QWEN3;
   else
     return dapo_errf(e, DAPO_EUNSUPPORTED,
                      "config.model_type: '%s' (architectures[0] '%s') is not supported; "
-                     "supported: llama (LlamaForCausalLM), qwen2 (Qwen2ForCausalLM)",
+                     "supported: llama (LlamaForCausalLM), qwen2 (Qwen2ForCausalLM), qwen3 "
+                     "(Qwen3ForCausalLM)",
                      mt ? mt : "(none)", a0 ? a0 : "(none)");
   int rc = 0;
   if ((rc = get_int(j, "vocab_size", &c->vocab_size, 0, e)) ||
@@ -121,28 +373,27 @@ int model_config_from_json(struct model_config *c, const json_t *j, struct dapo_
     return rc;
   if (c->num_heads <= 0) return dapo_errf(e, DAPO_EFORMAT, "config.num_attention_heads: missing");
   if ((rc = get_int(j, "head_dim", &c->head_dim, c->hidden_size / c->num_heads, e))) return rc;
-  c->qkv_bias = c->arch == ARCH_QWEN2;
-
-  const char *act = json_string_value(json_object_get(j, "hidden_act"));
-  if (act && strcmp(act, "silu") != 0)
-    return dapo_errf(e, DAPO_EUNSUPPORTED, "config.hidden_act: '%s' is not supported (only silu)",
-                     act);
-  json_t *rs = json_object_get(j, "rope_scaling");
-  if (rs && !json_is_null(rs))
-    return dapo_errf(e, DAPO_EUNSUPPORTED, "config.rope_scaling: RoPE scaling is not supported");
-  int flag = 0;
-  if (c->arch == ARCH_LLAMA) {
-    if ((rc = get_bool(j, "attention_bias", &flag, 0, e))) return rc;
-    if (flag)
-      return dapo_errf(e, DAPO_EUNSUPPORTED,
-                       "config.attention_bias: Llama attention biases are not supported");
+  int attention_bias = 0;
+  if ((rc = get_bool(j, "attention_bias", &attention_bias, 0, e))) return rc;
+  /* Qwen2 always has q/k/v biases and never an o_proj bias (its attention_bias key, when a
+   * config carries one, is not read by transformers); Llama and Qwen3 have all four with
+   * attention_bias */
+  c->qkv_bias = c->arch == ARCH_QWEN2 || attention_bias;
+  c->o_bias = c->arch != ARCH_QWEN2 && attention_bias;
+  c->qk_norm = c->arch == ARCH_QWEN3;
+  if ((rc = refuse_unimplemented(j, e))) return rc;
+  /* transformers 5 writes rope_parameters (rope_theta inside) where 4.x wrote rope_scaling */
+  json_t *rs = json_object_get(j, "rope_scaling"), *rp = json_object_get(j, "rope_parameters");
+  if (rp && !json_is_null(rp)) {
+    if (rs && !json_is_null(rs))
+      return dapo_errf(e, DAPO_EFORMAT,
+                       "config.rope_parameters: given with rope_scaling; give one of them");
+    if ((rc = get_float(rp, "rope_theta", &c->rope_theta, c->rope_theta, e))) return rc;
+    rc = parse_rope_scaling(c, rp, "rope_parameters", e);
+  } else {
+    rc = parse_rope_scaling(c, rs, "rope_scaling", e);
   }
-  if ((rc = get_bool(j, "mlp_bias", &flag, 0, e))) return rc;
-  if (flag) return dapo_errf(e, DAPO_EUNSUPPORTED, "config.mlp_bias: MLP biases are not supported");
-  if ((rc = get_bool(j, "use_sliding_window", &flag, 0, e))) return rc;
-  if (flag)
-    return dapo_errf(e, DAPO_EUNSUPPORTED,
-                     "config.use_sliding_window: sliding-window attention is not supported");
+  if (rc) return rc;
   return model_config_validate(c, e);
 }
 
@@ -151,15 +402,43 @@ int64_t model_param_count(const struct model_config *c) {
   int64_t Q = (int64_t)c->num_heads * c->head_dim, KV = (int64_t)c->num_kv_heads * c->head_dim;
   int64_t layer = C + C * Q + 2 * C * KV + Q * C + C + 3 * C * FF;
   if (c->qkv_bias) layer += Q + 2 * KV;
+  if (c->o_bias) layer += C;
+  if (c->qk_norm) layer += 2 * (int64_t)c->head_dim;
   return V * C + (int64_t)c->num_layers * layer + C + (c->tie_word_embeddings ? 0 : V * C);
 }
 
+/* config.json's rope_scaling for c->rope, as transformers reads it back (null when plain). */
+static json_t *rope_to_json(const struct rope_scaling *r) {
+  static const char *const NAMES[] = {"default", "linear", "llama3", "yarn"};
+  if (r->type == ROPE_DEFAULT) return json_null();
+  json_t *o = json_pack("{s:s, s:f}", "rope_type", NAMES[r->type], "factor", r->factor);
+  if (r->type == ROPE_LLAMA3) {
+    json_object_set_new(o, "low_freq_factor", json_real(r->low_freq_factor));
+    json_object_set_new(o, "high_freq_factor", json_real(r->high_freq_factor));
+  }
+  if (r->original_max_position_embeddings > 0)
+    json_object_set_new(o, "original_max_position_embeddings",
+                        json_integer(r->original_max_position_embeddings));
+  if (r->type == ROPE_YARN) {
+#define OPT(field)                                                                                 \
+  if (r->field > 0) json_object_set_new(o, #field, json_real(r->field))
+    OPT(attention_factor);
+    OPT(beta_fast);
+    OPT(beta_slow);
+    OPT(mscale);
+    OPT(mscale_all_dim);
+#undef OPT
+    if (r->no_truncate) json_object_set_new(o, "truncate", json_false());
+  }
+  return o;
+}
+
 json_t *model_config_to_json(const struct model_config *c, const char *torch_dtype) {
-  int q = c->arch == ARCH_QWEN2;
+  static const char *const ARCHS[] = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
+  static const char *const TYPES[] = {"llama", "qwen2", "qwen3"};
   json_t *j = json_object();
-  json_object_set_new(j, "architectures",
-                      json_pack("[s]", q ? "Qwen2ForCausalLM" : "LlamaForCausalLM"));
-  json_object_set_new(j, "model_type", json_string(q ? "qwen2" : "llama"));
+  json_object_set_new(j, "architectures", json_pack("[s]", ARCHS[c->arch]));
+  json_object_set_new(j, "model_type", json_string(TYPES[c->arch]));
   json_object_set_new(j, "vocab_size", json_integer(c->vocab_size));
   json_object_set_new(j, "hidden_size", json_integer(c->hidden_size));
   json_object_set_new(j, "intermediate_size", json_integer(c->intermediate_size));
@@ -171,14 +450,15 @@ json_t *model_config_to_json(const struct model_config *c, const char *torch_dty
   json_object_set_new(j, "max_position_embeddings", json_integer(c->max_position_embeddings));
   json_object_set_new(j, "rms_norm_eps", json_real(c->rms_norm_eps));
   json_object_set_new(j, "rope_theta", json_real(c->rope_theta));
-  json_object_set_new(j, "rope_scaling", json_null());
+  json_object_set_new(j, "rope_scaling", rope_to_json(&c->rope));
   json_object_set_new(j, "initializer_range", json_real(c->initializer_range));
   json_object_set_new(j, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
-  if (!q) {
-    json_object_set_new(j, "attention_bias", json_false());
+  if (c->arch != ARCH_QWEN2) {
+    json_object_set_new(j, "attention_bias", json_boolean(c->o_bias));
     json_object_set_new(j, "mlp_bias", json_false());
-    json_object_set_new(j, "pretraining_tp", json_integer(1));
-  } else {
+  }
+  if (c->arch == ARCH_LLAMA) json_object_set_new(j, "pretraining_tp", json_integer(1));
+  if (c->arch != ARCH_LLAMA) {
     json_object_set_new(j, "use_sliding_window", json_false());
     json_object_set_new(j, "sliding_window", json_integer(c->max_position_embeddings));
     json_object_set_new(j, "max_window_layers", json_integer(c->num_layers));
@@ -190,7 +470,7 @@ json_t *model_config_to_json(const struct model_config *c, const char *torch_dty
   json_object_set_new(j, "eos_token_id",
                       c->eos_token_id >= 0 ? json_integer(c->eos_token_id) : json_null());
   json_object_set_new(j, "torch_dtype", json_string(torch_dtype));
-  json_object_set_new(j, "transformers_version", json_string("4.40.0"));
+  json_object_set_new(j, "transformers_version", json_string("4.51.0"));
   return j;
 }
 
@@ -215,7 +495,7 @@ struct model *model_new(const struct model_config *c, struct dapo_err *e) {
   if (!m) goto oom;
   m->cfg = *c;
   int L = c->num_layers;
-  m->tensors = calloc((size_t)(12 * L + 3), sizeof *m->tensors);
+  m->tensors = calloc((size_t)(15 * L + 3), sizeof *m->tensors);
   m->w.layers = calloc((size_t)L, sizeof(struct layer_views));
   m->g.layers = calloc((size_t)L, sizeof(struct layer_views));
   if (!m->tensors || !m->w.layers || !m->g.layers) goto oom;
@@ -240,6 +520,11 @@ struct model *model_new(const struct model_config *c, struct dapo_err *e) {
     T("self_attn.v_proj.weight", PK_WV, CKV, C);
     if (c->qkv_bias) T("self_attn.v_proj.bias", PK_BV, CKV, 0);
     T("self_attn.o_proj.weight", PK_WO, C, CQ);
+    if (c->o_bias) T("self_attn.o_proj.bias", PK_BO, C, 0);
+    if (c->qk_norm) {
+      T("self_attn.q_norm.weight", PK_Q_NORM, c->head_dim, 0);
+      T("self_attn.k_norm.weight", PK_K_NORM, c->head_dim, 0);
+    }
     T("post_attention_layernorm.weight", PK_FFN_NORM, C, 0);
     T("mlp.gate_proj.weight", PK_W_GATE, FF, C);
     T("mlp.up_proj.weight", PK_W_UP, FF, C);
@@ -301,6 +586,9 @@ void model_bind_views(const struct model *m, float *base, struct views *v) {
     case PK_WV: lv->wv = ptr; break;
     case PK_BV: lv->bv = ptr; break;
     case PK_WO: lv->wo = ptr; break;
+    case PK_BO: lv->bo = ptr; break;
+    case PK_Q_NORM: lv->q_norm = ptr; break;
+    case PK_K_NORM: lv->k_norm = ptr; break;
     case PK_FFN_NORM: lv->ffn_norm = ptr; break;
     case PK_W_GATE: lv->w_gate = ptr; break;
     case PK_W_UP: lv->w_up = ptr; break;
@@ -321,11 +609,14 @@ void model_init_random(struct model *m, uint64_t seed) {
     case PK_ATTN_NORM:
     case PK_FFN_NORM:
     case PK_FINAL_NORM:
+    case PK_Q_NORM:
+    case PK_K_NORM:
       for (size_t k = 0; k < p->numel; k++) x[k] = 1.0f;
       break;
     case PK_BQ:
     case PK_BK:
-    case PK_BV: memset(x, 0, p->numel * sizeof(float)); break;
+    case PK_BV:
+    case PK_BO: memset(x, 0, p->numel * sizeof(float)); break;
     default:
       for (size_t k = 0; k < p->numel; k++) x[k] = (float)(rng_normal(&r) * std);
     }

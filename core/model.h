@@ -1,4 +1,4 @@
-/* The model: a Hugging Face Llama-family causal LM (Llama, Qwen2) as one C struct. Config,
+/* The model: a Hugging Face Llama-family causal LM (Llama, Qwen2, Qwen3) as one C struct. Config,
  * the parameter table, and flat float32 buffers (parameters, gradients) carved into named views.
  * One table of {hf_name, kind, layer, shape, offset} drives checkpoint I/O, gradient norms,
  * AdamW and comparisons; a tied lm_head aliases tok_emb and is never stored twice.
@@ -15,7 +15,21 @@
 
 #include "error.h"
 
-enum model_arch { ARCH_LLAMA = 0, ARCH_QWEN2 = 1 };
+enum model_arch { ARCH_LLAMA = 0, ARCH_QWEN2 = 1, ARCH_QWEN3 = 2 };
+
+/* RoPE frequencies as transformers' rope_type names them (config.json `rope_scaling`). */
+enum rope_type { ROPE_DEFAULT = 0, ROPE_LINEAR = 1, ROPE_LLAMA3 = 2, ROPE_YARN = 3 };
+
+struct rope_scaling {
+  int type;                                 /* enum rope_type; ROPE_DEFAULT: rope_scaling null */
+  double factor;                            /* linear, llama3, yarn: >= 1 */
+  double low_freq_factor, high_freq_factor; /* llama3 */
+  int original_max_position_embeddings; /* llama3 (required), yarn (0: max_position_embeddings) */
+  double attention_factor;              /* yarn: 0 derives it from factor (and mscale) */
+  double beta_fast, beta_slow;          /* yarn: 0 means 32 and 1 */
+  double mscale, mscale_all_dim;        /* yarn: 0 when absent */
+  int no_truncate;                      /* yarn: `truncate: false` */
+};
 
 struct model_config {
   enum model_arch arch;
@@ -29,12 +43,33 @@ struct model_config {
   int max_position_embeddings;
   float rms_norm_eps;
   float rope_theta;
-  int tie_word_embeddings; /* lm_head aliases model.embed_tokens */
-  int qkv_bias;            /* q/k/v projections have biases (always for Qwen2) */
-  int bos_token_id;        /* -1: none */
-  int eos_token_id;        /* -1: none */
-  float initializer_range; /* std of the normal init of weights (HF default 0.02) */
+  int tie_word_embeddings;  /* lm_head aliases model.embed_tokens */
+  int qkv_bias;             /* q/k/v projections have biases (always for Qwen2) */
+  int o_bias;               /* o_proj has a bias (Llama and Qwen3 with attention_bias) */
+  int qk_norm;              /* per-head RMSNorm of q and k before RoPE (Qwen3) */
+  struct rope_scaling rope; /* zero: plain RoPE */
+  int vocab_used;           /* ids the tokenizer can produce: logits, softmax and sampling cover
+                               [0, vocab_used) only, the embedding rows past it are padding;
+                               0 means vocab_size (see model_vocab_used) */
+  int bos_token_id;         /* -1: none */
+  int eos_token_id;         /* -1: none */
+  float initializer_range;  /* std of the normal init of weights (HF default 0.02) */
 };
+
+/* The logits a model computes: vocab_used, or vocab_size when 0. */
+static inline int model_vocab_used(const struct model_config *c) {
+  return c->vocab_used > 0 ? c->vocab_used : c->vocab_size;
+}
+
+/* RoPE's inverse frequencies inv_freq[head_dim / 2] and the factor that scales cos and sin
+ * (yarn's attention factor, else 1), as transformers' ROPE_INIT_FUNCTIONS compute them for
+ * c->rope (computed in double, rounded to float). */
+void model_rope_freqs(const struct model_config *c, float *inv_freq, float *attn_factor);
+
+struct rope_table;
+/* The cos/sin table of c's RoPE for its max_position_embeddings (kernels.h). 0 or -1 (out of
+ * memory). */
+int model_rope_table_init(struct rope_table *t, const struct model_config *c);
 
 /* Checks ranges and divisibility; names the offending key in e. */
 int model_config_validate(const struct model_config *c, struct dapo_err *e);
@@ -43,9 +78,12 @@ int model_config_validate(const struct model_config *c, struct dapo_err *e);
  * not counted twice. Equals model->n_params. */
 int64_t model_param_count(const struct model_config *c);
 
-/* Parses a Hugging Face config.json object (borrowed). Unknown keys are ignored; keys that
- * change the maths and that we do not implement (rope_scaling, attention_bias on Llama,
- * mlp_bias, sliding windows in use, other hidden_act than silu) are refused by name. */
+/* Parses a Hugging Face config.json object (borrowed). Keys that change the maths are honoured
+ * (head_dim, rms_norm_eps, rope_theta, rope_scaling of types default/linear/llama3/yarn,
+ * attention_bias, tie_word_embeddings) or refused by name when their value needs what we do not
+ * implement (mlp_bias, sliding windows in use, layer_types other than full attention,
+ * partial_rotary_factor != 1, attention or hidden dropout, other hidden_act than silu,
+ * quantization_config, logit soft-capping, other rope types). Other keys are ignored. */
 int model_config_from_json(struct model_config *c, const json_t *j, struct dapo_err *e);
 
 /* A new config.json object (caller owns the reference) that transformers' from_pretrained
@@ -62,6 +100,9 @@ enum param_kind {
   PK_WV,
   PK_BV,
   PK_WO,
+  PK_BO,
+  PK_Q_NORM,
+  PK_K_NORM,
   PK_FFN_NORM,
   PK_W_GATE,
   PK_W_UP,
@@ -82,11 +123,13 @@ struct param_info {
 };
 
 struct layer_views {
-  float *attn_norm, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *ffn_norm, *w_gate, *w_up, *w_down;
+  float *attn_norm, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo, *q_norm, *k_norm, *ffn_norm, *w_gate,
+      *w_up, *w_down;
 };
 
 /* Named views into one flat buffer (parameters, gradients, Adam moments all share the layout).
- * bq/bk/bv are NULL without qkv_bias; lm_head == tok_emb when tied. */
+ * bq/bk/bv are NULL without qkv_bias, bo without o_bias, q_norm/k_norm without qk_norm;
+ * lm_head == tok_emb when tied. */
 struct views {
   float *tok_emb;
   struct layer_views *layers; /* L entries, owned by the struct model */

@@ -36,7 +36,7 @@ struct glayout {
 static void gplan(const struct model_config *c, int B, int T, struct glayout *p) {
   size_t C = c->hidden_size, CQ = (size_t)c->num_heads * c->head_dim,
          CKV = (size_t)c->num_kv_heads * c->head_dim, FF = c->intermediate_size, L = c->num_layers,
-         V = c->vocab_size;
+         V = model_vocab_used(c);
   size_t rows = (size_t)(B > T ? B : T);
   p->cache = 2 * L * (size_t)B * T * CKV;
   p->acts = rows * (C + C + 1 + CQ + 2 * CKV + CQ + C + 1 + 3 * FF);
@@ -88,7 +88,7 @@ struct gen_state *gen_state_new(const struct model *m, int cap_batch, int cap_se
   s->mem = dapo_alloc_floats(p.total);
   s->ints = calloc(p.ints, sizeof(int));
   if (!s->mem || !s->ints) goto oom;
-  if (rope_table_init(&s->rope, c->max_position_embeddings, c->head_dim, c->rope_theta)) goto oom;
+  if (model_rope_table_init(&s->rope, c)) goto oom;
 
   size_t rows = s->cap_rows, C = c->hidden_size, CQ = (size_t)c->num_heads * c->head_dim,
          CKV = (size_t)c->num_kv_heads * c->head_dim, FF = c->intermediate_size;
@@ -122,7 +122,7 @@ struct gen_state *gen_state_new(const struct model *m, int cap_batch, int cap_se
   s->n_past = ip + 3 * rows;
   s->slot = ip + 4 * rows;
   s->pick_idx = ip + 5 * rows;
-  s->active = s->pick_idx + c->vocab_size;
+  s->active = s->pick_idx + model_vocab_used(c);
   s->src = s->active + cap_batch;
   s->last_row = s->src + cap_batch;
   return s;
@@ -262,7 +262,7 @@ static void run_rows(struct gen_state *s, const struct model *m, int n_seq, int 
   for (int i = 0; i < n_out; i++)
     memcpy(s->sel + (size_t)i * C, s->acts.x_out + (size_t)s->last_row[i] * C, sizeof(float) * C);
   rmsnorm_forward(s->sel, s->acts.rstd2, s->sel, m->w.final_norm, n_out, C, c->rms_norm_eps);
-  matmul_forward(s->logits, s->sel, m->w.lm_head, NULL, n_out, C, c->vocab_size, 0.0f);
+  matmul_forward(s->logits, s->sel, m->w.lm_head, NULL, n_out, C, model_vocab_used(c), 0.0f);
 }
 
 /* One decoding step of the n_act active rows, run by every thread of the pool (ti of nt). Split
@@ -300,7 +300,7 @@ static void decode_step(void *ctx, int ti, int nt) {
   struct pool *saved = pool_current();
   pool_set_current(NULL); /* the kernels called here run on this thread alone */
   int C = c->hidden_size, HS = c->head_dim, NH = c->num_heads, NKV = c->num_kv_heads, CQ = NH * HS,
-      CKV = NKV * HS, FF = c->intermediate_size, V = c->vocab_size, n_rep = NH / NKV;
+      CKV = NKV * HS, FF = c->intermediate_size, V = model_vocab_used(c), n_rep = NH / NKV;
   float *scr = s->scr.buf + (size_t)ti * s->scr.stride, *xn = scr + s->cap_t;
   float *pick_p = xn + (size_t)s->cap_batch * C;
   int *pick_idx = (int *)(pick_p + V);
@@ -340,8 +340,7 @@ static void decode_step(void *ctx, int ti, int nt) {
     for (int i = r_lo; i < r_hi; i++) {
       int row = g_lo + i;
       float *qi = q + (size_t)i * CQ, *ki = k + (size_t)i * CKV;
-      rope_forward(qi, s->pos + row, 1, CQ, NH, HS, &s->rope);
-      rope_forward(ki, s->pos + row, 1, CKV, NKV, HS, &s->rope);
+      block_qk_finish(c, w, qi, ki, NULL, NULL, NULL, NULL, s->pos + row, 1, &s->rope);
       size_t base = (size_t)s->slot[row] * s->cap_t;
       int past = s->n_past[row];
       memcpy(ck + (base + past) * CKV, ki, sizeof(float) * CKV);
@@ -351,7 +350,7 @@ static void decode_step(void *ctx, int ti, int nt) {
                           g * n_rep, n_rep, g, HS, CQ, CKV, CQ, NH, scr);
     }
     pool_barrier_wait(&s->bar, gn);
-    linear_few(xs, att, w->wo, NULL, n, CQ, C, c_lo, c_hi, 1.0f);
+    linear_few(xs, att, w->wo, w->bo, n, CQ, C, c_lo, c_hi, 1.0f);
     pool_barrier_wait(&s->bar, gn);
     rmsnorm_forward(xn, NULL, xs, w->ffn_norm, n, C, c->rms_norm_eps);
     linear_few(gg, xn, w->w_gate, NULL, n, C, FF, f_lo, f_hi, 0.0f);
@@ -386,7 +385,7 @@ static int gen_run_impl(struct gen_state *s, const struct model *m, int n,
                         const struct sampler_opts *o, struct gen_out *out,
                         const volatile int *cancel, struct dapo_err *e) {
   const struct model_config *c = &m->cfg;
-  int V = c->vocab_size, maxn = o->max_new_tokens;
+  int V = model_vocab_used(c), maxn = o->max_new_tokens;
   if (n < 1 || n > s->cap_batch)
     return dapo_errf(e, DAPO_ERANGE, "generate: %d sequences (capacity %d)", n, s->cap_batch);
   if (maxn < 1) return dapo_errf(e, DAPO_EINVAL, "max_new_tokens: %d must be >= 1", maxn);

@@ -1,6 +1,7 @@
-/* Training forward/backward over packed variable-length sequences (train.h). Activations are
- * saved per layer in one allocation; attention probabilities are not stored but recomputed in
- * the backward from the saved log-sum-exp (memory O(tokens), not O(tokens^2)). */
+/* Training forward/backward over packed variable-length sequences (train.h). The LM head and its
+ * softmax cover the tokenizer's ids only (model_vocab_used): padding rows get no logits.
+ * Activations are saved per layer in one allocation; attention probabilities are not stored but
+ * recomputed in the backward from the saved log-sum-exp (memory O(tokens), not O(tokens^2)). */
 #include "train.h"
 
 #include <stdlib.h>
@@ -29,6 +30,7 @@ struct train_state {
   float *probs;                      /* [R,V] */
   /* backward scratch */
   float *dres, *dxn, *dq, *dk, *dv, *datt, *dff_a, *dff_b, *dsel, *dsel_in;
+  float *dk_pre;             /* [N,CKV] with qk_norm (dq_pre reuses datt) */
   struct thread_scratch scr; /* attention scratch per pool thread */
   struct pool *pool;         /* borrowed */
 
@@ -46,13 +48,16 @@ struct layout {
 static void plan(const struct model_config *c, int N, int R, int T, struct layout *p) {
   size_t C = c->hidden_size, CQ = (size_t)c->num_heads * c->head_dim,
          CKV = (size_t)c->num_kv_heads * c->head_dim, FF = c->intermediate_size, NH = c->num_heads,
-         L = c->num_layers, V = c->vocab_size;
+         L = c->num_layers, V = model_vocab_used(c), NKV = c->num_kv_heads;
   p->res = (L + 1) * N * C;
-  /* xn1, rstd1, q, k, v, att, lse, x_mid, xn2, rstd2, g, u, h */
+  /* xn1, rstd1, q, k, v, att, lse, x_mid, xn2, rstd2, g, u, h; qk_norm: q_pre, k_pre, rstd_q,
+   * rstd_k */
   p->per_layer = N * (C + 1 + CQ + 2 * CKV + CQ + NH + C + C + 1 + 3 * FF);
+  if (c->qk_norm) p->per_layer += N * (CQ + CKV + NH + NKV);
   p->sel = (size_t)R * (2 * C + 1);
   p->probs = (size_t)R * V;
   p->bwd = N * (2 * C + 2 * CQ + 2 * CKV + 2 * FF) + (size_t)R * 2 * C;
+  if (c->qk_norm) p->bwd += N * CKV;
   p->scratch = 2 * (size_t)T * T; /* per thread, allocated separately */
   p->total = p->res + L * p->per_layer + p->sel + p->probs + p->bwd;
 }
@@ -100,7 +105,7 @@ struct train_state *train_state_new(const struct model *m, int cap_tokens, int c
   s->acts = calloc((size_t)c->num_layers, sizeof *s->acts);
   s->pos = calloc((size_t)cap_tokens * 5 + (size_t)cap_resp * 2, sizeof(int));
   if (!s->mem || !s->acts || !s->pos) goto oom;
-  if (rope_table_init(&s->rope, c->max_position_embeddings, c->head_dim, c->rope_theta)) goto oom;
+  if (model_rope_table_init(&s->rope, c)) goto oom;
   s->row0 = s->pos + cap_tokens;
   s->t_new = s->row0 + cap_tokens;
   s->n_past = s->t_new + cap_tokens;
@@ -130,11 +135,17 @@ struct train_state *train_state_new(const struct model *m, int cap_tokens, int c
     a->g = TAKE(N * FF);
     a->u = TAKE(N * FF);
     a->h = TAKE(N * FF);
+    if (c->qk_norm) {
+      a->q_pre = TAKE(N * CQ);
+      a->k_pre = TAKE(N * CKV);
+      a->rstd_q = TAKE(N * c->num_heads);
+      a->rstd_k = TAKE(N * c->num_kv_heads);
+    }
   }
   s->sel_in = TAKE(R * C);
   s->sel_xn = TAKE(R * C);
   s->sel_rstd = TAKE(R);
-  s->probs = TAKE(R * (size_t)c->vocab_size);
+  s->probs = TAKE(R * (size_t)model_vocab_used(c));
   s->dres = TAKE(N * C);
   s->dxn = TAKE(N * C);
   s->dq = TAKE(N * CQ);
@@ -145,6 +156,7 @@ struct train_state *train_state_new(const struct model *m, int cap_tokens, int c
   s->dff_b = TAKE(N * FF);
   s->dsel = TAKE(R * C);
   s->dsel_in = TAKE(R * C);
+  if (c->qk_norm) s->dk_pre = TAKE(N * CKV);
 #undef TAKE
   if (thread_scratch_init(&s->scr, p.scratch, NULL)) goto oom;
   s->mem_floats = p.total;
@@ -189,7 +201,7 @@ int fwd_batch_validate(const struct train_state *s, const struct model *m,
   if (R > s->cap_resp)
     return dapo_errf(e, DAPO_ERANGE, "batch: %ld response tokens exceed the capacity %d", R,
                      s->cap_resp);
-  int V = m->cfg.vocab_size;
+  int V = model_vocab_used(&m->cfg);
   for (int i = 0; i < b->seq_off[b->n_seq]; i++)
     if (b->tokens[i] < 0 || b->tokens[i] >= V)
       return dapo_errf(e, DAPO_EINVAL, "batch: token %d at index %d outside the vocabulary (%d)",
@@ -204,7 +216,7 @@ int train_forward(struct train_state *s, const struct model *m, const struct fwd
   struct pool *saved = pool_current();
   pool_set_current(s->pool);
   const struct model_config *c = &m->cfg;
-  int C = c->hidden_size, V = c->vocab_size, N = b->seq_off[b->n_seq];
+  int C = c->hidden_size, V = model_vocab_used(c), N = b->seq_off[b->n_seq];
   s->have_fwd = 0;
 
   /* sequence layout, positions, response rows and targets */
@@ -282,7 +294,7 @@ int train_backward(struct train_state *s, struct model *m, const float *dlogp, s
   struct pool *saved = pool_current();
   pool_set_current(s->pool);
   const struct model_config *c = &m->cfg;
-  int C = c->hidden_size, V = c->vocab_size, N = s->N, R = s->R, L = c->num_layers;
+  int C = c->hidden_size, V = model_vocab_used(c), N = s->N, R = s->R, L = c->num_layers;
   int HS = c->head_dim, NH = c->num_heads, NKV = c->num_kv_heads, FF = c->intermediate_size;
   int CQ = NH * HS, CKV = NKV * HS, n_rep = NH / NKV;
 
@@ -312,7 +324,7 @@ int train_backward(struct train_state *s, struct model *m, const float *dlogp, s
     rmsnorm_backward(s->dres, g->ffn_norm, s->dxn, a->x_mid, w->ffn_norm, a->rstd2, N, C);
 
     /* attention: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)) */
-    matmul_backward(s->datt, g->wo, NULL, s->dres, a->att, w->wo, N, CQ, C, 0.0f);
+    matmul_backward(s->datt, g->wo, g->bo, s->dres, a->att, w->wo, N, CQ, C, 0.0f);
     memset(s->dq, 0, sizeof(float) * (size_t)N * CQ);
     memset(s->dk, 0, sizeof(float) * (size_t)N * CKV);
     memset(s->dv, 0, sizeof(float) * (size_t)N * CKV);
@@ -323,8 +335,17 @@ int train_backward(struct train_state *s, struct model *m, const float *dlogp, s
       attn_bwd_thread(&ab, 0, 1);
     rope_backward(s->dq, s->pos, N, CQ, NH, HS, &s->rope);
     rope_backward(s->dk, s->pos, N, CKV, NKV, HS, &s->rope);
-    matmul_backward(s->dxn, g->wq, g->bq, s->dq, a->xn1, w->wq, N, C, CQ, 0.0f);
-    matmul_backward(s->dxn, g->wk, g->bk, s->dk, a->xn1, w->wk, N, C, CKV, 1.0f);
+    const float *dq_pre = s->dq, *dk_pre = s->dk;
+    if (c->qk_norm) { /* through the per-head norms; datt is free again */
+      memset(s->datt, 0, sizeof(float) * (size_t)N * CQ);
+      memset(s->dk_pre, 0, sizeof(float) * (size_t)N * CKV);
+      rmsnorm_backward(s->datt, g->q_norm, s->dq, a->q_pre, w->q_norm, a->rstd_q, N * NH, HS);
+      rmsnorm_backward(s->dk_pre, g->k_norm, s->dk, a->k_pre, w->k_norm, a->rstd_k, N * NKV, HS);
+      dq_pre = s->datt;
+      dk_pre = s->dk_pre;
+    }
+    matmul_backward(s->dxn, g->wq, g->bq, dq_pre, a->xn1, w->wq, N, C, CQ, 0.0f);
+    matmul_backward(s->dxn, g->wk, g->bk, dk_pre, a->xn1, w->wk, N, C, CKV, 1.0f);
     matmul_backward(s->dxn, g->wv, g->bv, s->dv, a->xn1, w->wv, N, C, CKV, 1.0f);
     rmsnorm_backward(s->dres, g->attn_norm, s->dxn, a->x_in, w->attn_norm, a->rstd1, N, C);
   }

@@ -16,7 +16,7 @@
 #include "train.h"
 
 #define MAX_SEQ 4
-#define MAX_TOK 64
+#define MAX_TOK 256
 
 struct pcase {
   const char *name;
@@ -24,7 +24,9 @@ struct pcase {
   float inv_temp;
   int n_seq;
   int lens[MAX_SEQ], plen[MAX_SEQ];
-  int bf16; /* also save as BF16, reload with ckpt_load, and dump that model's log-probs */
+  int bf16;        /* also save as BF16, reload with ckpt_load, and dump that model's log-probs */
+  float pad_scale; /* > 0: lm_head rows past vocab_used ~ N(0, pad_scale^2), logits far larger
+                      than the real ones, which training and sampling must never see */
 };
 
 static json_t *floats_json(const float *x, size_t n) {
@@ -86,6 +88,11 @@ static int run_case(const char *outdir, const struct pcase *pc, uint64_t seed, j
       for (size_t k = 0; k < p->numel; k++)
         m->params[p->offset + k] += 0.3f * (float)rng_normal(&r);
   }
+  int V_used = model_vocab_used(&pc->cfg);
+  if (pc->pad_scale > 0)
+    for (size_t k = (size_t)V_used * pc->cfg.hidden_size;
+         k < (size_t)pc->cfg.vocab_size * pc->cfg.hidden_size; k++)
+      m->w.lm_head[k] = pc->pad_scale * (float)rng_normal(&r);
   if (ckpt_save(dir, m, NULL, NULL, 0, &e)) {
     fail("ckpt_save", &e);
     goto out;
@@ -98,15 +105,15 @@ static int run_case(const char *outdir, const struct pcase *pc, uint64_t seed, j
   /* the packed batch and the loss weights */
   int off[MAX_SEQ + 1] = {0}, tokens[MAX_TOK];
   for (int i = 0; i < pc->n_seq; i++) off[i + 1] = off[i] + pc->lens[i];
-  for (int i = 0; i < off[pc->n_seq]; i++)
-    tokens[i] = (int)rng_below(&r, (uint64_t)pc->cfg.vocab_size);
+  for (int i = 0; i < off[pc->n_seq]; i++) tokens[i] = (int)rng_below(&r, (uint64_t)V_used);
   struct fwd_batch b = {
       .n_seq = pc->n_seq, .tokens = tokens, .seq_off = off, .prompt_len = pc->plen};
   int R = fwd_batch_resp_tokens(&b);
   float w[MAX_TOK], logp[MAX_TOK], ent[MAX_TOK];
   for (int i = 0; i < R; i++) w[i] = (float)rng_normal(&r);
 
-  s = train_state_new(m, MAX_TOK, MAX_TOK, MAX_TOK, &e);
+  int cap_t = pc->cfg.max_position_embeddings < MAX_TOK ? pc->cfg.max_position_embeddings : MAX_TOK;
+  s = train_state_new(m, MAX_TOK, MAX_TOK, cap_t, &e);
   if (!s || model_alloc_grads(m, &e)) {
     fail(pc->name, &e);
     goto out;
@@ -126,6 +133,8 @@ static int run_case(const char *outdir, const struct pcase *pc, uint64_t seed, j
   json_object_set_new(c, "name", json_string(pc->name));
   json_object_set_new(c, "dir", json_string(dir));
   json_object_set_new(c, "inv_temp", json_real(pc->inv_temp));
+  json_object_set_new(c, "vocab_used", json_integer(V_used));
+  json_object_set_new(c, "vocab_size", json_integer(pc->cfg.vocab_size));
   json_object_set_new(c, "seqs", seqs);
   json_object_set_new(c, "weights", floats_json(w, (size_t)R));
   json_object_set_new(c, "logp", floats_json(logp, (size_t)R));
@@ -138,7 +147,8 @@ static int run_case(const char *outdir, const struct pcase *pc, uint64_t seed, j
       fail("ckpt_load bf16", &e);
       goto out;
     }
-    sb = train_state_new(mb, MAX_TOK, MAX_TOK, MAX_TOK, &e);
+    mb->cfg.vocab_used = pc->cfg.vocab_used; /* lm_open's part: the tokenizer's ids */
+    sb = train_state_new(mb, MAX_TOK, MAX_TOK, cap_t, &e);
     if (!sb || fwd_bwd(sb, mb, &b, pc->inv_temp, logp, ent, NULL, &e)) {
       fail("bf16 forward", &e);
       goto out;
@@ -161,7 +171,7 @@ static int run_case(const char *outdir, const struct pcase *pc, uint64_t seed, j
     for (int i = 0; i < G; i++) rng_seed(&grng[i], seed, 50 + (uint64_t)i);
     struct sampler_opts so = {.temperature = 0.8f, .top_p = 1.0f, .max_new_tokens = NEW};
     struct gen_out go = {.tokens = gtok, .logp = glogp, .len = glen, .finish = gfin};
-    gs = gen_state_new(m, G, MAX_TOK, &e);
+    gs = gen_state_new(m, G, cap_t, &e);
     if (!gs || gen_run(gs, m, G, prompts, plens, grng, &so, &go, NULL, &e)) {
       fail("gen_run", &e);
       goto out;
@@ -245,7 +255,7 @@ int main(int argc, char **argv) {
                               .bos_token_id = 1,
                               .eos_token_id = 2,
                               .initializer_range = 0.2f};
-  struct pcase cases[5];
+  struct pcase cases[9];
   int n = 0;
 
   cases[n] = (struct pcase){.name = "llama-tied-gqa",
@@ -318,6 +328,82 @@ int main(int argc, char **argv) {
   cases[n].cfg.tie_word_embeddings = 0;
   cases[n].cfg.rope_theta = 500000.0f;
   cases[n].cfg.rms_norm_eps = 1e-5f;
+  n++;
+
+  cases[n] = (struct pcase){.name = "qwen3-tied-gqa",
+                            .cfg = base,
+                            .inv_temp = 1.0f,
+                            .n_seq = 3,
+                            .lens = {14, 9, 11},
+                            .plen = {5, 3, 2},
+                            .bf16 = 1};
+  cases[n].cfg.arch = ARCH_QWEN3;
+  cases[n].cfg.qk_norm = 1;
+  cases[n].cfg.hidden_size = 32;
+  cases[n].cfg.num_heads = 4;
+  cases[n].cfg.num_kv_heads = 2;
+  cases[n].cfg.head_dim = 16; /* explicit, CQ = 64 != C, as Qwen3-0.6B's 16 x 128 != 1024 */
+  cases[n].cfg.rope_theta = 1000000.0f;
+  n++;
+
+  /* Qwen3 with attention_bias (q/k/v and o_proj biases), yarn RoPE (positions past the original
+   * context of 16), and a padded vocabulary whose padding rows have huge logits */
+  cases[n] = (struct pcase){.name = "qwen3-bias-yarn-padded",
+                            .cfg = base,
+                            .inv_temp = 1.0f / 0.9f,
+                            .n_seq = 3,
+                            .lens = {34, 12, 22},
+                            .plen = {10, 4, 13},
+                            .pad_scale = 3.0f};
+  cases[n].cfg.arch = ARCH_QWEN3;
+  cases[n].cfg.qk_norm = 1;
+  cases[n].cfg.qkv_bias = 1;
+  cases[n].cfg.o_bias = 1;
+  cases[n].cfg.tie_word_embeddings = 0;
+  cases[n].cfg.vocab_size = 80;
+  cases[n].cfg.vocab_used = 70;
+  cases[n].cfg.hidden_size = 32;
+  cases[n].cfg.num_heads = 4;
+  cases[n].cfg.num_kv_heads = 1;
+  cases[n].cfg.head_dim = 16;
+  cases[n].cfg.rope_theta = 10000.0f;
+  cases[n].cfg.rope = (struct rope_scaling){
+      .type = ROPE_YARN, .factor = 4.0, .original_max_position_embeddings = 16};
+  n++;
+
+  /* Llama 3.1/3.2's RoPE: original context 64, high-frequency dimensions kept, medium ones
+   * smoothed, low ones interpolated; a response that runs past position 64; attention biases */
+  cases[n] = (struct pcase){.name = "llama3-rope-attnbias",
+                            .cfg = base,
+                            .inv_temp = 1.0f,
+                            .n_seq = 3,
+                            .lens = {96, 20, 40},
+                            .plen = {70, 5, 12}};
+  cases[n].cfg.max_position_embeddings = 160;
+  cases[n].cfg.hidden_size = 32;
+  cases[n].cfg.num_heads = 2;
+  cases[n].cfg.num_kv_heads = 1;
+  cases[n].cfg.head_dim = 16;
+  cases[n].cfg.qkv_bias = 1;
+  cases[n].cfg.o_bias = 1;
+  cases[n].cfg.rope_theta = 10000.0f;
+  cases[n].cfg.rope = (struct rope_scaling){.type = ROPE_LLAMA3,
+                                            .factor = 8.0,
+                                            .low_freq_factor = 1.0,
+                                            .high_freq_factor = 4.0,
+                                            .original_max_position_embeddings = 64};
+  n++;
+
+  cases[n] = (struct pcase){.name = "llama-linear-rope",
+                            .cfg = base,
+                            .inv_temp = 1.0f,
+                            .n_seq = 2,
+                            .lens = {40, 17},
+                            .plen = {8, 6}};
+  cases[n].cfg.max_position_embeddings = 128;
+  cases[n].cfg.num_heads = cases[n].cfg.num_kv_heads = 4;
+  cases[n].cfg.head_dim = 12;
+  cases[n].cfg.rope = (struct rope_scaling){.type = ROPE_LINEAR, .factor = 2.5};
   n++;
 
   json_t *root = json_object(), *arr = json_array();

@@ -1,6 +1,7 @@
 /* Finite-difference check of the analytic gradient of L = sum_t w_t * logp_t over every parameter
  * tensor, on tiny models that cover GQA and plain MHA, tied and untied heads, Qwen2 q/k/v biases,
- * a temperature, and packed sequences of different lengths.
+ * Qwen3's q/k norms and o_proj bias, scaled RoPE (yarn, llama3), a padded vocabulary, a
+ * temperature, and packed sequences of different lengths.
  * Tolerance: each tensor's directional derivative along a random direction, and 6 single
  * entries per tensor, agree within |fd - an| <= 1e-2 * |an| + 2e-3 (central differences with
  * Richardson extrapolation from h = 1e-2 and 5e-3 on weights of scale ~0.3; float32 forward). */
@@ -71,7 +72,7 @@ static void run_case(const char *name, struct model_config cfg, float inv_temp) 
   int off[4] = {0};
   for (int i = 0; i < 3; i++) off[i + 1] = off[i] + lens[i];
   int tokens[32];
-  for (int i = 0; i < off[3]; i++) tokens[i] = (int)rng_below(&r, (uint64_t)cfg.vocab_size);
+  for (int i = 0; i < off[3]; i++) tokens[i] = (int)rng_below(&r, (uint64_t)model_vocab_used(&cfg));
   struct fwd_batch b = {.n_seq = 3, .tokens = tokens, .seq_off = off, .prompt_len = plen};
   int R = fwd_batch_resp_tokens(&b);
   float w[32], logp[32];
@@ -151,11 +152,35 @@ int main(void) {
   c3.num_kv_heads = 1;
   c3.head_dim = 6; /* CQ != C */
   run_case("qwen2-bias-mqa-untied", c3, 1.0f);
+  /* Qwen3: per-head q/k RMSNorm (q_norm, k_norm), explicit head_dim, attention biases (q/k/v
+   * and o_proj), yarn RoPE whose original context (4) the sequences run past, and a padded
+   * vocabulary (the softmax covers 19 of 23 rows) */
+  struct model_config c4 = base;
+  c4.arch = ARCH_QWEN3;
+  c4.qk_norm = 1;
+  c4.qkv_bias = 1;
+  c4.o_bias = 1;
+  c4.tie_word_embeddings = 0;
+  c4.head_dim = 6;
+  c4.vocab_used = 19;
+  c4.rope = (struct rope_scaling){
+      .type = ROPE_YARN, .factor = 4.0, .original_max_position_embeddings = 4};
+  run_case("qwen3-qknorm-bias-yarn-padded", c4, 1.0f / 0.8f);
+  /* Llama 3.1's RoPE with an original context of 4, tied */
+  struct model_config c5 = base;
+  c5.head_dim = 8; /* 4 frequencies: kept, smoothed and interpolated ones */
+  c5.rope = (struct rope_scaling){.type = ROPE_LLAMA3,
+                                  .factor = 8.0,
+                                  .low_freq_factor = 1.0,
+                                  .high_freq_factor = 4.0,
+                                  .original_max_position_embeddings = 4};
+  run_case("llama3-rope-tied", c5, 1.0f);
   /* again with the parallel paths of every kernel (3 threads, no work threshold) */
   kernels_set_par_min_work(0);
   g_pool = pool_new(3);
   run_case("llama-gqa-tied/pool3", base, 1.0f);
   run_case("qwen2-bias-mqa-untied/pool3", c3, 1.0f);
+  run_case("qwen3-qknorm-bias-yarn-padded/pool3", c4, 1.0f / 0.8f);
   pool_free(g_pool);
   return check_done("test_grad");
 }

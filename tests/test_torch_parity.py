@@ -64,6 +64,7 @@ def run_case(case):
     name = case["name"]
     seqs = seqs_of(case)
     inv_temp = case["inv_temp"]
+    vu = case["vocab_used"] if case["vocab_used"] < case["vocab_size"] else None
     report = {}
 
     # forward: float64 and float32 references
@@ -71,8 +72,14 @@ def run_case(case):
     check(all(d == "F32" for d in dtypes.values()), "%s: F32 checkpoint has dtypes %s" % (name, set(dtypes.values())))
     ref32, _ = llama.load_checkpoint(case["dir"], torch.float32)
     with torch.no_grad():
-        lp64, ent64 = llama.response_logprobs(ref64, seqs, inv_temp)
-        lp32, ent32 = llama.response_logprobs(ref32, seqs, inv_temp)
+        lp64, ent64 = llama.response_logprobs(ref64, seqs, inv_temp, vu)
+        lp32, ent32 = llama.response_logprobs(ref32, seqs, inv_temp, vu)
+        if vu is not None:  # the padding rows matter: over every row the log-probs differ
+            full, _ = llama.response_logprobs(ref64, seqs, inv_temp)
+            report["padded_vs_full"] = max_abs(lp64, full)
+            check(report["padded_vs_full"] > 1.0,
+                  "%s: padding rows do not change the full softmax (%.3g): the test cannot fail"
+                  % (name, report["padded_vs_full"]))
     report["logp"] = max_abs(case["logp"], lp64)
     report["entropy"] = max_abs(case["entropy"], ent64)
     report["logp_vs_f32ref"] = max_abs(case["logp"], lp32)
@@ -84,7 +91,7 @@ def run_case(case):
           "%s: entropy vs float32 reference %.3g" % (name, report["entropy_vs_f32ref"]))
 
     # gradients of sum_t w_t logp_t, every tensor the C side dumped (all of them)
-    llama.train_step(ref64, seqs, case["weights"], inv_temp)
+    llama.train_step(ref64, seqs, case["weights"], inv_temp, vocab_used=vu)
     params = dict(ref64.named_parameters())
     check(set(case["grads"]) == set(ref64.tensor_names()), "%s: gradient tensor names differ" % name)
     worst = 0.0
@@ -103,8 +110,10 @@ def run_case(case):
     # softmax(logits / temperature), recomputed by a full forward of prompt + response
     gen = case["generate"]
     gseqs = [(g["prompt"] + g["tokens"], len(g["prompt"])) for g in gen["seqs"]]
+    check(all(t < case["vocab_used"] for g in gen["seqs"] for t in g["tokens"]),
+          "%s: gen_run sampled a padding id" % name)
     with torch.no_grad():
-        glp, _ = llama.response_logprobs(ref64, gseqs, 1.0 / gen["temperature"])
+        glp, _ = llama.response_logprobs(ref64, gseqs, 1.0 / gen["temperature"], vu)
     report["gen_logp"] = max_abs([x for g in gen["seqs"] for x in g["logp"]], glp)
     check(report["gen_logp"] < TOL_LOGP, "%s: gen_run logp max abs error %.3g" % (name, report["gen_logp"]))
     # and the reference's own KV-cache sampler (used by bench/bench_torch.py) against its forward
@@ -125,7 +134,8 @@ def run_case(case):
     for t, st in enumerate(a["steps"]):
         lr_t = a["lr"] * min(1.0, (t + 1) / a["warmup_steps"]) if a["warmup_steps"] > 0 else a["lr"]
         check(abs(lr_t - st["lr"]) <= 1e-7 * a["lr"], "%s: step %d lr %.9g vs %.9g" % (name, t, st["lr"], lr_t))
-        _, _, norm = llama.train_step(ref, seqs, case["weights"], inv_temp, opt=opt, lr=st["lr"], grad_clip=a["grad_clip"])
+        _, _, norm = llama.train_step(ref, seqs, case["weights"], inv_temp, opt=opt, lr=st["lr"],
+                                      grad_clip=a["grad_clip"], vocab_used=vu)
         check(norm > a["grad_clip"], "%s: step %d: grad norm %.3g does not trigger clipping" % (name, t, norm))
         rel = abs(norm - st["grad_norm"]) / norm
         worst_norm = max(worst_norm, rel)
@@ -145,7 +155,7 @@ def run_case(case):
         refb, dtypes = llama.load_checkpoint(b["dir"], torch.float64)
         check(all(d == "BF16" for d in dtypes.values()), "%s: BF16 checkpoint has dtypes %s" % (name, set(dtypes.values())))
         with torch.no_grad():
-            lpb, entb = llama.response_logprobs(refb, seqs, inv_temp)
+            lpb, entb = llama.response_logprobs(refb, seqs, inv_temp, vu)
         report["bf16_logp"] = max_abs(b["logp"], lpb)
         report["bf16_entropy"] = max_abs(b["entropy"], entb)
         report["bf16_vs_f32"] = max_abs(b["logp"], case["logp"])
@@ -166,7 +176,7 @@ def main():
         subprocess.run([sys.argv[1], tmp], check=True)
         with open(os.path.join(tmp, "parity.json")) as f:
             cases = json.load(f)["cases"]
-        check(len(cases) >= 5, "parity_dump wrote %d configs, expected 5" % len(cases))
+        check(len(cases) >= 9, "parity_dump wrote %d configs, expected 9" % len(cases))
         check(sum("bf16" in c for c in cases) >= 1, "no BF16 case")
         print("max errors (logp/entropy abs vs float64 and float32 references; grad: fraction of the "
               "tensor's max |grad|; adamw: abs on parameters after 3 steps)")

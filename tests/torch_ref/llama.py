@@ -1,9 +1,11 @@
-"""An independent PyTorch reference of the Hugging Face Llama / Qwen2 causal LM.
+"""An independent PyTorch reference of the Hugging Face Llama / Qwen2 / Qwen3 causal LM.
 
-Written from transformers' semantics (modeling_llama.py / modeling_qwen2.py, eager attention),
-not from our C code: embedding, per layer RMSNorm -> q/k/v projections (biases for Qwen2) ->
-RoPE (rotate_half) -> grouped-query causal attention -> o_proj -> residual, RMSNorm -> SwiGLU
-MLP -> residual, final RMSNorm, lm_head (tied to embed_tokens when tie_word_embeddings).
+Written from transformers' semantics (modeling_llama.py / modeling_qwen2.py / modeling_qwen3.py,
+eager attention, modeling_rope_utils.py), not from our C code: embedding, per layer RMSNorm ->
+q/k/v projections (biases for Qwen2, or with attention_bias) -> Qwen3's per-head q_norm/k_norm ->
+RoPE (rotate_half; default, linear, llama3 or yarn frequencies, yarn's attention factor on cos
+and sin) -> grouped-query causal attention -> o_proj -> residual, RMSNorm -> SwiGLU MLP ->
+residual, final RMSNorm, lm_head (tied to embed_tokens when tie_word_embeddings).
 Parameter names are transformers' (model.layers.N.self_attn.q_proj.weight, ...), so
 state_dict() keys are exactly the tensor names of a checkpoint.
 
@@ -45,6 +47,8 @@ class Config:
             self.arch = "llama"
         elif mt == "qwen2" or archs[0] == "Qwen2ForCausalLM":
             self.arch = "qwen2"
+        elif mt == "qwen3" or archs[0] == "Qwen3ForCausalLM":
+            self.arch = "qwen3"
         else:
             raise ValueError("config.json: unsupported model_type %r" % (mt,))
         self.vocab_size = int(d["vocab_size"])
@@ -60,15 +64,16 @@ class Config:
         self.rope_theta = float(d.get("rope_theta", 10000.0))
         self.tie_word_embeddings = bool(d.get("tie_word_embeddings", False))
         self.max_position_embeddings = int(d.get("max_position_embeddings", 2048))
-        # Qwen2 always has q/k/v biases; Llama has them with attention_bias (o_proj too).
+        # Qwen2 always has q/k/v biases (never o_proj's); Llama and Qwen3 have all four with
+        # attention_bias. Qwen3 norms q and k per head.
         self.attention_bias = bool(d.get("attention_bias", False))
         self.qkv_bias = self.arch == "qwen2" or self.attention_bias
-        self.o_bias = self.arch == "llama" and self.attention_bias
+        self.o_bias = self.arch != "qwen2" and self.attention_bias
+        self.qk_norm = self.arch == "qwen3"
         self.mlp_bias = bool(d.get("mlp_bias", False))
         if d.get("hidden_act", "silu") != "silu":
             raise ValueError("config.json: hidden_act %r not supported" % d.get("hidden_act"))
-        if d.get("rope_scaling") is not None:
-            raise ValueError("config.json: rope_scaling not supported")
+        self.rope_scaling = d.get("rope_scaling")
         assert self.num_attention_heads % self.num_key_value_heads == 0
 
     @staticmethod
@@ -133,10 +138,63 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
 
+def rope_frequencies(cfg):
+    """(inv_freq [head_dim / 2] float32, attention scaling) as transformers' ROPE_INIT_FUNCTIONS
+    compute them for cfg.rope_scaling (None or rope_type default, linear, llama3, yarn)."""
+    dim, base = cfg.head_dim, cfg.rope_theta
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    rs = cfg.rope_scaling
+    kind = None if rs is None else rs.get("rope_type", rs.get("type"))
+    if kind in (None, "default"):
+        return inv_freq, 1.0
+    factor = rs["factor"]
+    if kind == "linear":
+        return inv_freq / factor, 1.0
+    if kind == "llama3":
+        lo, hi = rs["low_freq_factor"], rs["high_freq_factor"]
+        old = rs["original_max_position_embeddings"]
+        low_wl, high_wl = old / lo, old / hi
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wl, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wl) * ~(wavelen > low_wl)
+        return torch.where(medium, smoothed, scaled), 1.0
+    if kind == "yarn":
+        old = rs.get("original_max_position_embeddings") or cfg.max_position_embeddings
+
+        def mscale(scale, m=1.0):
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        att = rs.get("attention_factor")
+        if att is None:
+            if rs.get("mscale") and rs.get("mscale_all_dim"):
+                att = mscale(factor, rs["mscale"]) / mscale(factor, rs["mscale_all_dim"])
+            else:
+                att = mscale(factor)
+        fast, slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
+
+        def corr_dim(rot):
+            return (dim * math.log(old / (rot * 2 * math.pi))) / (2 * math.log(base))
+
+        low, high = corr_dim(fast), corr_dim(slow)
+        if rs.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001
+        pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+        extra, inter = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+        ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+        keep = 1 - ramp
+        return inter * (1 - keep) + extra * keep, float(att)
+    raise ValueError("config.json: rope_scaling type %r not supported" % kind)
+
+
 class RotaryEmbedding(nn.Module):
-    def __init__(self, head_dim, theta):
+    def __init__(self, cfg):
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        inv_freq, self.attention_scaling = rope_frequencies(cfg)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, x, position_ids):
@@ -145,7 +203,8 @@ class RotaryEmbedding(nn.Module):
         pos = position_ids[:, None, :].float()
         freqs = (inv @ pos).transpose(1, 2)
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        a = self.attention_scaling
+        return (emb.cos() * a).to(x.dtype), (emb.sin() * a).to(x.dtype)
 
 
 def rotate_half(x):
@@ -175,6 +234,10 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(C, self.nkv * self.hs, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(C, self.nkv * self.hs, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.nh * self.hs, C, bias=cfg.o_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.hs, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.hs, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
 
     def forward(self, x, cos, sin, past=None):
         """x [B, T, C]; past (k, v) [B, NKV, P, HS] or None. Returns (out, (k, v) with P + T rows)."""
@@ -182,6 +245,8 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(B, T, self.nh, self.hs).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.nkv, self.hs).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.nkv, self.hs).transpose(1, 2)
+        if self.qk_norm:  # per head, over head_dim, before RoPE
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         if past is not None:
             k = torch.cat((past[0], k), dim=2)
@@ -233,7 +298,7 @@ class Model(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList([DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+        self.rotary_emb = RotaryEmbedding(cfg)
 
     def forward(self, input_ids, position_ids=None, past=None):
         B, T = input_ids.shape
@@ -250,7 +315,8 @@ class Model(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Also Qwen2ForCausalLM: the two differ only in config (q/k/v biases)."""
+    """Also Qwen2ForCausalLM and Qwen3ForCausalLM: they differ only in config (q/k/v biases,
+    q/k norms)."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -307,6 +373,17 @@ def load_checkpoint(path, dtype=torch.float32):
     return model, {n: dtypes[n] for n in expected}
 
 
+def tokenizer_id_count(path):
+    """1 + the largest id of a tokenizer.json (its model vocabulary and added tokens): the ids a
+    model's logits cover in dapod when its embedding has more (padding) rows."""
+    with open(path, encoding="utf-8") as f:
+        t = json.load(f)
+    ids = list(t["model"]["vocab"].values()) if isinstance(t["model"].get("vocab"), dict) else \
+        list(range(len(t["model"].get("vocab") or [])))
+    ids += [a["id"] for a in t.get("added_tokens") or []]
+    return 1 + max(ids)
+
+
 # ---------------------------------------------------------------------------------------------
 # RL helpers
 
@@ -328,13 +405,17 @@ def _pad(seqs):
         torch.tensor(targets, dtype=torch.long)
 
 
-def response_logprobs(model, seqs, inv_temp=1.0):
+def response_logprobs(model, seqs, inv_temp=1.0, vocab_used=None):
     """For packed (prompt, response) sequences, the log-prob of every response token and the
     entropy of softmax(logits * inv_temp) at its position, in order (sequence 0's first).
-    seqs: list of (token list, prompt_len). Returns (logp [R], entropy [R]) with autograd."""
+    seqs: list of (token list, prompt_len). With vocab_used, the softmax covers the first
+    vocab_used logits only (dapod's distribution over the tokenizer's ids, docs/MODELS.md).
+    Returns (logp [R], entropy [R]) with autograd."""
     ids, rows, cols, targets = _pad(seqs)
     h, _ = model.model(ids)
     logits = model.lm_head(h[rows, cols]) * inv_temp  # [R, V]
+    if vocab_used is not None:
+        logits = logits[:, :vocab_used]
     logsm = F.log_softmax(logits, dim=-1)
     logp = logsm.gather(1, targets[:, None]).squeeze(1)
     entropy = -(logsm.exp() * logsm).sum(-1)
@@ -350,11 +431,12 @@ def make_adamw(model, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
 
 
-def train_step(model, seqs, weights, inv_temp=1.0, opt=None, lr=None, grad_clip=None):
+def train_step(model, seqs, weights, inv_temp=1.0, opt=None, lr=None, grad_clip=None,
+               vocab_used=None):
     """loss = sum_t w_t * logp_t; backward into fresh .grad; optional clip_grad_norm_(grad_clip)
     and optimiser step at learning rate lr. Returns (logp, entropy, grad norm before clipping)."""
     model.zero_grad(set_to_none=True)
-    logp, entropy = response_logprobs(model, seqs, inv_temp)
+    logp, entropy = response_logprobs(model, seqs, inv_temp, vocab_used)
     w = torch.as_tensor(weights, dtype=logp.dtype)
     (w * logp).sum().backward()
     params = [p for p in model.parameters() if p.grad is not None]
