@@ -234,6 +234,35 @@ out:
   return rc;
 }
 
+/* For each {name, config} of OUTDIR/configs.json (when present): model_config_from_json's
+ * verdict (the error message of a refusal), and for an accepted config its parameter count, RoPE
+ * inverse frequencies and attention factor (model_rope_freqs), for the reference to recompute. */
+static json_t *dump_configs(const char *outdir) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/configs.json", outdir);
+  json_t *in = json_load_file(path, 0, NULL), *out = json_array();
+  size_t i;
+  json_t *item;
+  json_array_foreach(in, i, item) {
+    struct model_config c;
+    struct dapo_err e = {0};
+    json_t *o = json_pack("{s:O}", "name", json_object_get(item, "name"));
+    if (model_config_from_json(&c, json_object_get(item, "config"), &e)) {
+      json_object_set_new(o, "error", json_string(e.msg));
+    } else {
+      float inv[512], af = 0;
+      model_rope_freqs(&c, inv, &af);
+      json_object_set_new(o, "inv_freq", floats_json(inv, (size_t)c.head_dim / 2));
+      json_object_set_new(o, "attention_factor", json_real(af));
+      json_object_set_new(o, "n_params", json_integer(model_param_count(&c)));
+      json_object_set_new(o, "written", model_config_to_json(&c, "float32"));
+    }
+    json_array_append_new(out, o);
+  }
+  json_decref(in);
+  return out;
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: parity_dump OUTDIR\n");
@@ -408,6 +437,7 @@ int main(int argc, char **argv) {
 
   json_t *root = json_object(), *arr = json_array();
   json_object_set_new(root, "cases", arr);
+  json_object_set_new(root, "configs", dump_configs(argv[1]));
   int rc = 0;
   for (int i = 0; i < n && !rc; i++) rc = run_case(argv[1], &cases[i], 1000 + (uint64_t)i, arr);
   if (!rc) {

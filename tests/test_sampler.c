@@ -1,6 +1,8 @@
 /* Sampler: reproducibility, batch-of-G == G single runs, KV-cache decoding agrees with the
  * training forward (log-probs of the sampled tokens), greedy == argmax, and the temperature /
- * top-p distribution checked statistically on a known logit vector. */
+ * top-p distribution checked statistically on a known logit vector; Llama, Qwen2 and Qwen3 (q/k
+ * norms, yarn RoPE, a padded vocabulary whose padding logits dwarf the real ones and must never
+ * be drawn). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,10 +31,18 @@ static struct model *make_model(int arch, int tied, int nkv) {
                            .rms_norm_eps = 1e-5f,
                            .rope_theta = 10000.0f,
                            .tie_word_embeddings = tied,
-                           .qkv_bias = arch == ARCH_QWEN2,
+                           .qkv_bias = arch != ARCH_LLAMA,
                            .bos_token_id = 1,
                            .eos_token_id = 2,
                            .initializer_range = 0.5f};
+  if (arch == ARCH_QWEN3) {
+    /* Qwen3's q/k norms, attention biases, yarn RoPE past its original context of 16, and a
+     * padded vocabulary: 30 ids, 7 padding rows whose logits dwarf the real ones */
+    c.qk_norm = c.o_bias = 1;
+    c.rope = (struct rope_scaling){
+        .type = ROPE_YARN, .factor = 4.0, .original_max_position_embeddings = 16};
+    c.vocab_used = 30;
+  }
   struct dapo_err e;
   struct model *m = model_new(&c, &e);
   if (!m) {
@@ -40,7 +50,23 @@ static struct model *make_model(int arch, int tied, int nkv) {
     exit(1);
   }
   model_init_random(m, 3);
+  struct rng r;
+  rng_seed(&r, 5, 5);
+  for (int i = 0; i < m->n_tensors; i++) /* norms and biases off their trivial values */
+    if (m->tensors[i].ndim == 1)
+      for (size_t k = 0; k < m->tensors[i].numel; k++)
+        m->params[m->tensors[i].offset + k] += 0.3f * (float)rng_normal(&r);
+  for (size_t k = (size_t)model_vocab_used(&c) * c.hidden_size;
+       k < (size_t)c.vocab_size * c.hidden_size; k++)
+    m->w.lm_head[k] = 3.0f * (float)rng_normal(&r);
   return m;
+}
+
+/* No sampled token is a padding id (at or past vocab_used). */
+static int padding_drawn(const struct model *m, const int *tokens, int n) {
+  int bad = 0;
+  for (int i = 0; i < n; i++) bad += tokens[i] >= model_vocab_used(&m->cfg);
+  return bad;
 }
 
 struct run {
@@ -77,6 +103,9 @@ static void test_model(int arch, int tied, int nkv) {
   gen(s, m, NSEQ, prompts, plen, seeds, &o, &b);
   CHECK(memcmp(a.tokens, b.tokens, sizeof a.tokens) == 0 &&
         memcmp(a.len, b.len, sizeof a.len) == 0);
+  for (int i = 0; i < NSEQ; i++)
+    CHECK_MSG(!padding_drawn(m, a.tokens + i * MAXN, a.len[i]), "arch %d: a padding id drawn",
+              arch);
 
   /* batch of 8 == 8 single runs */
   int same = 1, total = 0;
@@ -138,8 +167,8 @@ static void test_model(int arch, int tied, int nkv) {
 }
 
 /* Greedy decoding equals an argmax computed from the training forward, one token at a time. */
-static void test_greedy_argmax(void) {
-  struct model *m = make_model(ARCH_LLAMA, 1, 2);
+static void test_greedy_argmax(int arch) {
+  struct model *m = make_model(arch, 1, 2);
   struct dapo_err e;
   struct gen_state *s = gen_state_new(m, 1, 32, &e);
   struct train_state *ts = train_state_new(m, 32, 32, 32, &e);
@@ -151,7 +180,7 @@ static void test_greedy_argmax(void) {
   uint64_t seed = 1;
   gen(s, m, 1, &pp, &plen, &seed, &g, &r);
   int toks[32] = {4, 9, 16}, ok = 1;
-  int V = m->cfg.vocab_size;
+  int V = model_vocab_used(&m->cfg);
   for (int t = 0; t < r.len[0]; t++) {
     /* score every candidate next token with the training forward and take the best */
     int best = -1;
@@ -212,8 +241,8 @@ static void test_distribution(float temp, float top_p) {
 }
 
 /* The pool's parallel paths (every kernel split, no work threshold) sample the same tokens. */
-static void test_pool(void) {
-  struct model *m = make_model(ARCH_QWEN2, 0, 2);
+static void test_pool(int arch) {
+  struct model *m = make_model(arch, 0, 2);
   struct dapo_err e;
   struct gen_state *s = gen_state_new(m, NSEQ, 64, &e);
   int pa[5] = {5, 6, 7, 8, 9}, pb[3] = {10, 11, 12};
@@ -233,6 +262,8 @@ static void test_pool(void) {
     gen(s, m, NSEQ, prompts, plen, seeds, &o, &par);
     CHECK_MSG(!memcmp(serial.tokens, par.tokens, sizeof serial.tokens),
               "pool (split %d) changed the tokens", split);
+    CHECK_MSG(!padding_drawn(m, par.tokens, NSEQ * MAXN), "pool (split %d) drew a padding id",
+              split);
     float d = 0;
     for (int i = 0; i < NSEQ * MAXN; i++) d = fmaxf(d, fabsf(serial.logp[i] - par.logp[i]));
     CHECK_MSG(d < 1e-4f, "pool (split %d) changed log-probs by %g", split, (double)d);
@@ -280,8 +311,12 @@ static void test_concurrent_pick(void) {
 int main(void) {
   test_model(ARCH_LLAMA, 1, 2);
   test_model(ARCH_QWEN2, 0, 4);
-  test_greedy_argmax();
-  test_pool();
+  test_model(ARCH_QWEN3, 0, 2);
+  test_model(ARCH_QWEN3, 1, 1);
+  test_greedy_argmax(ARCH_LLAMA);
+  test_greedy_argmax(ARCH_QWEN3);
+  test_pool(ARCH_QWEN2);
+  test_pool(ARCH_QWEN3);
   test_concurrent_pick();
   test_distribution(1.0f, 1.0f);
   test_distribution(0.7f, 1.0f);

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """PyTorch parity (ctest label torch): our engine against tests/torch_ref/llama.py, an
-independent PyTorch implementation of transformers' Llama/Qwen2.
+independent PyTorch implementation of transformers' Llama/Qwen2/Qwen3.
 
 Runs parity_dump (argv[1]) into a scratch folder, then for each model config it wrote:
   - loads the saved checkpoint (config.json + model.safetensors) with the reference loader;
@@ -10,6 +10,12 @@ Runs parity_dump (argv[1]) into a scratch folder, then for each model config it 
   - gradients of sum_t w_t * logp_t, every tensor:     max abs error < 1e-3 * max |grad| of it
   - parameters after 3 AdamW steps (weight decay, clipping, warm-up), every tensor: < 1e-5 abs
     (and the pre-clip gradient norm of each step, relative 1e-4);
+  - real config.json files (Llama 3.1/3.2, Qwen3-0.6B, TinyLlama, yarn and linear variants,
+    transformers 5's rope_parameters): RoPE inverse frequencies and attention factor against
+    the reference's rope_frequencies (relative 1e-6), parameter counts, and every refused
+    config (dynamic/longrope RoPE, mlp_bias, sliding windows, ...) naming its key;
+  - a padded vocabulary (70 ids, 80 rows whose padding logits dwarf the real ones): log-probs
+    over the tokenizer's ids only, and no padding id ever sampled;
   - BF16 checkpoints: the log-probs C computed after ckpt_load of the BF16 file against the
     reference reading the same BF16 file (< 1e-4), and against F32 (which must differ: the
     rounding is real).
@@ -58,6 +64,133 @@ def max_abs(a, b):
 
 def seqs_of(case):
     return [(s["tokens"], s["prompt_len"]) for s in case["seqs"]]
+
+
+# Real config.json files (as published on the Hub) and variants: accepted ones must give the
+# reference's RoPE frequencies and parameter count; refused ones must name the key.
+LLAMA32_1B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+    "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "transformers_version": "4.45.0.dev0", "use_cache": True, "vocab_size": 128256}
+LLAMA31_8B = dict(LLAMA32_1B, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                  head_dim=128, tie_word_embeddings=False,
+                  rope_scaling={"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                "original_max_position_embeddings": 8192, "rope_type": "llama3"})
+QWEN3_06B = {
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+    "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+    "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None,
+    "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+    "use_cache": True, "use_sliding_window": False, "vocab_size": 151936}
+TINYLLAMA = {
+    "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 5632, "max_position_embeddings": 2048, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 22, "num_key_value_heads": 4,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000.0,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True,
+    "vocab_size": 32000}
+ACCEPTED = {
+    "llama3.2-1b": LLAMA32_1B,
+    "llama3.1-8b": LLAMA31_8B,
+    "qwen3-0.6b": QWEN3_06B,
+    "qwen3-0.6b-yarn": dict(QWEN3_06B, max_position_embeddings=131072, rope_scaling={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}),
+    "qwen2.5-yarn-legacy-type": dict(QWEN3_06B, model_type="qwen2",
+                                     architectures=["Qwen2ForCausalLM"], rope_scaling={
+                                         "type": "yarn", "factor": 4.0,
+                                         "original_max_position_embeddings": 32768}),
+    "yarn-mscale-betas": dict(TINYLLAMA, rope_scaling={
+        "rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+        "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.707}),
+    "yarn-attention-factor-no-truncate": dict(TINYLLAMA, rope_scaling={
+        "rope_type": "yarn", "factor": 2.0, "attention_factor": 1.25, "truncate": False}),
+    "linear": dict(TINYLLAMA, rope_scaling={"type": "linear", "factor": 4.0}),
+    "default-explicit": dict(TINYLLAMA, rope_scaling={"rope_type": "default"}),
+    "tinyllama": TINYLLAMA,
+    "transformers5-rope-parameters": dict(
+        {k: v for k, v in LLAMA32_1B.items() if k not in ("rope_scaling", "rope_theta")},
+        rope_parameters=dict(LLAMA32_1B["rope_scaling"], rope_theta=500000.0)),
+}
+REFUSED = {  # name -> (config, the key the message must name)
+    "dynamic-ntk": (dict(TINYLLAMA, rope_scaling={"type": "dynamic", "factor": 2.0}),
+                    "rope_scaling.rope_type"),
+    "longrope": (dict(TINYLLAMA, rope_scaling={"rope_type": "longrope", "factor": 2.0}),
+                 "rope_scaling.rope_type"),
+    "llama3-unknown-key": (dict(LLAMA32_1B, rope_scaling=dict(LLAMA32_1B["rope_scaling"],
+                                                              short_factor=[1.0])),
+                           "rope_scaling.short_factor"),
+    "llama3-missing-key": (dict(LLAMA32_1B, rope_scaling={"rope_type": "llama3", "factor": 8.0}),
+                           "rope_scaling.low_freq_factor"),
+    "mlp-bias": (dict(TINYLLAMA, mlp_bias=True), "mlp_bias"),
+    "sliding-window": (dict(QWEN3_06B, use_sliding_window=True, sliding_window=4096),
+                       "use_sliding_window"),
+    "layer-types": (dict(QWEN3_06B, layer_types=["full_attention"] * 27 + ["sliding_attention"]),
+                    "layer_types[27]"),
+    "partial-rotary": (dict(TINYLLAMA, partial_rotary_factor=0.5), "partial_rotary_factor"),
+    "attention-dropout": (dict(QWEN3_06B, attention_dropout=0.1), "attention_dropout"),
+    "quantized": (dict(QWEN3_06B, quantization_config={"quant_method": "awq"}),
+                  "quantization_config"),
+    "gelu": (dict(TINYLLAMA, hidden_act="gelu"), "hidden_act"),
+    "qwen3-moe": (dict(QWEN3_06B, model_type="qwen3_moe",
+                       architectures=["Qwen3MoeForCausalLM"]), "model_type"),
+}
+
+
+def param_count(d):
+    """Parameters of a config, counted from transformers' module shapes (tied head once)."""
+    C, FF, L, V = d["hidden_size"], d["intermediate_size"], d["num_hidden_layers"], d["vocab_size"]
+    nh = d["num_attention_heads"]
+    nkv = d.get("num_key_value_heads") or nh
+    hs = d.get("head_dim") or C // nh
+    q, kv = nh * hs, nkv * hs
+    qwen2, qwen3 = d["model_type"] == "qwen2", d["model_type"] == "qwen3"
+    bias = d.get("attention_bias", False)
+    layer = 2 * C + C * q + 2 * C * kv + q * C + 3 * C * FF
+    layer += (q + 2 * kv) if (qwen2 or bias) else 0
+    layer += C if (bias and not qwen2) else 0
+    layer += 2 * hs if qwen3 else 0
+    return V * C + L * layer + C + (0 if d.get("tie_word_embeddings") else V * C)
+
+
+def check_configs(dumped):
+    by = {c["name"]: c for c in dumped}
+    check(set(by) == set(ACCEPTED) | set(REFUSED), "configs dumped: %s" % sorted(by))
+    worst = 0.0
+    for name, d in ACCEPTED.items():
+        got = by.get(name, {})
+        if "error" in got or name not in by:
+            check(False, "config %s refused: %s" % (name, got.get("error")))
+            continue
+        inv, att = llama.rope_frequencies(llama.Config(d))
+        err = float(np.max(np.abs(np.asarray(got["inv_freq"]) - inv.double().numpy()) /
+                           inv.double().numpy()))
+        worst = max(worst, err)
+        check(err < 1e-6, "config %s: inv_freq relative error %.3g" % (name, err))
+        check(abs(got["attention_factor"] - att) < 1e-6,
+              "config %s: attention factor %.9g vs %.9g" % (name, got["attention_factor"], att))
+        check(got["n_params"] == param_count(d),
+              "config %s: %d parameters, expected %d" % (name, got["n_params"], param_count(d)))
+        # the config.json a checkpoint carries gives transformers the same RoPE
+        inv2, att2 = llama.rope_frequencies(llama.Config(got["written"]))
+        check(torch.equal(inv2, inv) and abs(att2 - att) < 1e-9,
+              "config %s: the written config.json changes the RoPE" % name)
+    for name, (d, key) in REFUSED.items():
+        msg = by.get(name, {}).get("error", "")
+        check(("config." + key) in msg, "config %s: error %r does not name config.%s" % (name, msg, key))
+    print("%d real/variant configs: RoPE inv_freq max rel error %.2e; Qwen3-0.6B %d parameters; "
+          "%d refusals name their key" % (len(ACCEPTED), worst, by["qwen3-0.6b"].get("n_params", -1),
+                                          len(REFUSED)))
 
 
 def run_case(case):
@@ -173,9 +306,14 @@ def main():
     torch.set_num_threads(1)
     tmp = tempfile.mkdtemp(prefix="dapo-parity-")
     try:
+        with open(os.path.join(tmp, "configs.json"), "w") as f:
+            json.dump([{"name": n, "config": d} for n, d in ACCEPTED.items()] +
+                      [{"name": n, "config": d} for n, (d, _) in REFUSED.items()], f)
         subprocess.run([sys.argv[1], tmp], check=True)
         with open(os.path.join(tmp, "parity.json")) as f:
-            cases = json.load(f)["cases"]
+            dumped = json.load(f)
+        cases = dumped["cases"]
+        check_configs(dumped["configs"])
         check(len(cases) >= 9, "parity_dump wrote %d configs, expected 9" % len(cases))
         check(sum("bf16" in c for c in cases) >= 1, "no BF16 case")
         print("max errors (logp/entropy abs vs float64 and float32 references; grad: fraction of the "

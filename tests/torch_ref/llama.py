@@ -74,6 +74,9 @@ class Config:
         if d.get("hidden_act", "silu") != "silu":
             raise ValueError("config.json: hidden_act %r not supported" % d.get("hidden_act"))
         self.rope_scaling = d.get("rope_scaling")
+        if d.get("rope_parameters") is not None:  # transformers 5: theta and scaling together
+            self.rope_scaling = d["rope_parameters"]
+            self.rope_theta = float(d["rope_parameters"].get("rope_theta", self.rope_theta))
         assert self.num_attention_heads % self.num_key_value_heads == 0
 
     @staticmethod
