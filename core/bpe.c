@@ -1,7 +1,8 @@
-/* Byte-level BPE from tokenizer.json (bpe.h): loader with refusals naming the JSON path, the
- * encode pipeline (added tokens -> normalizer -> pre-tokenizer -> BPE -> post-processor), decode
- * with Rust's lossy UTF-8 repair. Regular expressions are PCRE2 (UTF + UCP, JIT), normalization
- * utf8proc. Shapes: V ids, M merges, A added tokens. */
+/* BPE from tokenizer.json (bpe.h), byte-level or SentencePiece-style: loader with refusals naming
+ * the JSON path, the encode pipeline (added tokens -> normalizer -> pre-tokenizer -> BPE with byte
+ * fallback / unk -> post-processor), decode with Rust's lossy UTF-8 repair (ByteLevel) or the
+ * Replace/ByteFallback/Fuse/Strip/Metaspace chain, batch and streaming alike. Regular expressions
+ * are PCRE2 (UTF + UCP, JIT), normalization utf8proc. Shapes: V ids, M merges, A added tokens. */
 #include "bpe.h"
 
 #include <pthread.h>
@@ -229,7 +230,8 @@ static int is_word_char(int32_t c) {
 
 /* ---- the tokenizer ---- */
 
-enum step_kind { STEP_SPLIT, STEP_DIGITS, STEP_BYTELEVEL };
+enum step_kind { STEP_SPLIT, STEP_DIGITS, STEP_BYTELEVEL, STEP_METASPACE };
+enum prepend_scheme { PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER };
 enum behavior { BEH_REMOVED, BEH_ISOLATED, BEH_MERGED_PREV, BEH_MERGED_NEXT, BEH_CONTIGUOUS };
 
 struct step {
@@ -238,6 +240,34 @@ struct step {
   enum behavior beh;
   int invert;
   int add_prefix_space; /* ByteLevel */
+  char rep[8];          /* Metaspace: the replacement character, UTF-8 */
+  size_t replen;
+  enum prepend_scheme scheme;
+  int split;
+};
+
+/* A normalizer: a Unicode normal form, Prepend or Replace. */
+enum norm_kind { NORM_FORM, NORM_PREPEND, NORM_REPLACE };
+
+struct nstep {
+  enum norm_kind kind;
+  int opt;        /* NORM_FORM: utf8proc options */
+  char *s;        /* Prepend: the string; Replace: the content (owned) */
+  size_t n;       /* its length */
+  char *lit;      /* Replace with a non-empty String pattern: the literal (owned) */
+  size_t litn;    /* its length */
+  pcre2_code *re; /* Replace otherwise (owned) */
+};
+
+/* A decoder of the chain (everything but ByteLevel and no decoder). */
+enum dec_kind { DEC_REPLACE, DEC_BYTEFALLBACK, DEC_FUSE, DEC_STRIP, DEC_METASPACE };
+
+struct dstep {
+  enum dec_kind kind;
+  struct nstep rp; /* Replace: pattern and content, as the normalizer's */
+  int32_t ch;      /* Strip: the content character; Metaspace: the replacement */
+  int start, stop; /* Strip */
+  int never;       /* Metaspace: prepend_scheme "never" */
 };
 
 struct added {
@@ -280,6 +310,11 @@ struct bpe {
   int *mrank, *mnew;
   size_t mmask;
   int ignore_merges;
+  int byte_fallback; /* a character outside the vocabulary becomes <0xXX> tokens */
+  int byte_id[256];  /* the id of <0xXX>, -1 */
+  int unk_id;        /* -1: no unk_token; -2: named but not in the vocabulary */
+  const char *unk_name;
+  int fuse_unk;
   /* added tokens */
   struct added *added;
   int n_added;
@@ -287,8 +322,8 @@ struct bpe {
   int *aslots;      /* content -> added index + 1 */
   size_t amask;
   struct trie trie_raw, trie_norm;
-  /* normalizer: utf8proc option sets applied in order */
-  int norm[BPE_MAX_COMPONENTS];
+  /* normalizers, applied in order */
+  struct nstep norm[BPE_MAX_COMPONENTS];
   int n_norm;
   /* pre-tokenizer */
   struct step steps[BPE_MAX_COMPONENTS];
@@ -297,7 +332,9 @@ struct bpe {
   /* post-processor template */
   int pre_ids[BPE_MAX_COMPONENTS], n_pre, post_ids[BPE_MAX_COMPONENTS], n_post;
   /* decoder */
-  int dec_join; /* 1: no decoder, tokens joined with a space */
+  int dec_join;                         /* 1: no decoder, tokens joined with a space */
+  struct dstep dec[BPE_MAX_COMPONENTS]; /* the decoder chain (dec_chain) */
+  int n_dec, dec_chain, dec_fuse;       /* dec_fuse: index of the first Fuse, or n_dec */
   char *darena;
   size_t *doff; /* [n_ids] */
   uint32_t *dlen;
@@ -503,17 +540,30 @@ static int load_model(struct bpe *b, const json_t *m, struct dapo_err *e) {
       return dapo_errf(e, DAPO_EUNSUPPORTED, "model.%s is not supported (must be null or \"\")",
                        empty_strings[i]);
   }
-  int bf = 0;
-  if (get_bool(m, "byte_fallback", 0, "model", &bf, e)) return e ? e->code : DAPO_EFORMAT;
-  if (bf) return dapo_errf(e, DAPO_EUNSUPPORTED, "model.byte_fallback true is not supported");
-  v = json_object_get(m, "unk_token");
-  if (v && !json_is_null(v))
-    return dapo_errf(e, DAPO_EUNSUPPORTED, "model.unk_token is not supported (must be null)");
-  if (get_bool(m, "ignore_merges", 0, "model", &b->ignore_merges, e))
+  if (get_bool(m, "byte_fallback", 0, "model", &b->byte_fallback, e) ||
+      get_bool(m, "fuse_unk", 0, "model", &b->fuse_unk, e) ||
+      get_bool(m, "ignore_merges", 0, "model", &b->ignore_merges, e))
     return e ? e->code : DAPO_EFORMAT;
+  v = json_object_get(m, "unk_token");
+  if (v && !json_is_null(v) && !json_is_string(v))
+    return dapo_errf(e, DAPO_EFORMAT, "model.unk_token must be a string or null");
   int rc = load_vocab(b, json_object_get(m, "vocab"), e);
   if (!rc) rc = load_merges(b, json_object_get(m, "merges"), e);
-  return rc;
+  if (rc) return rc;
+  /* The reference looks unk_token up in the vocabulary only when a character needs it, and fails
+   * that encode when it is missing; so do we (-2), rather than refuse a file it loads. */
+  b->unk_id = -1;
+  if (json_is_string(v)) {
+    b->unk_name = json_string_value(v);
+    b->unk_id = vocab_find(b, b->unk_name, json_string_length(v));
+    if (b->unk_id < 0) b->unk_id = -2;
+  }
+  for (int c = 0; c < 256; c++) {
+    char name[8];
+    snprintf(name, sizeof name, "<0x%02X>", c);
+    b->byte_id[c] = b->byte_fallback ? vocab_find(b, name, 6) : -1;
+  }
+  return 0;
 }
 
 static int cmp_added_len(const void *pa, const void *pb, void *ctx) {
@@ -651,6 +701,89 @@ static int load_added(struct bpe *b, const json_t *added, struct dapo_err *e) {
   return 0;
 }
 
+static pcre2_code *compile_re(const char *pat, size_t len, int literal, const char *path,
+                              struct dapo_err *e);
+
+/* A JSON member that must be a string of valid UTF-8 (any length, up to max bytes). */
+static const json_t *get_string(const json_t *o, const char *key, size_t max, const char *path,
+                                struct dapo_err *e) {
+  const json_t *v = json_object_get(o, key);
+  if (!json_is_string(v)) {
+    dapo_errf(e, DAPO_EFORMAT, "%s.%s must be a string", path, key);
+    return NULL;
+  }
+  if (json_string_length(v) > max) {
+    dapo_errf(e, DAPO_ERANGE, "%s.%s is longer than %zu bytes", path, key, max);
+    return NULL;
+  }
+  if (utf8_check(json_string_value(v), json_string_length(v)) != json_string_length(v)) {
+    dapo_errf(e, DAPO_EFORMAT, "%s.%s is not valid UTF-8", path, key);
+    return NULL;
+  }
+  return v;
+}
+
+/* A member that must be a string of exactly one character: its code point, or -1. */
+static int32_t get_char(const json_t *o, const char *key, const char *path, struct dapo_err *e) {
+  const json_t *v = get_string(o, key, 8, path, e);
+  if (!v) return -1;
+  size_t adv, n = json_string_length(v);
+  int32_t cp = n ? utf8_cp(json_string_value(v), n, &adv) : -1;
+  if (cp < 0 || adv != n) {
+    dapo_errf(e, DAPO_EFORMAT, "%s.%s must be one character", path, key);
+    return -1;
+  }
+  return cp;
+}
+
+static char *dup_bytes(const char *s, size_t n) {
+  char *d = malloc(n + 1);
+  if (d) {
+    memcpy(d, s, n);
+    d[n] = 0;
+  }
+  return d;
+}
+
+/* Replace (normalizer or decoder): {"pattern": {"String": s} | {"Regex": r}, "content": c}. The
+ * reference compiles both into a regex (the String escaped); a non-empty String is searched as
+ * bytes, which finds the same leftmost non-overlapping matches. */
+static int load_replace(const json_t *o, const char *path, struct nstep *r, struct dapo_err *e) {
+  const json_t *pat = json_object_get(o, "pattern");
+  const json_t *rx = json_object_get(pat, "Regex"), *str = json_object_get(pat, "String");
+  const json_t *src = rx ? rx : str;
+  char sub[160];
+  snprintf(sub, sizeof sub, "%.100s.pattern", path);
+  if (!json_is_object(pat) || json_object_size(pat) != 1 || !json_is_string(src))
+    return dapo_errf(e, DAPO_EFORMAT, "%s must be {\"Regex\": string} or {\"String\": string}",
+                     sub);
+  if (json_string_length(src) > BPE_MAX_PATTERN)
+    return dapo_errf(e, DAPO_ERANGE, "%s is longer than %d bytes", sub, BPE_MAX_PATTERN);
+  if (utf8_check(json_string_value(src), json_string_length(src)) != json_string_length(src))
+    return dapo_errf(e, DAPO_EFORMAT, "%s is not valid UTF-8", sub);
+  const json_t *c = get_string(o, "content", BPE_MAX_TOKEN_BYTES, path, e);
+  if (!c) return e ? e->code : DAPO_EFORMAT;
+  r->kind = NORM_REPLACE;
+  if (!(r->s = dup_bytes(json_string_value(c), json_string_length(c))))
+    return dapo_errf(e, DAPO_ENOMEM, "out of memory");
+  r->n = json_string_length(c);
+  if (src == str && json_string_length(str) > 0) {
+    if (!(r->lit = dup_bytes(json_string_value(str), json_string_length(str))))
+      return dapo_errf(e, DAPO_ENOMEM, "out of memory");
+    r->litn = json_string_length(str);
+    return 0;
+  }
+  if (!(r->re = compile_re(json_string_value(src), json_string_length(src), src == str, sub, e)))
+    return e ? e->code : DAPO_EFORMAT;
+  return 0;
+}
+
+static void nstep_free(struct nstep *r) {
+  free(r->s);
+  free(r->lit);
+  pcre2_code_free(r->re);
+}
+
 static int load_normalizer(struct bpe *b, const json_t *n, const char *path, int depth,
                            struct dapo_err *e) {
   if (!n || json_is_null(n)) return 0;
@@ -670,7 +803,25 @@ static int load_normalizer(struct bpe *b, const json_t *n, const char *path, int
     }
     return 0;
   }
-  int opt;
+  int opt = 0;
+  if (b->n_norm >= BPE_MAX_COMPONENTS)
+    return dapo_errf(e, DAPO_ERANGE, "%s: more than %d normalizers", path, BPE_MAX_COMPONENTS);
+  struct nstep *st = &b->norm[b->n_norm];
+  memset(st, 0, sizeof *st);
+  if (strcmp(type, "Prepend") == 0) {
+    const json_t *v = get_string(n, "prepend", BPE_MAX_TOKEN_BYTES, path, e);
+    if (!v) return e ? e->code : DAPO_EFORMAT;
+    st->kind = NORM_PREPEND;
+    if (!(st->s = dup_bytes(json_string_value(v), json_string_length(v))))
+      return dapo_errf(e, DAPO_ENOMEM, "out of memory");
+    st->n = json_string_length(v);
+    b->n_norm++;
+    return 0;
+  }
+  if (strcmp(type, "Replace") == 0) {
+    b->n_norm++; /* freed with b on failure */
+    return load_replace(n, path, st, e);
+  }
   if (strcmp(type, "NFC") == 0)
     opt = UTF8PROC_STABLE | UTF8PROC_COMPOSE;
   else if (strcmp(type, "NFD") == 0)
@@ -681,11 +832,12 @@ static int load_normalizer(struct bpe *b, const json_t *n, const char *path, int
     opt = UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
   else
     return dapo_errf(e, DAPO_EUNSUPPORTED,
-                     "%s.type \"%.64s\" is not supported (NFC, NFD, NFKC, NFKD, Sequence)", path,
-                     type);
-  if (b->n_norm >= BPE_MAX_COMPONENTS)
-    return dapo_errf(e, DAPO_ERANGE, "%s: more than %d normalizers", path, BPE_MAX_COMPONENTS);
-  b->norm[b->n_norm++] = opt;
+                     "%s.type \"%.64s\" is not supported (NFC, NFD, NFKC, NFKD, Prepend, "
+                     "Replace, Sequence)",
+                     path, type);
+  st->kind = NORM_FORM;
+  st->opt = opt;
+  b->n_norm++;
   return 0;
 }
 
@@ -722,6 +874,41 @@ static int add_step(struct bpe *b, struct step s, const char *path, struct dapo_
   b->steps[b->n_steps++] = s;
   if (s.kind == STEP_BYTELEVEL) b->bytelevel = 1;
   return 0;
+}
+
+/* Metaspace (pre-tokenizer or decoder) as the reference reads it: replacement (one character),
+ * prepend_scheme "always" (the default) / "first" / "never", the legacy add_prefix_space (false
+ * means "never", and contradicts any other declared scheme), split (default true). */
+static int load_metaspace(const json_t *p, const char *path, struct step *s, struct dapo_err *e) {
+  int32_t cp = get_char(p, "replacement", path, e);
+  if (cp < 0) return e ? e->code : DAPO_EFORMAT;
+  s->kind = STEP_METASPACE;
+  s->replen = (size_t)utf8proc_encode_char(cp, (utf8proc_uint8_t *)s->rep);
+  const json_t *ps = json_object_get(p, "prepend_scheme");
+  const char *scheme = json_string_value(ps);
+  if (ps && !json_is_null(ps) && !scheme)
+    return dapo_errf(e, DAPO_EFORMAT, "%s.prepend_scheme must be a string", path);
+  if (!scheme || strcmp(scheme, "always") == 0)
+    s->scheme = PREPEND_ALWAYS;
+  else if (strcmp(scheme, "first") == 0)
+    s->scheme = PREPEND_FIRST;
+  else if (strcmp(scheme, "never") == 0)
+    s->scheme = PREPEND_NEVER;
+  else
+    return dapo_errf(e, DAPO_EFORMAT,
+                     "%s.prepend_scheme \"%.64s\" is not one of always, first, never", path,
+                     scheme);
+  const json_t *aps = json_object_get(p, "add_prefix_space");
+  if (aps && !json_is_null(aps) && !json_is_boolean(aps))
+    return dapo_errf(e, DAPO_EFORMAT, "%s.add_prefix_space must be a boolean", path);
+  if (json_is_false(aps)) {
+    if (s->scheme != PREPEND_NEVER)
+      return dapo_errf(e, DAPO_EFORMAT,
+                       "%s: add_prefix_space false does not match prepend_scheme \"%s\"", path,
+                       scheme ? scheme : "always");
+    s->scheme = PREPEND_NEVER;
+  }
+  return get_bool(p, "split", 1, path, &s->split, e);
 }
 
 static int load_pretok(struct bpe *b, const json_t *p, const char *path, int depth,
@@ -788,9 +975,13 @@ static int load_pretok(struct bpe *b, const json_t *p, const char *path, int dep
     s.beh = ind ? BEH_ISOLATED : BEH_CONTIGUOUS;
     if (!(s.re = compile_re("\\p{N}", PCRE2_ZERO_TERMINATED, 0, path, e)))
       return e ? e->code : DAPO_EFORMAT;
+  } else if (strcmp(type, "Metaspace") == 0) {
+    int rc = load_metaspace(p, path, &s, e);
+    if (rc) return rc;
   } else {
     return dapo_errf(e, DAPO_EUNSUPPORTED,
-                     "%s.type \"%.64s\" is not supported (ByteLevel, Split, Digits, Sequence)",
+                     "%s.type \"%.64s\" is not supported (ByteLevel, Split, Digits, Metaspace, "
+                     "Sequence)",
                      path, type);
   }
   return add_step(b, s, path, e);
@@ -877,6 +1068,85 @@ static int load_post(struct bpe *b, const json_t *p, const char *path, int depth
   return 0;
 }
 
+static const char DECODERS[] =
+    "ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, Sequence, null";
+
+/* One decoder of the chain (Sequence flattened, in order). */
+static int load_dstep(struct bpe *b, const json_t *d, const char *path, int depth,
+                      struct dapo_err *e) {
+  if (!json_is_object(d)) return dapo_errf(e, DAPO_EFORMAT, "%s must be an object", path);
+  const char *type = type_of(d);
+  if (strcmp(type, "Sequence") == 0) {
+    const json_t *list = json_object_get(d, "decoders");
+    if (!json_is_array(list))
+      return dapo_errf(e, DAPO_EFORMAT, "%s.decoders must be an array", path);
+    if (depth >= BPE_MAX_NESTING)
+      return dapo_errf(e, DAPO_ERANGE, "%s: Sequence nested too deeply", path);
+    for (size_t i = 0; i < json_array_size(list); i++) {
+      char sub[160];
+      snprintf(sub, sizeof sub, "%.100s.decoders[%zu]", path, i);
+      int rc = load_dstep(b, json_array_get(list, i), sub, depth + 1, e);
+      if (rc) return rc;
+    }
+    return 0;
+  }
+  if (strcmp(type, "ByteLevel") == 0)
+    return dapo_errf(e, DAPO_EUNSUPPORTED,
+                     "%s: ByteLevel is only supported alone or as the one decoder of a Sequence",
+                     path);
+  if (b->n_dec >= BPE_MAX_COMPONENTS)
+    return dapo_errf(e, DAPO_ERANGE, "%s: more than %d decoders", path, BPE_MAX_COMPONENTS);
+  struct dstep *st = &b->dec[b->n_dec];
+  memset(st, 0, sizeof *st);
+  int after_fuse = b->dec_fuse < b->n_dec;
+  if (strcmp(type, "Replace") == 0) {
+    if (after_fuse)
+      return dapo_errf(e, DAPO_EUNSUPPORTED, "%s: Replace after Fuse is not supported", path);
+    st->kind = DEC_REPLACE;
+    b->n_dec++; /* freed with b on failure */
+    return load_replace(d, path, &st->rp, e);
+  }
+  if (strcmp(type, "ByteFallback") == 0) {
+    if (after_fuse)
+      return dapo_errf(e, DAPO_EUNSUPPORTED, "%s: ByteFallback after Fuse is not supported", path);
+    for (int k = 0; k < b->n_dec; k++)
+      if (b->dec[k].kind == DEC_BYTEFALLBACK)
+        return dapo_errf(e, DAPO_EUNSUPPORTED, "%s: a second ByteFallback is not supported", path);
+    st->kind = DEC_BYTEFALLBACK;
+  } else if (strcmp(type, "Fuse") == 0) {
+    st->kind = DEC_FUSE;
+    if (!after_fuse) b->dec_fuse = b->n_dec;
+  } else if (strcmp(type, "Strip") == 0) {
+    st->kind = DEC_STRIP;
+    if ((st->ch = get_char(d, "content", path, e)) < 0) return e ? e->code : DAPO_EFORMAT;
+    static const char *const keys[] = {"start", "stop"};
+    for (int i = 0; i < 2; i++) {
+      const json_t *v = json_object_get(d, keys[i]);
+      if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+          json_integer_value(v) > BPE_MAX_TOKEN_BYTES)
+        return dapo_errf(e, DAPO_EFORMAT, "%s.%s must be an integer in [0, %d]", path, keys[i],
+                         BPE_MAX_TOKEN_BYTES);
+      *(i ? &st->stop : &st->start) = (int)json_integer_value(v);
+    }
+  } else if (strcmp(type, "Metaspace") == 0) {
+    struct step ms = {0};
+    int rc = load_metaspace(d, path, &ms, e);
+    if (rc) return rc;
+    st->kind = DEC_METASPACE;
+    size_t adv;
+    st->ch = utf8_cp(ms.rep, ms.replen, &adv);
+    st->never = ms.scheme == PREPEND_NEVER;
+  } else {
+    return dapo_errf(e, DAPO_EUNSUPPORTED, "%s.type \"%.64s\" is not supported (%s)", path, type,
+                     DECODERS);
+  }
+  b->n_dec++;
+  return 0;
+}
+
+/* ByteLevel alone (or the one decoder of a Sequence), no decoder (tokens joined with spaces), or a
+ * chain of Replace, ByteFallback, Fuse, Strip and Metaspace (Sequence nesting flattened). After a
+ * Fuse there is one growing text, so only Strip, Metaspace and Fuse may follow it. */
 static int load_decoder(struct bpe *b, const json_t *d, const char *path, struct dapo_err *e) {
   if (!d || json_is_null(d)) {
     b->dec_join = 1;
@@ -885,16 +1155,22 @@ static int load_decoder(struct bpe *b, const json_t *d, const char *path, struct
   if (!json_is_object(d)) return dapo_errf(e, DAPO_EFORMAT, "%s must be an object or null", path);
   const char *type = type_of(d);
   if (strcmp(type, "ByteLevel") == 0) return 0;
-  if (strcmp(type, "Sequence") == 0) {
-    const json_t *list = json_object_get(d, "decoders");
-    if (!json_is_array(list) || json_array_size(list) != 1 ||
-        strcmp(type_of(json_array_get(list, 0)), "ByteLevel") != 0)
-      return dapo_errf(e, DAPO_EUNSUPPORTED,
-                       "%s: only a Sequence of one ByteLevel decoder is supported", path);
+  const json_t *list = json_object_get(d, "decoders");
+  if (strcmp(type, "Sequence") == 0 && json_array_size(list) == 1 &&
+      strcmp(type_of(json_array_get(list, 0)), "ByteLevel") == 0)
     return 0;
-  }
-  return dapo_errf(e, DAPO_EUNSUPPORTED,
-                   "%s.type \"%.64s\" is not supported (ByteLevel, Sequence, null)", path, type);
+  static const char *const known[] = {"Sequence", "Replace", "ByteFallback",
+                                      "Fuse",     "Strip",   "Metaspace"};
+  int k = 0;
+  while (k < 6 && strcmp(type, known[k]) != 0) k++;
+  if (k == 6)
+    return dapo_errf(e, DAPO_EUNSUPPORTED, "%s.type \"%.64s\" is not supported (%s)", path, type,
+                     DECODERS);
+  b->dec_chain = 1;
+  b->dec_fuse = BPE_MAX_COMPONENTS + 1;
+  int rc = load_dstep(b, d, path, 0, e);
+  if (b->dec_fuse > b->n_dec) b->dec_fuse = b->n_dec;
+  return rc;
 }
 
 /* Per id, the decoder's bytes: ByteLevel maps each character back to its byte, a token with a
@@ -912,7 +1188,7 @@ static int build_decoded(struct bpe *b, struct dapo_err *e) {
     size_t n = strlen(s);
     b->doff[id] = ar.n;
     size_t start = ar.n;
-    int raw = b->dec_join;
+    int raw = b->dec_join || b->dec_chain; /* the chain decodes the token text */
     for (size_t i = 0; i < n && !raw;) {
       size_t adv;
       int32_t cp = utf8_cp(s + i, n - i, &adv);
@@ -1003,6 +1279,8 @@ void bpe_free(struct bpe *b) {
   free(b->trie_raw.idx);
   free(b->trie_norm.idx);
   for (int i = 0; i < b->n_steps; i++) pcre2_code_free(b->steps[i].re);
+  for (int i = 0; i < b->n_norm; i++) nstep_free(&b->norm[i]);
+  for (int i = 0; i < b->n_dec; i++) nstep_free(&b->dec[i].rp);
   free(b->darena);
   free(b->doff);
   free(b->dlen);
@@ -1229,18 +1507,45 @@ static int bpe_word(const struct bpe *b, struct scratch *w, const char *s, size_
     w->capsym = c;
     w->capheap = 2 * c;
   }
-  int m = 0;
+  /* The symbols, as the reference's merge_word: a character in the vocabulary; else with
+   * byte_fallback its bytes as <0xXX> when all of those exist; else unk (consecutive ones fused
+   * with fuse_unk) or, without unk_token, nothing. A pending unk is only written when the next
+   * known character (or the end) comes, so it lands after byte tokens that came meanwhile: the
+   * reference does the same. At most one symbol per byte. */
+  int m = 0, unk = 0;
+#define BPE_SYM(x)                                                                                 \
+  do {                                                                                             \
+    w->sym[m] = (x);                                                                               \
+    w->prev[m] = m - 1;                                                                            \
+    w->next[m] = m + 1;                                                                            \
+    m++;                                                                                           \
+  } while (0)
   for (size_t i = 0; i < n;) {
     size_t adv;
     utf8_cp(s + i, n - i, &adv);
     int id = vocab_find(b, s + i, adv);
     i += adv;
-    if (id < 0) continue; /* no unk token: the reference drops the character */
-    w->sym[m] = id;
-    w->prev[m] = m - 1;
-    w->next[m] = m + 1;
-    m++;
+    if (id >= 0) {
+      if (unk) BPE_SYM(b->unk_id);
+      unk = 0;
+      BPE_SYM(id);
+      continue;
+    }
+    if (b->byte_fallback) {
+      size_t k = 0;
+      while (k < adv && b->byte_id[(unsigned char)s[i - adv + k]] >= 0) k++;
+      if (k == adv) {
+        for (k = 0; k < adv; k++) BPE_SYM(b->byte_id[(unsigned char)s[i - adv + k]]);
+        continue;
+      }
+    }
+    if (b->unk_id == -1) continue; /* no unk token: the reference drops the character */
+    if (b->unk_id < 0) return DAPO_EFORMAT;
+    if (unk && !b->fuse_unk) BPE_SYM(b->unk_id);
+    unk = 1;
   }
+  if (unk) BPE_SYM(b->unk_id);
+#undef BPE_SYM
   if (m == 0) return 0;
   w->next[m - 1] = -1;
   w->nheap = 0;
@@ -1307,22 +1612,65 @@ static int model_word(const struct bpe *b, struct scratch *w, const char *s, siz
   return 0;
 }
 
-/* Normalizer, pre-tokenizer and model over one piece of text that is not an added token. */
+/* Metaspace on one piece: spaces become the replacement, which is put in front as the scheme
+ * says (FIRST: only for the piece that starts the input, *origin), then the text is split before
+ * every replacement (MergedWithNext) when st->split. The new text goes at the end of w->work. */
+static int metaspace_piece(struct scratch *w, const struct step *st, struct piece p,
+                           size_t *origin) {
+  size_t at = w->work.n;
+  int starts =
+      p.len && (w->work.v[p.off] == ' ' ||
+                (p.len >= st->replen && memcmp(w->work.v + p.off, st->rep, st->replen) == 0));
+  if (!starts &&
+      (st->scheme == PREPEND_ALWAYS || (st->scheme == PREPEND_FIRST && p.off == *origin)))
+    if (bvec_add(&w->work, st->rep, st->replen)) return DAPO_ENOMEM;
+  for (size_t j = 0; j < p.len;) {
+    const char *src = w->work.v + p.off + j; /* again after each realloc */
+    const char *sp = memchr(src, ' ', p.len - j);
+    size_t run = sp ? (size_t)(sp - src) : p.len - j;
+    if (bvec_add(&w->work, NULL, run)) return DAPO_ENOMEM;
+    memcpy(w->work.v + w->work.n - run, w->work.v + p.off + j, run);
+    j += run;
+    if (sp) {
+      if (bvec_add(&w->work, st->rep, st->replen)) return DAPO_ENOMEM;
+      j++;
+    }
+  }
+  if (p.off == *origin) *origin = at;
+  size_t end = w->work.n, start = at;
+  if (st->split)
+    for (size_t j = at + 1; j + st->replen <= end; j++)
+      if (memcmp(w->work.v + j, st->rep, st->replen) == 0) {
+        if (pvec_push(&w->b, start, j - start)) return DAPO_ENOMEM;
+        start = j;
+        j += st->replen - 1;
+      }
+  return end > start ? pvec_push(&w->b, start, end - start) : 0;
+}
+
+/* Normalizer, pre-tokenizer and model over one piece of text that is not an added token;
+ * at_origin when the piece starts the input (for Metaspace's prepend_scheme "first"). */
 static int encode_plain(const struct bpe *b, struct scratch *w, const char *s, size_t n,
-                        struct ivec *out, struct dapo_err *e) {
+                        int at_origin, struct ivec *out, struct dapo_err *e) {
   w->work.n = 0;
   if (bvec_add(&w->work, s, n)) return DAPO_ENOMEM;
   w->a.n = 0;
   if (n && pvec_push(&w->a, 0, n)) return DAPO_ENOMEM;
+  size_t origin = at_origin ? 0 : SIZE_MAX; /* where the piece that starts the input is */
   for (int k = 0; k < b->n_steps; k++) {
     const struct step *st = &b->steps[k];
     w->b.n = 0;
     for (size_t i = 0; i < w->a.n; i++) {
       struct piece p = w->a.v[i];
+      if (st->kind == STEP_METASPACE) {
+        if (metaspace_piece(w, st, p, &origin)) return DAPO_ENOMEM;
+        continue;
+      }
       if (st->kind == STEP_BYTELEVEL && st->add_prefix_space && w->work.v[p.off] != ' ') {
         size_t at = w->work.n;
         if (bvec_add(&w->work, " ", 1) || bvec_add(&w->work, NULL, p.len)) return DAPO_ENOMEM;
         memcpy(w->work.v + at + 1, w->work.v + p.off, p.len); /* after the realloc */
+        if (p.off == origin) origin = at;
         p.off = at;
         p.len++;
       }
@@ -1348,6 +1696,10 @@ static int encode_plain(const struct bpe *b, struct scratch *w, const char *s, s
     } else {
       rc = model_word(b, w, p, len, out);
     }
+    if (rc == DAPO_EFORMAT)
+      return dapo_errf(e, DAPO_EINVAL,
+                       "model.unk_token \"%.64s\" is not in model.vocab (the text needs it)",
+                       b->unk_name);
     if (rc) return rc == DAPO_ENOMEM ? dapo_errf(e, rc, "out of memory encoding") : rc;
   }
   return 0;
@@ -1387,23 +1739,108 @@ static int map_form(const char *s, size_t n, int opt, char **out, size_t *outn) 
   return 0;
 }
 
+/* Replace of s[0..n) into out: every match of r's pattern (leftmost, non-overlapping; after an
+ * empty match the search moves one character on, as the reference's find_iter) becomes r's
+ * content. *hits counts the matches; md is NULL for a literal pattern. An empty s has no match,
+ * as in the reference. */
+static int replace_all(const struct nstep *r, pcre2_match_data *md, const char *s, size_t n,
+                       struct bvec *out, size_t *hits) {
+  size_t pos = 0, prev = 0;
+  *hits = 0;
+  out->n = 0;
+  if (bvec_add(out, "", 0)) return DAPO_ENOMEM;
+  if (n == 0) return 0;
+  if (r->lit) {
+    for (;;) {
+      const char *hit = pos < n ? memmem(s + pos, n - pos, r->lit, r->litn) : NULL;
+      if (!hit) break;
+      size_t at = (size_t)(hit - s);
+      if (bvec_add(out, s + prev, at - prev) || bvec_add(out, r->s, r->n)) return DAPO_ENOMEM;
+      (*hits)++;
+      pos = prev = at + r->litn;
+    }
+    return bvec_add(out, s + prev, n - prev);
+  }
+  while (pos <= n) {
+    int rc = pcre2_match(r->re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, md, NULL);
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0) return DAPO_EINVAL;
+    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+    size_t ms = ov[0], me = ov[1];
+    if (bvec_add(out, s + prev, ms - prev) || bvec_add(out, r->s, r->n)) return DAPO_ENOMEM;
+    (*hits)++;
+    prev = me;
+    if (me == ms) {
+      if (me >= n) break;
+      size_t adv;
+      utf8_cp(s + me, n - me, &adv);
+      pos = me + adv;
+    } else {
+      pos = me;
+    }
+  }
+  return bvec_add(out, s + prev, n - prev);
+}
+
+static int is_ascii(const char *s, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char)s[i] >= 0x80) return 0;
+  return 1;
+}
+
+/* The normalizers over s[0..n): *res a new string (free), or NULL when nothing changed. */
 static int normalize(const struct bpe *b, const char *s, size_t n, char **res, size_t *rn) {
   *res = NULL;
   *rn = n;
-  int ascii = 1;
-  for (size_t i = 0; i < n && ascii; i++) ascii = (unsigned char)s[i] < 0x80;
-  if (ascii || !b->n_norm) return 0; /* every normal form of ASCII is itself */
   char *cur = NULL;
-  for (int k = 0; k < b->n_norm; k++) {
-    char *next;
-    size_t nn;
-    int rc = map_form(cur ? cur : s, cur ? *rn : n, b->norm[k], &next, &nn);
+  size_t curn = n;
+  pcre2_match_data *md = NULL;
+  int rc = 0;
+  for (int k = 0; k < b->n_norm && !rc; k++) {
+    const struct nstep *st = &b->norm[k];
+    const char *in = cur ? cur : s;
+    char *next = NULL;
+    size_t nn = 0;
+    if (st->kind == NORM_FORM) {
+      if (is_ascii(in, curn)) continue; /* every normal form of ASCII is itself */
+      rc = map_form(in, curn, st->opt, &next, &nn);
+    } else if (st->kind == NORM_PREPEND) {
+      if (curn == 0) continue; /* the reference prepends to non-empty text only */
+      if (!(next = malloc(st->n + curn + 1))) {
+        rc = DAPO_ENOMEM;
+        break;
+      }
+      memcpy(next, st->s, st->n);
+      memcpy(next + st->n, in, curn);
+      nn = st->n + curn;
+      next[nn] = 0;
+    } else {
+      if (st->re && !md && !(md = pcre2_match_data_create(4, NULL))) {
+        rc = DAPO_ENOMEM;
+        break;
+      }
+      struct bvec out = {0};
+      size_t hits;
+      rc = replace_all(st, md, in, curn, &out, &hits);
+      if (rc || !hits) {
+        free(out.v);
+        continue;
+      }
+      next = out.v;
+      nn = out.n;
+    }
+    if (rc) break;
     free(cur);
-    if (rc) return rc;
     cur = next;
-    *rn = nn;
+    curn = nn;
+  }
+  pcre2_match_data_free(md);
+  if (rc) {
+    free(cur);
+    return rc;
   }
   *res = cur;
+  *rn = curn;
   return 0;
 }
 
@@ -1568,14 +2005,18 @@ static int encode_all(const struct bpe *b, const char *text, size_t len, int add
     }
     char *norm;
     size_t nn;
-    if ((rc = normalize(b, text + s1.s, s1.e - s1.s, &norm, &nn))) break;
+    if ((rc = normalize(b, text + s1.s, s1.e - s1.s, &norm, &nn))) {
+      if (rc != DAPO_ENOMEM) dapo_errf(e, rc, "normalizer: a Replace regex failed");
+      break;
+    }
     const char *p = norm ? norm : text + s1.s;
     rc = find_added(b, &b->trie_norm, p, nn, &g2);
     for (size_t k = 0; k < g2.n && !rc; k++) {
       if (g2.v[k].a >= 0)
         rc = ivec_push(out, b->added[g2.v[k].a].id);
       else
-        rc = encode_plain(b, w, p + g2.v[k].s, g2.v[k].e - g2.v[k].s, out, e);
+        rc = encode_plain(b, w, p + g2.v[k].s, g2.v[k].e - g2.v[k].s, s1.s == 0 && g2.v[k].s == 0,
+                          out, e);
     }
     free(norm);
   }
@@ -1615,9 +2056,248 @@ int bpe_encode(const struct bpe *b, const char *text, size_t len, int add_specia
   return 0;
 }
 
+/* ---- the decoder chain ----
+ * Replace, ByteFallback, Strip and Metaspace work token by token (a list of strings in, a list
+ * out, as the reference's decode_chain), each step handing its tokens to the next as they come.
+ * Fuse joins them: what follows it sees one growing text, character by character. Batch decode
+ * pushes every token then finishes, streaming does the same over several calls, so the two give
+ * the same text by construction. Only ByteFallback (a run of byte tokens, which becomes U+FFFD per
+ * byte when it is not valid UTF-8 as a whole) and a Strip after Fuse (trailing characters) hold
+ * text back. Every token is valid UTF-8 and so is the output. */
+
+struct strip_state {
+  int lead;      /* leading content characters stripped so far */
+  int lead_done; /* a character that is not stripped came */
+  int held;      /* trailing content characters held back */
+};
+
+struct bpe_dstream {
+  const struct bpe *b;
+  long count[BPE_MAX_COMPONENTS]; /* tokens that entered each step (Metaspace's first) */
+  struct strip_state st[BPE_MAX_COMPONENTS];
+  struct bvec buf[BPE_MAX_COMPONENTS]; /* each step's output token */
+  struct bvec run;                     /* ByteFallback's pending bytes */
+  struct bvec out;                     /* text made by the current call */
+  pcre2_match_data *md;
+};
+
+/* The byte of a token "<0xXX>" as the reference reads it (u8::from_str_radix of XX: hex digits,
+ * a leading '+' allowed), or -1. */
+static int byte_token(const char *t, size_t n) {
+  if (n != 6 || memcmp(t, "<0x", 3) != 0 || t[5] != '>') return -1;
+  int v = 0, digits = 0;
+  for (int i = 3; i < 5; i++) {
+    int c = (unsigned char)t[i], d;
+    if (c == '+' && i == 3) continue;
+    if (c >= '0' && c <= '9')
+      d = c - '0';
+    else if (c >= 'a' && c <= 'f')
+      d = c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F')
+      d = c - 'A' + 10;
+    else
+      return -1;
+    v = v * 16 + d;
+    digits++;
+  }
+  return digits ? v : -1;
+}
+
+/* One character (UTF-8, n bytes) through the steps after Fuse from step k. */
+static int ds_char(struct bpe_dstream *s, int k, const char *c, size_t n) {
+  const struct bpe *b = s->b;
+  for (; k < b->n_dec; k++) {
+    const struct dstep *d = &b->dec[k];
+    if (d->kind == DEC_FUSE) continue;
+    size_t adv;
+    int32_t cp = utf8_cp(c, n, &adv);
+    if (d->kind == DEC_METASPACE) { /* one token after Fuse: it is the first */
+      if (cp != d->ch) continue;
+      if (!d->never) return 0;
+      c = " ";
+      n = 1;
+      continue;
+    }
+    struct strip_state *st = &s->st[k]; /* DEC_STRIP */
+    if (!st->lead_done) {
+      if (st->lead < d->start && cp == d->ch) {
+        st->lead++;
+        return 0;
+      }
+      st->lead_done = 1;
+    }
+    if (d->stop == 0) continue;
+    if (cp == d->ch) {
+      if (++st->held <= d->stop) return 0;
+      st->held--; /* the oldest held one is not among the last stop */
+      return ds_char(s, k + 1, c, n);
+    }
+    char enc[4];
+    size_t en = (size_t)utf8proc_encode_char(d->ch, (utf8proc_uint8_t *)enc);
+    for (; st->held > 0; st->held--)
+      if (ds_char(s, k + 1, enc, en)) return DAPO_ENOMEM;
+  }
+  return bvec_add(&s->out, c, n);
+}
+
+/* A token's text into the fused text: through the character steps when there are any. */
+static int ds_fused(struct bpe_dstream *s, const char *t, size_t n) {
+  if (s->b->dec_fuse + 1 >= s->b->n_dec) return bvec_add(&s->out, t, n);
+  for (size_t i = 0; i < n;) {
+    size_t adv;
+    utf8_cp(t + i, n - i, &adv);
+    if (ds_char(s, s->b->dec_fuse + 1, t + i, adv)) return DAPO_ENOMEM;
+    i += adv;
+  }
+  return 0;
+}
+
+static int ds_token(struct bpe_dstream *s, int k, const char *t, size_t n);
+
+/* ByteFallback (step k) hands on its pending bytes: as one string when they are valid UTF-8, else
+ * one U+FFFD per byte. */
+static int ds_flush_run(struct bpe_dstream *s, int k) {
+  if (!s->run.n) return 0;
+  int rc = 0;
+  size_t n = s->run.n;
+  s->run.n = 0; /* ds_token below does not touch run for steps after k */
+  if (utf8_check(s->run.v, n) == n) return ds_token(s, k + 1, s->run.v, n);
+  for (size_t i = 0; i < n && !rc; i++) rc = ds_token(s, k + 1, "\xEF\xBF\xBD", 3);
+  return rc;
+}
+
+/* Token t[0..n) into step k. */
+static int ds_token(struct bpe_dstream *s, int k, const char *t, size_t n) {
+  const struct bpe *b = s->b;
+  if (k >= b->dec_fuse) return ds_fused(s, t, n);
+  const struct dstep *d = &b->dec[k];
+  struct bvec *o = &s->buf[k];
+  switch (d->kind) {
+  case DEC_REPLACE: {
+    size_t hits;
+    if (d->rp.re && !s->md && !(s->md = pcre2_match_data_create(4, NULL))) return DAPO_ENOMEM;
+    int rc = replace_all(&d->rp, s->md, t, n, o, &hits);
+    if (rc) return rc;
+    return hits ? ds_token(s, k + 1, o->v, o->n) : ds_token(s, k + 1, t, n);
+  }
+  case DEC_BYTEFALLBACK: {
+    int byte = byte_token(t, n);
+    if (byte >= 0) {
+      char c = (char)byte;
+      return bvec_add(&s->run, &c, 1);
+    }
+    int rc = ds_flush_run(s, k);
+    return rc ? rc : ds_token(s, k + 1, t, n);
+  }
+  case DEC_METASPACE: {
+    int first = s->count[k]++ == 0;
+    o->n = 0;
+    if (bvec_add(o, "", 0)) return DAPO_ENOMEM;
+    for (size_t i = 0; i < n;) {
+      size_t adv;
+      int32_t cp = utf8_cp(t + i, n - i, &adv);
+      int rc = cp != d->ch ? bvec_add(o, t + i, adv) : first && !d->never ? 0 : bvec_add(o, " ", 1);
+      if (rc) return rc;
+      i += adv;
+    }
+    return ds_token(s, k + 1, o->v, o->n);
+  }
+  case DEC_STRIP: { /* one token: leading and trailing content characters */
+    size_t a = 0, z = n, adv;
+    for (int i = 0; i < d->start && a < n && utf8_cp(t + a, n - a, &adv) == d->ch; i++) a += adv;
+    for (int i = 0; i < d->stop && z > a; i++) {
+      size_t back = z - 1;
+      while (back > a && ((unsigned char)t[back] & 0xC0) == 0x80) back--;
+      if (utf8_cp(t + back, z - back, &adv) != d->ch) break;
+      z = back;
+    }
+    return ds_token(s, k + 1, t + a, z - a);
+  }
+  case DEC_FUSE: break; /* k < dec_fuse */
+  }
+  return ds_token(s, k + 1, t, n);
+}
+
+int bpe_decodes_by_chain(const struct bpe *b) {
+  return b->dec_chain;
+}
+
+struct bpe_dstream *bpe_dstream_new(const struct bpe *b) {
+  struct bpe_dstream *s = calloc(1, sizeof *s);
+  if (s) s->b = b;
+  return s;
+}
+
+void bpe_dstream_free(struct bpe_dstream *s) {
+  if (!s) return;
+  for (int k = 0; k < BPE_MAX_COMPONENTS; k++) free(s->buf[k].v);
+  free(s->run.v);
+  free(s->out.v);
+  pcre2_match_data_free(s->md);
+  free(s);
+}
+
+static const char *ds_result(struct bpe_dstream *s, int rc, size_t *len, struct dapo_err *e) {
+  if (!rc && !bvec_add(&s->out, "", 0)) {
+    *len = s->out.n;
+    return s->out.v;
+  }
+  *len = 0;
+  dapo_errf(e, rc == DAPO_EINVAL ? rc : DAPO_ENOMEM,
+            rc == DAPO_EINVAL ? "decoder: a Replace regex failed" : "out of memory decoding");
+  return NULL;
+}
+
+const char *bpe_dstream_push(struct bpe_dstream *s, int id, size_t *len, struct dapo_err *e) {
+  const char *t = bpe_id_to_token(s->b, id);
+  s->out.n = 0;
+  if (!t) {
+    *len = 0;
+    dapo_errf(e, DAPO_EINVAL, "id %d is not a token id (vocabulary of %d)", id, s->b->n_ids);
+    return NULL;
+  }
+  return ds_result(s, ds_token(s, 0, t, strlen(t)), len, e);
+}
+
+const char *bpe_dstream_finish(struct bpe_dstream *s, size_t *len, struct dapo_err *e) {
+  s->out.n = 0;
+  int rc = 0;
+  for (int k = 0; k < s->b->dec_fuse && !rc; k++)
+    if (s->b->dec[k].kind == DEC_BYTEFALLBACK) rc = ds_flush_run(s, k);
+  /* held trailing characters of a Strip after Fuse are what it strips: dropped */
+  return ds_result(s, rc, len, e);
+}
+
 char *bpe_decode(const struct bpe *b, const int *ids, int n, int skip_special, size_t *len_out,
                  struct dapo_err *e) {
   struct bvec raw = {0}, txt = {0};
+  if (b->dec_chain) {
+    struct bpe_dstream *s = bpe_dstream_new(b);
+    if (!s) goto oom;
+    for (int i = 0; i <= n; i++) {
+      if (i < n && !bpe_id_to_token(b, ids[i])) {
+        dapo_errf(e, DAPO_EINVAL, "ids[%d] = %d is not a token id (vocabulary of %d)", i, ids[i],
+                  b->n_ids);
+        bpe_dstream_free(s);
+        free(txt.v);
+        return NULL;
+      }
+      if (i < n && skip_special && bpe_is_special(b, ids[i])) continue;
+      size_t tl;
+      const char *piece =
+          i < n ? bpe_dstream_push(s, ids[i], &tl, e) : bpe_dstream_finish(s, &tl, e);
+      if (!piece || bvec_add(&txt, piece, tl)) {
+        bpe_dstream_free(s);
+        if (piece) goto oom; /* frees txt */
+        free(txt.v);
+        return NULL;
+      }
+    }
+    bpe_dstream_free(s);
+    if (bvec_add(&txt, "", 0)) goto oom;
+    *len_out = txt.n;
+    return txt.v;
+  }
   int first = 1;
   for (int i = 0; i < n; i++) {
     size_t tl;

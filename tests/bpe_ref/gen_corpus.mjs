@@ -61,6 +61,13 @@ const FIXED = [
   "user@example.com", "C:\\Windows\\System32\\drivers", "~/.config/app/settings.json",
   "JSON: {\"key\": [1, 2.5, true, null], \"nested\": {\"a\": \"b\"}}", "!!!???...,,,;;;:::",
   "¡Hola! ¿Qué tal?", "«quotes» „German“ ‚single‘ 「Japanese」", "—–-‐‑‒―", "…‥",
+  // SentencePiece-style files (Llama 2): special tokens in text, characters outside the
+  // vocabulary (byte fallback / unk: emoji, rare CJK, control characters), spaces at the ends
+  "<s>", "</s>", "<unk>", "<s>Hello</s>", "<s> leading space", " <s>x", "x<s>", "<s><s>",
+  "hello<unk>world", "[UNK] and <UNK>", "<s>\u2581already\u2581metaspace", "\u2581", "\u2581\u2581 x",
+  "\u{1f600}", "a\u{1f600}b", "\u{1f600}\u{1f600} \u{1f9ff}", "\u9f98\u9f49\u{20000}\u{2a6d6}\u3400",
+  "\u0001\u0002 \u001f\u007f\u0085\u0000", "ok\u0007bell", "   three leading", "three trailing   ",
+  "  both  ends  ", " ", "     ", "a  b   c    d", "\t lead tab", "end tab\t", "\u3000ideographic\u3000",
 ];
 
 const POOLS = {
@@ -75,8 +82,10 @@ const POOLS = {
   cjk: ["我爱自然语言处理", "東京タワー", "ひらがなカタカナ", "한국어", "漢字かな交じり文", "繁體中文測試", "ｈａｌｆ"],
   rtl: ["مرحبا بالعالم", "السلام عليكم", "שלום עולם", "اردو زبان"],
   indic: ["नमस्ते दुनिया", "ক্ষমা", "தமிழ்", "తెలుగు", "ಕನ್ನಡ", "മലയാളം", "ਪੰਜਾਬੀ", "ગુજરાતી"],
-  emoji: ["😀", "👨‍👩‍👧", "🏳️‍⚧️", "🇫🇷", "👍🏾", "❤️", "🤷‍♀️", "🧑🏽‍🚀", "©️", "1️⃣", "🫠"],
+  emoji: ["😀", "👨‍👩‍👧", "🏳️‍⚧️", "🇫🇷", "👍🏾", "❤️", "🤷‍♀️", "🧑🏽‍🚀", "©️", "1️⃣", "🫠",
+    "\u{1f9ff}", "\u9f98", "\u{20b9f}", "\u0003"],
   specials: ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|begin_of_text|>", "<|eot_id|>",
+    "<s>", "</s>", "<unk>", "[UNK]",
     "<|end_of_text|>", "<think>", "</think>", "<|im_start", "|>", "<|", "<|endoftext", "<tool_call>"],
   digits: ["0", "42", "007", "123456789012345678901234567890", "3.5", "-17", "1,000", "٣", "१२"],
   space: [" ", "  ", "\t", "\n", "\r\n", " \n ", "\n\n", "   \t  ", "\u00a0", "\u3000", "\u2009", "\u200b"],

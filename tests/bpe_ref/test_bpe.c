@@ -2,8 +2,11 @@
  * small hand-made tokenizer.json files whose results are worked out by hand here: merge ranks in
  * both merge forms, ignore_merges, added tokens with lstrip/rstrip, the post-processor template,
  * streaming decode of a 4-byte emoji split over tokens and lossy decoding, every refusal message,
- * a 100 kB word, and several threads sharing one tokenizer. Parity with the reference library
- * on real files is tests/bpe_ref/bpe_ref.mjs. */
+ * a 100 kB word, and several threads sharing one tokenizer; then SentencePiece-style files (Llama
+ * 2's shape): Prepend/Replace normalizers, byte fallback, unk fused or not or null, Metaspace
+ * schemes and split, the Replace/ByteFallback/Fuse/Strip and Metaspace decoders, streaming of byte
+ * runs, a character BPE with its own unk token, and their refusals. Parity with the reference
+ * library on real files is tests/bpe_ref/bpe_ref.mjs. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -310,6 +313,315 @@ static void test_threads(void) {
   tok_free(t);
 }
 
+/* ---- SentencePiece-style BPE (Llama 2's shape) on a hand-made vocabulary ---- */
+
+/* "▁" is U+2581 (E2 96 81). Byte tokens exist for F0 9F 98 80 (U+1F600), E2 82 AC (U+20AC) and
+ * FF only, so "é" (C3 A9) has no byte fallback and becomes <unk>. The expected ids and texts
+ * below were worked out by hand, then checked once against the reference library. */
+#define MS "\xE2\x96\x81"
+static const char *SP =
+    "{\"model\": {\"type\": \"BPE\", \"unk_token\": \"<unk>\", \"fuse_unk\": true, "
+    "\"byte_fallback\": true, \"vocab\": {\"<unk>\": 0, \"<s>\": 1, \"</s>\": 2, \"<0xF0>\": 3, "
+    "\"<0x9F>\": 4, \"<0x98>\": 5, \"<0x80>\": 6, \"<0xE2>\": 7, \"<0x82>\": 8, \"<0xAC>\": 9, "
+    "\"<0xFF>\": 10, \"" MS "\": 11, \"a\": 12, \"b\": 13, \"c\": 14, \"" MS "a\": 15, \"ab\": 16, "
+    "\"" MS "ab\": 17, \"x\": 18, \"b" MS "\": 19}, \"merges\": [\"b " MS "\", \"" MS " a\", "
+    "\"a b\", \"" MS "a b\"]}, "
+    "\"added_tokens\": [{\"id\": 0, \"content\": \"<unk>\", \"special\": true, \"normalized\": "
+    "false}, {\"id\": 1, \"content\": \"<s>\", \"special\": true, \"normalized\": false}, "
+    "{\"id\": 2, \"content\": \"</s>\", \"special\": true, \"normalized\": false}], "
+    "\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Prepend\", "
+    "\"prepend\": \"" MS "\"}, {\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, "
+    "\"content\": \"" MS "\"}]}, \"pre_tokenizer\": null, "
+    "\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": "
+    "{\"id\": \"<s>\", \"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}], "
+    "\"special_tokens\": {\"<s>\": {\"id\": \"<s>\", \"ids\": [1], \"tokens\": [\"<s>\"]}}}, "
+    "\"decoder\": {\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Replace\", \"pattern\": "
+    "{\"String\": \"" MS "\"}, \"content\": \" \"}, {\"type\": \"ByteFallback\"}, {\"type\": "
+    "\"Fuse\"}, {\"type\": \"Strip\", \"content\": \" \", \"start\": 1, \"stop\": 0}]}}";
+
+/* SP with one member replaced ("model.fuse_unk" style path, value as JSON). */
+static json_t *sp_with(const char *path, const char *value_json) {
+  json_t *j = json_loads(SP, 0, NULL);
+  if (!path) return j;
+  char buf[128];
+  snprintf(buf, sizeof buf, "%s", path);
+  json_t *parent = j;
+  char *dot, *key = buf;
+  while ((dot = strchr(key, '.'))) {
+    *dot = 0;
+    parent = json_object_get(parent, key);
+    key = dot + 1;
+  }
+  json_object_set_new(parent, key, json_loads(value_json, JSON_DECODE_ANY, NULL));
+  return j;
+}
+
+static struct tokenizer *sp_tok(const char *path, const char *value_json) {
+  struct dapo_err e = {0};
+  struct tokenizer *t = build(sp_with(path, value_json), &e);
+  CHECK_MSG(t != NULL, "%s = %s: %s", path ? path : "SP", value_json ? value_json : "", e.msg);
+  return t;
+}
+
+#define CHECK_DEC(t, skip, want, ...)                                                              \
+  do {                                                                                             \
+    int ids_[] = {__VA_ARGS__};                                                                    \
+    struct dapo_err e_ = {0};                                                                      \
+    char *d_ = tok_decode_alloc(t, ids_, (int)(sizeof ids_ / sizeof *ids_), skip, &e_);            \
+    CHECK_MSG(d_ &&strcmp(d_, want) == 0, "decode: got \"%s\" want \"%s\" (%s)",                   \
+              d_ ? d_ : "(null)", want, e_.msg);                                                   \
+    free(d_);                                                                                      \
+  } while (0)
+
+static void test_sentencepiece(void) {
+  struct tokenizer *t = sp_tok(NULL, NULL);
+  if (!t) return;
+  CHECK_IDS(t, "ab", 0, 17);            /* ▁ab: "▁ a" (rank 1) then "▁a b" (rank 3) */
+  CHECK_IDS(t, "ab", 1, 1, 17);         /* the <s> template */
+  CHECK_IDS(t, "a b", 0, 15, 11, 13);   /* ▁a▁b: no merge joins ▁a ▁ b */
+  CHECK_IDS(t, "ab ab", 0, 15, 19, 16); /* one word ▁ab▁ab: "b ▁" (rank 0) first */
+  CHECK_IDS(t, " ab", 0, 11, 17);
+  CHECK_IDS(t, "", 1, 1);                               /* Prepend skips empty text */
+  CHECK_IDS(t, "a\xF0\x9F\x98\x80", 0, 15, 3, 4, 5, 6); /* the emoji's bytes */
+  CHECK_IDS(t, "\xE2\x82\xAC", 0, 11, 7, 8, 9);         /* the euro sign's bytes */
+  CHECK_IDS(t, "\xC3\xA9", 0, 11, 0);                   /* é: no <0xC3>: unk */
+  CHECK_IDS(t, "\xC3\xA9\xC3\xA9", 0, 11, 0);           /* fused */
+  CHECK_IDS(t, "\xC3\xA9x\xC3\xA9", 0, 11, 0, 18, 0);
+  /* the reference's order: a pending unk is written after the byte tokens that follow it */
+  CHECK_IDS(t, "\xC3\xA9\xF0\x9F\x98\x80", 0, 11, 3, 4, 5, 6, 0);
+  CHECK_IDS(t, "<s>ab</s>", 0, 1, 17, 2); /* each piece between added tokens gets its ▁ */
+  CHECK_IDS(t, "<s>ab</s>", 1, 1, 1, 17, 2);
+  CHECK(tok_bos_id(t) == 1 && tok_eos_id(t) == -1);
+  CHECK(tok_token_to_id(t, "<0xE2>") == 7 && tok_token_to_id(t, MS "ab") == 17);
+  /* decode: Replace ▁ -> space, byte runs, Fuse, Strip one leading space */
+  CHECK_DEC(t, 0, "<s> ab</s>", 1, 17, 2);
+  CHECK_DEC(t, 1, "ab", 1, 17, 2);
+  CHECK_DEC(t, 0, "a\xF0\x9F\x98\x80", 15, 3, 4, 5, 6);
+  CHECK_DEC(t, 0, "\xEF\xBF\xBD\xEF\xBF\xBD a", 7, 8, 15); /* an invalid run: U+FFFD per byte */
+  CHECK_DEC(t, 0, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD", 7, 8, 9, 10);
+  CHECK_DEC(t, 0, "\xE2\x82\xAC a", 7, 8, 9, 15);
+  CHECK_DEC(t, 0, "", 11);
+  CHECK_DEC(t, 0, "\xEF\xBF\xBD\xEF\xBF\xBD", 7, 8);
+  CHECK_DEC(t, 0, "a", 11, 12);
+  /* streaming: a run is held until a token that is not a byte (or the end) decides it */
+  struct dapo_err e = {0};
+  struct tok_stream *s = tok_stream_new(t, 0);
+  size_t len = 99;
+  const char *out;
+  int run[] = {7, 8, 9};
+  for (int i = 0; i < 3; i++) {
+    out = tok_stream_push(s, run[i], &len, &e);
+    CHECK(out && len == 0);
+  }
+  out = tok_stream_push(s, 15, &len, &e);
+  CHECK(out && len == 5 && memcmp(out, "\xE2\x82\xAC a", 5) == 0);
+  out = tok_stream_push(s, 7, &len, &e);
+  CHECK(out && len == 0);
+  out = tok_stream_push(s, 8, &len, &e);
+  CHECK(out && len == 0);
+  out = tok_stream_finish(s, &len, &e);
+  CHECK(out && len == 6 && memcmp(out, "\xEF\xBF\xBD\xEF\xBF\xBD", 6) == 0);
+  CHECK(tok_stream_push(s, 500, &len, &e) == NULL && e.code == DAPO_EINVAL);
+  tok_stream_free(s);
+  s = tok_stream_new(t, 0); /* the leading space of the whole text is stripped */
+  out = tok_stream_push(s, 11, &len, &e);
+  CHECK(out && len == 0);
+  out = tok_stream_push(s, 15, &len, &e);
+  CHECK(out && len == 2 && memcmp(out, " a", 2) == 0);
+  tok_stream_free(s);
+  tok_free(t);
+
+  t = sp_tok("model.fuse_unk", "false");
+  CHECK_IDS(t, "\xC3\xA9\xC3\xA9", 0, 11, 0, 0);
+  CHECK_IDS(t, "\xC3\xA9x\xC3\xA9", 0, 11, 0, 18, 0);
+  tok_free(t);
+  t = sp_tok("model.unk_token", "null"); /* no unk: dropped */
+  CHECK_IDS(t, "\xC3\xA9", 0, 11);
+  CHECK_IDS(t, "a\xC3\xA9\xF0\x9F\x98\x80", 0, 15, 3, 4, 5, 6);
+  tok_free(t);
+  t = sp_tok("model.byte_fallback", "false");
+  CHECK_IDS(t, "a\xF0\x9F\x98\x80\xE2\x82\xAC", 0, 15, 0);
+  tok_free(t);
+  /* an unk_token outside the vocabulary fails the encode that needs it, as in the reference */
+  t = sp_tok("model.unk_token", "\"<nope>\"");
+  CHECK_IDS(t, "ab", 0, 17);
+  int ids[8], n = 0;
+  CHECK(tok_encode(t, "\xC3\xA9", 2, ids, 8, &n, &e) == DAPO_EINVAL &&
+        strstr(e.msg, "model.unk_token \"<nope>\" is not in model.vocab"));
+  tok_free(t);
+  /* a Replace regex normalizer, before Prepend */
+  t = sp_tok("normalizer",
+             "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Replace\", \"pattern\": "
+             "{\"Regex\": \"\\\\s+\"}, \"content\": \"" MS "\"}, {\"type\": \"Prepend\", "
+             "\"prepend\": \"" MS "\"}]}");
+  CHECK_IDS(t, "ab  \t ab", 0, 15, 19, 16);
+  tok_free(t);
+  /* a normalized added token is matched by its normalized form (▁ab) */
+  t = sp_tok("added_tokens", "[{\"id\": 20, \"content\": \"ab\", \"normalized\": true}]");
+  CHECK_IDS(t, "ab ab", 0, 16, 16);
+  tok_free(t);
+}
+
+/* Metaspace as pre-tokenizer (no normalizer) and decoder, each scheme. */
+static void test_metaspace(void) {
+  static const struct {
+    const char *ms;
+    int ab_ab[3], n_ab_ab, s_ab[2], ab_s_ab[3], lead[1];
+    const char *dec;
+  } cases[] = {
+      /* always + split: ▁ab ▁ab; <s> then ▁ab; " ab" starts with ▁ already */
+      {"\"prepend_scheme\": \"always\", \"split\": true",
+       {17, 17},
+       2,
+       {1, 17},
+       {17, 1, 17},
+       {17},
+       "ab b"},
+      /* no split: ▁ab▁ab is one word ("b ▁" merges first) */
+      {"\"prepend_scheme\": \"always\", \"split\": false",
+       {15, 19, 16},
+       3,
+       {1, 17},
+       {17, 1, 17},
+       {17},
+       "ab b"},
+      /* first: only the piece at the start of the input gets ▁, not one after <s> */
+      {"\"prepend_scheme\": \"first\"", {17, 17}, 2, {1, 16}, {17, 1, 16}, {17}, "ab b"},
+      /* never */
+      {"\"prepend_scheme\": \"never\"", {16, 17}, 2, {1, 16}, {16, 1, 16}, {17}, " ab b"},
+      /* legacy add_prefix_space true: always */
+      {"\"add_prefix_space\": true", {17, 17}, 2, {1, 17}, {17, 1, 17}, {17}, "ab b"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char pre[256];
+    snprintf(pre, sizeof pre, "{\"type\": \"Metaspace\", \"replacement\": \"" MS "\", %s}",
+             cases[i].ms);
+    json_t *j = sp_with("pre_tokenizer", pre);
+    json_object_set_new(j, "normalizer", json_null());
+    json_object_set(j, "decoder", json_object_get(j, "pre_tokenizer"));
+    struct dapo_err e = {0};
+    struct tokenizer *t = build(j, &e);
+    CHECK_MSG(t != NULL, "case %zu: %s", i, e.msg);
+    if (!t) continue;
+    int got[16];
+    int n = enc(t, "ab ab", 0, got, 16);
+    CHECK_MSG(ids_are(got, n, cases[i].ab_ab, cases[i].n_ab_ab), "case %zu: ab ab", i);
+    n = enc(t, "<s>ab", 0, got, 16);
+    CHECK_MSG(ids_are(got, n, cases[i].s_ab, 2), "case %zu: <s>ab", i);
+    n = enc(t, "ab<s>ab", 0, got, 16);
+    CHECK_MSG(ids_are(got, n, cases[i].ab_s_ab, 3), "case %zu: ab<s>ab", i);
+    n = enc(t, " ab", 0, got, 16);
+    CHECK_MSG(ids_are(got, n, cases[i].lead, 1), "case %zu: \" ab\"", i);
+    /* the decoder drops ▁ in the first token unless "never" */
+    CHECK_DEC(t, 0, cases[i].dec, 17, 11, 13);
+    tok_free(t);
+  }
+}
+
+/* Strip after Fuse: one leading "a" and up to two trailing ones of the whole text; streaming
+ * holds trailing candidates back. Then a character BPE with a Fuse decoder and unk [UNK]. */
+static void test_strip_and_char_bpe(void) {
+  struct tokenizer *t =
+      sp_tok("decoder", "{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Fuse\"}, {\"type\": "
+                        "\"Strip\", \"content\": \"a\", \"start\": 1, \"stop\": 2}]}");
+  if (!t) return;
+  CHECK_DEC(t, 0, "aba", 12, 12, 13, 12, 12, 12);
+  struct dapo_err e = {0};
+  struct tok_stream *s = tok_stream_new(t, 0);
+  const char *want[] = {"", "", "ab", "", "", "a"};
+  int ids[] = {12, 12, 13, 12, 12, 12};
+  size_t len;
+  for (int i = 0; i < 6; i++) {
+    const char *out = tok_stream_push(s, ids[i], &len, &e);
+    CHECK_MSG(out && len == strlen(want[i]) && memcmp(out, want[i], len) == 0, "push %d", i);
+  }
+  const char *out = tok_stream_finish(s, &len, &e);
+  CHECK(out && len == 0);
+  tok_stream_free(s);
+  tok_free(t);
+
+  const char *cb = "{\"model\": {\"type\": \"BPE\", \"unk_token\": \"[UNK]\", \"fuse_unk\": false, "
+                   "\"vocab\": {\"[UNK]\": 0, \"a\": 1, \"b\": 2, \"ab\": 3}, \"merges\": "
+                   "[\"a b\"]}, \"added_tokens\": [], \"normalizer\": null, \"pre_tokenizer\": "
+                   "null, \"post_processor\": null, \"decoder\": {\"type\": \"Fuse\"}}";
+  t = tok_from_text(cb, &e);
+  CHECK_MSG(t != NULL, "%s", e.msg);
+  if (!t) return;
+  CHECK_IDS(t, "abxa", 0, 3, 0, 1);
+  CHECK_IDS(t, "abxxa", 0, 3, 0, 0, 1);
+  CHECK_DEC(t, 0, "ab[UNK]a", 3, 0, 1);
+  tok_free(t);
+  json_t *j = json_loads(cb, 0, NULL);
+  json_object_set_new(json_object_get(j, "model"), "unk_token", json_null());
+  t = build(j, &e);
+  CHECK_MSG(t != NULL, "%s", e.msg);
+  CHECK_IDS(t, "abxa", 0, 3, 1);
+  tok_free(t);
+}
+
+/* Each edit of the SentencePiece-style file must be refused with this text in the message. */
+static void refuse_sp(const char *path, const char *value_json, int code, const char *want) {
+  struct dapo_err e = {0};
+  struct tokenizer *t = build(sp_with(path, value_json), &e);
+  CHECK_MSG(t == NULL && e.code == code && strstr(e.msg, want),
+            "%s = %s: got %d \"%s\", want \"%s\"", path, value_json, e.code,
+            t ? "(accepted)" : e.msg, want);
+  tok_free(t);
+}
+
+static void test_sp_refusals(void) {
+  refuse_sp("normalizer",
+            "{\"type\": \"Replace\", \"pattern\": {\"Regex\": \"(\"}, \"content\": \"\"}",
+            DAPO_EFORMAT, "normalizer.pattern: regex does not compile at offset 1");
+  refuse_sp("normalizer", "{\"type\": \"Replace\", \"pattern\": {\"Regex\": \"a\"}}", DAPO_EFORMAT,
+            "normalizer.content must be a string");
+  refuse_sp("normalizer", "{\"type\": \"Prepend\"}", DAPO_EFORMAT,
+            "normalizer.prepend must be a string");
+  refuse_sp("normalizer", "{\"type\": \"Lowercase\"}", DAPO_EUNSUPPORTED,
+            "normalizer.type \"Lowercase\" is not supported (NFC, NFD, NFKC, NFKD, Prepend, "
+            "Replace, Sequence)");
+  refuse_sp("pre_tokenizer", "{\"type\": \"Metaspace\"}", DAPO_EFORMAT,
+            "pre_tokenizer.replacement must be a string");
+  refuse_sp("pre_tokenizer", "{\"type\": \"Metaspace\", \"replacement\": \"ab\"}", DAPO_EFORMAT,
+            "pre_tokenizer.replacement must be one character");
+  refuse_sp("pre_tokenizer",
+            "{\"type\": \"Metaspace\", \"replacement\": \"_\", \"prepend_scheme\": \"often\"}",
+            DAPO_EFORMAT, "pre_tokenizer.prepend_scheme \"often\" is not one of always");
+  refuse_sp("pre_tokenizer",
+            "{\"type\": \"Metaspace\", \"replacement\": \"_\", "
+            "\"add_prefix_space\": false}",
+            DAPO_EFORMAT, "add_prefix_space false does not match prepend_scheme \"always\"");
+  refuse_sp("pre_tokenizer", "{\"type\": \"Whitespace\"}", DAPO_EUNSUPPORTED,
+            "pre_tokenizer.type \"Whitespace\" is not supported");
+  refuse_sp("decoder",
+            "{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Fuse\"}, {\"type\": "
+            "\"Replace\", \"pattern\": {\"String\": \"a\"}, \"content\": \"b\"}]}",
+            DAPO_EUNSUPPORTED, "decoder.decoders[1]: Replace after Fuse is not supported");
+  refuse_sp("decoder",
+            "{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Fuse\"}, {\"type\": "
+            "\"ByteFallback\"}]}",
+            DAPO_EUNSUPPORTED, "decoder.decoders[1]: ByteFallback after Fuse is not supported");
+  refuse_sp("decoder",
+            "{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"ByteFallback\"}, "
+            "{\"type\": \"ByteFallback\"}]}",
+            DAPO_EUNSUPPORTED, "decoder.decoders[1]: a second ByteFallback is not supported");
+  refuse_sp("decoder",
+            "{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"ByteLevel\"}, "
+            "{\"type\": \"Fuse\"}]}",
+            DAPO_EUNSUPPORTED, "decoder.decoders[0]: ByteLevel is only supported alone");
+  refuse_sp("decoder", "{\"type\": \"CTC\"}", DAPO_EUNSUPPORTED,
+            "decoder.type \"CTC\" is not supported (ByteLevel, Replace, ByteFallback, Fuse, "
+            "Strip, Metaspace, Sequence, null)");
+  refuse_sp("decoder", "{\"type\": \"Strip\", \"content\": \" \", \"start\": -1, \"stop\": 0}",
+            DAPO_EFORMAT, "decoder.start must be an integer in [0, 4096]");
+  refuse_sp("decoder", "{\"type\": \"Strip\", \"content\": \"\", \"start\": 1, \"stop\": 0}",
+            DAPO_EFORMAT, "decoder.content must be one character");
+  refuse_sp("model.unk_token", "5", DAPO_EFORMAT, "model.unk_token must be a string or null");
+  refuse_sp("model.fuse_unk", "1", DAPO_EFORMAT, "model.fuse_unk must be a boolean");
+  refuse_sp("model.byte_fallback", "\"yes\"", DAPO_EFORMAT,
+            "model.byte_fallback must be a boolean");
+}
+
 /* Each edit of the byte-level file must be refused with this text in the message. */
 static void refuse(const char *path, const char *value_json, const char *want) {
   json_t *j = bytelevel_json();
@@ -342,8 +654,8 @@ static void test_refusals(void) {
          "normalizer.normalizers[1].type \"Lowercase\" is not supported");
   refuse("normalizer", "{\"type\": \"Sequence\"}", "normalizer.normalizers must be an array");
   refuse("normalizer", "7", "normalizer must be an object or null");
-  refuse("pre_tokenizer", "{\"type\": \"Metaspace\"}",
-         "pre_tokenizer.type \"Metaspace\" is not supported");
+  refuse("pre_tokenizer", "{\"type\": \"UnicodeScripts\"}",
+         "pre_tokenizer.type \"UnicodeScripts\" is not supported");
   refuse("pre_tokenizer",
          "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"ByteLevel\"}, "
          "{\"type\": \"Digits\"}]}",
@@ -368,12 +680,13 @@ static void test_refusals(void) {
          "post_processor.single[0]: special token \"<s>\" is not in special_tokens");
   refuse("post_processor", "{\"type\": \"TemplateProcessing\", \"single\": []}",
          "post_processor.single has no Sequence \"A\"");
-  refuse("decoder", "{\"type\": \"Metaspace\"}", "decoder.type \"Metaspace\" is not supported");
-  refuse("decoder", "{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"ByteFallback\"}]}",
-         "decoder: only a Sequence of one ByteLevel decoder is supported");
-  refuse("model.byte_fallback", "true", "model.byte_fallback true is not supported");
+  refuse("decoder", "{\"type\": \"WordPiece\"}", "decoder.type \"WordPiece\" is not supported");
+  refuse(
+      "decoder",
+      "{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"ByteLevel\"}, "
+      "{\"type\": \"ByteLevel\"}]}",
+      "decoder.decoders[0]: ByteLevel is only supported alone or as the one decoder of a Sequence");
   refuse("model.dropout", "0.1", "model.dropout is not supported");
-  refuse("model.unk_token", "\"<unk>\"", "model.unk_token is not supported");
   refuse("model.continuing_subword_prefix", "\"##\"",
          "model.continuing_subword_prefix is not supported");
   refuse("model.merges", "[\"a\"]", "model.merges[0]: \"a\" is not two tokens");
@@ -449,7 +762,21 @@ static void collect(json_t *j, struct slot *out, int *n, int cap) {
   }
 }
 
-static void test_mutations(void) {
+static json_t *bytelevel_mut(void) {
+  json_t *j = bytelevel_json();
+  json_object_set_new(j, "added_tokens",
+                      json_pack("[{s:i,s:s,s:b},{s:i,s:s,s:b,s:b}]", "id", 259, "content", "<s>",
+                                "special", 1, "id", 260, "content", "ab", "lstrip", 1, "normalized",
+                                1));
+  json_object_set_new(j, "normalizer", json_pack("{s:s}", "type", "NFC"));
+  return j;
+}
+
+static json_t *sp_mut(void) {
+  return json_loads(SP, 0, NULL);
+}
+
+static void mutations(json_t *(*base)(void), const char *name) {
   static const char *const values[] = {"null",      "true",       "0",
                                        "-1",        "4294967297", "1e300",
                                        "\"\"",      "\"x\"",      "[]",
@@ -458,12 +785,7 @@ static void test_mutations(void) {
   unsigned seed = 12345;
   int built = 0, refused = 0;
   for (int it = 0; it < 1500; it++) {
-    json_t *j = bytelevel_json();
-    json_object_set_new(j, "added_tokens",
-                        json_pack("[{s:i,s:s,s:b},{s:i,s:s,s:b,s:b}]", "id", 259, "content", "<s>",
-                                  "special", 1, "id", 260, "content", "ab", "lstrip", 1,
-                                  "normalized", 1));
-    json_object_set_new(j, "normalizer", json_pack("{s:s}", "type", "NFC"));
+    json_t *j = base();
     static struct slot slots[1024];
     int n = 0;
     collect(j, slots, &n, 1024);
@@ -490,7 +812,7 @@ static void test_mutations(void) {
     }
     built++;
     int ids[256], k = 0;
-    const char *text = "<s>ab caf\xC3\xA9 \xF0\x9F\x98\x80 aaaa";
+    const char *text = "<s>ab caf\xC3\xA9 \xF0\x9F\x98\x80 aaaa \xE2\x82\xAC\xC3\xA9\xC3\xA9 ";
     if (tok_encode_special(t, text, strlen(text), 1, ids, 256, &k, &e) == 0) {
       char *d = tok_decode_alloc(t, ids, k, 0, &e);
       free(d);
@@ -501,7 +823,7 @@ static void test_mutations(void) {
     free(tok_decode_alloc(t, rnd, 8, 1, &e));
     tok_free(t);
   }
-  fprintf(stderr, "test_bpe: mutations: %d built, %d refused\n", built, refused);
+  fprintf(stderr, "test_bpe: mutations of %s: %d built, %d refused\n", name, built, refused);
   CHECK(built > 0 && refused > 0);
 }
 
@@ -512,6 +834,11 @@ int main(void) {
   test_long_word();
   test_threads();
   test_refusals();
-  test_mutations();
+  test_sentencepiece();
+  test_metaspace();
+  test_strip_and_char_bpe();
+  test_sp_refusals();
+  mutations(bytelevel_mut, "the byte-level file");
+  mutations(sp_mut, "the SentencePiece-style file");
   return check_done("test_bpe");
 }
