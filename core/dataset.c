@@ -195,6 +195,7 @@ static int check_line(const char *line, size_t len, int lineno, struct ds_item *
   }
   int rc = 0;
   char *id = NULL, *prompt = NULL, *answer = NULL;
+  json_t *rft_item = NULL, *rft_answer = NULL;
   if (!json_is_object(root)) {
     rc = msgf(msg, cap, DAPO_EFORMAT, "expected a JSON object, got %s", json_kind(root));
     goto out;
@@ -216,8 +217,40 @@ static int check_line(const char *line, size_t len, int lineno, struct ds_item *
     goto out;
   }
   if (jm && (rc = check_messages(jm, msg, cap))) goto out;
+  /* OpenAI's reinforcement fine-tuning lines: messages and the item's own fields, no answer.
+   * Every field but messages and tools becomes the item graders read (metadata). */
+  int rft = jm && !ja;
+  json_t *jtools = json_object_get(root, "tools");
+  if (jtools && !json_is_null(jtools) && !json_is_array(jtools)) {
+    rc =
+        msgf(msg, cap, DAPO_EFORMAT, "field 'tools': expected an array, got %s", json_kind(jtools));
+    goto out;
+  }
+  if (rft) {
+    if (too_deep(root, 0, DS_MAX_METADATA_DEPTH)) {
+      rc = msgf(msg, cap, DAPO_EFORMAT, "nested deeper than %d", DS_MAX_METADATA_DEPTH);
+      goto out;
+    }
+    json_t *item = json_copy(root);
+    if (!item) {
+      rc = msgf(msg, cap, DAPO_ENOMEM, "out of memory");
+      goto out;
+    }
+    json_object_del(item, "messages");
+    json_object_del(item, "tools");
+    jmeta = item; /* owned here: released at out */
+    rft_item = item;
+    ja = json_string("");
+    rft_answer = ja;
+    if (!ja) {
+      rc = msgf(msg, cap, DAPO_ENOMEM, "out of memory");
+      goto out;
+    }
+  }
   if (!ja) {
-    rc = msgf(msg, cap, DAPO_EFORMAT, "field 'answer': required");
+    rc = msgf(msg, cap, DAPO_EFORMAT,
+              "field 'answer': required (or give 'messages' with the item's own fields, the "
+              "reinforcement fine-tuning format)");
     goto out;
   }
   if (!json_is_string(ja)) {
@@ -227,6 +260,7 @@ static int check_line(const char *line, size_t len, int lineno, struct ds_item *
   /* Optional fields: null reads as absent (exporters write it for missing values). */
   if (json_is_null(ji)) ji = NULL;
   if (json_is_null(jmeta)) jmeta = NULL;
+  if (rft && ji && !json_is_string(ji) && !json_is_integer(ji)) ji = NULL; /* an item field */
   if (ji && !json_is_string(ji) && !json_is_integer(ji)) {
     rc = msgf(msg, cap, DAPO_EFORMAT, "field 'id': expected a string or an integer, got %s",
               json_kind(ji));
@@ -271,6 +305,8 @@ out:
   free(id);
   free(prompt);
   free(answer);
+  json_decref(rft_item);
+  json_decref(rft_answer);
   json_decref(root);
   return rc;
 }

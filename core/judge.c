@@ -1,5 +1,6 @@
 /* Judge specs and the built-in judges: validates {"type": ...} specs, runs `exact`, `math` and
- * `regex` in-process (reward +1 / -1) and hands `http` to judge_http.c. */
+ * `regex` in-process (reward +1 / -1), `grader` (OpenAI's graders, grader.h: reward = the score)
+ * and hands `http` to judge_http.c. */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "judge.h"
 
@@ -9,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "grader.h"
 #include "judge_impl.h"
 
 #define REGEX_MAX_PATTERN 4096
@@ -18,7 +20,7 @@
 #define REGEX_DEPTH_LIMIT 10000
 #define REGEX_HEAP_LIMIT_KIB 65536
 
-enum judge_kind { JK_EXACT, JK_MATH, JK_REGEX, JK_HTTP };
+enum judge_kind { JK_EXACT, JK_MATH, JK_REGEX, JK_HTTP, JK_GRADER };
 
 struct judge {
   enum judge_kind kind;
@@ -26,6 +28,9 @@ struct judge {
   pcre2_match_context *mctx; /* regex: match limits (read-only) */
   uint32_t n_captures;       /* regex: capture groups in the pattern */
   struct judge_http *http;   /* http */
+  struct grader *grader;     /* grader */
+  json_t *response_format;   /* grader: {"type": "json_schema", ...} or NULL (owned) */
+  double pass_threshold;     /* grader: a score at least this is "correct" */
 };
 
 const char *judge_err_name(enum judge_err_kind k) {
@@ -42,7 +47,7 @@ const char *judge_err_name(enum judge_err_kind k) {
 }
 
 const char *judge_type(const struct judge *j) {
-  static const char *const names[] = {"exact", "math", "regex", "http"};
+  static const char *const names[] = {"exact", "math", "regex", "http", "grader"};
   return j ? names[j->kind] : NULL;
 }
 
@@ -145,6 +150,36 @@ static int regex_init(struct judge *j, const json_t *spec, struct dapo_err *e) {
   return 0;
 }
 
+/* {"type": "grader", "grader": {...}, "response_format"?: {...}, "pass_threshold"?: 0.5} */
+static int grader_init(struct judge *j, const json_t *spec, struct dapo_err *e) {
+  static const char *const fields[] = {"type", "grader", "response_format", "pass_threshold", NULL};
+  if (check_fields(spec, fields, e)) return DAPO_EINVAL;
+  const json_t *rf = json_object_get(spec, "response_format");
+  if (rf && !json_is_null(rf)) {
+    const char *t = json_string_value(json_object_get(rf, "type"));
+    if (!json_is_object(rf) || !t ||
+        (strcmp(t, "json_schema") && strcmp(t, "json_object") && strcmp(t, "text")))
+      return dapo_errf(e, DAPO_EINVAL,
+                       "judge.response_format.type: expected json_schema, json_object or text");
+    const json_t *js = json_object_get(rf, "json_schema");
+    if (!strcmp(t, "json_schema") &&
+        (!json_is_object(js) || !json_is_object(json_object_get(js, "schema"))))
+      return dapo_errf(e, DAPO_EINVAL,
+                       "judge.response_format.json_schema.schema: required, a JSON schema object");
+    if (strcmp(t, "text")) j->response_format = json_deep_copy(rf);
+  }
+  const json_t *pt = json_object_get(spec, "pass_threshold");
+  j->pass_threshold = 0.5;
+  if (pt && !json_is_null(pt)) {
+    if (!json_is_number(pt) || !(json_number_value(pt) >= -1e6 && json_number_value(pt) <= 1e6))
+      return dapo_errf(e, DAPO_EINVAL, "judge.pass_threshold: expected a number");
+    j->pass_threshold = json_number_value(pt);
+  }
+  if (!(j->grader = grader_new(json_object_get(spec, "grader"), "judge.grader", e)))
+    return e ? e->code : DAPO_EINVAL;
+  return 0;
+}
+
 struct judge *judge_new(const json_t *spec, const struct judge_policy *pol, struct dapo_err *e) {
   if (!json_is_object(spec)) {
     dapo_errf(e, DAPO_EINVAL, "judge: expected an object such as {\"type\": \"math\"}");
@@ -171,13 +206,16 @@ struct judge *judge_new(const json_t *spec, const struct judge_policy *pol, stru
   } else if (!strcmp(type, "regex")) {
     j->kind = JK_REGEX;
     rc = regex_init(j, spec, e);
+  } else if (!strcmp(type, "grader")) {
+    j->kind = JK_GRADER;
+    rc = grader_init(j, spec, e);
   } else if (!strcmp(type, "http")) {
     j->kind = JK_HTTP;
     j->http = judge_http_new(spec, pol, e);
     if (!j->http) rc = e ? e->code : DAPO_EINVAL;
   } else {
-    rc = dapo_errf(e, DAPO_EINVAL, "judge.type: '%.40s' is not one of exact, math, regex, http",
-                   type);
+    rc = dapo_errf(e, DAPO_EINVAL,
+                   "judge.type: '%.40s' is not one of exact, math, regex, http, grader", type);
   }
   if (rc) {
     judge_free(j);
@@ -191,6 +229,8 @@ void judge_free(struct judge *j) {
   pcre2_match_context_free(j->mctx);
   pcre2_code_free(j->re);
   judge_http_free(j->http);
+  grader_free(j->grader);
+  json_decref(j->response_format);
   free(j);
 }
 
@@ -289,6 +329,88 @@ static int run_builtin(const struct judge *j, const struct judge_item *items, in
   return 0;
 }
 
+/* ---- Graders ---- */
+
+/* The response as the JSON that response_format asks for: parsed, of the schema's top-level type
+ * and with its required properties. NULL when it is not (a sample_parse_error). */
+static json_t *output_json(const struct judge *j, const char *resp) {
+  json_t *v = json_loads(resp, JSON_DECODE_ANY, NULL);
+  if (!v || !j->response_format) return v;
+  const json_t *schema =
+      json_object_get(json_object_get(j->response_format, "json_schema"), "schema");
+  const char *type = json_string_value(json_object_get(schema, "type"));
+  int ok = !strcmp(json_string_value(json_object_get(j->response_format, "type")), "json_object")
+               ? json_is_object(v)
+               : 1;
+  if (type && !strcmp(type, "object")) ok = ok && json_is_object(v);
+  if (type && !strcmp(type, "array")) ok = ok && json_is_array(v);
+  size_t i;
+  const json_t *req;
+  json_array_foreach(json_object_get(schema, "required"), i, req) {
+    if (json_is_string(req) && !json_object_get(v, json_string_value(req))) ok = 0;
+  }
+  if (!ok) {
+    json_decref(v);
+    return NULL;
+  }
+  return v;
+}
+
+/* The grader's view of a dataset row: its fields (metadata: an RFT line's own fields), with the
+ * native format's answer beside them as item.answer. */
+static json_t *grader_item(const struct judge_item *it) {
+  json_t *o = json_is_object(it->metadata) ? json_copy((json_t *)it->metadata) : json_object();
+  if (o && it->answer && *it->answer && !json_object_get(o, "answer"))
+    json_object_set_new(o, "answer", judge_json_string(it->answer));
+  return o;
+}
+
+static int run_grader(const struct judge *j, const struct judge_item *items, int n,
+                      struct judge_result *res, struct dapo_err *e) {
+  struct grader_sample *s = calloc((size_t)n, sizeof *s);
+  json_t **own = calloc(2 * (size_t)n, sizeof *own), **sub = calloc((size_t)n, sizeof *sub);
+  double *scores = calloc((size_t)n, sizeof *scores);
+  struct grader_errs *errs = calloc((size_t)n, sizeof *errs);
+  unsigned char *bad = calloc((size_t)n, 1);
+  int rc = s && own && sub && scores && errs && bad ? 0 : DAPO_ENOMEM;
+  for (int i = 0; !rc && i < n; i++) {
+    s[i].output_text = items[i].response ? items[i].response : "";
+    own[2 * i] = output_json(j, s[i].output_text);
+    own[2 * i + 1] = grader_item(&items[i]);
+    bad[i] = j->response_format && !own[2 * i];
+    s[i].output_json = own[2 * i];
+    s[i].item = own[2 * i + 1];
+    if (!s[i].item) rc = DAPO_ENOMEM;
+  }
+  if (!rc) rc = grader_grade(j->grader, s, n, scores, sub, errs);
+  for (int i = 0; !rc && i < n; i++) {
+    if (bad[i]) { /* the sample is not the JSON asked for: 0, whatever the graders said */
+      scores[i] = 0;
+      errs[i].n[GE_SAMPLE_PARSE]++;
+    }
+    json_t *counts = json_object();
+    for (int k = 0; counts && k < GE_COUNT; k++)
+      if (errs[i].n[k]) json_object_set_new(counts, grader_err_name(k), json_integer(errs[i].n[k]));
+    res[i].reward = scores[i];
+    res[i].correct = scores[i] >= j->pass_threshold;
+    res[i].info = json_pack("{s:f, s:o, s:o*, s:s*}", "score", scores[i], "sub_rewards",
+                            sub[i] ? sub[i] : json_object(), "errors", counts, "error_detail",
+                            errs[i].detail[0] ? errs[i].detail : NULL);
+    sub[i] = NULL;
+    if (!res[i].info) rc = DAPO_ENOMEM;
+  }
+  for (int i = 0; own && i < 2 * n; i++) json_decref(own[i]);
+  for (int i = 0; sub && i < n; i++) json_decref(sub[i]);
+  free(s);
+  free(own);
+  free(sub);
+  free(scores);
+  free(errs);
+  free(bad);
+  if (rc) return dapo_errf(e, rc, "judge: out of memory");
+  return 0;
+}
+
 /* ---- Dispatch ---- */
 
 static double now_s(void) {
@@ -319,7 +441,7 @@ int judge_run(struct judge *j, const char *job_id, int64_t step, const struct ju
       rc = dapo_errf(e, DAPO_ECANCELLED, "judge: cancelled");
       goto out;
     }
-    rc = run_builtin(j, items, n, res, e);
+    rc = j->kind == JK_GRADER ? run_grader(j, items, n, res, e) : run_builtin(j, items, n, res, e);
     goto out;
   }
   /* Item ids: the caller's, or the item index; they must be unique to match replies. */

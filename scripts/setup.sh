@@ -11,7 +11,8 @@ PKGS=(build-essential cmake pkg-config git
       clang-format curl openssl
       clang libclang-rt-14-dev wrk
       chromium
-      systemd)
+      systemd
+      bubblewrap python3-nltk)
 
 missing=()
 for p in "${PKGS[@]}"; do
