@@ -72,9 +72,22 @@ void block_qk_finish(const struct model_config *c, const struct layer_views *w, 
   rope_forward(k, pos, N, NKV * HS, NKV, HS, rope);
 }
 
-void block_forward(const struct model_config *c, const struct layer_views *w,
-                   const struct block_acts *a, const struct block_seqs *s, int N,
-                   const struct rope_table *rope, float *scratch, size_t scratch_stride) {
+void block_lora_add(const struct lora *lora, int l, int t, float *y, const float *x, int N, int IN,
+                    int OUT, float *u) {
+  if (!lora || !lora->w[l].a[t]) return;
+  int r = lora->cfg.r;
+  matmul_forward(u, x, lora->w[l].a[t], NULL, N, IN, r, 0.0f);
+  for (size_t i = 0; i < (size_t)N * r; i++) u[i] *= lora->scale;
+  matmul_forward(y, u, lora->w[l].b[t], NULL, N, r, OUT, 1.0f);
+}
+
+void block_forward(const struct model *m, int l, const struct block_acts *a,
+                   const struct block_seqs *s, int N, const struct rope_table *rope, float *scratch,
+                   size_t scratch_stride) {
+  const struct model_config *c = &m->cfg;
+  const struct layer_views *w = &m->w.layers[l];
+  const struct lora *lo = m->lora;
+#define U(t) (a->lora_u[t] ? a->lora_u[t] : a->lora_tmp)
   int C = c->hidden_size, HS = c->head_dim, NH = c->num_heads, NKV = c->num_kv_heads;
   int CQ = NH * HS, CKV = NKV * HS, FF = c->intermediate_size;
 
@@ -85,6 +98,9 @@ void block_forward(const struct model_config *c, const struct layer_views *w,
   matmul_forward(qp, a->xn1, w->wq, w->bq, N, C, CQ, 0.0f);
   matmul_forward(kp, a->xn1, w->wk, w->bk, N, C, CKV, 0.0f);
   matmul_forward(a->v, a->xn1, w->wv, w->bv, N, C, CKV, 0.0f);
+  block_lora_add(lo, l, LT_Q, qp, a->xn1, N, C, CQ, U(LT_Q));
+  block_lora_add(lo, l, LT_K, kp, a->xn1, N, C, CKV, U(LT_K));
+  block_lora_add(lo, l, LT_V, a->v, a->xn1, N, C, CKV, U(LT_V));
   block_qk_finish(c, w, a->q, a->k, qp, kp, a->rstd_q, a->rstd_k, s->pos, N, rope);
 
   /* context of each sequence: its packed rows (training) or its cache slot, after appending */
@@ -114,11 +130,16 @@ void block_forward(const struct model_config *c, const struct layer_views *w,
 
   if (a->x_mid != a->x_in) memcpy(a->x_mid, a->x_in, sizeof(float) * (size_t)N * C);
   matmul_forward(a->x_mid, a->att, w->wo, w->bo, N, CQ, C, 1.0f);
+  block_lora_add(lo, l, LT_O, a->x_mid, a->att, N, CQ, C, U(LT_O));
 
   rmsnorm_forward(a->xn2, a->rstd2, a->x_mid, w->ffn_norm, N, C, c->rms_norm_eps);
   matmul_forward(a->g, a->xn2, w->w_gate, NULL, N, C, FF, 0.0f);
   matmul_forward(a->u, a->xn2, w->w_up, NULL, N, C, FF, 0.0f);
+  block_lora_add(lo, l, LT_GATE, a->g, a->xn2, N, C, FF, U(LT_GATE));
+  block_lora_add(lo, l, LT_UP, a->u, a->xn2, N, C, FF, U(LT_UP));
   swiglu_forward(a->h, a->g, a->u, (size_t)N * FF);
   if (a->x_out != a->x_mid) memcpy(a->x_out, a->x_mid, sizeof(float) * (size_t)N * C);
   matmul_forward(a->x_out, a->h, w->w_down, NULL, N, FF, C, 1.0f);
+  block_lora_add(lo, l, LT_DOWN, a->x_out, a->h, N, FF, C, U(LT_DOWN));
+#undef U
 }

@@ -6,6 +6,7 @@
 
 #include "error.h"
 #include "kernels.h"
+#include "lora.h"
 #include "model.h"
 
 struct pool;
@@ -18,7 +19,15 @@ struct pool;
 struct block_acts {
   float *x_in, *xn1, *rstd1, *q, *k, *v, *att, *lse, *x_mid, *xn2, *rstd2, *g, *u, *h, *x_out;
   float *q_pre, *k_pre, *rstd_q, *rstd_k;
+  /* with an adapter (model.lora): lora_u[t] [N,r] keeps s * x A^T of each targeted layer for the
+   * backward (training), or all NULL and lora_tmp [N,r] is scratch (inference) */
+  float *lora_u[LT_COUNT], *lora_tmp;
 };
+
+/* y[N,OUT] += s (x A^T) B^T for target t of layer l of the adapter (nothing when lora is NULL
+ * or t is not targeted), keeping s x A^T in u [N,r]. */
+void block_lora_add(const struct lora *lora, int l, int t, float *y, const float *x, int N, int IN,
+                    int OUT, float *u);
 
 /* q and k of one or more rows after the projections: Qwen3's per-head RMSNorm (from q_pre/k_pre
  * into q/k, or in place when those are NULL or equal), then RoPE at each row's position. The one
@@ -55,8 +64,9 @@ void thread_scratch_deinit(struct thread_scratch *t);
 
 /* scratch: one slice of scratch_stride floats per thread of the calling thread's pool (pool.h),
  * each at least max over sequences of t_new * (n_past + t_new) floats. */
-void block_forward(const struct model_config *c, const struct layer_views *w,
-                   const struct block_acts *a, const struct block_seqs *s, int N,
-                   const struct rope_table *rope, float *scratch, size_t scratch_stride);
+/* Layer l of model m (its adapter too, when m->lora). */
+void block_forward(const struct model *m, int l, const struct block_acts *a,
+                   const struct block_seqs *s, int N, const struct rope_table *rope, float *scratch,
+                   size_t scratch_stride);
 
 #endif

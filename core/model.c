@@ -593,6 +593,8 @@ void model_bind_views(const struct model *m, float *base, struct views *v) {
     case PK_W_GATE: lv->w_gate = ptr; break;
     case PK_W_UP: lv->w_up = ptr; break;
     case PK_W_DOWN: lv->w_down = ptr; break;
+    case PK_LORA_A:
+    case PK_LORA_B: break;
     }
   }
   if (m->cfg.tie_word_embeddings) v->lm_head = v->tok_emb;

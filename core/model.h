@@ -109,6 +109,8 @@ enum param_kind {
   PK_W_DOWN,
   PK_FINAL_NORM,
   PK_LM_HEAD,
+  PK_LORA_A, /* an adapter's tensors (lora.h), never in a model's table */
+  PK_LORA_B,
 };
 
 /* One row of the parameter table. */
@@ -137,6 +139,8 @@ struct views {
   float *lm_head;
 };
 
+struct lora;
+
 struct model {
   struct model_config cfg;
   int n_tensors;              /* rows of the table; a tied lm_head has no row of its own */
@@ -146,6 +150,9 @@ struct model {
   float *grads;               /* owned, NULL until model_alloc_grads */
   struct views w;             /* views into params */
   struct views g;             /* views into grads (all NULL until model_alloc_grads) */
+  struct lora *lora;          /* borrowed adapter (lora.h) or NULL: with one, forward passes
+                                 add it and train_backward trains only it (the base is frozen,
+                                 grads may stay NULL) */
 };
 
 /* Builds the table and allocates zeroed parameters. Returns NULL and fills e on a bad config

@@ -170,8 +170,8 @@ void runner_memory_plan(const struct model_config *c, const struct hparams *hp,
   p->gradients = p->weights;
   p->optimizer = 2 * p->weights;
   p->reference = hp->kl_coef > 0 ? p->weights : 0;
-  p->activations = train_state_bytes(&cc, cap_tokens, cap_tokens, cap_t);
-  p->generation = gen_state_bytes(&cc, gen_cap, cap_t);
+  p->activations = train_state_bytes(&cc, NULL, cap_tokens, cap_tokens, cap_t);
+  p->generation = gen_state_bytes(&cc, NULL, gen_cap, cap_t);
   p->buffers =
       scratch_layout(NULL, NULL, (size_t)cap_tokens, (size_t)gen_cap, (size_t)hp->max_new_tokens);
   p->total = p->weights + p->gradients + p->optimizer + p->reference + p->activations +

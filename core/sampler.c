@@ -9,11 +9,13 @@
 
 #include "block.h"
 #include "kernels.h"
+#include "lora.h"
 #include "pool.h"
 
 struct gen_state {
   struct model_config cfg;
   int cap_batch, cap_t, cap_rows;
+  int lora_r; /* the adapter rank the state was sized for (0: none) */
   float *mem;
   struct rope_table rope;
   float *cache_k, *cache_v;  /* [L][cap_batch * cap_t][CKV] */
@@ -33,7 +35,8 @@ struct glayout {
   size_t cache, acts, sel, logits, scratch, pick, total, ints;
 };
 
-static void gplan(const struct model_config *c, int B, int T, struct glayout *p) {
+static void gplan(const struct model_config *c, const struct lora_config *lc, int B, int T,
+                  struct glayout *p) {
   size_t C = c->hidden_size, CQ = (size_t)c->num_heads * c->head_dim,
          CKV = (size_t)c->num_kv_heads * c->head_dim, FF = c->intermediate_size, L = c->num_layers,
          V = model_vocab_used(c);
@@ -43,16 +46,19 @@ static void gplan(const struct model_config *c, int B, int T, struct glayout *p)
   p->sel = rows * C;
   p->logits = rows * V;
   /* per thread: prefill's attention scores [T, T], or decoding's (decode_step) */
-  size_t dec = (size_t)T + (size_t)B * C + 2 * V;
+  size_t lr = lc ? (size_t)lc->r : 0; /* an adapter's x A^T: [rows, r] in prefill, [B, r] */
+  p->acts += rows * lr;
+  size_t dec = (size_t)T + (size_t)B * C + 2 * V + (size_t)B * lr;
   p->scratch = (size_t)T * T > dec ? (size_t)T * T : dec;
   p->pick = V;
   p->total = p->cache + p->acts + p->sel + p->logits + p->pick;
   p->ints = rows * 5 + V + 3 * (size_t)B + rows;
 }
 
-size_t gen_state_bytes(const struct model_config *c, int cap_batch, int cap_seq_len) {
+size_t gen_state_bytes(const struct model_config *c, const struct lora_config *lc, int cap_batch,
+                       int cap_seq_len) {
   struct glayout p;
-  gplan(c, cap_batch, cap_seq_len, &p);
+  gplan(c, lc, cap_batch, cap_seq_len, &p);
   return (p.total + p.scratch) * sizeof(float) + p.ints * sizeof(int);
 }
 
@@ -68,6 +74,7 @@ void gen_state_free(struct gen_state *s) {
 struct gen_state *gen_state_new(const struct model *m, int cap_batch, int cap_seq_len,
                                 struct dapo_err *e) {
   const struct model_config *c = &m->cfg;
+  const struct lora_config *lc = m->lora ? &m->lora->cfg : NULL;
   if (cap_batch < 1 || cap_seq_len < 2 || cap_seq_len > c->max_position_embeddings) {
     dapo_errf(e, DAPO_EINVAL,
               "generation capacities: batch %d, sequence length %d (need batch >= 1 and "
@@ -83,8 +90,9 @@ struct gen_state *gen_state_new(const struct model *m, int cap_batch, int cap_se
   s->cap_batch = cap_batch;
   s->cap_t = cap_seq_len;
   s->cap_rows = cap_batch > cap_seq_len ? cap_batch : cap_seq_len;
+  s->lora_r = lc ? lc->r : 0;
   struct glayout p;
-  gplan(c, cap_batch, cap_seq_len, &p);
+  gplan(c, lc, cap_batch, cap_seq_len, &p);
   s->mem = dapo_alloc_floats(p.total);
   s->ints = calloc(p.ints, sizeof(int));
   if (!s->mem || !s->ints) goto oom;
@@ -110,6 +118,7 @@ struct gen_state *gen_state_new(const struct model *m, int cap_batch, int cap_se
   a->g = TAKE(rows * FF);
   a->u = TAKE(rows * FF);
   a->h = TAKE(rows * FF);
+  if (lc) a->lora_tmp = TAKE(rows * (size_t)lc->r);
   s->sel = TAKE(p.sel);
   s->logits = TAKE(p.logits);
   s->pick_p = TAKE(p.pick);
@@ -129,7 +138,7 @@ struct gen_state *gen_state_new(const struct model *m, int cap_batch, int cap_se
 oom:
   gen_state_free(s);
   dapo_errf(e, DAPO_ENOMEM, "out of memory allocating the KV cache (%zu MiB)",
-            gen_state_bytes(c, cap_batch, cap_seq_len) >> 20);
+            gen_state_bytes(c, lc, cap_batch, cap_seq_len) >> 20);
   return NULL;
 }
 
@@ -257,7 +266,7 @@ static void run_rows(struct gen_state *s, const struct model *m, int n_seq, int 
                             .cache_v = s->cache_v + l * layer_cache,
                             .slot = s->slot,
                             .cap_t = s->cap_t};
-    block_forward(c, &m->w.layers[l], &s->acts, &bs, N, &s->rope, s->scr.buf, s->scr.stride);
+    block_forward(m, l, &s->acts, &bs, N, &s->rope, s->scr.buf, s->scr.stride);
   }
   for (int i = 0; i < n_out; i++)
     memcpy(s->sel + (size_t)i * C, s->acts.x_out + (size_t)s->last_row[i] * C, sizeof(float) * C);
@@ -292,6 +301,18 @@ static void col_share(int n, int ti, int nt, int *lo, int *hi) {
   *hi = *hi * 4 < n ? *hi * 4 : n;
 }
 
+/* Decoding with an adapter: columns [lo, hi) of y[n,OUT] += s (x A^T) B^T for target t of layer
+ * l; every thread computes x A^T whole into its own tbuf [n,r] (r is small), so the arithmetic
+ * is the same for any split. */
+static void lora_few(const struct lora *lo, int l, int t, float *y, const float *x, int n, int IN,
+                     int OUT, int c_lo, int c_hi, float *tbuf) {
+  if (!lo || !lo->w[l].a[t]) return;
+  int r = lo->cfg.r;
+  linear_few(tbuf, x, lo->w[l].a[t], NULL, n, IN, r, 0, r, 0.0f);
+  for (size_t i = 0; i < (size_t)n * r; i++) tbuf[i] *= lo->scale;
+  linear_few(y, tbuf, lo->w[l].b[t], NULL, n, r, OUT, c_lo, c_hi, 1.0f);
+}
+
 static void decode_step(void *ctx, int ti, int nt) {
   struct decode_args *x = ctx;
   struct gen_state *s = x->s;
@@ -304,6 +325,8 @@ static void decode_step(void *ctx, int ti, int nt) {
   float *scr = s->scr.buf + (size_t)ti * s->scr.stride, *xn = scr + s->cap_t;
   float *pick_p = xn + (size_t)s->cap_batch * C;
   int *pick_idx = (int *)(pick_p + V);
+  float *lora_t = (float *)(pick_idx + V); /* [cap_batch, r] with an adapter */
+  const struct lora *lo = m->lora;
   const struct block_acts *a = &s->acts;
   /* the rows this group of threads computes together, and this thread's place in the group */
   int g_lo = 0, g_hi = x->n_act, gi = ti, gn = nt;
@@ -335,6 +358,9 @@ static void decode_step(void *ctx, int ti, int nt) {
     linear_few(q, xn, w->wq, w->bq, n, C, CQ, q_lo, q_hi, 0.0f);
     linear_few(k, xn, w->wk, w->bk, n, C, CKV, kv_lo, kv_hi, 0.0f);
     linear_few(v, xn, w->wv, w->bv, n, C, CKV, kv_lo, kv_hi, 0.0f);
+    lora_few(lo, l, LT_Q, q, xn, n, C, CQ, q_lo, q_hi, lora_t);
+    lora_few(lo, l, LT_K, k, xn, n, C, CKV, kv_lo, kv_hi, lora_t);
+    lora_few(lo, l, LT_V, v, xn, n, C, CKV, kv_lo, kv_hi, lora_t);
     pool_barrier_wait(&s->bar, gn);
     float *ck = s->cache_k + l * layer_cache, *cv = s->cache_v + l * layer_cache;
     for (int i = r_lo; i < r_hi; i++) {
@@ -351,16 +377,20 @@ static void decode_step(void *ctx, int ti, int nt) {
     }
     pool_barrier_wait(&s->bar, gn);
     linear_few(xs, att, w->wo, w->bo, n, CQ, C, c_lo, c_hi, 1.0f);
+    lora_few(lo, l, LT_O, xs, att, n, CQ, C, c_lo, c_hi, lora_t);
     pool_barrier_wait(&s->bar, gn);
     rmsnorm_forward(xn, NULL, xs, w->ffn_norm, n, C, c->rms_norm_eps);
     linear_few(gg, xn, w->w_gate, NULL, n, C, FF, f_lo, f_hi, 0.0f);
     linear_few(uu, xn, w->w_up, NULL, n, C, FF, f_lo, f_hi, 0.0f);
+    lora_few(lo, l, LT_GATE, gg, xn, n, C, FF, f_lo, f_hi, lora_t);
+    lora_few(lo, l, LT_UP, uu, xn, n, C, FF, f_lo, f_hi, lora_t);
     for (int i = 0; i < n; i++) {
       size_t o = (size_t)i * FF + f_lo;
       swiglu_forward(hh + o, gg + o, uu + o, (size_t)(f_hi - f_lo));
     }
     pool_barrier_wait(&s->bar, gn);
     linear_few(xs, hh, w->w_down, NULL, n, FF, C, c_lo, c_hi, 1.0f);
+    lora_few(lo, l, LT_DOWN, xs, hh, n, FF, C, c_lo, c_hi, lora_t);
     pool_barrier_wait(&s->bar, gn);
   }
   rmsnorm_forward(xn, NULL, xs, m->w.final_norm, n, C, c->rms_norm_eps);
@@ -388,6 +418,10 @@ static int gen_run_impl(struct gen_state *s, const struct model *m, int n,
   int V = model_vocab_used(c), maxn = o->max_new_tokens;
   if (n < 1 || n > s->cap_batch)
     return dapo_errf(e, DAPO_ERANGE, "generate: %d sequences (capacity %d)", n, s->cap_batch);
+  if (m->lora && m->lora->cfg.r > s->lora_r)
+    return dapo_errf(e, DAPO_EINVAL,
+                     "generate: the state was sized without the model's adapter (create it after "
+                     "attaching the adapter)");
   if (maxn < 1) return dapo_errf(e, DAPO_EINVAL, "max_new_tokens: %d must be >= 1", maxn);
   if (!(o->temperature >= 0.0f) || !(o->top_p > 0.0f && o->top_p <= 1.0f))
     return dapo_errf(e, DAPO_EINVAL, "temperature %g must be >= 0 and top_p %g in (0, 1]",

@@ -33,11 +33,15 @@ struct gen_out {
 
 struct gen_state;
 
-/* cap_batch sequences of up to cap_seq_len tokens (prompt + response). NULL + e on failure. */
+/* cap_batch sequences of up to cap_seq_len tokens (prompt + response), for m with its adapter
+ * (m->lora) if it has one: create the state after attaching it. NULL + e on failure. */
 struct gen_state *gen_state_new(const struct model *m, int cap_batch, int cap_seq_len,
                                 struct dapo_err *e);
 void gen_state_free(struct gen_state *s);
-size_t gen_state_bytes(const struct model_config *c, int cap_batch, int cap_seq_len);
+struct lora_config;
+/* lc: the adapter the model will carry (model.lora), or NULL. */
+size_t gen_state_bytes(const struct model_config *c, const struct lora_config *lc, int cap_batch,
+                       int cap_seq_len);
 
 struct pool;
 /* Runs generation on pool p's threads (borrowed; NULL: serial). Returns 0 or DAPO_ENOMEM. */

@@ -9,6 +9,7 @@
 
 #include "block.h"
 #include "kernels.h"
+#include "lora.h"
 #include "pool.h"
 
 struct train_state {
@@ -31,6 +32,8 @@ struct train_state {
   /* backward scratch */
   float *dres, *dxn, *dq, *dk, *dv, *datt, *dff_a, *dff_b, *dsel, *dsel_in;
   float *dk_pre;             /* [N,CKV] with qk_norm (dq_pre reuses datt) */
+  float *dlora;              /* [N,r] with an adapter */
+  int lora_r, lora_targets;  /* the adapter the state was sized for (0: none) */
   struct thread_scratch scr; /* attention scratch per pool thread */
   struct pool *pool;         /* borrowed */
 
@@ -45,7 +48,9 @@ struct layout {
   size_t res, per_layer, sel, probs, bwd, scratch, total;
 };
 
-static void plan(const struct model_config *c, int N, int R, int T, struct layout *p) {
+/* lc: the adapter's config, or NULL. */
+static void plan(const struct model_config *c, const struct lora_config *lc, int N, int R, int T,
+                 struct layout *p) {
   size_t C = c->hidden_size, CQ = (size_t)c->num_heads * c->head_dim,
          CKV = (size_t)c->num_kv_heads * c->head_dim, FF = c->intermediate_size, NH = c->num_heads,
          L = c->num_layers, V = model_vocab_used(c), NKV = c->num_kv_heads;
@@ -58,14 +63,20 @@ static void plan(const struct model_config *c, int N, int R, int T, struct layou
   p->probs = (size_t)R * V;
   p->bwd = N * (2 * C + 2 * CQ + 2 * CKV + 2 * FF) + (size_t)R * 2 * C;
   if (c->qk_norm) p->bwd += N * CKV;
+  if (lc) { /* s x A^T of each targeted layer, and its gradient */
+    int nt = 0;
+    for (int t = 0; t < LT_COUNT; t++) nt += (lc->targets >> t) & 1;
+    p->per_layer += N * (size_t)lc->r * nt;
+    p->bwd += N * (size_t)lc->r;
+  }
   p->scratch = 2 * (size_t)T * T; /* per thread, allocated separately */
   p->total = p->res + L * p->per_layer + p->sel + p->probs + p->bwd;
 }
 
-size_t train_state_bytes(const struct model_config *c, int cap_tokens, int cap_resp,
-                         int cap_seq_len) {
+size_t train_state_bytes(const struct model_config *c, const struct lora_config *lc, int cap_tokens,
+                         int cap_resp, int cap_seq_len) {
   struct layout p;
-  plan(c, cap_tokens, cap_resp, cap_seq_len, &p);
+  plan(c, lc, cap_tokens, cap_resp, cap_seq_len, &p);
   size_t ints = (size_t)cap_tokens * 5 + (size_t)cap_resp * 2;
   return p.total * sizeof(float) + ints * sizeof(int) +
          (size_t)c->num_layers * sizeof(struct block_acts);
@@ -99,8 +110,9 @@ struct train_state *train_state_new(const struct model *m, int cap_tokens, int c
   s->cap_tokens = cap_tokens;
   s->cap_resp = cap_resp;
   s->cap_seq_len = cap_seq_len;
+  const struct lora_config *lc = m->lora ? &m->lora->cfg : NULL;
   struct layout p;
-  plan(c, cap_tokens, cap_resp, cap_seq_len, &p);
+  plan(c, lc, cap_tokens, cap_resp, cap_seq_len, &p);
   s->mem = dapo_alloc_floats(p.total);
   s->acts = calloc((size_t)c->num_layers, sizeof *s->acts);
   s->pos = calloc((size_t)cap_tokens * 5 + (size_t)cap_resp * 2, sizeof(int));
@@ -141,6 +153,8 @@ struct train_state *train_state_new(const struct model *m, int cap_tokens, int c
       a->rstd_q = TAKE(N * c->num_heads);
       a->rstd_k = TAKE(N * c->num_kv_heads);
     }
+    for (int t = 0; lc && t < LT_COUNT; t++)
+      if (lc->targets & 1u << t) a->lora_u[t] = TAKE(N * (size_t)lc->r);
   }
   s->sel_in = TAKE(R * C);
   s->sel_xn = TAKE(R * C);
@@ -157,14 +171,21 @@ struct train_state *train_state_new(const struct model *m, int cap_tokens, int c
   s->dsel = TAKE(R * C);
   s->dsel_in = TAKE(R * C);
   if (c->qk_norm) s->dk_pre = TAKE(N * CKV);
+  if (lc) {
+    s->dlora = TAKE(N * (size_t)lc->r);
+    s->lora_r = lc->r;
+    s->lora_targets = (int)lc->targets;
+  }
 #undef TAKE
   if (thread_scratch_init(&s->scr, p.scratch, NULL)) goto oom;
   s->mem_floats = p.total;
   return s;
 oom:
   train_state_free(s);
-  dapo_errf(e, DAPO_ENOMEM, "out of memory allocating training activations (%zu MiB)",
-            train_state_bytes(c, cap_tokens, cap_resp, cap_seq_len) >> 20);
+  dapo_errf(
+      e, DAPO_ENOMEM, "out of memory allocating training activations (%zu MiB)",
+      train_state_bytes(c, m->lora ? &m->lora->cfg : NULL, cap_tokens, cap_resp, cap_seq_len) >>
+          20);
   return NULL;
 }
 
@@ -213,6 +234,11 @@ int train_forward(struct train_state *s, const struct model *m, const struct fwd
                   float inv_temp, float *logp, float *entropy, struct dapo_err *e) {
   int rc = fwd_batch_validate(s, m, b, e);
   if (rc) return rc;
+  if (m->lora ? s->lora_r != m->lora->cfg.r || s->lora_targets != (int)m->lora->cfg.targets
+              : s->lora_r != 0)
+    return dapo_errf(e, DAPO_EINVAL,
+                     "train_forward: the state was sized for another adapter than the model's "
+                     "(create it after attaching the adapter)");
   struct pool *saved = pool_current();
   pool_set_current(s->pool);
   const struct model_config *c = &m->cfg;
@@ -241,7 +267,7 @@ int train_forward(struct train_state *s, const struct model *m, const struct fwd
   struct block_seqs bs = {
       .n_seq = b->n_seq, .row0 = s->row0, .t_new = s->t_new, .n_past = s->n_past, .pos = s->pos};
   for (int l = 0; l < c->num_layers; l++)
-    block_forward(c, &m->w.layers[l], &s->acts[l], &bs, N, &s->rope, s->scr.buf, s->scr.stride);
+    block_forward(m, l, &s->acts[l], &bs, N, &s->rope, s->scr.buf, s->scr.stride);
 
   /* final norm and LM head only on the rows that predict response tokens */
   const float *last = s->acts[c->num_layers - 1].x_out;
@@ -286,11 +312,33 @@ static void attn_bwd_thread(void *ctx, int ti, int nt) {
   }
 }
 
+/* The adapter of target t in layer l, whose layer got dout [N,OUT] from input x [N,IN] and kept
+ * u = s x A^T: adds to its dA and dB and to dx (which holds the base layer's input gradient). */
+static void lora_backward(struct train_state *s, const struct lora *lo, int l, int t,
+                          const float *dout, const float *x, const float *u, float *dx, int N,
+                          int IN, int OUT) {
+  if (!lo || !lo->w[l].a[t]) return;
+  int r = lo->cfg.r;
+  /* y += u B^T: dB += dout^T u, du = dout B */
+  matmul_backward(s->dlora, lo->g[l].b[t], NULL, dout, u, lo->w[l].b[t], N, r, OUT, 0.0f);
+  /* u = s x A^T: dA += (s du)^T x, dx += (s du) A */
+  for (size_t i = 0; i < (size_t)N * r; i++) s->dlora[i] *= lo->scale;
+  matmul_backward(dx, lo->g[l].a[t], NULL, s->dlora, x, lo->w[l].a[t], N, IN, r, 1.0f);
+}
+
 int train_backward(struct train_state *s, struct model *m, const float *dlogp, struct dapo_err *e) {
   if (!s->have_fwd)
     return dapo_errf(e, DAPO_EINVAL, "train_backward: no forward pass to differentiate");
-  if (!m->grads) return dapo_errf(e, DAPO_EINVAL, "train_backward: gradients not allocated");
+  /* with an adapter only it trains: the base gets no gradient (its grads may not exist) */
+  const struct lora *lo = m->lora;
+  if (lo && (!lo->grads || s->lora_r != lo->cfg.r || s->lora_targets != (int)lo->cfg.targets))
+    return dapo_errf(e, DAPO_EINVAL,
+                     "train_backward: adapter gradients not allocated, or the state was sized "
+                     "for another adapter");
+  if (!lo && !m->grads) return dapo_errf(e, DAPO_EINVAL, "train_backward: gradients not allocated");
   s->have_fwd = 0;
+  static const struct layer_views frozen_layer;
+  struct views gm = lo ? (struct views){0} : m->g;
   struct pool *saved = pool_current();
   pool_set_current(s->pool);
   const struct model_config *c = &m->cfg;
@@ -301,10 +349,10 @@ int train_backward(struct train_state *s, struct model *m, const float *dlogp, s
   memset(s->dres, 0, sizeof(float) * (size_t)N * C);
   if (R > 0) {
     classifier_backward(s->probs, dlogp, s->targets, R, V, s->inv_temp);
-    matmul_backward(s->dsel, m->g.lm_head, NULL, s->probs, s->sel_xn, m->w.lm_head, R, C, V, 0.0f);
+    matmul_backward(s->dsel, gm.lm_head, NULL, s->probs, s->sel_xn, m->w.lm_head, R, C, V, 0.0f);
     memset(s->dsel_in, 0, sizeof(float) * (size_t)R * C);
-    rmsnorm_backward(s->dsel_in, m->g.final_norm, s->dsel, s->sel_in, m->w.final_norm, s->sel_rstd,
-                     R, C);
+    rmsnorm_backward(s->dsel_in, gm.final_norm, s->dsel, s->sel_in, m->w.final_norm, s->sel_rstd, R,
+                     C);
     for (int r = 0; r < R; r++) {
       float *d = s->dres + (size_t)s->sel_rows[r] * C;
       const float *src = s->dsel_in + (size_t)r * C;
@@ -315,16 +363,20 @@ int train_backward(struct train_state *s, struct model *m, const float *dlogp, s
   for (int l = L - 1; l >= 0; l--) {
     const struct block_acts *a = &s->acts[l];
     const struct layer_views *w = &m->w.layers[l];
-    struct layer_views *g = &m->g.layers[l];
+    const struct layer_views *g = lo ? &frozen_layer : &m->g.layers[l];
     /* MLP: x_out = x_mid + down(silu(gate(xn2)) * up(xn2)) */
     matmul_backward(s->dff_a, g->w_down, NULL, s->dres, a->h, w->w_down, N, FF, C, 0.0f);
+    lora_backward(s, lo, l, LT_DOWN, s->dres, a->h, a->lora_u[LT_DOWN], s->dff_a, N, FF, C);
     swiglu_backward(s->dff_a, s->dff_b, s->dff_a, a->g, a->u, (size_t)N * FF);
     matmul_backward(s->dxn, g->w_gate, NULL, s->dff_a, a->xn2, w->w_gate, N, C, FF, 0.0f);
     matmul_backward(s->dxn, g->w_up, NULL, s->dff_b, a->xn2, w->w_up, N, C, FF, 1.0f);
+    lora_backward(s, lo, l, LT_GATE, s->dff_a, a->xn2, a->lora_u[LT_GATE], s->dxn, N, C, FF);
+    lora_backward(s, lo, l, LT_UP, s->dff_b, a->xn2, a->lora_u[LT_UP], s->dxn, N, C, FF);
     rmsnorm_backward(s->dres, g->ffn_norm, s->dxn, a->x_mid, w->ffn_norm, a->rstd2, N, C);
 
     /* attention: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)) */
     matmul_backward(s->datt, g->wo, g->bo, s->dres, a->att, w->wo, N, CQ, C, 0.0f);
+    lora_backward(s, lo, l, LT_O, s->dres, a->att, a->lora_u[LT_O], s->datt, N, CQ, C);
     memset(s->dq, 0, sizeof(float) * (size_t)N * CQ);
     memset(s->dk, 0, sizeof(float) * (size_t)N * CKV);
     memset(s->dv, 0, sizeof(float) * (size_t)N * CKV);
@@ -347,11 +399,14 @@ int train_backward(struct train_state *s, struct model *m, const float *dlogp, s
     matmul_backward(s->dxn, g->wq, g->bq, dq_pre, a->xn1, w->wq, N, C, CQ, 0.0f);
     matmul_backward(s->dxn, g->wk, g->bk, dk_pre, a->xn1, w->wk, N, C, CKV, 1.0f);
     matmul_backward(s->dxn, g->wv, g->bv, s->dv, a->xn1, w->wv, N, C, CKV, 1.0f);
+    lora_backward(s, lo, l, LT_Q, dq_pre, a->xn1, a->lora_u[LT_Q], s->dxn, N, C, CQ);
+    lora_backward(s, lo, l, LT_K, dk_pre, a->xn1, a->lora_u[LT_K], s->dxn, N, C, CKV);
+    lora_backward(s, lo, l, LT_V, s->dv, a->xn1, a->lora_u[LT_V], s->dxn, N, C, CKV);
     rmsnorm_backward(s->dres, g->attn_norm, s->dxn, a->x_in, w->attn_norm, a->rstd1, N, C);
   }
 
-  for (int n = 0; n < N; n++) {
-    float *d = m->g.tok_emb + (size_t)s->tokens[n] * C;
+  for (int n = 0; gm.tok_emb && n < N; n++) {
+    float *d = gm.tok_emb + (size_t)s->tokens[n] * C;
     const float *src = s->dres + (size_t)n * C;
     for (int i = 0; i < C; i++) d[i] += src[i];
   }

@@ -38,8 +38,10 @@ struct pool;
 int train_state_set_pool(struct train_state *s, struct pool *p, struct dapo_err *e);
 
 /* Bytes train_state_new would allocate for these capacities (memory planning). */
-size_t train_state_bytes(const struct model_config *c, int cap_tokens, int cap_resp,
-                         int cap_seq_len);
+struct lora_config;
+/* lc: the adapter the model will carry (model.lora), or NULL. */
+size_t train_state_bytes(const struct model_config *c, const struct lora_config *lc, int cap_tokens,
+                         int cap_resp, int cap_seq_len);
 
 /* Number of response tokens in b (sum of lengths minus prompt lengths). */
 int fwd_batch_resp_tokens(const struct fwd_batch *b);

@@ -115,7 +115,7 @@ uint64_t completion_memory(const struct model_config *cfg, int n, int seq_len, i
    * stream and prompt pointer/length */
   uint64_t arrays = (uint64_t)n * (uint64_t)max_new * (sizeof(int) + sizeof(float)) +
                     (uint64_t)n * (3 * sizeof(int) + sizeof(struct rng) + sizeof(int *));
-  return (uint64_t)gen_state_bytes(cfg, n, seq_len) + arrays;
+  return (uint64_t)gen_state_bytes(cfg, NULL, n, seq_len) + arrays;
 }
 
 static double secs_between(const struct timespec *a, const struct timespec *b) {

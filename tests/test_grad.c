@@ -10,6 +10,7 @@
 
 #include "check.h"
 #include "kernels.h"
+#include "lora.h"
 #include "model.h"
 #include "pool.h"
 #include "rng.h"
@@ -122,6 +123,70 @@ static void run_case(const char *name, struct model_config cfg, float inv_temp) 
   model_free(m);
 }
 
+/* A LoRA adapter on every linear layer of a frozen model: finite differences of the adapter's
+ * tensors (A and B both random, so neither gradient vanishes), and no gradient for the base. */
+static void run_lora_case(const char *name, struct model_config cfg, unsigned targets, int r,
+                          float inv_temp) {
+  struct dapo_err e = {0};
+  struct model *m = model_new(&cfg, &e);
+  CHECK_MSG(m != NULL, "%s: %s", name, e.msg);
+  if (!m) return;
+  model_init_random(m, 43);
+  struct lora_config lc = {.r = r, .alpha = 2.0 * r, .targets = targets};
+  struct lora *lo = lora_new(&lc, &cfg, &e);
+  CHECK_MSG(lo != NULL, "%s: %s", name, e.msg);
+  struct rng rr;
+  rng_seed(&rr, 9, 2);
+  for (size_t k = 0; k < lo->n_params; k++) lo->params[k] = 0.3f * (float)rng_normal(&rr);
+  CHECK(lora_alloc_grads(lo, &e) == 0);
+  m->lora = lo;
+
+  int plen[2] = {3, 2}, off[3] = {0, 8, 14}, tokens[14]; /* lengths 8 and 6 */
+  for (int i = 0; i < 14; i++) tokens[i] = (int)rng_below(&rr, (uint64_t)model_vocab_used(&cfg));
+  struct fwd_batch b = {.n_seq = 2, .tokens = tokens, .seq_off = off, .prompt_len = plen};
+  int R = fwd_batch_resp_tokens(&b);
+  float w[16], logp[16];
+  for (int i = 0; i < R; i++) w[i] = (float)rng_normal(&rr);
+  struct train_state *s = train_state_new(m, 16, 16, 16, &e);
+  CHECK_MSG(s != NULL, "%s: %s", name, e.msg);
+  if (s && g_pool) CHECK(train_state_set_pool(s, g_pool, &e) == 0);
+  lora_zero_grads(lo);
+  loss_of(s, m, &b, w, inv_temp, logp);
+  CHECK_MSG(train_backward(s, m, w, &e) == 0, "%s: %s", name, e.msg);
+  CHECK(m->grads == NULL); /* the base has none: it is frozen */
+
+  const float h = 1e-2f;
+  int bad = 0;
+  float *dir = malloc(sizeof(float) * lo->n_params);
+  for (int t = 0; t < lo->n_tensors; t++) {
+    const struct param_info *p = &lo->tensors[t];
+    float *x = lo->params + p->offset, *g = lo->grads + p->offset;
+    double an = 0;
+    for (size_t k = 0; k < p->numel; k++) {
+      dir[k] = (float)rng_normal(&rr);
+      an += (double)dir[k] * g[k];
+    }
+    double fd = richardson(s, m, &b, w, inv_temp, logp, x, dir, p->numel, h);
+    double tol = 1e-2 * fabs(an) + 2e-3;
+    bad += fabs(fd - an) > tol;
+    CHECK_MSG(fabs(fd - an) <= tol, "%s %s: directional fd %.6g vs analytic %.6g", name, p->name,
+              fd, an);
+    for (int j = 0; j < 4; j++) {
+      size_t k = (size_t)rng_below(&rr, p->numel);
+      float one = 1.0f;
+      double fd1 = richardson(s, m, &b, w, inv_temp, logp, x + k, &one, 1, h);
+      CHECK_MSG(fabs(fd1 - g[k]) <= 1e-2 * fabs(g[k]) + 2e-3, "%s %s[%zu]: fd %.6g vs %.6g", name,
+                p->name, k, fd1, (double)g[k]);
+    }
+  }
+  fprintf(stderr, "%s: %d adapter tensors checked, %d directional mismatches\n", name,
+          lo->n_tensors, bad);
+  free(dir);
+  train_state_free(s);
+  lora_free(lo);
+  model_free(m);
+}
+
 int main(void) {
   struct model_config base = {.arch = ARCH_LLAMA,
                               .vocab_size = 23,
@@ -175,12 +240,15 @@ int main(void) {
                                   .high_freq_factor = 4.0,
                                   .original_max_position_embeddings = 4};
   run_case("llama3-rope-tied", c5, 1.0f);
+  run_lora_case("lora-all-linear-qwen3", c4, (1u << LT_COUNT) - 1, 3, 1.0f / 0.8f);
+  run_lora_case("lora-qv-llama", base, 1u << LT_Q | 1u << LT_V, 2, 1.0f);
   /* again with the parallel paths of every kernel (3 threads, no work threshold) */
   kernels_set_par_min_work(0);
   g_pool = pool_new(3);
   run_case("llama-gqa-tied/pool3", base, 1.0f);
   run_case("qwen2-bias-mqa-untied/pool3", c3, 1.0f);
   run_case("qwen3-qknorm-bias-yarn-padded/pool3", c4, 1.0f / 0.8f);
+  run_lora_case("lora-all-linear-qwen3/pool3", c4, (1u << LT_COUNT) - 1, 3, 1.0f / 0.8f);
   pool_free(g_pool);
   return check_done("test_grad");
 }

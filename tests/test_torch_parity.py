@@ -204,6 +204,10 @@ def run_case(case):
     ref64, dtypes = llama.load_checkpoint(case["dir"], torch.float64)
     check(all(d == "F32" for d in dtypes.values()), "%s: F32 checkpoint has dtypes %s" % (name, set(dtypes.values())))
     ref32, _ = llama.load_checkpoint(case["dir"], torch.float32)
+    adapter = None
+    if "adapter" in case:  # a frozen base with a PEFT adapter
+        adapter = llama.attach_lora(ref64, case["adapter"])
+        llama.attach_lora(ref32, case["adapter"])
     with torch.no_grad():
         lp64, ent64 = llama.response_logprobs(ref64, seqs, inv_temp, vu)
         lp32, ent32 = llama.response_logprobs(ref32, seqs, inv_temp, vu)
@@ -225,8 +229,12 @@ def run_case(case):
 
     # gradients of sum_t w_t logp_t, every tensor the C side dumped (all of them)
     llama.train_step(ref64, seqs, case["weights"], inv_temp, vocab_used=vu)
-    params = dict(ref64.named_parameters())
-    check(set(case["grads"]) == set(ref64.tensor_names()), "%s: gradient tensor names differ" % name)
+    params = adapter if adapter is not None else dict(ref64.named_parameters())
+    want = set(adapter) if adapter is not None else set(ref64.tensor_names())
+    check(set(case["grads"]) == want, "%s: gradient tensor names differ" % name)
+    if adapter is not None:  # the frozen base got no gradient
+        check(all(p.grad is None for n, p in ref64.named_parameters() if "lora_" not in n),
+              "%s: the reference's base got gradients" % name)
     worst = 0.0
     for tname, g in case["grads"].items():
         ref = params[tname].grad
@@ -259,6 +267,9 @@ def run_case(case):
     report["ref_kv_cache"] = max_abs(lps.reshape(-1), rlp)
     check(report["ref_kv_cache"] < 1e-9, "%s: reference KV-cache sampler vs its forward %.3g" % (name, report["ref_kv_cache"]))
 
+    if "adamw" not in case:  # adapters: the runner's optimizer is checked elsewhere
+        print("%-26s " % name + "  ".join("%s %.2e" % kv for kv in report.items()))
+        return
     # 3 AdamW steps from the checkpoint's parameters, same batch and weights each step
     a = case["adamw"]
     ref, _ = llama.load_checkpoint(case["dir"], torch.float64)
@@ -314,7 +325,7 @@ def main():
             dumped = json.load(f)
         cases = dumped["cases"]
         check_configs(dumped["configs"])
-        check(len(cases) >= 9, "parity_dump wrote %d configs, expected 9" % len(cases))
+        check(len(cases) >= 11, "parity_dump wrote %d configs, expected 11" % len(cases))
         check(sum("bf16" in c for c in cases) >= 1, "no BF16 case")
         print("max errors (logp/entropy abs vs float64 and float32 references; grad: fraction of the "
               "tensor's max |grad|; adamw: abs on parameters after 3 steps)")

@@ -376,6 +376,58 @@ def load_checkpoint(path, dtype=torch.float32):
     return model, {n: dtypes[n] for n in expected}
 
 
+# ---------------------------------------------------------------------------------------------
+# LoRA, as PEFT defines it: y = base(x) + lora_B(lora_A(x)) * scaling, scaling = alpha / r
+# (alpha / sqrt(r) with use_rslora); the base is frozen.
+
+
+class LoraLinear(nn.Module):
+    def __init__(self, base, r, scaling):
+        super().__init__()
+        self.base_layer = base
+        self.lora_A = nn.Linear(base.in_features, r, bias=False)
+        self.lora_B = nn.Linear(r, base.out_features, bias=False)
+        self.scaling = scaling
+
+    def forward(self, x):
+        return self.base_layer(x) + self.lora_B(self.lora_A(x)) * self.scaling
+
+
+def attach_lora(model, adapter_dir):
+    """Wraps the layers adapter_config.json targets with LoraLinear, loads A and B from
+    adapter_model.safetensors by PEFT's names (base_model.model.<module>.lora_A.weight), freezes
+    everything else. Returns {PEFT tensor name: parameter}."""
+    with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
+        ac = json.load(f)
+    assert ac["peft_type"] == "LORA" and not ac.get("use_dora")
+    r, alpha = int(ac["r"]), float(ac["lora_alpha"])
+    scaling = alpha / math.sqrt(r) if ac.get("use_rslora") else alpha / r
+    targets = ac["target_modules"]
+    targets = set(targets) if isinstance(targets, list) else None  # "all-linear"
+    tensors, _, _ = read_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"))
+    for p in model.parameters():
+        p.requires_grad_(False)
+    named, dtype = {}, next(model.parameters()).dtype
+    for name, mod in list(model.named_modules()):
+        leaf = name.rsplit(".", 1)[-1]
+        if not isinstance(mod, nn.Linear) or name == "lm_head":
+            continue
+        if targets is not None and leaf not in targets:
+            continue
+        parent = model.get_submodule(name.rsplit(".", 1)[0])
+        lin = LoraLinear(mod, r, scaling).to(dtype)
+        for ab in ("A", "B"):
+            key = "base_model.model.%s.lora_%s.weight" % (name, ab)
+            w = getattr(lin, "lora_" + ab).weight
+            with torch.no_grad():
+                w.copy_(tensors.pop(key))
+            named[key] = w
+        setattr(parent, leaf, lin)
+    if tensors:
+        raise ValueError("%s: unexpected adapter tensors %s" % (adapter_dir, sorted(tensors)))
+    return named
+
+
 def tokenizer_id_count(path):
     """1 + the largest id of a tokenizer.json (its model vocabulary and added tokens): the ids a
     model's logits cover in dapod when its embedding has more (padding) rows."""
