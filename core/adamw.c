@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "checkpoint.h"
+#include "lora.h"
 
 struct adamw_cfg adamw_cfg_default(void) {
   struct adamw_cfg c = {.lr = 1e-6f,
@@ -20,11 +21,24 @@ struct adamw_cfg adamw_cfg_default(void) {
   return c;
 }
 
+/* What m trains, as the table-driven code reads a model (tensors, n_tensors, n_params, params,
+ * grads): m itself, or a view of its adapter's table and buffers when it has one (the base is
+ * frozen). The view's other fields are zero: only those five are read through it. */
+static struct model trainable(const struct model *m) {
+  if (!m->lora) return *m;
+  const struct lora *l = m->lora;
+  return (struct model){.n_tensors = l->n_tensors,
+                        .tensors = l->tensors,
+                        .n_params = l->n_params,
+                        .params = l->params,
+                        .grads = l->grads};
+}
+
 int adamw_init(struct adamw *o, const struct model *m, const struct adamw_cfg *cfg,
                struct dapo_err *e) {
   memset(o, 0, sizeof *o);
   o->cfg = *cfg;
-  o->n = m->n_params;
+  o->n = trainable(m).n_params;
   o->m = dapo_alloc_floats(o->n);
   o->v = dapo_alloc_floats(o->n);
   if (!o->m || !o->v) {
@@ -51,7 +65,11 @@ double grad_global_norm(const float *g, size_t n) {
   return sqrt(s);
 }
 
-int adamw_step(struct adamw *o, struct model *m, float lr, double *norm_out, struct dapo_err *e) {
+int adamw_step(struct adamw *o, struct model *model, float lr, double *norm_out,
+               struct dapo_err *e) {
+  struct model tv = trainable(model), *m = &tv;
+  if (m->n_params != o->n || !m->grads)
+    return dapo_errf(e, DAPO_EINVAL, "adamw_step: the moments were sized for other parameters");
   float *g = m->grads;
   double norm = grad_global_norm(g, o->n);
   if (norm_out) *norm_out = norm;
@@ -82,7 +100,9 @@ int adamw_step(struct adamw *o, struct model *m, float lr, double *norm_out, str
   return 0;
 }
 
-int adamw_save(const struct adamw *o, const struct model *m, const char *path, struct dapo_err *e) {
+int adamw_save(const struct adamw *o, const struct model *model, const char *path,
+               struct dapo_err *e) {
+  struct model tv = trainable(model), *m = &tv;
   const char *prefixes[2] = {"exp_avg.", "exp_avg_sq."};
   const float *bufs[2] = {o->m, o->v};
   char step[32];
@@ -93,7 +113,8 @@ int adamw_save(const struct adamw *o, const struct model *m, const char *path, s
   return rc;
 }
 
-int adamw_load(struct adamw *o, const struct model *m, const char *path, struct dapo_err *e) {
+int adamw_load(struct adamw *o, const struct model *model, const char *path, struct dapo_err *e) {
+  struct model tv = trainable(model), *m = &tv;
   const char *prefixes[2] = {"exp_avg.", "exp_avg_sq."};
   float *bufs[2] = {o->m, o->v};
   json_t *meta = NULL;

@@ -1,7 +1,8 @@
 /* AdamW with decoupled weight decay and bias correction (PyTorch's torch.optim.AdamW, same order
  * of operations), global-L2-norm gradient clipping (torch.nn.utils.clip_grad_norm_), and a
- * linear learning-rate warm-up counted in training steps. The moments live in flat buffers laid
- * out like the model's parameters; their state is saved and restored bit-exactly. */
+ * linear learning-rate warm-up counted in training steps. It updates what the model trains: its
+ * adapter (model.lora, lora.h) when it has one, else all its parameters. The moments live in
+ * flat buffers laid out like those parameters; their state is saved and restored bit-exactly. */
 #ifndef DAPO_ADAMW_H
 #define DAPO_ADAMW_H
 

@@ -267,12 +267,10 @@ def run_case(case):
     report["ref_kv_cache"] = max_abs(lps.reshape(-1), rlp)
     check(report["ref_kv_cache"] < 1e-9, "%s: reference KV-cache sampler vs its forward %.3g" % (name, report["ref_kv_cache"]))
 
-    if "adamw" not in case:  # adapters: the runner's optimizer is checked elsewhere
-        print("%-26s " % name + "  ".join("%s %.2e" % kv for kv in report.items()))
-        return
     # 3 AdamW steps from the checkpoint's parameters, same batch and weights each step
     a = case["adamw"]
     ref, _ = llama.load_checkpoint(case["dir"], torch.float64)
+    ad = llama.attach_lora(ref, case["adapter"]) if "adapter" in case else None
     opt = llama.make_adamw(ref, a["lr"], (a["beta1"], a["beta2"]), a["eps"], a["weight_decay"])
     worst_norm = 0.0
     for t, st in enumerate(a["steps"]):
@@ -284,7 +282,7 @@ def run_case(case):
         rel = abs(norm - st["grad_norm"]) / norm
         worst_norm = max(worst_norm, rel)
         check(rel < 1e-4, "%s: step %d grad norm %.9g vs reference %.9g" % (name, t, st["grad_norm"], norm))
-    params = dict(ref.named_parameters())
+    params = ad if ad is not None else dict(ref.named_parameters())
     worst = 0.0
     for tname, p in a["params"].items():
         err = max_abs(p, params[tname].detach().reshape(-1).numpy())

@@ -479,8 +479,9 @@ def response_logprobs(model, seqs, inv_temp=1.0, vocab_used=None):
 
 def make_adamw(model, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
     """torch.optim.AdamW with decoupled weight decay on matrices (2-D) only, as HF trainers."""
-    decay = [p for p in model.parameters() if p.dim() == 2]
-    no_decay = [p for p in model.parameters() if p.dim() != 2]
+    params = [p for p in model.parameters() if p.requires_grad]  # a frozen base is left out
+    decay = [p for p in params if p.dim() == 2]
+    no_decay = [p for p in params if p.dim() != 2]
     groups = [{"params": decay, "weight_decay": weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
