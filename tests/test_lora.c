@@ -1,0 +1,200 @@
+/* LoRA adapters (core/lora.c): the job's adapter object and its field errors, PEFT's
+ * adapter_config.json keys and tensor names, the save/load round trip, PEFT's initialisation
+ * (the adapted model starts equal to the base), and the merged export (W + s B A gives the
+ * adapter path's log-probs). Gradients are checked in test_grad.c (finite differences) and
+ * test_torch_parity.py (an independent PyTorch LoRA). */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "lora.h"
+#include "model.h"
+#include "rng.h"
+#include "train.h"
+
+static struct model_config cfg(void) {
+  return (struct model_config){.arch = ARCH_QWEN3,
+                               .vocab_size = 41,
+                               .hidden_size = 24,
+                               .intermediate_size = 40,
+                               .num_layers = 2,
+                               .num_heads = 4,
+                               .num_kv_heads = 2,
+                               .head_dim = 8,
+                               .max_position_embeddings = 64,
+                               .rms_norm_eps = 1e-6f,
+                               .rope_theta = 10000.0f,
+                               .qk_norm = 1,
+                               .tie_word_embeddings = 1,
+                               .bos_token_id = 1,
+                               .eos_token_id = 2,
+                               .initializer_range = 0.3f};
+}
+
+/* Parses text as the adapter object; returns the number of problems, the first field in field. */
+static int parse(const char *text, struct lora_config *c, char *field, size_t cap) {
+  json_t *j = json_loads(text, 0, NULL), *errs = json_array();
+  int n = lora_config_parse(c, j, errs);
+  if (field) {
+    const char *f = json_string_value(json_object_get(json_array_get(errs, 0), "field"));
+    snprintf(field, cap, "%s", f ? f : "");
+  }
+  json_decref(j);
+  json_decref(errs);
+  return n;
+}
+
+static void test_config(void) {
+  struct lora_config c;
+  char f[96];
+  CHECK(parse("{\"type\": \"lora\"}", &c, f, sizeof f) == 0);
+  CHECK(c.r == 8 && c.alpha == 8 && c.targets == (1u << LT_Q | 1u << LT_V) && !c.use_rslora);
+  CHECK(parse("{\"type\": \"lora\", \"r\": 16, \"alpha\": 32, \"target_modules\": [\"q_proj\", "
+              "\"k_proj\", \"v_proj\", \"o_proj\", \"gate_proj\", \"up_proj\", \"down_proj\"], "
+              "\"dropout\": 0}",
+              &c, f, sizeof f) == 0);
+  CHECK(c.r == 16 && c.alpha == 32 && c.targets == (1u << LT_COUNT) - 1);
+  CHECK_NEAR(lora_scale(&c), 2.0, 1e-7);
+  CHECK(parse("{\"type\": \"lora\", \"r\": 16, \"lora_alpha\": 16, \"use_rslora\": true, "
+              "\"target_modules\": \"all-linear\"}",
+              &c, f, sizeof f) == 0);
+  CHECK(c.use_rslora && c.targets == (1u << LT_COUNT) - 1);
+  CHECK_NEAR(lora_scale(&c), 4.0, 1e-7);
+  /* refusals name the field */
+  static const struct {
+    const char *text, *field;
+  } BAD[] = {
+      {"{\"type\": \"lora\", \"r\": 0}", "adapter.r"},
+      {"{\"type\": \"lora\", \"r\": 2.5}", "adapter.r"},
+      {"{\"type\": \"lora\", \"target_modules\": [\"q_proj\", \"qkv_proj\"]}",
+       "adapter.target_modules[1]"},
+      {"{\"type\": \"lora\", \"target_modules\": []}", "adapter.target_modules"},
+      {"{\"type\": \"lora\", \"dropout\": 0.05}", "adapter.dropout"},
+      {"{\"type\": \"lora\", \"lora_dropout\": 0.1}", "adapter.lora_dropout"},
+      {"{\"type\": \"lora\", \"alpha\": -1}", "adapter.alpha"},
+      {"{\"type\": \"lora\", \"alpha\": 8, \"lora_alpha\": 8}", "adapter.lora_alpha"},
+      {"{\"type\": \"lora\", \"bias\": \"all\"}", "adapter.bias"},
+      {"{\"type\": \"lora\", \"rank\": 8}", "adapter.rank"},
+      {"{\"type\": \"dora\"}", "adapter.type"},
+      {"[1]", "adapter"},
+  };
+  for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
+    int n = parse(BAD[i].text, &c, f, sizeof f);
+    CHECK_MSG(n >= 1 && !strcmp(f, BAD[i].field), "%s: %d problems, first field '%s' (want %s)",
+              BAD[i].text, n, f, BAD[i].field);
+  }
+  /* r larger than a targeted layer's smaller dimension */
+  struct model_config mc = cfg();
+  CHECK(parse("{\"type\": \"lora\", \"r\": 25, \"target_modules\": [\"q_proj\"]}", &c, NULL, 0) ==
+        0);
+  json_t *errs = json_array();
+  CHECK(lora_config_check(&c, &mc, errs) == 1);
+  CHECK(!strcmp(json_string_value(json_object_get(json_array_get(errs, 0), "field")), "adapter.r"));
+  json_decref(errs);
+}
+
+/* Log-probs of a fixed batch under m (with its adapter, if any). */
+static void logprobs(struct model *m, float *logp, int *R) {
+  struct dapo_err e = {0};
+  int tokens[14], off[3] = {0, 8, 14}, plen[2] = {2, 3};
+  struct rng r;
+  rng_seed(&r, 4, 4);
+  for (int i = 0; i < 14; i++) tokens[i] = (int)rng_below(&r, 41);
+  struct fwd_batch b = {.n_seq = 2, .tokens = tokens, .seq_off = off, .prompt_len = plen};
+  struct train_state *s = train_state_new(m, 16, 16, 16, &e);
+  CHECK_MSG(s && train_forward(s, m, &b, 1.0f, logp, NULL, &e) == 0, "%s", e.msg);
+  *R = fwd_batch_resp_tokens(&b);
+  train_state_free(s);
+}
+
+static void test_init_merge_save(void) {
+  struct dapo_err e = {0};
+  struct model_config mc = cfg();
+  struct model *m = model_new(&mc, &e);
+  model_init_random(m, 1);
+  float base[16], lp[16], merged[16];
+  int R;
+  logprobs(m, base, &R);
+
+  struct lora_config c = {.r = 4, .alpha = 12, .targets = (1u << LT_COUNT) - 1};
+  struct lora *l = lora_new(&c, &mc, &e);
+  CHECK(l != NULL && l->n_tensors == 2 * LT_COUNT * mc.num_layers);
+  /* r (IN + OUT) per layer: q 4(24+32), k and v 4(24+16), o 4(32+24), gate and up 4(24+40), down
+   * 4(40+24): 1,536, twice */
+  CHECK(lora_param_count(&c, &mc) == 3072);
+  lora_init(l, 7);
+  /* PEFT: A ~ U(-1/sqrt(IN), 1/sqrt(IN)), B = 0 */
+  const struct param_info *a =
+      lora_find_tensor(l, "base_model.model.model.layers.1.mlp.down_proj.lora_A.weight");
+  const struct param_info *b =
+      lora_find_tensor(l, "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight");
+  CHECK(a && b && a->shape[0] == 4 && a->shape[1] == 40 && b->shape[0] == 24 && b->shape[1] == 4);
+  float amax = 0;
+  for (size_t k = 0; a && k < a->numel; k++) amax = fmaxf(amax, fabsf(l->params[a->offset + k]));
+  CHECK(amax > 0.1f && amax <= 1.0f / sqrtf(40.0f));
+  m->lora = l;
+  logprobs(m, lp, &R);
+  int same = 1;
+  for (int i = 0; i < R; i++) same &= lp[i] == base[i];
+  CHECK_MSG(same, "a fresh adapter (B = 0) changes the model's log-probs");
+
+  /* B random: the adapter changes the model, and merging gives the same log-probs */
+  struct rng r;
+  rng_seed(&r, 3, 3);
+  for (int i = 0; i < l->n_tensors; i++)
+    if (l->tensors[i].kind == PK_LORA_B)
+      for (size_t k = 0; k < l->tensors[i].numel; k++)
+        l->params[l->tensors[i].offset + k] = 0.3f * (float)rng_normal(&r);
+  logprobs(m, lp, &R);
+  float moved = 0;
+  for (int i = 0; i < R; i++) moved = fmaxf(moved, fabsf(lp[i] - base[i]));
+  CHECK(moved > 0.05f);
+  m->lora = NULL;
+  lora_merge(l, m);
+  logprobs(m, merged, &R);
+  float d = 0;
+  for (int i = 0; i < R; i++) d = fmaxf(d, fabsf(lp[i] - merged[i]));
+  CHECK_MSG(d < 2e-5f, "merged vs adapter path: max |dlogp| %g", (double)d);
+  fprintf(stderr, "merged vs adapter: max |dlogp| %.2g (the adapter moved them by %.2g)\n",
+          (double)d, (double)moved);
+
+  /* save / load: PEFT files, bit-exact */
+  char dir[] = "/tmp/dapo-lora-XXXXXX";
+  CHECK(mkdtemp(dir) != NULL);
+  CHECK_MSG(lora_save(l, dir, "Qwen/Qwen3-0.6B", &e) == 0, "%s", e.msg);
+  char p[256];
+  snprintf(p, sizeof p, "%s/adapter_config.json", dir);
+  json_t *ac = json_load_file(p, 0, NULL);
+  CHECK(ac && !strcmp(json_string_value(json_object_get(ac, "peft_type")), "LORA") &&
+        !strcmp(json_string_value(json_object_get(ac, "task_type")), "CAUSAL_LM") &&
+        json_integer_value(json_object_get(ac, "r")) == 4 &&
+        json_number_value(json_object_get(ac, "lora_alpha")) == 12 &&
+        json_array_size(json_object_get(ac, "target_modules")) == LT_COUNT &&
+        !strcmp(json_string_value(json_object_get(ac, "base_model_name_or_path")),
+                "Qwen/Qwen3-0.6B") &&
+        json_is_false(json_object_get(ac, "use_dora")));
+  json_decref(ac);
+  struct lora *l2 = NULL;
+  CHECK_MSG(lora_load(dir, &mc, &l2, &e) == 0, "%s", e.msg);
+  CHECK(l2 && l2->n_params == l->n_params &&
+        !memcmp(l2->params, l->params, l->n_params * sizeof(float)));
+  /* a model of another shape: refused naming the tensor */
+  struct model_config other = mc;
+  other.intermediate_size = 48;
+  struct lora *l3 = NULL;
+  CHECK(lora_load(dir, &other, &l3, &e) == DAPO_EFORMAT && strstr(e.msg, "mlp.gate_proj"));
+  lora_free(l3);
+  snprintf(p, sizeof p, "rm -rf '%s'", dir);
+  CHECK(system(p) == 0);
+  lora_free(l2);
+  lora_free(l);
+  model_free(m);
+}
+
+int main(void) {
+  test_config();
+  test_init_merge_save();
+  return check_done("test_lora");
+}
