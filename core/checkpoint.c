@@ -327,10 +327,14 @@ out:
   return rc;
 }
 
-const char *const ckpt_file_names[CKPT_N_FILES] = {
-    "config.json",           "model.safetensors",      "tokenizer.json",
-    "tokenizer_config.json", "generation_config.json", "optimizer.safetensors",
-    "trainer_state.json"};
+const char *const ckpt_file_names[CKPT_N_FILES] = {"config.json",
+                                                   "model.safetensors",
+                                                   "tokenizer.json",
+                                                   "tokenizer_config.json",
+                                                   "generation_config.json",
+                                                   "optimizer.safetensors",
+                                                   "trainer_weights.safetensors",
+                                                   "trainer_state.json"};
 
 int ckpt_manifest_read(const char *dir, struct ckpt_manifest *m, struct dapo_err *e) {
   enum { CHUNK = 1 << 16 };

@@ -46,9 +46,10 @@ int ckpt_remove_temporaries(const char *dir);
 
 /* The files a checkpoint folder may hold, in listing order: ckpt_save_with's four, the
  * tokenizer_config.json a model brings (core/lm.h lm_write_extra), and the trainer's
- * optimizer.safetensors and trainer_state.json. The one list that the writers, the daemon's index
- * and its downloads go by. */
-#define CKPT_N_FILES 7
+ * optimizer.safetensors (absent at step 0: AdamW has no state yet), trainer_weights.safetensors
+ * (the exact float32 weights, only when model.safetensors is narrower and would lose bits) and
+ * trainer_state.json. The one list that the writers, the daemon's index and its downloads go by. */
+#define CKPT_N_FILES 8
 extern const char *const ckpt_file_names[CKPT_N_FILES];
 
 struct ckpt_file {

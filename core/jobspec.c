@@ -41,8 +41,8 @@ int jobspec_parse(const json_t *body, const struct judge_policy *pol, struct job
     return 1;
   }
   static const char *const known[] = {
-      "model", "training_file", "validation_file", "judge",  "hyperparameters",
-      "seed",  "metadata",      "suffix",          "job_id", "chat_template"};
+      "model",    "training_file", "validation_file", "judge",         "hyperparameters", "seed",
+      "metadata", "suffix",        "job_id",          "chat_template", "checkpoint_dtype"};
   const char *key;
   json_t *v;
   json_object_foreach((json_t *)body, key, v) {
@@ -110,6 +110,21 @@ int jobspec_parse(const json_t *body, const struct judge_policy *pol, struct job
       chat_free(c);
     }
   }
+  json_t *cd = json_object_get(body, "checkpoint_dtype");
+  if (cd && !json_is_null(cd)) {
+    const char *name = json_string_value(cd);
+    int found = 0;
+    for (int d = CKPT_DTYPE_AUTO; d <= CKPT_DTYPE_BFLOAT16 && name && !found; d++)
+      if (!strcmp(name, jobspec_dtype_name((enum ckpt_dtype)d))) {
+        s->checkpoint_dtype = (enum ckpt_dtype)d;
+        found = 1;
+      }
+    if (found)
+      s->checkpoint_dtype_given = 1;
+    else
+      dapo_errors_add(errors, "checkpoint_dtype",
+                      "expected \"auto\" (the source's dtype), \"float32\" or \"bfloat16\"");
+  }
   hparams_parse(&s->hp, json_object_get(body, "hyperparameters"), errors);
   if (!s->model || !s->training_file || !s->job_id || !s->judge) {
     if ((model && !s->model) || (tf && !s->training_file) || !s->job_id || !s->judge)
@@ -118,13 +133,18 @@ int jobspec_parse(const json_t *body, const struct judge_policy *pol, struct job
   return (int)(json_array_size(errors) - before);
 }
 
+const char *jobspec_dtype_name(enum ckpt_dtype d) {
+  return d == CKPT_DTYPE_FLOAT32 ? "float32" : d == CKPT_DTYPE_BFLOAT16 ? "bfloat16" : "auto";
+}
+
 json_t *jobspec_to_json(const struct job_spec *s) {
-  /* chat_template only when given, so that specs (and the checkpoints that record them) of jobs
-   * without one stay as they were */
-  return json_pack("{s:s?,s:s?,s:s?,s:O?,s:o,s:I,s:O*}", "model", s->model, "training_file",
+  /* chat_template and checkpoint_dtype only when given, so that specs (and the checkpoints that
+   * record them) of jobs without them stay as they were */
+  return json_pack("{s:s?,s:s?,s:s?,s:O?,s:o,s:I,s:O*,s:s*}", "model", s->model, "training_file",
                    s->training_file, "validation_file", s->validation_file, "judge", s->judge,
                    "hyperparameters", hparams_to_json(&s->hp), "seed", (json_int_t)s->seed,
-                   "chat_template", s->chat_template);
+                   "chat_template", s->chat_template, "checkpoint_dtype",
+                   s->checkpoint_dtype_given ? jobspec_dtype_name(s->checkpoint_dtype) : NULL);
 }
 
 void jobspec_deinit(struct job_spec *s) {

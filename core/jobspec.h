@@ -11,6 +11,11 @@
 #include "hparams.h"
 #include "judge.h"
 
+/* The dtype of a checkpoint's model.safetensors (job field `checkpoint_dtype`). AUTO: the
+ * source's (bfloat16 when the model folder's config.json says torch_dtype bfloat16, else
+ * float32: presets, F32 and F16 folders). */
+enum ckpt_dtype { CKPT_DTYPE_AUTO = 0, CKPT_DTYPE_FLOAT32, CKPT_DTYPE_BFLOAT16 };
+
 struct job_spec {
   char *model;           /* preset name or model folder path (owned) */
   char *training_file;   /* path (owned) */
@@ -22,7 +27,12 @@ struct job_spec {
   json_t *chat_template; /* how `messages` prompts are rendered (core/chat.h): NULL when the
                             body has none ("auto": the model's own template), else the given
                             value (owned reference) */
+  enum ckpt_dtype checkpoint_dtype;
+  int checkpoint_dtype_given; /* the body named it (the resolved spec then records it) */
 };
+
+/* The name of d as the job body writes it ("auto", "float32", "bfloat16"). */
+const char *jobspec_dtype_name(enum ckpt_dtype d);
 
 /* Parses and validates a job body (borrowed). Problems are appended to errors (a JSON array) as
  * {"field", "message"}; returns their count (0: s is usable; release it with jobspec_deinit in

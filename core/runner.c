@@ -378,6 +378,26 @@ void trainer_ckpt_path(const struct trainer *t, int64_t step, char *buf, size_t 
   snprintf(buf, cap, "%s/checkpoints/step-%" PRId64, t->out, step);
 }
 
+/* The dtype of the job's checkpoints into t->ckpt_bf16: checkpoint_dtype, or with "auto" the
+ * source's (config.json's torch_dtype, or dtype as newer transformers write it, of a model
+ * folder; presets are float32). F16 folders get float32 checkpoints: exact, and what every
+ * reader loads. */
+static int resolve_ckpt_dtype(struct trainer *t) {
+  t->ckpt_bf16 = t->spec->checkpoint_dtype == CKPT_DTYPE_BFLOAT16;
+  if (t->spec->checkpoint_dtype != CKPT_DTYPE_AUTO) return 0;
+  struct stat st;
+  if (stat(t->spec->model, &st) || !S_ISDIR(st.st_mode)) return 0; /* a preset */
+  json_t *cfg = NULL;
+  struct dapo_err e = {0};
+  if (lm_read_json(t->spec->model, "config.json", &cfg, &e))
+    return trainer_fail_err(t, FAIL_INVALID_MODEL, "model", &e);
+  const char *dt = json_string_value(json_object_get(cfg, "torch_dtype"));
+  if (!dt) dt = json_string_value(json_object_get(cfg, "dtype"));
+  t->ckpt_bf16 = dt && !strcmp(dt, "bfloat16");
+  json_decref(cfg);
+  return 0;
+}
+
 /* Brings t from a spec to the state before its next step, in this order:
  *   1. the output folder (checkpoints/, rollouts/) exists and holds no temporaries of a crash;
  *   2. the model: from the newest complete checkpoint (whose trainer_state.json must record this
@@ -410,6 +430,8 @@ static int setup(struct trainer *t) {
   int64_t from = runner_latest_checkpoint(t->out);
   t->res->resumed_from = from;
   json_t *state = NULL;
+  int with_opt = 0, exact_file = 0;
+  if (resolve_ckpt_dtype(t)) return 1;
   if (from >= 0) {
     char dir[PATH_MAX];
     trainer_ckpt_path(t, from, dir, sizeof dir);
@@ -430,6 +452,10 @@ static int setup(struct trainer *t) {
                           p);
     }
     json_t *cur = json_object_get(state, "cursor");
+    /* checkpoints written before these keys always hold optimizer.safetensors */
+    json_t *os = json_object_get(state, "optimizer_state");
+    with_opt = !os || json_is_true(os);
+    exact_file = json_is_true(json_object_get(state, "exact_weights_file"));
     t->step = json_integer_value(json_object_get(state, "step"));
     t->cursor.seed = (uint64_t)json_integer_value(json_object_get(cur, "seed"));
     t->cursor.epoch = json_integer_value(json_object_get(cur, "epoch"));
@@ -460,11 +486,16 @@ static int setup(struct trainer *t) {
     return trainer_fail_err(t, FAIL_OUT_OF_MEMORY, NULL, &e);
   t->have_opt = 1;
   if (model_alloc_grads(t->lm.model, &e)) return trainer_fail_err(t, FAIL_OUT_OF_MEMORY, NULL, &e);
-  if (from >= 0) {
-    char p[PATH_MAX];
-    trainer_ckpt_path(t, from, p, sizeof p);
-    strncat(p, "/optimizer.safetensors", sizeof p - strlen(p) - 1);
-    if (adamw_load(&t->opt, t->lm.model, p, &e))
+  if (from >= 0) { /* without optimizer state (step 0), AdamW starts afresh: zero moments */
+    char dir[PATH_MAX], p[PATH_MAX + 32];
+    trainer_ckpt_path(t, from, dir, sizeof dir);
+    snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
+    if (with_opt && adamw_load(&t->opt, t->lm.model, p, &e))
+      return trainer_fail_err(t, FAIL_INVALID_CHECKPOINT, NULL, &e);
+    const char *prefix[1] = {""};
+    float *buf[1] = {t->lm.model->params};
+    snprintf(p, sizeof p, "%s/trainer_weights.safetensors", dir);
+    if (exact_file && ckpt_load_tensors(p, t->lm.model, 1, prefix, buf, NULL, &e))
       return trainer_fail_err(t, FAIL_INVALID_CHECKPOINT, NULL, &e);
   }
 

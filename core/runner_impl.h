@@ -50,6 +50,7 @@ struct trainer {
   struct model *ref;             /* frozen starting weights when kl_coef > 0 */
   struct adamw opt;
   int have_opt;
+  int ckpt_bf16; /* checkpoints' model.safetensors in BF16 (checkpoint_dtype, resolved) */
   struct train_state *ts;
   struct gen_state *gs;
   struct judge *judge;

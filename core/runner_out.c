@@ -74,17 +74,41 @@ struct ckpt_ctx {
   const json_t *metrics;
 };
 
+/* Whether every weight is a BF16 value (its low 16 bits zero), so that a BF16 model.safetensors
+ * holds it exactly: the starting weights of a BF16 folder are. */
+static int weights_exact_in_bf16(const struct model *m) {
+  const uint32_t *bits = (const uint32_t *)(const void *)m->params;
+  uint32_t low = 0;
+  for (size_t i = 0; i < m->n_params; i++) low |= bits[i] & 0xffffu;
+  return low == 0;
+}
+
+/* The trainer's files of a checkpoint: optimizer.safetensors (not at step 0, whose moments are
+ * zeros: a resume from it starts AdamW afresh), trainer_weights.safetensors (the exact float32
+ * weights when model.safetensors is BF16 and would lose bits: resumes stay bit-identical), the
+ * model's tokenizer_config.json, trainer_state.json (what it says of both files). */
 static int ckpt_extra(void *ctx, const char *tmp_dir, struct dapo_err *e) {
   struct ckpt_ctx *c = ctx;
   struct trainer *t = c->t;
   char p[PATH_MAX];
-  snprintf(p, sizeof p, "%s/optimizer.safetensors", tmp_dir);
-  int rc = adamw_save(&t->opt, t->lm.model, p, e);
+  int rc = 0, with_opt = t->step > 0;
+  int exact_file = t->ckpt_bf16 && !weights_exact_in_bf16(t->lm.model);
+  if (with_opt) {
+    snprintf(p, sizeof p, "%s/optimizer.safetensors", tmp_dir);
+    rc = adamw_save(&t->opt, t->lm.model, p, e);
+  }
+  if (!rc && exact_file) {
+    const char *prefix[1] = {""};
+    const float *buf[1] = {t->lm.model->params};
+    snprintf(p, sizeof p, "%s/trainer_weights.safetensors", tmp_dir);
+    rc = ckpt_save_tensors(p, t->lm.model, 1, prefix, buf, NULL, e);
+  }
   if (rc || (rc = lm_write_extra(&t->lm, tmp_dir, e))) return rc;
   json_t *st =
-      json_pack("{s:I,s:{s:I,s:I,s:I},s:o,s:O?}", "step", (json_int_t)t->step, "cursor", "seed",
-                (json_int_t)t->cursor.seed, "epoch", (json_int_t)t->cursor.epoch, "pos",
-                (json_int_t)t->cursor.pos, "spec", jobspec_to_json(t->spec), "metrics", c->metrics);
+      json_pack("{s:I,s:{s:I,s:I,s:I},s:o,s:O?,s:b,s:b}", "step", (json_int_t)t->step, "cursor",
+                "seed", (json_int_t)t->cursor.seed, "epoch", (json_int_t)t->cursor.epoch, "pos",
+                (json_int_t)t->cursor.pos, "spec", jobspec_to_json(t->spec), "metrics", c->metrics,
+                "optimizer_state", with_opt, "exact_weights_file", exact_file);
   if (!st) return dapo_errf(e, DAPO_ENOMEM, "trainer_state.json: out of memory");
   snprintf(p, sizeof p, "%s/trainer_state.json", tmp_dir);
   rc = ckpt_write_json(p, st, e);
@@ -149,7 +173,8 @@ int trainer_checkpoint(struct trainer *t, const json_t *metrics) {
   if (!text) return trainer_oom(t);
   struct ckpt_ctx c = {t, metrics};
   struct dapo_err e = {0};
-  int rc = ckpt_save_with(dir, t->lm.model, text, t->lm.gen_config, 0, ckpt_extra, &c, &e);
+  int rc =
+      ckpt_save_with(dir, t->lm.model, text, t->lm.gen_config, t->ckpt_bf16, ckpt_extra, &c, &e);
   free(text);
   if (rc) return trainer_fail_err(t, FAIL_IO_ERROR, NULL, &e);
   prune(t);

@@ -1,7 +1,8 @@
 /* The job runner: a job stopped after step 3 and resumed reaches exactly the step-6 weights,
  * optimizer state, rollouts and metrics of one that never stopped (also when the stop falls on
- * an epoch boundary of the dataset); pause and cancel flags; the sampling-shortfall policy;
- * job-spec validation messages. */
+ * an epoch boundary of the dataset, from the step-0 checkpoint that holds no optimizer state, and
+ * from the BF16 checkpoints of a BF16 folder); pause and cancel flags; the sampling-shortfall
+ * policy; job-spec validation messages. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 
 #include "check.h"
 #include "kernels.h"
+#include "lm.h"
 #include "pool.h"
 #include "runner.h"
 
@@ -154,6 +156,106 @@ static void test_resume(const char *train, int dynamic, int stop_at, const char 
   json_decref(cb.metrics);
 }
 
+static int file_exists(const char *dir, int step, const char *name) {
+  char p[512];
+  struct stat st;
+  snprintf(p, sizeof p, "%s/checkpoints/step-%d/%s", dir, step, name);
+  return stat(p, &st) == 0;
+}
+
+static long file_size(const char *dir, int step, const char *name) {
+  char p[512];
+  struct stat st;
+  snprintf(p, sizeof p, "%s/checkpoints/step-%d/%s", dir, step, name);
+  return stat(p, &st) == 0 ? (long)st.st_size : -1;
+}
+
+/* Cancels the run at its first sampling phase: after the step-0 checkpoint, before step 1. */
+static void cancel_at_sampling(void *ctx, const char *phase) {
+  struct collect *c = ctx;
+  if (!strcmp(phase, "sampling")) *c->cancel = 1;
+}
+
+/* The step-0 checkpoint holds no optimizer state (AdamW's moments are zeros then); a job resumed
+ * from it starts with fresh moments and reaches exactly the weights and optimizer state of the
+ * run that never stopped. */
+static void test_resume_from_step0(const char *train) {
+  char a[256], b[256];
+  snprintf(a, sizeof a, "%s/s0-a", tmpdir);
+  snprintf(b, sizeof b, "%s/s0-b", tmpdir);
+  struct runner_result ra, rb;
+  json_t *body = job(train, 3, 1, 0);
+  CHECK(run(body, a, NULL, 0, &ra) == RUNNER_SUCCEEDED);
+  volatile int flag = 0;
+  struct collect cb = {json_array(), 0, &flag};
+  json_t *errs = json_array();
+  struct job_spec s;
+  CHECK(jobspec_parse(body, NULL, &s, errs) == 0);
+  struct runner_hooks h = {.ctx = &cb, .phase = cancel_at_sampling};
+  struct runner_opts o = {.cancel = &flag, .pool = g_pool};
+  runner_run(&s, b, &h, &o, &rb);
+  CHECK(rb.status == RUNNER_CANCELLED && runner_latest_checkpoint(b) == 0);
+  jobspec_deinit(&s);
+  json_decref(errs);
+  CHECK(file_exists(b, 0, "model.safetensors") && file_exists(b, 0, "trainer_state.json"));
+  CHECK_MSG(!file_exists(b, 0, "optimizer.safetensors"), "step 0 wrote optimizer state");
+  CHECK(!file_exists(b, 0, "trainer_weights.safetensors"));
+  flag = 0;
+  CHECK(run(body, b, NULL, 0, &rb) == RUNNER_SUCCEEDED && rb.step == 3 && rb.resumed_from == 0);
+  compare_runs(a, b, 3);
+  CHECK(file_exists(a, 3, "optimizer.safetensors"));
+  json_decref(body);
+  json_decref(cb.metrics);
+}
+
+/* A BF16 model folder gives BF16 checkpoints ("auto"): step 0 holds the starting weights exactly
+ * in half the bytes of float32, with neither optimizer state nor a float32 copy; later steps add
+ * trainer_weights.safetensors (the exact float32 weights), so that a job paused at step 3 and
+ * resumed reaches bit for bit what the uninterrupted one did. "float32" asks for float32. */
+static void test_bf16_checkpoints(const char *train) {
+  char folder[256], a[256], b[256], f[256];
+  snprintf(folder, sizeof folder, "%s/tiny-bf16", tmpdir);
+  snprintf(a, sizeof a, "%s/bf16-a", tmpdir);
+  snprintf(b, sizeof b, "%s/bf16-b", tmpdir);
+  snprintf(f, sizeof f, "%s/bf16-f32", tmpdir);
+  struct lm lm;
+  struct dapo_err e = {0};
+  CHECK_MSG(!lm_open("tiny", 3, &lm, &e) && !lm_save(&lm, folder, 1, &e), "%s", e.msg);
+  lm_close(&lm);
+  json_t *body = job(train, 6, 1, 3);
+  json_object_set_new(body, "model", json_string(folder));
+  struct runner_result ra, rb;
+  CHECK(run(body, a, NULL, 0, &ra) == RUNNER_SUCCEEDED && ra.step == 6);
+  CHECK(run(body, b, NULL, 3, &rb) == RUNNER_PAUSED && rb.step == 3);
+  CHECK(run(body, b, NULL, 0, &rb) == RUNNER_SUCCEEDED && rb.step == 6 && rb.resumed_from == 3);
+  compare_runs(a, b, 6);
+  char pa[512], pb[512];
+  snprintf(pa, sizeof pa, "%s/checkpoints/step-6/trainer_weights.safetensors", a);
+  snprintf(pb, sizeof pb, "%s/checkpoints/step-6/trainer_weights.safetensors", b);
+  CHECK_MSG(same_file(pa, pb), "the exact weights of step 6 differ after resume");
+  CHECK(!file_exists(a, 0, "optimizer.safetensors") &&
+        !file_exists(a, 0, "trainer_weights.safetensors"));
+  CHECK(file_exists(a, 3, "optimizer.safetensors") &&
+        file_exists(a, 3, "trainer_weights.safetensors"));
+  /* float32 on request: twice the bytes of the BF16 weights, no extra copy */
+  json_object_set_new(body, "checkpoint_dtype", json_string("float32"));
+  json_object_set_new(json_object_get(body, "hyperparameters"), "total_steps", json_integer(1));
+  CHECK(run(body, f, NULL, 0, &ra) == RUNNER_SUCCEEDED);
+  long b16 = file_size(a, 0, "model.safetensors"), b32 = file_size(f, 0, "model.safetensors");
+  snprintf(pa, sizeof pa, "%s/model.safetensors", folder);
+  struct stat st;
+  long src = stat(pa, &st) == 0 ? (long)st.st_size : -1;
+  printf("step-0 model.safetensors: source %ld bytes, auto %ld, float32 %ld\n", src, b16, b32);
+  CHECK(b16 > 0 && b32 > 0 && b16 <= src + 64 && b32 > 2 * b16 - 4096);
+  CHECK(!file_exists(f, 1, "trainer_weights.safetensors"));
+  char cfg[512];
+  snprintf(cfg, sizeof cfg, "%s/checkpoints/step-0/config.json", a);
+  json_t *c = json_load_file(cfg, 0, NULL);
+  CHECK(c && !strcmp(json_string_value(json_object_get(c, "torch_dtype")), "bfloat16"));
+  json_decref(c);
+  json_decref(body);
+}
+
 /* Dynamic sampling never trains on a group whose responses are all right or all wrong, and keeps
  * exactly prompt_batch_size groups, the first ones in generation order. */
 static void check_kept_groups(const char *out, int steps, int want) {
@@ -231,11 +333,13 @@ static void test_spec_errors(void) {
   json_t *body = json_pack("{s:s,s:{s:s,s:s},s:{s:i,s:s},s:i,s:s}", "model", "tiny", "judge",
                            "type", "regex", "pattern", "(", "hyperparameters", "group_size", 1,
                            "loss_agg", "x", "seed", -3, "bogus", "1");
+  json_object_set_new(body, "checkpoint_dtype", json_string("float16"));
   json_t *errs = json_array();
   struct job_spec s;
   int n = jobspec_parse(body, NULL, &s, errs);
-  const char *want[] = {"training_file", "seed", "bogus", "hyperparameters.group_size",
-                        "hyperparameters.loss_agg"};
+  const char *want[] = {
+      "training_file",   "seed", "bogus", "hyperparameters.group_size", "hyperparameters.loss_agg",
+      "checkpoint_dtype"};
   for (size_t w = 0; w < sizeof want / sizeof want[0]; w++) {
     int found = 0;
     for (size_t i = 0; i < json_array_size(errs); i++)
@@ -248,7 +352,7 @@ static void test_spec_errors(void) {
     judge_err |=
         !strncmp(json_string_value(json_object_get(json_array_get(errs, i), "field")), "judge", 5);
   CHECK_MSG(judge_err, "the bad regex was not reported under judge.*");
-  CHECK(n >= 6);
+  CHECK(n >= 7);
   jobspec_deinit(&s);
   json_decref(errs);
   json_decref(body);
@@ -270,6 +374,8 @@ int main(void) {
   pool_free(g_pool);
   g_pool = NULL;
   test_resume(small, 0, 2, "epoch-boundary");
+  test_resume_from_step0(train);
+  test_bf16_checkpoints(train);
   test_cancel_and_shortfall(train);
   test_spec_errors();
   int rc = check_done("test_runner");
