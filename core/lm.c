@@ -129,12 +129,75 @@ static int open_folder(const char *spec, struct lm *out, struct dapo_err *e) {
   return out->tok ? 0 : e && e->code ? e->code : DAPO_ENOMEM;
 }
 
+static int open_lm(const char *spec, uint64_t seed, int with_weights, struct lm *out,
+                   struct dapo_err *e);
+
+/* An adapter folder: its base (LM_BASE_FILE, else adapter_config.json's base_model_name_or_path)
+ * opened as usual, then the adapter loaded and attached; the folder's own side files win. */
+static int open_adapter(const char *spec, int with_weights, struct lm *out, struct dapo_err *e) {
+  json_t *bj = NULL, *ac = NULL;
+  char base[sizeof out->base];
+  uint64_t seed = 0;
+  int rc = lm_read_json(spec, LM_BASE_FILE, &bj, e);
+  if (!rc) rc = lm_read_json(spec, "adapter_config.json", &ac, e);
+  if (rc) goto out;
+  const char *b = json_string_value(json_object_get(bj, "model"));
+  if (!b) b = json_string_value(json_object_get(ac, "base_model_name_or_path"));
+  double sd = json_number_value(json_object_get(bj, "seed"));
+  if (sd >= 0 && sd < 18446744073709551616.0) seed = (uint64_t)sd;
+  if (!b || !*b || strlen(b) >= sizeof base) {
+    rc = dapo_errf(e, DAPO_EFORMAT, "adapter_config.json: base_model_name_or_path missing");
+    goto out;
+  }
+  snprintf(base, sizeof base, "%s", b);
+  struct stat st;
+  char p[sizeof base + 32];
+  snprintf(p, sizeof p, "%s/adapter_config.json", base);
+  if (stat(p, &st) == 0) {
+    rc = dapo_errf(e, DAPO_EFORMAT, "the base model '%s' is itself an adapter", base);
+    goto out;
+  }
+  if ((rc = open_lm(base, seed, with_weights, out, e))) {
+    dapo_err_prefix(e, "the adapter's base: ");
+    goto out;
+  }
+  snprintf(out->base, sizeof out->base, "%s", base);
+  out->base_seed = seed;
+  if ((rc = lora_load(spec, &out->cfg, &out->lora, e))) goto out;
+  if (out->model) out->model->lora = out->lora;
+  /* the adapter folder's chat template and stop tokens, when it has them */
+  json_t *tc = NULL, *gc = NULL;
+  if ((rc = lm_read_json(spec, "tokenizer_config.json", &tc, e)) ||
+      (rc = lm_read_json(spec, "generation_config.json", &gc, e)))
+    goto out;
+  if (tc) json_decref(out->tok_config), out->tok_config = tc;
+  if (gc) {
+    json_decref(out->gen_config);
+    out->gen_config = gc;
+    rc = gen_stops(out, e);
+  }
+out:
+  json_decref(bj);
+  json_decref(ac);
+  return rc;
+}
+
 /* Opens spec with (with_weights) or without its weights; see lm_open and lm_open_meta. */
 static int open_lm(const char *spec, uint64_t seed, int with_weights, struct lm *out,
                    struct dapo_err *e) {
   memset(out, 0, sizeof *out);
   struct stat st;
   int rc = 0;
+  char ap[4096];
+  int apn = snprintf(ap, sizeof ap, "%s/adapter_config.json", spec);
+  if (apn > 0 && (size_t)apn < sizeof ap && stat(spec, &st) == 0 && S_ISDIR(st.st_mode) &&
+      stat(ap, &st) == 0) {
+    if ((rc = open_adapter(spec, with_weights, out, e))) {
+      dapo_err_prefix(e, "%s: ", spec);
+      lm_close(out);
+    }
+    return rc;
+  }
   if (stat(spec, &st) == 0 && S_ISDIR(st.st_mode)) {
     if ((rc = with_weights ? open_folder(spec, out, e) : open_folder_meta(spec, out, e)) ||
         (rc = lm_read_json(spec, "tokenizer_config.json", &out->tok_config, e)) ||
@@ -194,13 +257,26 @@ int lm_save(const struct lm *lm, const char *dir, int bf16, struct dapo_err *e) 
   char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_ENSURE_ASCII) : NULL;
   json_decref(j);
   if (!text) return dapo_errf(e, DAPO_ENOMEM, "out of memory serialising tokenizer.json");
-  int rc = ckpt_save_with(dir, lm->model, text, lm->gen_config, bf16, save_extra, (void *)lm, e);
+  struct model *merged = NULL, *m = lm->model;
+  int rc = 0;
+  if (m->lora) { /* a copy with the adapter merged in */
+    if (!(merged = model_new(&m->cfg, e))) {
+      free(text);
+      return e && e->code ? e->code : DAPO_ENOMEM;
+    }
+    memcpy(merged->params, m->params, m->n_params * sizeof(float));
+    lora_merge(m->lora, merged);
+    m = merged;
+  }
+  rc = ckpt_save_with(dir, m, text, lm->gen_config, bf16, save_extra, (void *)lm, e);
+  model_free(merged);
   free(text);
   return rc;
 }
 
 void lm_close(struct lm *lm) {
   model_free(lm->model);
+  lora_free(lm->lora);
   tok_free(lm->tok);
   json_decref(lm->tok_config);
   json_decref(lm->gen_config);

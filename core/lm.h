@@ -9,6 +9,7 @@
 #include <jansson.h>
 
 #include "error.h"
+#include "lora.h"
 #include "model.h"
 #include "sampler.h"
 #include "tokenizer.h"
@@ -23,7 +24,17 @@ struct lm {
   int stop_ids[8];         /* ids that end a response: eos_token_id of config.json and of
                               generation_config.json (an id or a list), without duplicates */
   int n_stop;
+  struct lora *lora;  /* owned: the adapter of an adapter folder (attached to model), or
+                         NULL */
+  char base[4096];    /* an adapter folder's base model spec ("" otherwise) */
+  uint64_t base_seed; /* and the seed a preset base is built from */
 };
+
+/* An adapter folder holds adapter_config.json and adapter_model.safetensors (PEFT's files; see
+ * lora.h) instead of config.json and model.safetensors, with the tokenizer files, and names its
+ * base in LM_BASE_FILE ({"model": spec, "seed": n}; else adapter_config.json's
+ * base_model_name_or_path with seed 0). Opening it opens the base and attaches the adapter. */
+#define LM_BASE_FILE "base_model.json"
 
 /* Opens spec: a preset name (initialised from seed) or, when spec names an existing folder, a
  * checkpoint folder (its tokenizer.json is required; seed unused). Checks that the tokenizer's
@@ -43,7 +54,9 @@ int lm_read_json(const char *dir, const char *name, json_t **out, struct dapo_er
 int lm_write_extra(const struct lm *lm, const char *tmp_dir, struct dapo_err *e);
 
 /* Saves as a checkpoint folder (ckpt_save: atomic, dir must not exist), with the folder's
- * tokenizer_config.json and generation_config.json when it had them. */
+ * tokenizer_config.json and generation_config.json when it had them. With an adapter, the saved
+ * model is the merged one (W + s B A for every targeted matrix; lm itself is unchanged): a full
+ * model folder that transformers loads without PEFT. */
 int lm_save(const struct lm *lm, const char *dir, int bf16, struct dapo_err *e);
 
 void lm_close(struct lm *lm);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "lm.h"
 #include "lora.h"
 #include "model.h"
 #include "rng.h"
@@ -193,8 +194,75 @@ static void test_init_merge_save(void) {
   model_free(m);
 }
 
+/* An adapter folder (PEFT files + base_model.json naming a preset and its seed) opens as the
+ * preset with the adapter attached; lm_save exports the merged model, which opens as a plain
+ * folder with the adapter path's log-probs. */
+static void test_adapter_folder(void) {
+  struct dapo_err e = {0};
+  struct lm base, ad, merged;
+  CHECK_MSG(lm_open("tiny", 5, &base, &e) == 0, "%s", e.msg);
+  struct lora_config c = {.r = 2, .alpha = 4, .targets = 1u << LT_Q | 1u << LT_V | 1u << LT_DOWN};
+  struct lora *l = lora_new(&c, &base.cfg, &e);
+  struct rng r;
+  rng_seed(&r, 8, 8);
+  for (size_t k = 0; k < l->n_params; k++) l->params[k] = 0.2f * (float)rng_normal(&r);
+  char dir[] = "/tmp/dapo-lora-lm-XXXXXX", p[256];
+  CHECK(mkdtemp(dir) != NULL);
+  CHECK_MSG(lora_save(l, dir, "tiny", &e) == 0, "%s", e.msg);
+  snprintf(p, sizeof p, "%s/" LM_BASE_FILE, dir);
+  json_t *bj = json_pack("{s:s, s:i}", "model", "tiny", "seed", 5);
+  CHECK(json_dump_file(bj, p, 0) == 0);
+  json_decref(bj);
+  CHECK_MSG(lm_open(dir, 0, &ad, &e) == 0, "%s", e.msg);
+  CHECK(ad.lora && ad.model->lora == ad.lora && !strcmp(ad.base, "tiny") && ad.base_seed == 5);
+  CHECK(!memcmp(ad.model->params, base.model->params, base.model->n_params * sizeof(float)));
+  CHECK(!memcmp(ad.lora->params, l->params, l->n_params * sizeof(float)));
+
+  /* the merged export */
+  char out[300];
+  snprintf(out, sizeof out, "%s/merged", dir);
+  CHECK_MSG(lm_save(&ad, out, 0, &e) == 0, "%s", e.msg);
+  CHECK(ad.model->lora == ad.lora); /* lm_save leaves the adapter in place */
+  CHECK_MSG(lm_open(out, 0, &merged, &e) == 0, "%s", e.msg);
+  CHECK(merged.lora == NULL && merged.model->lora == NULL);
+  int ids[12], R = 0;
+  for (int i = 0; i < 12; i++) ids[i] = 3 + (int)rng_below(&r, 60);
+  int off[2] = {0, 12}, plen[1] = {4};
+  struct fwd_batch b = {.n_seq = 1, .tokens = ids, .seq_off = off, .prompt_len = plen};
+  float la[12], lm_[12], lb[12];
+  struct lm *ms[3] = {&ad, &merged, &base};
+  float *outs[3] = {la, lm_, lb};
+  for (int k = 0; k < 3; k++) {
+    struct train_state *s = train_state_new(ms[k]->model, 12, 12, 12, &e);
+    CHECK_MSG(s && train_forward(s, ms[k]->model, &b, 1.0f, outs[k], NULL, &e) == 0, "%s", e.msg);
+    train_state_free(s);
+  }
+  R = fwd_batch_resp_tokens(&b);
+  float d = 0, moved = 0;
+  for (int i = 0; i < R; i++) {
+    d = fmaxf(d, fabsf(la[i] - lm_[i]));
+    moved = fmaxf(moved, fabsf(la[i] - lb[i]));
+  }
+  CHECK_MSG(d < 2e-5f && moved > 1e-3f, "merged folder vs adapter folder %g (moved %g)", (double)d,
+            (double)moved);
+  /* a folder whose base is missing: refused naming it */
+  snprintf(p, sizeof p, "%s/" LM_BASE_FILE, dir);
+  bj = json_pack("{s:s}", "model", "/nonexistent/base");
+  CHECK(json_dump_file(bj, p, 0) == 0);
+  json_decref(bj);
+  struct lm bad;
+  CHECK(lm_open(dir, 0, &bad, &e) != 0 && strstr(e.msg, "/nonexistent/base"));
+  lm_close(&merged);
+  lm_close(&ad);
+  lm_close(&base);
+  lora_free(l);
+  snprintf(p, sizeof p, "rm -rf '%s'", dir);
+  CHECK(system(p) == 0);
+}
+
 int main(void) {
   test_config();
   test_init_merge_save();
+  test_adapter_folder();
   return check_done("test_lora");
 }
