@@ -173,6 +173,9 @@ struct wait {
   struct completion *t; /* owned: completion_release */
   char *model;          /* the id as asked (owned) */
   int logprobs;
+  api_completion_render render; /* NULL: the text_completion object */
+  void *arg;                    /* render's (owned through arg_free) */
+  void (*arg_free)(void *arg);
   int running;         /* sampling was seen started: deadline_ms is the run's bound */
   int64_t deadline_ms; /* api_now_ms clock */
 };
@@ -182,13 +185,16 @@ static void wait_free(void *p) {
   if (!w) return;
   completion_release(w->t);
   free(w->model);
+  if (w->arg_free) w->arg_free(w->arg);
   free(w);
 }
 
 static int reply_result(struct api_req *r, const struct wait *w,
                         const struct completion_result *res) {
   switch (res->outcome) {
-  case COMPLETION_OK: return api_reply_json_steal(r, 200, choices_json(w->model, w->logprobs, res));
+  case COMPLETION_OK:
+    if (w->render) return w->render(r, w->arg, res);
+    return api_reply_json_steal(r, 200, choices_json(w->model, w->logprobs, res));
   case COMPLETION_INVALID:
   case COMPLETION_TOO_LARGE: return reply_invalid(r, json_deep_copy(res->errors));
   case COMPLETION_STOPPING:
@@ -265,21 +271,35 @@ int api_completions_create(struct api_req *r) {
                                .temperature = (float)q.temperature,
                                .top_p = (float)q.top_p,
                                .seed = q.seed};
+  int rc = api_completion_submit(r, &req, NULL, NULL, NULL);
+  free(spec);
+  return rc;
+}
+
+int api_completion_submit(struct api_req *r, const struct completion_req *req,
+                          api_completion_render render, void *arg, void (*arg_free)(void *)) {
   struct wait *w = calloc(1, sizeof *w);
   struct dapo_err e = {0};
-  int rc = w && (w->model = strdup(q.model))
-               ? completions_submit(r->srv->completions, &req, &w->t, &e)
+  int rc = w && (w->model = strdup(req->model))
+               ? completions_submit(r->srv->completions, req, &w->t, &e)
                : DAPO_ENOMEM;
-  free(spec);
+  if (w)
+    w->render = render, w->arg = arg, w->arg_free = arg_free;
+  else if (arg_free)
+    arg_free(arg);
   if (rc) {
     wait_free(w);
     if (rc == COMPLETIONS_EFULL) return reply_busy(r, e.msg);
     return api_reply_error(r, API_ERR_UNAVAILABLE, rc == DAPO_ENOMEM ? "out of memory" : e.msg,
                            NULL);
   }
-  w->logprobs = q.logprobs;
+  w->logprobs = req->logprobs;
   w->deadline_ms = api_now_ms() + (int64_t)r->srv->cfg.completion_wait_s * 1000;
   r->ctx = w;
   r->ctx_free = wait_free;
   return await(r, w);
+}
+
+int api_completion_resume(struct api_req *r) {
+  return await(r, r->ctx);
 }

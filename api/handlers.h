@@ -87,4 +87,43 @@ int api_static_file(struct api_req *r);
 struct store_job;
 int api_job_load(struct api_req *r, const char *id, struct store_job *out);
 
+/* jobs.c, shared: asks the status machine to cancel, pause or resume job r->params[0] (visible to
+ * r->owner), then tells the workers and wakes waiters as every surface must. Returns 0 with the
+ * job after in *out (owned: store_job_deinit), or the store's code (STORE_ENOTFOUND,
+ * STORE_ETRANSITION, ...) with e set; nothing is replied. */
+enum { API_JOB_CANCEL, API_JOB_PAUSE, API_JOB_RESUME };
+struct dapo_err;
+int api_job_request(struct api_req *r, int act, struct store_job *out, struct dapo_err *e);
+
+/* fine_tuning.c: OpenAI's fine-tuning surface (OPENAI_COMPAT.md, docs/OPENAI.md):
+ * POST/GET /v1/fine_tuning/jobs, GET /v1/fine_tuning/jobs/{id},
+ * POST /v1/fine_tuning/jobs/{id}/cancel|pause|resume, GET /v1/fine_tuning/jobs/{id}/events,
+ * GET /v1/fine_tuning/jobs/{id}/checkpoints, POST /v1/fine_tuning/alpha/graders/run|validate */
+int api_ft_jobs_create(struct api_req *r);
+int api_ft_jobs_list(struct api_req *r);
+int api_ft_jobs_get(struct api_req *r);
+int api_ft_jobs_cancel(struct api_req *r);
+int api_ft_jobs_pause(struct api_req *r);
+int api_ft_jobs_resume(struct api_req *r);
+int api_ft_events_list(struct api_req *r);
+int api_ft_checkpoints_list(struct api_req *r);
+int api_ft_graders_run(struct api_req *r);
+int api_ft_graders_validate(struct api_req *r);
+
+/* completions.c, shared: queues req on the completion service and answers when it is done, the
+ * request suspended meanwhile (busy and failures as POST /v1/completions answers them). render
+ * (NULL: the text_completion object) replies a finished completion; arg is its (freed with
+ * arg_free, may be NULL, also when the submission fails). */
+struct completion_req;
+struct completion_result;
+typedef int (*api_completion_render)(struct api_req *r, void *arg,
+                                     const struct completion_result *res);
+int api_completion_submit(struct api_req *r, const struct completion_req *req,
+                          api_completion_render render, void *arg, void (*arg_free)(void *));
+/* The handler's next call after a submission (r->ctx set): answers or waits on. */
+int api_completion_resume(struct api_req *r);
+
+/* chat.c: POST /v1/chat/completions (OpenAI's shape, stream: true as server-sent events) */
+int api_chat_completions(struct api_req *r);
+
 #endif

@@ -290,16 +290,27 @@ static int reply_transition(struct api_req *r, const char *id, const char *what,
   return rc;
 }
 
-enum action { ACT_CANCEL, ACT_PAUSE, ACT_RESUME };
+enum action { ACT_CANCEL = API_JOB_CANCEL, ACT_PAUSE = API_JOB_PAUSE, ACT_RESUME = API_JOB_RESUME };
+
+int api_job_request(struct api_req *r, int act, struct store_job *job, struct dapo_err *e) {
+  struct server *srv = r->srv;
+  const char *id = r->params[0];
+  int rc = act == ACT_CANCEL  ? store_job_request_cancel(srv->store, id, r->owner, job, e)
+           : act == ACT_PAUSE ? store_job_request_pause(srv->store, id, r->owner, job, e)
+                              : store_job_request_resume(srv->store, id, r->owner, job, e);
+  if (rc) return rc;
+  if (act == ACT_CANCEL) workers_signal(srv->workers, id, 1, 0);
+  if (act == ACT_PAUSE) workers_signal(srv->workers, id, 0, 1);
+  server_job_changed(srv, id);
+  if (act == ACT_RESUME) workers_wake(srv->workers);
+  return 0;
+}
 
 static int lifecycle(struct api_req *r, enum action act) {
-  struct server *srv = r->srv;
   const char *id = r->params[0];
   struct store_job job;
   struct dapo_err e = {0};
-  int rc = act == ACT_CANCEL  ? store_job_request_cancel(srv->store, id, r->owner, &job, &e)
-           : act == ACT_PAUSE ? store_job_request_pause(srv->store, id, r->owner, &job, &e)
-                              : store_job_request_resume(srv->store, id, r->owner, &job, &e);
+  int rc = api_job_request(r, act, &job, &e);
   if (rc == STORE_ETRANSITION)
     return reply_transition(r, id,
                             act == ACT_CANCEL  ? "cancelled"
@@ -309,10 +320,6 @@ static int lifecycle(struct api_req *r, enum action act) {
   if (rc == STORE_ENOTFOUND)
     return api_reply_errorf(r, API_ERR_NOT_FOUND, "no such job: %.64s", id);
   if (rc) return api_reply_store_error(r, rc, &e);
-  if (act == ACT_CANCEL) workers_signal(srv->workers, id, 1, 0);
-  if (act == ACT_PAUSE) workers_signal(srv->workers, id, 0, 1);
-  server_job_changed(srv, id);
-  if (act == ACT_RESUME) workers_wake(srv->workers);
   rc = reply_job(r, 200, &job);
   store_job_deinit(&job);
   return rc;

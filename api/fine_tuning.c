@@ -1,0 +1,816 @@
+/* Handlers: OpenAI's fine-tuning surface as the official `openai` SDK drives it
+ * (../shared/design/OPENAI_COMPAT.md, docs/OPENAI.md), a translation onto the native job service:
+ *   POST /v1/fine_tuning/jobs            method.reinforcement -> a native body (judge "grader",
+ *                                        the RFT hyperparameters mapped onto DAPO's knobs), then
+ *                                        jobs_create; SDK retries give the same job back
+ *   GET  /v1/fine_tuning/jobs[/{id}]     FineTuningJob objects (list: after, limit, metadata[k])
+ *   POST /v1/fine_tuning/jobs/{id}/cancel|pause|resume (empty bodies)
+ *   GET  /v1/fine_tuning/jobs/{id}/events       FineTuningJobEvent, newest first
+ *   GET  /v1/fine_tuning/jobs/{id}/checkpoints  FineTuningJobCheckpoint, newest first
+ *   POST /v1/fine_tuning/alpha/graders/run|validate
+ * Errors are OpenAI's {"error": {...}} (openai.h). */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <microhttpd.h>
+
+#include "grader.h"
+#include "handlers.h"
+#include "http.h"
+#include "jobs.h"
+#include "judge.h"
+#include "openai.h"
+#include "registry.h"
+#include "server.h"
+#include "store.h"
+
+#define FT_LIST_MAX 100
+#define RETRY_WINDOW_S 600 /* an SDK retry finds the job created this long ago at most */
+#define AUTO_BATCH 8       /* batch_size "auto": the native prompt_batch_size default */
+#define BASE_LR 1e-5       /* learning_rate_multiplier 1: the native learning_rate default */
+#define BASE_GROUP 8       /* compute_multiplier 1: the native group_size default */
+
+/* The template of models without one (the presets): the message texts, one after another. */
+static const char DEFAULT_TEMPLATE[] =
+    "{\"system\": \"{content}\\n\", \"user\": \"{content}\", \"assistant\": \"{content}\\n\"}";
+
+/* ---- shared with chat.c (openai.h) ---- */
+
+int api_oai_error(struct api_req *r, int status, const char *type, const char *param,
+                  const char *code, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (!type) type = status >= 500 ? "server_error" : "invalid_request_error";
+  json_t *o = json_pack("{s:{s:o, s:s, s:o, s:o}}", "error", "message", dapo_json_text(msg), "type",
+                        type, "param", param ? dapo_json_text(param) : json_null(), "code",
+                        code ? json_string(code) : json_null());
+  int rc = api_reply_json_steal(r, status, o);
+  if (!rc && status >= 400 && status < 500 && status != 408 && status != 429)
+    api_reply_header(r, "x-should-retry", "false");
+  return rc;
+}
+
+void api_oai_model_name(const char *base, const char *suffix, const char *job_id, long long step,
+                        char *buf, size_t cap) {
+  if (step >= 0)
+    snprintf(buf, cap, "ft:%s:dapod:%s:%s:ckpt-step-%lld", base, suffix ? suffix : "", job_id,
+             step);
+  else
+    snprintf(buf, cap, "ft:%s:dapod:%s:%s", base, suffix ? suffix : "", job_id);
+}
+
+int api_oai_model_parse(const char *name, char *job_id, size_t cap, long long *step) {
+  if (strncmp(name, "ft:", 3)) return 0;
+  const char *end = name + strlen(name), *ck = strstr(name, ":ckpt-step-");
+  *step = -1;
+  if (ck) {
+    char *stop;
+    long long s = strtoll(ck + 11, &stop, 10);
+    if (*stop || s < 0 || stop == ck + 11) return 0;
+    *step = s;
+    end = ck;
+  }
+  const char *colon = end;
+  while (colon > name && colon[-1] != ':') colon--;
+  if ((size_t)(end - colon) + 1 > cap || end == colon) return 0;
+  memcpy(job_id, colon, (size_t)(end - colon));
+  job_id[end - colon] = '\0';
+  return 1;
+}
+
+/* ---- the job object ---- */
+
+static const char *oai_status(enum store_job_status s) {
+  switch (s) {
+  case STORE_JOB_QUEUED: return "queued";
+  case STORE_JOB_RUNNING:
+  case STORE_JOB_PAUSING:
+  case STORE_JOB_CANCELLING: return "running";
+  case STORE_JOB_PAUSED: return "paused";
+  case STORE_JOB_SUCCEEDED: return "succeeded";
+  case STORE_JOB_FAILED: return "failed";
+  case STORE_JOB_CANCELLED: return "cancelled";
+  default: break;
+  }
+  return "failed";
+}
+
+static json_t *or_null(const json_t *v) {
+  return v ? json_incref((json_t *)v) : json_null();
+}
+
+/* The RFT hyperparameters of a stored job, read back from its native knobs. */
+static json_t *rft_hparams(const json_t *hp, const json_t *meta) {
+  json_t *o = json_object();
+  const json_t *echo = json_object_get(meta, "hyperparameters");
+  if (json_is_object(echo)) json_object_update(o, (json_t *)echo);
+  if (!json_object_get(o, "batch_size"))
+    json_object_set(o, "batch_size", or_null(json_object_get(hp, "prompt_batch_size")));
+  return o;
+}
+
+static json_t *ft_job_json(const struct store_job *j) {
+  const json_t *spec = j->spec, *res = j->resolved ? j->resolved : j->spec;
+  const char *model = json_string_value(json_object_get(spec, "model"));
+  const json_t *judge = json_object_get(res, "judge");
+  json_t *meta = j->metadata ? json_deep_copy(j->metadata) : json_object();
+  /* what create echoed (the RFT hyperparameters as given), kept under a reserved key */
+  const char *echo_text = json_string_value(json_object_get(meta, "dapod_rft"));
+  json_t *echo = echo_text ? json_loads(echo_text, 0, NULL) : NULL;
+  json_object_del(meta, "dapod_rft");
+  char name[512];
+  int64_t last = j->n_ckpt ? j->ckpt_steps[j->n_ckpt - 1] : -1;
+  api_oai_model_name(model ? model : "", j->suffix, j->id, -1, name, sizeof name);
+  json_t *err = json_null();
+  if (j->error)
+    err = json_pack("{s:O, s:O, s:O}", "code", json_object_get(j->error, "code"), "message",
+                    json_object_get(j->error, "message"), "param",
+                    json_object_get(j->error, "param") ? json_object_get(j->error, "param")
+                                                       : json_null());
+  json_t *method = json_pack(
+      "{s:s, s:{s:O, s:o, s:O}}", "type", "reinforcement", "reinforcement", "grader",
+      json_object_get(judge, "grader") ? json_object_get(judge, "grader") : json_null(),
+      "hyperparameters", rft_hparams(json_object_get(res, "hyperparameters"), echo),
+      "response_format",
+      json_object_get(judge, "response_format") ? json_object_get(judge, "response_format")
+                                                : json_null());
+  json_t *o = json_pack(
+      "{s:s, s:s, s:I, s:s, s:s, s:s, s:o, s:s, s:o, s:o, s:o, s:o, s:[], s:o, s:o, s:o, s:o, "
+      "s:o, s:o, s:o, s:I, s:I, s:o}",
+      "id", j->id, "object", "fine_tuning.job", "created_at", (json_int_t)j->created_at, "model",
+      model ? model : "", "organization_id", "org-dapod", "training_file", j->training_file,
+      "validation_file", j->validation_file ? json_string(j->validation_file) : json_null(),
+      "status", oai_status(j->status), "error", err ? err : json_null(), "fine_tuned_model",
+      j->status == STORE_JOB_SUCCEEDED && last >= 0 ? json_string(name) : json_null(),
+      "finished_at", j->finished_at ? json_integer(j->finished_at) : json_null(), "trained_tokens",
+      json_null(), "result_files", "seed", or_null(json_object_get(res, "seed")), "hyperparameters",
+      rft_hparams(json_object_get(res, "hyperparameters"), echo), "method",
+      method ? method : json_null(), "metadata", meta ? meta : json_null(), "estimated_finish",
+      json_null(), "integrations", json_array(), "user_provided_suffix",
+      j->suffix ? json_string(j->suffix) : json_null(), "step", (json_int_t)j->step, "total_steps",
+      (json_int_t)j->total_steps, "dapod_status", json_string(store_job_status_name(j->status)));
+  json_decref(echo);
+  return o;
+}
+
+static int reply_ft_job(struct api_req *r, int status, const struct store_job *j) {
+  return api_reply_json_steal(r, status, ft_job_json(j));
+}
+
+static int load_job(struct api_req *r, struct store_job *job) {
+  struct dapo_err e = {0};
+  int rc = store_job_get(r->srv->store, r->params[0], r->owner, job, &e);
+  if (rc == STORE_ENOTFOUND)
+    api_oai_error(r, 404, NULL, "fine_tuning_job_id", "not_found", "No such job: %.64s",
+                  r->params[0]);
+  else if (rc)
+    api_oai_error(r, rc == DAPO_ENOMEM ? 503 : 500, NULL, NULL, NULL, "%s", e.msg);
+  return rc;
+}
+
+/* ---- create: the RFT body as a native one ---- */
+
+/* "auto" (0 returned, *out untouched) or a number in [lo, hi] (1); -1 after adding an error. */
+static int auto_or_num(const json_t *hp, const char *key, double lo, double hi, int integer,
+                       double *out, json_t *errors) {
+  const json_t *v = json_object_get(hp, key);
+  if (!v || json_is_null(v) || (json_is_string(v) && !strcmp(json_string_value(v), "auto")))
+    return 0;
+  double x = json_number_value(v);
+  if (!json_is_number(v) || (integer && !json_is_integer(v)) || x < lo || x > hi) {
+    char field[128], msg[128];
+    snprintf(field, sizeof field, "method.reinforcement.hyperparameters.%s", key);
+    snprintf(msg, sizeof msg, "expected \"auto\" or %s in [%g, %g]",
+             integer ? "an integer" : "a number", lo, hi);
+    dapo_errors_add(errors, field, msg);
+    return -1;
+  }
+  *out = x;
+  return 1;
+}
+
+/* The native job body of an RFT create body; problems go to errors with OpenAI's field names. */
+static json_t *native_body(struct api_req *r, const json_t *b, json_t *errors) {
+  static const char *const known[] = {"model",  "training_file", "validation_file",
+                                      "suffix", "seed",          "metadata",
+                                      "method", "integrations",  "hyperparameters"};
+  const char *key;
+  json_t *v;
+  json_object_foreach((json_t *)b, key, v) {
+    int ok = 0;
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) ok |= !strcmp(key, known[i]);
+    if (!ok) dapo_errors_add(errors, key, "unknown field");
+  }
+  const json_t *method = json_object_get(b, "method");
+  const char *mtype = json_string_value(json_object_get(method, "type"));
+  if (!mtype) {
+    dapo_errors_add(
+        errors, "method.type",
+        "required: dapod trains with reinforcement learning only, so \"reinforcement\"");
+    return NULL;
+  }
+  if (strcmp(mtype, "reinforcement")) {
+    char msg[200];
+    snprintf(msg, sizeof msg,
+             "'%.32s' is not supported: dapod fine-tunes with reinforcement learning (DAPO) "
+             "only; use \"reinforcement\" with a grader",
+             mtype);
+    dapo_errors_add(errors, "method.type", msg);
+    return NULL;
+  }
+  const json_t *top_hp = json_object_get(b, "hyperparameters");
+  if (top_hp && !json_is_null(top_hp) && json_object_size(top_hp))
+    dapo_errors_add(errors, "hyperparameters",
+                    "the top-level hyperparameters are supervised fine-tuning's; give them as "
+                    "method.reinforcement.hyperparameters");
+  const json_t *rl = json_object_get(method, "reinforcement");
+  const json_t *grader = json_object_get(rl, "grader");
+  if (!json_is_object(rl) || !grader) {
+    dapo_errors_add(errors, "method.reinforcement.grader", "required: the grader that scores");
+    return NULL;
+  }
+  json_object_foreach((json_t *)rl, key, v) {
+    if (strcmp(key, "grader") && strcmp(key, "hyperparameters") && strcmp(key, "response_format")) {
+      char field[128];
+      snprintf(field, sizeof field, "method.reinforcement.%.64s", key);
+      dapo_errors_add(errors, field, "unknown field");
+    }
+  }
+  const json_t *hp = json_object_get(rl, "hyperparameters");
+  if (hp && !json_is_null(hp) && !json_is_object(hp)) {
+    dapo_errors_add(errors, "method.reinforcement.hyperparameters", "expected an object");
+    hp = NULL;
+  }
+  /* the training file's size decides the steps of n_epochs */
+  const char *tf = json_string_value(json_object_get(b, "training_file"));
+  int64_t n_items = 0;
+  if (tf) {
+    struct store_file f;
+    struct dapo_err e = {0};
+    if (!store_file_get(r->srv->store, tf, r->owner, &f, &e)) {
+      n_items = f.n_items;
+      store_file_deinit(&f);
+    }
+  }
+  json_t *nhp = json_object(); /* native knobs */
+  json_t *echo = json_object();
+  const char *rft_keys[] = {"n_epochs",        "batch_size",   "learning_rate_multiplier",
+                            "eval_interval",   "eval_samples", "compute_multiplier",
+                            "reasoning_effort"};
+  json_object_foreach((json_t *)hp, key, v) {
+    int rft = 0;
+    for (size_t i = 0; i < sizeof rft_keys / sizeof rft_keys[0]; i++)
+      rft |= !strcmp(key, rft_keys[i]);
+    if (rft)
+      json_object_set(echo, key, v);
+    else /* DAPO's own knobs, by their native names: checked by the job service */
+      json_object_set(nhp, key, v);
+  }
+  double epochs = 1, batch = AUTO_BATCH, lrm = 1, eval_int = 0, eval_samples = 0, cm = 1;
+  int has_batch = auto_or_num(hp, "batch_size", 1, 65536, 1, &batch, errors);
+  auto_or_num(hp, "n_epochs", 1, 1000, 1, &epochs, errors);
+  int has_lrm = auto_or_num(hp, "learning_rate_multiplier", 1e-6, 1e6, 0, &lrm, errors);
+  int has_eval = auto_or_num(hp, "eval_interval", 1, 1 << 24, 1, &eval_int, errors);
+  int has_es = auto_or_num(hp, "eval_samples", 1, 1024, 1, &eval_samples, errors);
+  int has_cm = auto_or_num(hp, "compute_multiplier", 0.01, 64, 0, &cm, errors);
+  const json_t *re = json_object_get(hp, "reasoning_effort");
+  if (re && !json_is_null(re)) {
+    const char *s = json_string_value(re);
+    if (!s ||
+        (strcmp(s, "default") && strcmp(s, "low") && strcmp(s, "medium") && strcmp(s, "high")))
+      dapo_errors_add(errors, "method.reinforcement.hyperparameters.reasoning_effort",
+                      "expected default, low, medium or high");
+  }
+  if (!json_object_get(nhp, "prompt_batch_size") && has_batch >= 0)
+    json_object_set_new(nhp, "prompt_batch_size", json_integer((json_int_t)batch));
+  if (json_is_integer(json_object_get(nhp, "prompt_batch_size")))
+    batch = (double)json_integer_value(json_object_get(nhp, "prompt_batch_size"));
+  if (!json_object_get(nhp, "total_steps") && n_items > 0) {
+    double steps = ceil(epochs * (double)n_items / (batch > 0 ? batch : 1));
+    json_object_set_new(nhp, "total_steps", json_integer((json_int_t)(steps < 1 ? 1 : steps)));
+  }
+  if (has_lrm > 0 || !json_object_get(nhp, "learning_rate")) {
+    double base = json_is_number(json_object_get(nhp, "learning_rate"))
+                      ? json_number_value(json_object_get(nhp, "learning_rate"))
+                      : BASE_LR;
+    json_object_set_new(nhp, "learning_rate", json_real(base * lrm));
+  }
+  const json_t *vf = json_object_get(b, "validation_file");
+  int has_vf = json_is_string(vf);
+  if (has_eval > 0 && !json_object_get(nhp, "eval_every"))
+    json_object_set_new(nhp, "eval_every", json_integer((json_int_t)eval_int));
+  else if (has_eval == 0 && has_vf && !json_object_get(nhp, "eval_every")) {
+    int64_t total = json_integer_value(json_object_get(nhp, "total_steps"));
+    json_object_set_new(nhp, "eval_every", json_integer(total > 4 ? total / 4 : 1));
+  }
+  if (has_es > 0 && !json_object_get(nhp, "eval_samples"))
+    json_object_set_new(nhp, "eval_samples", json_integer((json_int_t)eval_samples));
+  if (has_cm > 0 && !json_object_get(nhp, "group_size")) {
+    long g = lround(BASE_GROUP * cm);
+    json_object_set_new(nhp, "group_size", json_integer(g < 2 ? 2 : g > 64 ? 64 : g));
+  }
+  /* a checkpoint at each evaluation, as OpenAI makes one at each validation step */
+  if (!json_object_get(nhp, "checkpoint_every") && json_object_get(nhp, "eval_every"))
+    json_object_set(nhp, "checkpoint_every", json_object_get(nhp, "eval_every"));
+
+  json_t *judge = json_pack("{s:s, s:O}", "type", "grader", "grader", grader);
+  const json_t *rf = json_object_get(rl, "response_format");
+  if (judge && rf && !json_is_null(rf)) json_object_set(judge, "response_format", (json_t *)rf);
+  json_t *meta = json_object_get(b, "metadata");
+  json_t *nmeta = json_is_object(meta) ? json_deep_copy(meta) : json_object();
+  if (meta && !json_is_null(meta) && !json_is_object(meta))
+    dapo_errors_add(errors, "metadata", "expected an object of strings");
+  char *echo_text = json_dumps(echo, JSON_COMPACT | JSON_SORT_KEYS);
+  if (echo_text) json_object_set_new(nmeta, "dapod_rft", json_string(echo_text));
+  free(echo_text);
+  json_t *nb = json_pack("{s:O?, s:O?, s:O?, s:o, s:o, s:o}", "model", json_object_get(b, "model"),
+                         "training_file", json_object_get(b, "training_file"), "validation_file",
+                         json_object_get(b, "validation_file"), "judge", judge, "hyperparameters",
+                         nhp, "metadata", nmeta);
+  json_decref(echo);
+  if (!nb) return NULL;
+  const json_t *seed = json_object_get(b, "seed"), *suffix = json_object_get(b, "suffix");
+  if (seed && !json_is_null(seed)) json_object_set(nb, "seed", (json_t *)seed);
+  if (suffix && !json_is_null(suffix)) json_object_set(nb, "suffix", (json_t *)suffix);
+  /* models without a chat template (the presets) render messages with the default one */
+  const char *model = json_string_value(json_object_get(b, "model"));
+  struct registry_entry ent;
+  if (model && registry_find(r->srv, model, r->owner, &ent) == 0 && ent.kind == REGISTRY_PRESET)
+    json_object_set_new(nb, "chat_template", json_loads(DEFAULT_TEMPLATE, 0, NULL));
+  return nb;
+}
+
+/* A native field name in OpenAI's words. */
+static void oai_field(const char *f, char *out, size_t cap) {
+  if (!strncmp(f, "judge.grader", 12))
+    snprintf(out, cap, "method.reinforcement.grader%s", f + 12);
+  else if (!strncmp(f, "judge.", 6))
+    snprintf(out, cap, "method.reinforcement.%s", f + 6);
+  else if (!strncmp(f, "hyperparameters", 15))
+    snprintf(out, cap, "method.reinforcement.%s", f);
+  else
+    snprintf(out, cap, "%s", f);
+}
+
+static int reply_errors(struct api_req *r, const json_t *errors) {
+  char msg[1024] = "", first[192] = "";
+  size_t used = 0, i;
+  const json_t *it;
+  json_array_foreach((json_t *)errors, i, it) {
+    const char *f = json_string_value(json_object_get(it, "field"));
+    const char *m = json_string_value(json_object_get(it, "message"));
+    char field[192];
+    if (!f) f = json_is_integer(json_object_get(it, "line")) ? "training_file" : "";
+    oai_field(f, field, sizeof field);
+    if (i == 0) snprintf(first, sizeof first, "%s", field);
+    int k = snprintf(msg + used, sizeof msg - used, "%s%s%s%s", i ? "; " : "", field,
+                     *field ? ": " : "", m ? m : "invalid");
+    if (k < 0 || (size_t)k >= sizeof msg - used) break;
+    used += (size_t)k;
+  }
+  return api_oai_error(r, 400, NULL, *first ? first : NULL, "invalid_value", "%s", msg);
+}
+
+/* An SDK retry (X-Stainless-Retry-Count > 0) of a creation that may have succeeded: the job of
+ * this owner created from the same body within RETRY_WINDOW_S, if any (0 and *out). */
+static int find_retried(struct api_req *r, const json_t *nb, struct store_job *out) {
+  const char *rc = api_header(r, "X-Stainless-Retry-Count");
+  if (!rc || !strcmp(rc, "0")) return -1;
+  char hash[65];
+  struct dapo_err e = {0};
+  if (store_body_hash(nb, hash, &e)) return -1;
+  struct store_job_list l = {0};
+  if (store_job_list(r->srv->store, r->owner, NULL, 20, NULL, &l, &e)) return -1;
+  int found = -1;
+  int64_t now = (int64_t)time(NULL);
+  for (size_t i = 0; i < l.n && found < 0; i++) {
+    if (!strcmp(l.v[i].body_hash, hash) && now - l.v[i].created_at <= RETRY_WINDOW_S) {
+      *out = l.v[i];
+      memset(&l.v[i], 0, sizeof l.v[i]);
+      found = 0;
+    }
+  }
+  store_job_list_deinit(&l);
+  return found;
+}
+
+int api_ft_jobs_create(struct api_req *r) {
+  if (!json_is_object(r->json))
+    return api_oai_error(r, 400, NULL, NULL, "invalid_value", "the body must be a JSON object");
+  json_t *errors = json_array();
+  if (!errors) return api_oai_error(r, 503, NULL, NULL, NULL, "out of memory");
+  json_t *nb = native_body(r, r->json, errors);
+  if (json_array_size(errors) || !nb) {
+    json_decref(nb);
+    int rc = json_array_size(errors) ? reply_errors(r, errors)
+                                     : api_oai_error(r, 503, NULL, NULL, NULL, "out of memory");
+    json_decref(errors);
+    return rc;
+  }
+  struct store_job job;
+  if (find_retried(r, nb, &job) == 0) {
+    json_decref(nb);
+    json_decref(errors);
+    int rc = reply_ft_job(r, 200, &job);
+    store_job_deinit(&job);
+    return rc;
+  }
+  struct jobs_new req = {.body = nb, .owner = r->owner};
+  struct dapo_err e = {0};
+  int existed = 0;
+  int rc = jobs_create(r->srv, &req, &job, &existed, errors, NULL, &e);
+  json_decref(nb);
+  if (rc == DAPO_EINVAL) {
+    rc = reply_errors(r, errors);
+    json_decref(errors);
+    return rc;
+  }
+  json_decref(errors);
+  if (rc == STORE_EFULL) {
+    rc = api_oai_error(r, 429, "rate_limit_error", NULL, "rate_limit_exceeded", "%s", e.msg);
+    if (!rc) api_reply_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "30");
+    return rc;
+  }
+  if (rc) return api_oai_error(r, rc == DAPO_ENOMEM ? 503 : 500, NULL, NULL, NULL, "%s", e.msg);
+  rc = reply_ft_job(r, 200, &job);
+  store_job_deinit(&job);
+  return rc;
+}
+
+/* ---- read and lifecycle ---- */
+
+/* 1 when job's metadata has every metadata[k]=v of the query. */
+struct meta_filter {
+  const json_t *meta;
+  int ok;
+};
+
+static enum MHD_Result meta_arg(void *cls, enum MHD_ValueKind kind, const char *key,
+                                const char *value) {
+  (void)kind;
+  struct meta_filter *f = cls;
+  size_t n = strlen(key);
+  if (n < 10 || strncmp(key, "metadata[", 9) || key[n - 1] != ']') return MHD_YES;
+  char k[128];
+  if (n - 10 >= sizeof k) {
+    f->ok = 0;
+    return MHD_YES;
+  }
+  memcpy(k, key + 9, n - 10);
+  k[n - 10] = '\0';
+  const char *have = json_string_value(json_object_get(f->meta, k));
+  if (!have || !value || strcmp(have, value)) f->ok = 0;
+  return MHD_YES;
+}
+
+static int page_params(struct api_req *r, int def, int *limit, const char **after) {
+  const char *l = api_query(r, "limit");
+  *after = api_query(r, "after");
+  *limit = def;
+  if (l) {
+    char *end;
+    long v = strtol(l, &end, 10);
+    if (*end || v < 1 || v > FT_LIST_MAX) {
+      api_oai_error(r, 400, NULL, "limit", "invalid_value", "limit: expected 1..%d", FT_LIST_MAX);
+      return -1;
+    }
+    *limit = (int)v;
+  }
+  return 0;
+}
+
+int api_ft_jobs_list(struct api_req *r) {
+  int limit;
+  const char *after;
+  if (page_params(r, 20, &limit, &after)) return 0;
+  json_t *data = json_array();
+  char cursor[STORE_ID_MAX] = "";
+  if (after) snprintf(cursor, sizeof cursor, "%s", after);
+  int has_more = 0;
+  for (int round = 0; data && round < 100; round++) {
+    struct store_job_list l = {0};
+    struct dapo_err e = {0};
+    int rc =
+        store_job_list(r->srv->store, r->owner, NULL, FT_LIST_MAX, *cursor ? cursor : NULL, &l, &e);
+    if (rc == STORE_ENOTFOUND) {
+      json_decref(data);
+      return api_oai_error(r, 400, NULL, "after", "invalid_value", "after: no such job '%.64s'",
+                           after);
+    }
+    if (rc) {
+      json_decref(data);
+      return api_oai_error(r, 500, NULL, NULL, NULL, "%s", e.msg);
+    }
+    size_t i;
+    for (i = 0; i < l.n; i++) {
+      struct meta_filter f = {l.v[i].metadata, 1};
+      MHD_get_connection_values(r->conn, MHD_GET_ARGUMENT_KIND, meta_arg, &f);
+      if (!f.ok) continue;
+      if ((int)json_array_size(data) == limit) {
+        has_more = 1;
+        break;
+      }
+      json_array_append_new(data, ft_job_json(&l.v[i]));
+    }
+    int more = l.has_more && !has_more;
+    if (l.n) snprintf(cursor, sizeof cursor, "%s", l.v[l.n - 1].id);
+    store_job_list_deinit(&l);
+    if (!more) break;
+  }
+  if (!data) return api_oai_error(r, 503, NULL, NULL, NULL, "out of memory");
+  return api_reply_json_steal(
+      r, 200, json_pack("{s:s, s:o, s:b}", "object", "list", "data", data, "has_more", has_more));
+}
+
+int api_ft_jobs_get(struct api_req *r) {
+  struct store_job job;
+  if (load_job(r, &job)) return 0;
+  int rc = reply_ft_job(r, 200, &job);
+  store_job_deinit(&job);
+  return rc;
+}
+
+static int ft_lifecycle(struct api_req *r, int act) {
+  struct store_job job;
+  struct dapo_err e = {0};
+  int rc = api_job_request(r, act, &job, &e);
+  if (rc == STORE_ENOTFOUND)
+    return api_oai_error(r, 404, NULL, "fine_tuning_job_id", "not_found", "No such job: %.64s",
+                         r->params[0]);
+  if (rc == STORE_ETRANSITION)
+    return api_oai_error(r, 409, NULL, "fine_tuning_job_id", "invalid_state", "%s", e.msg);
+  if (rc) return api_oai_error(r, 500, NULL, NULL, NULL, "%s", e.msg);
+  rc = reply_ft_job(r, 200, &job);
+  store_job_deinit(&job);
+  return rc;
+}
+
+int api_ft_jobs_cancel(struct api_req *r) {
+  return ft_lifecycle(r, API_JOB_CANCEL);
+}
+int api_ft_jobs_pause(struct api_req *r) {
+  return ft_lifecycle(r, API_JOB_PAUSE);
+}
+int api_ft_jobs_resume(struct api_req *r) {
+  return ft_lifecycle(r, API_JOB_RESUME);
+}
+
+/* ---- events ---- */
+
+static double num(const json_t *o, const char *k) {
+  return json_number_value(json_object_get(o, k));
+}
+
+/* A stored event as a FineTuningJobEvent; NULL for events OpenAI's list does not show. */
+static json_t *ft_event_json(const char *job_id, const struct store_event *ev, int64_t total) {
+  char id[STORE_ID_MAX + 32], msg[512];
+  snprintf(id, sizeof id, "ftevent-%s-%lld", job_id, (long long)ev->id);
+  const json_t *d = ev->data;
+  const char *level = "info", *type = "message";
+  json_t *data = json_null();
+  if (!strcmp(ev->type, "status")) {
+    snprintf(msg, sizeof msg, "Job status: %s", json_string_value(json_object_get(d, "status")));
+  } else if (!strcmp(ev->type, "end")) {
+    snprintf(msg, sizeof msg, "The job has %s",
+             json_string_value(json_object_get(d, "status")) ?: "ended");
+  } else if (!strcmp(ev->type, "log")) {
+    const char *l = json_string_value(json_object_get(d, "level"));
+    level = l && !strcmp(l, "error") ? "error" : l && !strncmp(l, "warn", 4) ? "warn" : "info";
+    snprintf(msg, sizeof msg, "%s", json_string_value(json_object_get(d, "message")) ?: "");
+  } else if (!strcmp(ev->type, "checkpoint")) {
+    snprintf(msg, sizeof msg, "Checkpoint created at step %lld",
+             (long long)json_integer_value(json_object_get(d, "step")));
+  } else if (!strcmp(ev->type, "metrics")) {
+    long long step = (long long)json_integer_value(json_object_get(d, "step"));
+    type = "metrics";
+    if (json_object_get(d, "eval/accuracy")) {
+      double v = num(d, "eval/accuracy");
+      snprintf(msg, sizeof msg, "Step %lld/%lld, full validation mean reward=%.4f", step,
+               (long long)total, v);
+      data =
+          json_pack("{s:I, s:I, s:f, s:f, s:{s:f}, s:O}", "step", (json_int_t)step, "total_steps",
+                    (json_int_t)total, "full_valid_mean_reward", v, "full_valid_mean_parse_error",
+                    0.0, "scores", "valid_reward_mean", v, "dapod", d);
+    } else {
+      double v = num(d, "reward/mean");
+      snprintf(msg, sizeof msg, "Step %lld/%lld, train mean reward=%.4f", step, (long long)total,
+               v);
+      data =
+          json_pack("{s:I, s:I, s:f, s:f, s:{s:f}, s:O}", "step", (json_int_t)step, "total_steps",
+                    (json_int_t)total, "train_mean_reward", v, "completion_tokens_mean",
+                    num(d, "response_length/mean"), "scores", "train_reward_mean", v, "dapod", d);
+    }
+  } else {
+    return NULL;
+  }
+  return json_pack("{s:s, s:s, s:I, s:s, s:o, s:s, s:o}", "id", id, "object",
+                   "fine_tuning.job.event", "created_at", (json_int_t)ev->created_at, "level",
+                   level, "message", dapo_json_text(msg), "type", type, "data",
+                   data ? data : json_null());
+}
+
+/* The number at the end of an id "prefix...-N" / "..._N", or -1. */
+static long long id_tail(const char *id, const char *prefix, const char *job_id, char sep) {
+  size_t p = strlen(prefix), j = strlen(job_id);
+  if (strncmp(id, prefix, p) || strncmp(id + p, job_id, j) || id[p + j] != sep) return -1;
+  char *end;
+  long long v = strtoll(id + p + j + 1, &end, 10);
+  return *end || v < 0 ? -1 : v;
+}
+
+int api_ft_events_list(struct api_req *r) {
+  int limit;
+  const char *after;
+  if (page_params(r, 20, &limit, &after)) return 0;
+  struct store_job job;
+  if (load_job(r, &job)) return 0;
+  struct dapo_err e = {0};
+  int64_t last = 0;
+  int rc = store_event_last_id(r->srv->store, job.id, &last, &e);
+  int64_t top = last; /* newest first: events top, top-1, ... */
+  if (!rc && after) {
+    long long a = id_tail(after, "ftevent-", job.id, '-');
+    if (a < 0) {
+      store_job_deinit(&job);
+      return api_oai_error(r, 400, NULL, "after", "invalid_value", "after: not an event of %.64s",
+                           r->params[0]);
+    }
+    top = a - 1 < last ? a - 1 : last;
+  }
+  json_t *data = json_array();
+  int64_t lowest = top + 1;
+  /* read backwards in windows until limit shown events (some types are not shown) */
+  while (!rc && data && (int)json_array_size(data) < limit && lowest > 1) {
+    int64_t from = lowest - limit > 0 ? lowest - limit : 0; /* ids from+1 .. lowest-1 */
+    struct store_event_list l = {0};
+    rc = store_event_list(r->srv->store, job.id, from, (int)(lowest - 1 - from), &l, &e);
+    for (size_t i = l.n; !rc && i-- > 0 && (int)json_array_size(data) < limit;) {
+      json_t *o = ft_event_json(job.id, &l.v[i], job.total_steps);
+      if (o) json_array_append_new(data, o);
+      lowest = l.v[i].id;
+    }
+    if (!rc && (l.n == 0 || from == 0)) lowest = (int)json_array_size(data) < limit ? 1 : lowest;
+    store_event_list_deinit(&l);
+  }
+  store_job_deinit(&job);
+  if (rc) {
+    json_decref(data);
+    return api_oai_error(r, 500, NULL, NULL, NULL, "%s", e.msg);
+  }
+  return api_reply_json_steal(
+      r, 200, json_pack("{s:s, s:o, s:b}", "object", "list", "data", data, "has_more", lowest > 1));
+}
+
+/* ---- checkpoints ---- */
+
+int api_ft_checkpoints_list(struct api_req *r) {
+  int limit;
+  const char *after;
+  if (page_params(r, 10, &limit, &after)) return 0;
+  struct store_job job;
+  if (load_job(r, &job)) return 0;
+  long long below = -1;
+  if (after && (below = id_tail(after, "ftckpt_", job.id, '_')) < 0) {
+    store_job_deinit(&job);
+    return api_oai_error(r, 400, NULL, "after", "invalid_value", "after: not a checkpoint of %.64s",
+                         r->params[0]);
+  }
+  struct store_ckpt_list l = {0};
+  struct dapo_err e = {0};
+  int rc = store_ckpt_list(r->srv->store, job.id, &l, &e);
+  json_t *data = json_array();
+  int has_more = 0;
+  const char *model = json_string_value(json_object_get(job.spec, "model"));
+  for (size_t k = l.n; !rc && data && k-- > 0;) {
+    const struct store_ckpt *c = &l.v[k];
+    if (after && c->step >= below) continue;
+    if ((int)json_array_size(data) == limit) {
+      has_more = 1;
+      break;
+    }
+    char id[STORE_ID_MAX + 32], name[512];
+    snprintf(id, sizeof id, "ftckpt_%s_%lld", job.id, (long long)c->step);
+    api_oai_model_name(model ? model : "", job.suffix, job.id, (long long)c->step, name,
+                       sizeof name);
+    json_t *m = json_pack("{s:I}", "step", (json_int_t)c->step);
+    if (c->metrics && json_object_get(c->metrics, "reward/mean"))
+      json_object_set_new(m, "train_reward_mean", json_real(num(c->metrics, "reward/mean")));
+    if (c->metrics && json_object_get(c->metrics, "eval/accuracy"))
+      json_object_set_new(m, "valid_reward_mean", json_real(num(c->metrics, "eval/accuracy")));
+    json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s, s:s, s:I, s:o}", "id", id, "object",
+                                          "fine_tuning.job.checkpoint", "created_at",
+                                          (json_int_t)c->created_at, "fine_tuned_model_checkpoint",
+                                          name, "fine_tuning_job_id", job.id, "step_number",
+                                          (json_int_t)c->step, "metrics", m));
+  }
+  store_ckpt_list_deinit(&l);
+  store_job_deinit(&job);
+  if (rc || !data) {
+    json_decref(data);
+    return api_oai_error(r, 500, NULL, NULL, NULL, "%s", rc ? e.msg : "out of memory");
+  }
+  size_t n = json_array_size(data);
+  json_t *first = n ? json_incref(json_object_get(json_array_get(data, 0), "id")) : json_null();
+  json_t *lastid =
+      n ? json_incref(json_object_get(json_array_get(data, n - 1), "id")) : json_null();
+  return api_reply_json_steal(r, 200,
+                              json_pack("{s:s, s:o, s:o, s:o, s:b}", "object", "list", "data", data,
+                                        "first_id", first, "last_id", lastid, "has_more",
+                                        has_more));
+}
+
+/* ---- graders ---- */
+
+static struct grader *grader_of(struct api_req *r, const json_t *b) {
+  const json_t *g = json_object_get(b, "grader");
+  struct dapo_err e = {0};
+  if (!g) {
+    api_oai_error(r, 400, NULL, "grader", "invalid_value", "grader: required");
+    return NULL;
+  }
+  struct grader *gr = grader_new(g, "grader", &e);
+  if (!gr) {
+    char param[128] = "grader";
+    const char *colon = strstr(e.msg, ": ");
+    if (colon && (size_t)(colon - e.msg) < sizeof param) {
+      memcpy(param, e.msg, (size_t)(colon - e.msg));
+      param[colon - e.msg] = '\0';
+    }
+    api_oai_error(r, 400, NULL, param, "invalid_value", "%s", e.msg);
+  }
+  return gr;
+}
+
+int api_ft_graders_validate(struct api_req *r) {
+  if (!json_is_object(r->json))
+    return api_oai_error(r, 400, NULL, NULL, "invalid_value", "the body must be a JSON object");
+  struct grader *g = grader_of(r, r->json);
+  if (!g) return 0;
+  grader_free(g);
+  return api_reply_json_steal(r, 200,
+                              json_pack("{s:O}", "grader", json_object_get(r->json, "grader")));
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int api_ft_graders_run(struct api_req *r) {
+  if (!json_is_object(r->json))
+    return api_oai_error(r, 400, NULL, NULL, "invalid_value", "the body must be a JSON object");
+  const json_t *ms = json_object_get(r->json, "model_sample");
+  if (!json_is_string(ms))
+    return api_oai_error(r, 400, NULL, "model_sample", "invalid_value",
+                         "model_sample: required, the model's output as a string");
+  const json_t *item = json_object_get(r->json, "item");
+  if (item && !json_is_null(item) && !json_is_object(item))
+    return api_oai_error(r, 400, NULL, "item", "invalid_value", "item: expected an object");
+  struct grader *g = grader_of(r, r->json);
+  if (!g) return 0;
+  double t0 = now_s();
+  json_t *oj = json_loads(json_string_value(ms), JSON_DECODE_ANY, NULL);
+  struct grader_sample s = {.output_text = json_string_value(ms),
+                            .output_json = oj,
+                            .item = json_is_object(item) ? item : NULL};
+  double score = 0;
+  json_t *sub = NULL;
+  struct grader_errs er;
+  int rc = grader_grade(g, &s, 1, &score, &sub, &er);
+  json_decref(oj);
+  if (rc) {
+    grader_free(g);
+    return api_oai_error(r, 503, NULL, NULL, NULL, "out of memory");
+  }
+  json_t *errs = json_object();
+  for (int k = 0; k < GE_COUNT; k++)
+    if (k != GE_PYTHON_RUNTIME && k != GE_PYTHON_SERVER)
+      json_object_set_new(errs, grader_err_name(k), json_boolean(er.n[k] > 0));
+  json_object_set_new(errs, "truncated_observation_error", json_false());
+  json_object_set_new(errs, "unresponsive_reward_error", json_false());
+  json_object_set_new(errs, "python_grader_server_error", json_boolean(er.n[GE_PYTHON_SERVER]));
+  json_object_set_new(errs, "python_grader_server_error_type",
+                      er.n[GE_PYTHON_SERVER] ? json_string("sandbox") : json_null());
+  json_object_set_new(errs, "python_grader_runtime_error", json_boolean(er.n[GE_PYTHON_RUNTIME]));
+  json_object_set_new(errs, "python_grader_runtime_error_details",
+                      er.detail[0] ? dapo_json_text(er.detail) : json_null());
+  json_object_set_new(errs, "model_grader_server_error", json_false());
+  json_object_set_new(errs, "model_grader_refusal_error", json_false());
+  json_object_set_new(errs, "model_grader_parse_error", json_false());
+  json_object_set_new(errs, "model_grader_server_error_details", json_null());
+  json_t *o =
+      json_pack("{s:f, s:{s:s, s:s, s:o, s:f, s:O, s:n, s:n}, s:o, s:{}}", "reward", score,
+                "metadata", "name", grader_name(g), "type", grader_type(g), "errors", errs,
+                "execution_time", now_s() - t0, "scores", sub, "token_usage", "sampled_model_name",
+                "sub_rewards", sub, "model_grader_token_usage_per_model");
+  grader_free(g);
+  return api_reply_json_steal(r, 200, o);
+}

@@ -1,0 +1,145 @@
+// The official openai SDK (pinned in package.json) drives a whole reinforcement fine-tuning job
+// on dapod, unchanged: node sdk_job.mjs BASE_URL WORKDIR. Exits non-zero on the first surprise;
+// prints one line per check.
+import fs from 'node:fs';
+import path from 'node:path';
+import OpenAI, { toFile } from 'openai';
+
+const [baseURL, work] = process.argv.slice(2);
+const client = new OpenAI({ baseURL, apiKey: 'x', maxRetries: 0 });
+let checks = 0;
+function check(cond, what) {
+  checks++;
+  if (!cond) throw new Error('check failed: ' + what);
+  console.log('ok', what);
+}
+async function raises(p, cls, what) {
+  try {
+    await p;
+  } catch (e) {
+    check(e instanceof cls, `${what}: ${e.constructor.name} ${e.status} ${e.message}`);
+    return e;
+  }
+  throw new Error(what + ': no error');
+}
+
+const lines = [];
+for (let a = 0; a < 5; a++)
+  for (let b = 0; b < 5; b++)
+    lines.push(JSON.stringify({ messages: [{ role: 'user', content: `What is ${a}+${b}?` }],
+                                answer: undefined, sum: String(a + b) }));
+const trainPath = path.join(work, 'train.jsonl');
+fs.writeFileSync(trainPath, lines.join('\n') + '\n');
+
+// 1. files: a stream (chunked upload) and a buffer
+const train = await client.files.create({ file: fs.createReadStream(trainPath), purpose: 'fine-tune' });
+check(train.id && train.object === 'file' && train.bytes > 0, 'training file uploaded (chunked)');
+const valid = await client.files.create({
+  file: await toFile(Buffer.from(lines.slice(0, 5).join('\n') + '\n'), 'valid.jsonl'),
+  purpose: 'fine-tune' });
+check(valid.id !== train.id, 'validation file uploaded');
+const got = await client.files.retrieve(train.id);
+check(got.id === train.id, 'file retrieved');
+
+const grader = {
+  type: 'multi', name: 'sum',
+  graders: {
+    exact: { type: 'string_check', name: 'exact', input: '{{sample.output_text}}',
+             reference: '{{item.sum}}', operation: 'eq' },
+    close: { type: 'text_similarity', name: 'close', input: '{{sample.output_text}}',
+             reference: '{{item.sum}}', evaluation_metric: 'fuzzy_match' },
+  },
+  calculate_output: '0.9 * exact + 0.1 * close',
+};
+
+// 2. graders run and validate
+const v = await client.fineTuning.alpha.graders.validate({ grader });
+check(v.grader.type === 'multi', 'grader validated');
+const run = await client.fineTuning.alpha.graders.run({ grader, model_sample: '7', item: { sum: '7' } });
+check(Math.abs(run.reward - 1) < 1e-9 && run.metadata.errors.invalid_variable_error === false,
+      'grader run: reward 1');
+const bad = await client.fineTuning.alpha.graders.run({ grader, model_sample: '7', item: {} });
+check(bad.reward === 0 && bad.metadata.errors.invalid_variable_error === true,
+      'grader run: invalid variable counted');
+
+// 3. jobs: one that trains, one that waits behind it (one worker)
+const hp = { n_epochs: 'auto', batch_size: 16, eval_interval: 20, learning_rate_multiplier: 'auto',
+             // DAPO's own knobs, by their native names
+             total_steps: 40, max_new_tokens: 1, group_size: 16, learning_rate: 0.002 };
+const job = await client.fineTuning.jobs.create({
+  model: 'tiny', training_file: train.id, validation_file: valid.id, seed: 1, suffix: 'sums',
+  metadata: { team: 'a' },
+  method: { type: 'reinforcement', reinforcement: { grader, hyperparameters: hp } } });
+check(job.object === 'fine_tuning.job' && job.id, 'job created: ' + job.status);
+const other = await client.fineTuning.jobs.create({
+  model: 'tiny', training_file: train.id, metadata: { team: 'b' },
+  method: { type: 'reinforcement', reinforcement: { grader, hyperparameters: { total_steps: 2 } } } });
+check(other.status === 'queued', 'second job queued behind the first');
+
+// errors: 400, 404, 409
+await raises(client.fineTuning.jobs.create({ model: 'tiny', training_file: train.id,
+  method: { type: 'supervised', supervised: {} } }), OpenAI.BadRequestError, 'supervised refused');
+await raises(client.fineTuning.jobs.retrieve('job-nope'), OpenAI.NotFoundError, 'unknown job');
+// pagination and the metadata filter
+const page = await client.fineTuning.jobs.list({ limit: 1 });
+check(page.data.length === 1 && page.data[0].id === other.id && page.has_more, 'first page');
+const ids = [];
+for await (const j of client.fineTuning.jobs.list({ limit: 1 })) ids.push(j.id);
+check(ids.includes(job.id) && ids.includes(other.id), 'auto-pagination lists both jobs');
+const a = await client.fineTuning.jobs.list({ metadata: { team: 'a' } });
+check(a.data.length === 1 && a.data[0].id === job.id, 'metadata filter');
+
+// pause while it runs, resume
+let j = job;
+while (j.status === 'queued') j = await client.fineTuning.jobs.retrieve(job.id);
+if (j.status === 'running') {
+  await raises(client.fineTuning.jobs.pause(other.id), OpenAI.ConflictError, 'pausing a queued job');
+  j = await client.fineTuning.jobs.pause(job.id);
+  check(['running', 'paused'].includes(j.status), 'pause accepted: ' + j.status);
+  while (j.status === 'running') j = await client.fineTuning.jobs.retrieve(job.id);
+  check(j.status === 'paused' || j.status === 'succeeded', 'paused: ' + j.status);
+  if (j.status === 'paused') {
+    j = await client.fineTuning.jobs.resume(job.id);
+    check(j.status === 'queued' || j.status === 'running', 'resumed: ' + j.status);
+  }
+}
+let c = await client.fineTuning.jobs.cancel(other.id); // it may have started while A was paused
+while (c.status === 'running') c = await client.fineTuning.jobs.retrieve(other.id);
+check(c.status === 'cancelled', 'second job cancelled');
+while (!['succeeded', 'failed', 'cancelled'].includes(j.status)) {
+  await new Promise((r) => setTimeout(r, 200));
+  j = await client.fineTuning.jobs.retrieve(job.id);
+}
+check(j.status === 'succeeded' && j.fine_tuned_model.startsWith('ft:tiny:'), 'succeeded: ' + j.fine_tuned_model);
+
+// events and checkpoints
+const events = [];
+for await (const ev of client.fineTuning.jobs.listEvents(job.id, { limit: 10 })) events.push(ev);
+const metrics = events.filter((e) => e.type === 'metrics');
+check(metrics.length >= 40 && metrics.some((e) => typeof e.data.train_mean_reward === 'number'),
+      `events: ${events.length}, metrics ${metrics.length}`);
+check(events[0].id !== events[1].id && events.every((e) => e.object === 'fine_tuning.job.event'),
+      'events newest first, unique ids');
+const ck = await client.fineTuning.jobs.checkpoints.list(job.id);
+check(ck.data.length >= 2 && ck.data[0].step_number > ck.data[1].step_number, 'checkpoints newest first');
+check(ck.data[0].fine_tuned_model_checkpoint.includes(':ckpt-step-'), ck.data[0].fine_tuned_model_checkpoint);
+
+// chat completions on the fine-tuned model and on a checkpoint, plain and streamed
+const chat = await client.chat.completions.create({ model: j.fine_tuned_model,
+  messages: [{ role: 'user', content: 'What is 2+3?' }], max_completion_tokens: 1, temperature: 0,
+  logprobs: true, top_logprobs: 1 });
+check(chat.object === 'chat.completion' && typeof chat.choices[0].message.content === 'string' &&
+      chat.choices[0].logprobs.content.length === 1, 'chat: ' + chat.choices[0].message.content);
+const stream = await client.chat.completions.create({
+  model: ck.data[0].fine_tuned_model_checkpoint, messages: [{ role: 'user', content: 'What is 1+1?' }],
+  max_tokens: 1, temperature: 0, stream: true, stream_options: { include_usage: true } });
+let text = '', usage = null;
+for await (const chunk of stream) {
+  text += chunk.choices[0]?.delta?.content ?? '';
+  if (chunk.usage) usage = chunk.usage;
+}
+check(text.length === 1 && usage && usage.completion_tokens === 1, 'streamed chat: ' + text);
+const many = await client.chat.completions.create({ model: 'tiny', n: 2, seed: 3, stop: ['\n'],
+  messages: [{ role: 'user', content: 'What is 2+2?' }], max_tokens: 4 });
+check(many.choices.length === 2, 'n=2 on a base model');
+console.log(`${checks} checks passed`);
