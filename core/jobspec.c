@@ -40,9 +40,10 @@ int jobspec_parse(const json_t *body, const struct judge_policy *pol, struct job
     dapo_errors_add(errors, "", "the job body must be a JSON object");
     return 1;
   }
-  static const char *const known[] = {
-      "model",    "training_file", "validation_file", "judge",         "hyperparameters", "seed",
-      "metadata", "suffix",        "job_id",          "chat_template", "checkpoint_dtype"};
+  static const char *const known[] = {"model",         "training_file",    "validation_file",
+                                      "judge",         "hyperparameters",  "seed",
+                                      "metadata",      "suffix",           "job_id",
+                                      "chat_template", "checkpoint_dtype", "adapter"};
   const char *key;
   json_t *v;
   json_object_foreach((json_t *)body, key, v) {
@@ -125,6 +126,11 @@ int jobspec_parse(const json_t *body, const struct judge_policy *pol, struct job
       dapo_errors_add(errors, "checkpoint_dtype",
                       "expected \"auto\" (the source's dtype), \"float32\" or \"bfloat16\"");
   }
+  json_t *ad = json_object_get(body, "adapter");
+  if (ad && !json_is_null(ad)) {
+    s->has_adapter = 1;
+    lora_config_parse(&s->adapter, ad, errors); /* checked against the model by runner_check */
+  }
   hparams_parse(&s->hp, json_object_get(body, "hyperparameters"), errors);
   if (!s->model || !s->training_file || !s->job_id || !s->judge) {
     if ((model && !s->model) || (tf && !s->training_file) || !s->job_id || !s->judge)
@@ -140,11 +146,12 @@ const char *jobspec_dtype_name(enum ckpt_dtype d) {
 json_t *jobspec_to_json(const struct job_spec *s) {
   /* chat_template and checkpoint_dtype only when given, so that specs (and the checkpoints that
    * record them) of jobs without them stay as they were */
-  return json_pack("{s:s?,s:s?,s:s?,s:O?,s:o,s:I,s:O*,s:s*}", "model", s->model, "training_file",
-                   s->training_file, "validation_file", s->validation_file, "judge", s->judge,
-                   "hyperparameters", hparams_to_json(&s->hp), "seed", (json_int_t)s->seed,
-                   "chat_template", s->chat_template, "checkpoint_dtype",
-                   s->checkpoint_dtype_given ? jobspec_dtype_name(s->checkpoint_dtype) : NULL);
+  return json_pack("{s:s?,s:s?,s:s?,s:O?,s:o,s:I,s:O*,s:s*,s:o*}", "model", s->model,
+                   "training_file", s->training_file, "validation_file", s->validation_file,
+                   "judge", s->judge, "hyperparameters", hparams_to_json(&s->hp), "seed",
+                   (json_int_t)s->seed, "chat_template", s->chat_template, "checkpoint_dtype",
+                   s->checkpoint_dtype_given ? jobspec_dtype_name(s->checkpoint_dtype) : NULL,
+                   "adapter", s->has_adapter ? lora_config_to_json(&s->adapter) : NULL);
 }
 
 void jobspec_deinit(struct job_spec *s) {

@@ -10,6 +10,7 @@
 
 #include "hparams.h"
 #include "judge.h"
+#include "lora.h"
 
 /* The dtype of a checkpoint's model.safetensors (job field `checkpoint_dtype`). AUTO: the
  * source's (bfloat16 when the model folder's config.json says torch_dtype bfloat16, else
@@ -29,6 +30,9 @@ struct job_spec {
                             value (owned reference) */
   enum ckpt_dtype checkpoint_dtype;
   int checkpoint_dtype_given; /* the body named it (the resolved spec then records it) */
+  int has_adapter;            /* the body's `adapter`: train a LoRA adapter (lora.h) on the
+                                 frozen model instead of every weight */
+  struct lora_config adapter;
 };
 
 /* The name of d as the job body writes it ("auto", "float32", "bfloat16"). */
