@@ -43,9 +43,12 @@ static void usage(FILE *f) {
              "       dapod save-preset NAME DIR [--seed N] [--bf16]\n"
              "       dapod generate MODEL --prompt TEXT [--max-tokens N] [--temperature T]\n"
              "                      [--top-p P] [--n N] [--seed N]\n"
+             "       dapod merge ADAPTER OUT [--bf16]   an adapter checkpoint merged into a full\n"
+             "                                          model folder\n"
              "       dapod --help\n"
-             "MODEL is a preset name or a checkpoint folder (config.json, model.safetensors,\n"
-             "tokenizer.json).\n");
+             "MODEL is a preset name, a checkpoint folder (config.json, model.safetensors,\n"
+             "tokenizer.json) or an adapter checkpoint (adapter_config.json,\n"
+             "adapter_model.safetensors, base_model.json, tokenizer files).\n");
 }
 
 static int fail(const struct dapo_err *e) {
@@ -114,6 +117,32 @@ static int cmd_save_preset(int argc, char **argv) {
   if (rc) return fail(&e);
   printf("%s\n", argv[3]);
   return 0;
+}
+
+/* dapod merge ADAPTER OUT [--bf16]: the adapter folder's base with W + s B A written as a full
+ * model folder (config.json, model.safetensors, tokenizer and side files) that transformers
+ * loads without PEFT. */
+static int cmd_merge(int argc, char **argv) {
+  int bf16 = argc == 5 && !strcmp(argv[4], "--bf16");
+  if (argc != 4 && !bf16) {
+    usage(stderr);
+    return 2;
+  }
+  struct dapo_err e = {0};
+  struct lm lm;
+  if (lm_open(argv[2], 0, &lm, &e)) return fail(&e);
+  int rc = 0;
+  if (!lm.lora) {
+    fprintf(stderr, "dapod merge: %s is not an adapter folder (no adapter_config.json)\n", argv[2]);
+    rc = 2;
+  } else if (lm_save(&lm, argv[3], bf16, &e)) {
+    rc = fail(&e);
+  } else {
+    printf("%s: the base %s with the adapter %s merged in (%s)\n", argv[3], lm.base, argv[2],
+           bf16 ? "bfloat16" : "float32");
+  }
+  lm_close(&lm);
+  return rc;
 }
 
 static int cmd_generate(int argc, char **argv) {
@@ -569,6 +598,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "train")) return cmd_train(argc, argv);
   if (!strcmp(cmd, "save-preset")) return cmd_save_preset(argc, argv);
   if (!strcmp(cmd, "generate")) return cmd_generate(argc, argv);
+  if (!strcmp(cmd, "merge")) return cmd_merge(argc, argv);
   if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
   if (argc == 1 || cmd[0] == '-') return cmd_serve(argc, argv);
   fprintf(stderr, "dapod: unknown command '%s'\n", cmd);

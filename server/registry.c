@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "lm.h"
 #include "log.h"
 #include "parse.h"
 #include "preset.h"
@@ -100,6 +101,30 @@ static void folder_entry(const char *models_dir, const char *name, struct regist
   if (rc) snprintf(out->error, sizeof out->error, "%s", e.msg);
 }
 
+/* The config of an adapter checkpoint's base (core/lm.h LM_BASE_FILE: a preset or a folder),
+ * without opening it: the registry reads config files only. */
+static int read_adapter_base(const char *dir, struct model_config *c, struct dapo_err *e) {
+  char p[PATH_MAX + 64];
+  if ((size_t)snprintf(p, sizeof p, "%s/" LM_BASE_FILE, dir) >= sizeof p)
+    return dapo_errf(e, DAPO_EINVAL, "path too long");
+  json_error_t je;
+  json_t *j = json_load_file(p, 0, &je);
+  const char *base = json_string_value(json_object_get(j, "model"));
+  int rc = 0;
+  const struct preset *pr = base ? preset_find(base) : NULL;
+  if (!base)
+    rc = dapo_errf(e, DAPO_EFORMAT, LM_BASE_FILE ": %s", j ? "no \"model\"" : je.text);
+  else if (pr)
+    *c = pr->cfg;
+  else {
+    int64_t mtime;
+    rc = read_config(base, c, &mtime, e);
+    if (rc) dapo_err_prefix(e, "the adapter's base %s: ", base);
+  }
+  json_decref(j);
+  return rc;
+}
+
 /* The entry of checkpoint c of job_id. */
 static void ckpt_entry(const char *job_id, const struct store_ckpt *c, struct registry_entry *out) {
   char id[REGISTRY_ID_MAX];
@@ -111,12 +136,14 @@ static void ckpt_entry(const char *job_id, const struct store_ckpt *c, struct re
   out->step = c->step;
   out->created_at = c->created_at;
   snprintf(out->path, sizeof out->path, "%s", c->path ? c->path : "");
-  int rc = read_config(out->path, &out->cfg, &mtime, &e);
+  int adapter = is_file(out->path, "adapter_config.json");
+  int rc = adapter ? read_adapter_base(out->path, &out->cfg, &e)
+                   : read_config(out->path, &out->cfg, &mtime, &e);
   out->ready = rc == 0;
   if (rc)
     snprintf(out->error, sizeof out->error, "%s", e.msg);
   else
-    out->weights = "model.safetensors";
+    out->weights = adapter ? "adapter_model.safetensors" : "model.safetensors";
 }
 
 /* A folder name offered as a model id: UTF-8 (ids are JSON strings), not hidden, not a

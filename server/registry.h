@@ -31,7 +31,8 @@ struct registry_entry {
   char error[512];             /* when !ready: the file and key at fault */
   char path[PATH_MAX];         /* what lm_open takes: the preset's name or the folder's path */
   int64_t created_at;          /* Unix seconds (folder: config.json's mtime); 0 for a preset */
-  const char *weights;         /* "model.safetensors" or its index (borrowed static); NULL */
+  const char *weights;         /* "model.safetensors" or its index, "adapter_model.safetensors"
+                                  for an adapter checkpoint (borrowed static); NULL */
   struct model_config cfg;     /* when ready */
   const struct preset *preset; /* REGISTRY_PRESET: the table row (borrowed static) */
   char job_id[STORE_ID_MAX];   /* REGISTRY_CHECKPOINT: its job and step */
