@@ -40,6 +40,24 @@ static const char DEFAULT_TEMPLATE[] =
 
 /* ---- shared with chat.c (openai.h) ---- */
 
+int api_oai_path(const char *path) {
+  return !strncmp(path, "/v1/fine_tuning/", 16) || !strcmp(path, "/v1/fine_tuning") ||
+         !strncmp(path, "/v1/chat/", 9);
+}
+
+json_t *api_oai_error_body(int status, const char *type, const char *param, const char *code,
+                           const char *message) {
+  if (!type)
+    type = status >= 500   ? "server_error"
+           : status == 401 ? "authentication_error"
+           : status == 403 ? "permission_error"
+           : status == 429 ? "rate_limit_error"
+                           : "invalid_request_error";
+  return json_pack("{s:{s:o, s:s, s:o, s:o}}", "error", "message", dapo_json_text(message), "type",
+                   type, "param", param ? dapo_json_text(param) : json_null(), "code",
+                   code ? json_string(code) : json_null());
+}
+
 int api_oai_error(struct api_req *r, int status, const char *type, const char *param,
                   const char *code, const char *fmt, ...) {
   char msg[1024];
@@ -47,11 +65,7 @@ int api_oai_error(struct api_req *r, int status, const char *type, const char *p
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  if (!type) type = status >= 500 ? "server_error" : "invalid_request_error";
-  json_t *o = json_pack("{s:{s:o, s:s, s:o, s:o}}", "error", "message", dapo_json_text(msg), "type",
-                        type, "param", param ? dapo_json_text(param) : json_null(), "code",
-                        code ? json_string(code) : json_null());
-  int rc = api_reply_json_steal(r, status, o);
+  int rc = api_reply_json_steal(r, status, api_oai_error_body(status, type, param, code, msg));
   if (!rc && status >= 400 && status < 500 && status != 408 && status != 429)
     api_reply_header(r, "x-should-retry", "false");
   return rc;

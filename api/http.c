@@ -22,6 +22,7 @@
 #include "bus.h"
 #include "handlers.h"
 #include "log.h"
+#include "openai.h"
 #include "parse.h"
 #include "server.h"
 #include "sha256.h"
@@ -276,9 +277,41 @@ int api_reply_json_steal(struct api_req *r, int status, json_t *json) {
   return reply_json_typed(r, status, json, "application/json; charset=utf-8");
 }
 
+/* An error of the registry in OpenAI's shape (the OpenAI-compatible routes): message is the
+ * detail followed by each "field: message" of errors, param the first field, code the row's
+ * name. 4xx other than 408/429 say `x-should-retry: false`, as api_oai_error does. */
+static int reply_oai_error(struct api_req *r, const struct api_err_row *row, const char *detail,
+                           const json_t *errors) {
+  char msg[1024], param[192] = "";
+  size_t used = (size_t)snprintf(msg, sizeof msg, "%s", detail ? detail : row->hint), i;
+  const json_t *it;
+  json_array_foreach((json_t *)errors, i, it) {
+    const char *f = json_string_value(json_object_get(it, "field"));
+    const char *m = json_string_value(json_object_get(it, "message"));
+    if (f && !param[0]) snprintf(param, sizeof param, "%s", f);
+    if (used >= sizeof msg) break;
+    used += (size_t)snprintf(msg + used, sizeof msg - used, "%s%s%s%s", i ? "; " : ": ", f ? f : "",
+                             f && *f ? ": " : "", m ? m : "invalid");
+  }
+  int status = row->http_status;
+  int rc = api_reply_json_steal(
+      r, status, api_oai_error_body(status, NULL, param[0] ? param : NULL, row->name, msg));
+  if (!rc && status >= 400 && status < 500 && status != 408 && status != 429)
+    api_reply_header(r, "x-should-retry", "false");
+  return rc;
+}
+
 int api_reply_error_ext(struct api_req *r, enum api_err code, const char *detail, json_t *errors,
                         const json_t *ext) {
   const struct api_err_row *row = api_err_row(code);
+  if (r->path && api_oai_path(r->path)) {
+    if (row->http_status >= 500)
+      LOG(WARN, "%s %s: %d %s: %s", r->method, r->path, row->http_status, row->name,
+          detail ? detail : row->hint);
+    int rc = reply_oai_error(r, row, detail, errors);
+    json_decref(errors);
+    return rc;
+  }
   char type[128];
   snprintf(type, sizeof type, "%s%s", API_PROBLEM_BASE, row->name);
   json_t *o = json_object();

@@ -6,7 +6,20 @@
 
 #include <stddef.h>
 
+#include <jansson.h>
+
 struct api_req;
+
+/* 1 when path is one of the OpenAI-compatible routes (/v1/fine_tuning/..., /v1/chat/...):
+ * every error there, also those the HTTP layer raises before the handler runs (401, 404, 405,
+ * 413, 415, invalid JSON) and the completion service's 422/503, takes OpenAI's shape. */
+int api_oai_path(const char *path);
+
+/* {"error": {message, type, param, code}} (new reference; NULL without memory). type NULL: by
+ * status ("invalid_request_error", 401 "authentication_error", 403 "permission_error", 429
+ * "rate_limit_error", >= 500 "server_error"); param and code may be NULL (null). */
+json_t *api_oai_error_body(int status, const char *type, const char *param, const char *code,
+                           const char *message);
 
 /* Replies status with {"error": {message, type, param, code}} as application/json. type is
  * "invalid_request_error" for 4xx unless given; param and code may be NULL (null). A 4xx other

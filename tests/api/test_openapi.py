@@ -448,6 +448,9 @@ def scenario(c):
         assert shown[k] == sch["default"], "%s: the job uses %r, the document says %r" % (
             k, shown[k], sch["default"])
 
+    # ---- the OpenAI-compatible surface (docs/OPENAI.md): errors are OpenAI's {"error": ...} ----
+    oai_scenario(c)
+
     # ---- a longer job: pause, resume, cancel; the queue limit; files in use ----
     long_job = c.call("create long", "POST", "/v1/jobs", 201,
                       json_body={"model": "tiny", "training_file": fid,
@@ -463,8 +466,16 @@ def scenario(c):
     r = c.call("create over the queue limit", "POST", "/v1/jobs", 429,
                json_body={"model": "tiny", "training_file": fid, "hyperparameters": TINY_HP})
     problem(r, "too_many_requests")
+    r = c.call("ft create over the queue limit", "POST", "/v1/fine_tuning/jobs", 429,
+               json_body=FT_BODY(fid))
+    oai_error(r, "rate_limit_error")
     c.call("list jobs queued", "GET", "/v1/jobs?status=queued", 200)
     j = c.call("cancel queued", "POST", "/v1/jobs/%s/cancel" % queued["id"], 200).json()
+    assert j["status"] == "cancelled", j
+    ftq = c.call("ft create queued", "POST", "/v1/fine_tuning/jobs", 200,
+                 json_body=FT_BODY(fid)).json()
+    assert ftq["status"] == "queued", ftq
+    j = c.call("ft cancel queued", "POST", "/v1/fine_tuning/jobs/%s/cancel" % ftq["id"], 200).json()
     assert j["status"] == "cancelled", j
     j = c.call("pause long", "POST", "/v1/jobs/%s/pause" % lid, 200).json()
     assert j["status"] in ("pausing", "paused"), j
@@ -482,8 +493,13 @@ def scenario(c):
     c.stream_until_heartbeat("stream heartbeat", "/v1/jobs/%s/events/stream" % lid,
                              headers={"Last-Event-ID": str(last)})
     c.call("checkpoints paused", "GET", "/v1/jobs/%s/checkpoints" % lid, 200)
-    j = c.call("resume long", "POST", "/v1/jobs/%s/resume" % lid, 200).json()
+    j = c.call("ft pause paused", "POST", "/v1/fine_tuning/jobs/%s/pause" % lid, 200).json()
+    assert j["status"] == "paused", j
+    j = c.call("ft resume paused", "POST", "/v1/fine_tuning/jobs/%s/resume" % lid, 200).json()
     assert j["status"] in ("queued", "running"), j
+    # native resume of the job the OpenAI route resumed: no change while queued, 409 once running
+    r = c.call("resume long", "POST", "/v1/jobs/%s/resume" % lid, (200, 409))
+    assert r.status == 409 or r.json()["status"] in ("queued", "running"), r
     j = c.call("cancel long", "POST", "/v1/jobs/%s/cancel" % lid, 200).json()
     assert j["status"] in ("cancelling", "cancelled"), j
     c.wait_status(lid, lambda j: j["status"] in TERMINAL, "the cancel")
@@ -491,6 +507,7 @@ def scenario(c):
     c.call("stream cancelled", "GET", "/v1/jobs/%s/events/stream" % lid, 200)
     c.call("delete long", "DELETE", "/v1/jobs/" + lid, 200)
     c.call("delete queued", "DELETE", "/v1/jobs/" + queued["id"], 200)
+    c.call("delete ft queued", "DELETE", "/v1/jobs/" + ftq["id"], 200)
     problem(c.call("delete long again", "DELETE", "/v1/jobs/" + lid, 404), "not_found")
     c.call("delete tiny", "DELETE", "/v1/jobs/" + jid, 200)
     c.call("delete file", "DELETE", "/v1/files/" + fid, 200)
@@ -502,6 +519,205 @@ def scenario(c):
     assert r.header("Allow") == "GET, HEAD, POST", r
     r = c.call("options", "OPTIONS", "/v1/jobs/%s/checkpoints" % jid, 204, generic=True)
     assert r.header("Allow") == "GET, HEAD", r
+    # the OpenAI-compatible routes answer their generic errors in OpenAI's shape too
+    oai_error(c.call("ft unknown path", "GET", "/v1/fine_tuning/nope", 404, generic=True),
+              "invalid_request_error")
+    r = c.call("ft method not allowed", "DELETE", "/v1/fine_tuning/jobs", 405, generic=True)
+    oai_error(r, "invalid_request_error")
+    assert r.header("Allow") == "GET, HEAD, POST", r
+
+
+# ---- the OpenAI-compatible surface ----
+
+FT_GRADER = {"type": "multi", "name": "sum",
+             "graders": {"exact": {"type": "string_check", "name": "exact",
+                                   "input": "{{sample.output_text}}", "reference": "{{item.sum}}",
+                                   "operation": "eq"},
+                         "close": {"type": "text_similarity", "name": "close",
+                                   "input": "{{sample.output_text}}", "reference": "{{item.sum}}",
+                                   "evaluation_metric": "fuzzy_match"}},
+             "calculate_output": "0.9 * exact + 0.1 * close"}
+
+
+def FT_BODY(training_file, **extra):
+    body = {"model": "tiny", "training_file": training_file,
+            "method": {"type": "reinforcement",
+                       "reinforcement": {"grader": FT_GRADER,
+                                         "hyperparameters": {"total_steps": 2}}}}
+    body.update(extra)
+    return body
+
+
+def oai_error(r, type_):
+    """Checks OpenAI's error shape ({"error": {message, type, param, code}}, application/json)."""
+    ct = r.header("Content-Type") or ""
+    if not ct.startswith("application/json"):
+        raise AssertionError("expected OpenAI's error as application/json, got %s: %r"
+                             % (ct, r.body[:300]))
+    e = json.loads(r.body).get("error")
+    if not isinstance(e, dict) or e.get("type") != type_ or not e.get("message"):
+        raise AssertionError("expected an OpenAI error of type %s, got %r" % (type_, r.body[:300]))
+    return e
+
+
+def rft_lines():
+    out = []
+    for a in range(4):
+        for b in range(3):
+            out.append(json.dumps({"messages": [{"role": "user", "content": "What is %d+%d?"
+                                                 % (a, b)}], "sum": str(a + b)}))
+    return ("\n".join(out) + "\n").encode()
+
+
+def oai_scenario(c):
+    ndjson = {"Content-Type": "application/x-ndjson"}
+    f = c.call("upload rft", "POST", "/v1/files?purpose=fine-tune&filename=rft.jsonl", 201,
+               body=rft_lines(), headers=ndjson).json()
+    fid = f["id"]
+    # graders
+    c.call("ft grader validate", "POST", "/v1/fine_tuning/alpha/graders/validate", 200,
+           json_body={"grader": FT_GRADER})
+    e = oai_error(c.call("ft grader validate bad", "POST", "/v1/fine_tuning/alpha/graders/validate",
+                         400, json_body={"grader": {"type": "string_check", "input": "a",
+                                                    "reference": "b", "operation": "is"}}),
+                  "invalid_request_error")
+    assert e["param"] == "grader.operation", e
+    e = oai_error(c.call("ft grader score_model", "POST", "/v1/fine_tuning/alpha/graders/validate",
+                         400, json_body={"grader": {"type": "score_model", "model": "m",
+                                                    "input": []}}), "invalid_request_error")
+    assert e["param"] == "grader.type" and "http" in e["message"], e
+    run = c.call("ft grader run", "POST", "/v1/fine_tuning/alpha/graders/run", 200,
+                 json_body={"grader": FT_GRADER, "model_sample": "5", "item": {"sum": "5"}}).json()
+    assert abs(run["reward"] - 1) < 1e-9 and run["sub_rewards"] == {"exact": 1, "close": 1}, run
+    run = c.call("ft grader run invalid variable", "POST", "/v1/fine_tuning/alpha/graders/run", 200,
+                 json_body={"grader": FT_GRADER, "model_sample": "5"}).json()
+    assert run["reward"] == 0 and run["metadata"]["errors"]["invalid_variable_error"], run
+    oai_error(c.call("ft grader run no sample", "POST", "/v1/fine_tuning/alpha/graders/run", 400,
+                     json_body={"grader": FT_GRADER}), "invalid_request_error")
+    e = oai_error(c.call("ft grader run bad json", "POST", "/v1/fine_tuning/alpha/graders/run", 400,
+                         body=b'{"grader": ', headers={"Content-Type": "application/json"}),
+                  "invalid_request_error")
+    assert e["code"] == "invalid_json", e
+    oai_error(c.call("ft grader run text/plain", "POST", "/v1/fine_tuning/alpha/graders/run", 415,
+                     body=b"{}", headers={"Content-Type": "text/plain"}), "invalid_request_error")
+    oai_error(c.call("ft grader validate too large", "POST",
+                     "/v1/fine_tuning/alpha/graders/validate", 413,
+                     json_body={"grader": dict(FT_GRADER, name="x" * 20000)}),
+              "invalid_request_error")
+
+    # a job: 2 steps, evaluated and checkpointed at each
+    body = FT_BODY(fid, validation_file=fid, seed=2, suffix="sums", metadata={"team": "oai"})
+    body["method"]["reinforcement"]["hyperparameters"] = {
+        "n_epochs": "auto", "batch_size": 2, "learning_rate_multiplier": 2, "eval_interval": 1,
+        "eval_samples": 4, "compute_multiplier": 0.5, "reasoning_effort": "default",
+        "total_steps": 2, "max_new_tokens": 2}
+    job = c.call("ft create", "POST", "/v1/fine_tuning/jobs", 200, json_body=body).json()
+    jid = job["id"]
+    hp = c.call("ft native view", "GET", "/v1/jobs/" + jid, 200).json()["hyperparameters"]
+    assert (hp["prompt_batch_size"], hp["group_size"], hp["eval_every"], hp["eval_samples"]) == \
+        (2, 4, 1, 4) and abs(hp["learning_rate"] - 2e-5) < 1e-12, hp
+    again = c.call("ft create retried", "POST", "/v1/fine_tuning/jobs", 200, json_body=body,
+                   headers={"X-Stainless-Retry-Count": "1"}).json()
+    assert again["id"] == jid, (again["id"], jid)
+    e = oai_error(c.call("ft create supervised", "POST", "/v1/fine_tuning/jobs", 400,
+                         json_body={"model": "tiny", "training_file": fid,
+                                    "method": {"type": "supervised", "supervised": {}}}),
+                  "invalid_request_error")
+    assert e["param"] == "method.type", e
+    e = oai_error(c.call("ft create invalid", "POST", "/v1/fine_tuning/jobs", 400,
+                         json_body=FT_BODY("file-nope", colour=1)), "invalid_request_error")
+    e = oai_error(c.call("ft create bad json", "POST", "/v1/fine_tuning/jobs", 400,
+                         body=b"{,}", headers={"Content-Type": "application/json"}),
+                  "invalid_request_error")
+    oai_error(c.call("ft create text/plain", "POST", "/v1/fine_tuning/jobs", 415, body=b"{}",
+                     headers={"Content-Type": "text/plain"}), "invalid_request_error")
+    oai_error(c.call("ft create too large", "POST", "/v1/fine_tuning/jobs", 413,
+                     json_body=FT_BODY(fid, metadata={"pad": "x" * 20000})),
+              "invalid_request_error")
+    job = c.wait_status(jid, lambda j: j["status"] in TERMINAL, "the end of the ft job")
+    assert job["status"] == "succeeded", job
+    job = c.call("ft get", "GET", "/v1/fine_tuning/jobs/" + jid, 200).json()
+    assert job["fine_tuned_model"] == "ft:tiny:dapod:sums:" + jid, job
+    oai_error(c.call("ft get none", "GET", "/v1/fine_tuning/jobs/job-nope", 404),
+              "invalid_request_error")
+    page = c.call("ft list", "GET", "/v1/fine_tuning/jobs?limit=1", 200).json()
+    assert page["data"][0]["id"] == jid and page["has_more"], page
+    c.call("ft list next", "GET", "/v1/fine_tuning/jobs?limit=100&after=" + jid, 200)
+    page = c.call("ft list metadata", "GET", "/v1/fine_tuning/jobs?metadata%5Bteam%5D=oai", 200).json()
+    assert [j["id"] for j in page["data"]] == [jid], page
+    oai_error(c.call("ft list bad limit", "GET", "/v1/fine_tuning/jobs?limit=0", 400),
+              "invalid_request_error")
+    oai_error(c.call("ft list bad after", "GET", "/v1/fine_tuning/jobs?after=job-nope", 400),
+              "invalid_request_error")
+    # events and checkpoints, newest first
+    ev = c.call("ft events", "GET", "/v1/fine_tuning/jobs/%s/events?limit=100" % jid, 200).json()
+    kinds = {e["type"] for e in ev["data"]}
+    assert kinds == {"message", "metrics"}, kinds
+    page = c.call("ft events page", "GET", "/v1/fine_tuning/jobs/%s/events?limit=2" % jid,
+                  200).json()
+    assert page["has_more"], page
+    c.call("ft events next", "GET", "/v1/fine_tuning/jobs/%s/events?limit=2&after=%s"
+           % (jid, page["data"][-1]["id"]), 200)
+    oai_error(c.call("ft events bad after", "GET", "/v1/fine_tuning/jobs/%s/events?after=x" % jid,
+                     400), "invalid_request_error")
+    oai_error(c.call("ft events none", "GET", "/v1/fine_tuning/jobs/job-nope/events", 404),
+              "invalid_request_error")
+    ck = c.call("ft checkpoints", "GET", "/v1/fine_tuning/jobs/%s/checkpoints" % jid, 200).json()
+    steps = [x["step_number"] for x in ck["data"]]
+    assert steps == sorted(steps, reverse=True) and steps[0] == 2, ck
+    c.call("ft checkpoints page", "GET", "/v1/fine_tuning/jobs/%s/checkpoints?limit=1&after=%s"
+           % (jid, ck["data"][0]["id"]), 200)
+    oai_error(c.call("ft checkpoints bad after", "GET",
+                     "/v1/fine_tuning/jobs/%s/checkpoints?after=x" % jid, 400),
+              "invalid_request_error")
+    oai_error(c.call("ft checkpoints none", "GET", "/v1/fine_tuning/jobs/job-nope/checkpoints", 404),
+              "invalid_request_error")
+    # the status machine: 409 on a finished job, 404 on none
+    for action in ("cancel", "pause", "resume"):
+        e = oai_error(c.call("ft %s finished" % action, "POST",
+                             "/v1/fine_tuning/jobs/%s/%s" % (jid, action), 409),
+                      "invalid_request_error")
+        assert e["code"] == "invalid_state", e
+        oai_error(c.call("ft %s none" % action, "POST", "/v1/fine_tuning/jobs/job-nope/" + action,
+                         404), "invalid_request_error")
+
+    # chat completions: a base model, the fine-tuned model, a checkpoint, streamed
+    msgs = [{"role": "developer", "content": "Add."},
+            {"role": "user", "content": [{"type": "text", "text": "What is 2+1?"}]}]
+    c.call("chat preset", "POST", "/v1/chat/completions", 200,
+           json_body={"model": "tiny", "messages": msgs, "n": 2, "seed": 3, "temperature": 0.7,
+                      "top_p": 0.9, "max_tokens": 3, "stop": ["\n"], "logprobs": True,
+                      "top_logprobs": 1, "user": "ignored"})
+    r = c.call("chat fine-tuned", "POST", "/v1/chat/completions", 200,
+               json_body={"model": job["fine_tuned_model"], "messages": msgs,
+                          "max_completion_tokens": 2, "temperature": 0}).json()
+    assert r["choices"][0]["finish_reason"] in ("stop", "length"), r
+    s = c.call("chat stream", "POST", "/v1/chat/completions", 200,
+               json_body={"model": ck["data"][0]["fine_tuned_model_checkpoint"], "messages": msgs,
+                          "max_tokens": 2, "temperature": 0, "stream": True,
+                          "stream_options": {"include_usage": True}})
+    assert s.header("Content-Type").startswith("text/event-stream"), s
+    assert s.body.endswith(b"data: [DONE]\n\n"), s.body[-200:]
+    e = oai_error(c.call("chat no model", "POST", "/v1/chat/completions", 404,
+                         json_body={"model": "nope", "messages": msgs}), "invalid_request_error")
+    assert e["param"] == "model", e
+    oai_error(c.call("chat bad n", "POST", "/v1/chat/completions", 400,
+                     json_body={"model": "tiny", "messages": msgs, "n": 99}),
+              "invalid_request_error")
+    oai_error(c.call("chat too long", "POST", "/v1/chat/completions", 422,
+                     json_body={"model": "tiny", "max_tokens": 500,
+                                "messages": [{"role": "user", "content": "x" * 400}]}),
+              "invalid_request_error")
+    oai_error(c.call("chat bad json", "POST", "/v1/chat/completions", 400, body=b"{",
+                     headers={"Content-Type": "application/json"}), "invalid_request_error")
+    oai_error(c.call("chat text/plain", "POST", "/v1/chat/completions", 415, body=b"{}",
+                     headers={"Content-Type": "text/plain"}), "invalid_request_error")
+    oai_error(c.call("chat too large", "POST", "/v1/chat/completions", 413,
+                     json_body={"model": "tiny", "messages": [{"role": "user",
+                                                               "content": "x" * 20000}]}),
+              "invalid_request_error")
+    c.call("ft delete", "DELETE", "/v1/jobs/" + jid, 200)
+    c.call("delete rft file", "DELETE", "/v1/files/" + fid, 200)
 
 
 def main():

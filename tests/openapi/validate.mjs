@@ -181,7 +181,8 @@ function checkBody(ex, media, mediaParts, body) {
       const item = { type: e.event === undefined ? "message" : e.event };
       if (e.id !== undefined) item.id = /^[0-9]+$/.test(e.id) ? Number(e.id) : e.id;
       try {
-        item.data = JSON.parse(e.data === undefined ? "" : e.data);
+        // OpenAI's chat stream ends with `data: [DONE]`, the one data line that is not JSON
+        item.data = e.data === "[DONE]" ? e.data : JSON.parse(e.data === undefined ? "" : e.data);
       } catch (err) {
         fail(ex, `event ${JSON.stringify(e).slice(0, 200)}: data is not JSON`);
         continue;
@@ -219,16 +220,19 @@ function checkExchange(ex) {
   if (ex.generic) {
     if (found) return fail(ex, `marked generic, but ${ex.method} ${found.template} is documented`);
     if (body.length === 0) return;
-    if (mt !== "application/problem+json") return fail(ex, `generic answer with Content-Type ${ctype}`);
-    const v = validator(["components", "schemas", "Problem"]);
+    // the OpenAI-compatible routes answer even their generic errors in OpenAI's shape
+    const oai = /^\/v1\/(fine_tuning|chat)(\/|$)/.test(url.pathname);
+    const [want, schema] = oai ? ["application/json", "OaiError"] : ["application/problem+json", "Problem"];
+    if (mt !== want) return fail(ex, `generic answer with Content-Type ${ctype}`);
+    const v = validator(["components", "schemas", schema]);
     let value;
     try {
       value = JSON.parse(body.toString("utf8"));
     } catch (e) {
-      return fail(ex, "problem body is not JSON");
+      return fail(ex, "error body is not JSON");
     }
-    if (!v(value)) fail(ex, `problem does not match Problem: ${errText(v.errors)}`);
-    else if (value.status !== ex.status) fail(ex, `problem status ${value.status} is not the HTTP status`);
+    if (!v(value)) fail(ex, `error does not match ${schema}: ${errText(v.errors)}`);
+    else if (!oai && value.status !== ex.status) fail(ex, `problem status ${value.status} is not the HTTP status`);
     return;
   }
   if (!found) return fail(ex, `no operation ${ex.method} for ${url.pathname} in the document`);
@@ -281,6 +285,14 @@ function checkExchange(ex) {
   add(item.parameters, ["paths", template]);
   add(op.parameters, opParts); // operation-level first: they override path-level ones
   const check = (where, name, raw) => {
+    // a deepObject parameter (`metadata[k]=v`): the value against its additionalProperties
+    const deep = /^([^[\]]+)\[([^\]]*)\]$/.exec(name);
+    const obj = deep && params.find((x) => x.p.in === where && x.p.name === deep[1] && x.p.style === "deepObject");
+    if (obj) {
+      const dv = validator([...obj.parts, "schema", "additionalProperties"]);
+      if (!dv(raw)) fail(ex, `${where} parameter ${name}=${raw}: ${errText(dv.errors)}`);
+      return;
+    }
     const entry = params.find((x) => x.p.in === where && x.p.name === name);
     if (!entry) return fail(ex, `${where} parameter ${name} is not documented`);
     const pv = validator([...entry.parts, "schema"]);

@@ -28,6 +28,8 @@ KEYS = {"alice": "alice-key-0001", "bob": "bob-key-0002", "root": "root-key-0003
 NO_SUCH_JOB = "job-00000000-0000-4000-8000-000000000000"
 HP = {"total_steps": 2, "checkpoint_every": 1, "max_new_tokens": 4, "group_size": 4,
       "prompt_batch_size": 2}
+GRADER = {"type": "string_check", "name": "g", "input": "{{sample.output_text}}",
+          "reference": "{{item.a}}", "operation": "eq"}
 
 
 def sha(k):
@@ -143,6 +145,30 @@ class Ownership(unittest.TestCase):
                 ("/v1/jobs/%s/checkpoints/%d/model.safetensors" % (j, st), None, "owned"),
             ("GET", "/v1/jobs/{job_id}/rollouts"):
                 ("/v1/jobs/%s/rollouts?step=%d" % (j, st), None, "owned"),
+            # the OpenAI-compatible surface (its errors are OpenAI's {"error": ...})
+            ("POST", "/v1/fine_tuning/jobs"): None,  # creates: test_create_with_anothers_ids
+            ("GET", "/v1/fine_tuning/jobs"): ("/v1/fine_tuning/jobs?limit=100", None, ("list", j)),
+            ("GET", "/v1/fine_tuning/jobs/{fine_tuning_job_id}"):
+                ("/v1/fine_tuning/jobs/" + j, None, "owned"),
+            ("POST", "/v1/fine_tuning/jobs/{fine_tuning_job_id}/cancel"):
+                ("/v1/fine_tuning/jobs/%s/cancel" % j, None, "owned-state"),
+            ("POST", "/v1/fine_tuning/jobs/{fine_tuning_job_id}/pause"):
+                ("/v1/fine_tuning/jobs/%s/pause" % j, None, "owned-state"),
+            ("POST", "/v1/fine_tuning/jobs/{fine_tuning_job_id}/resume"):
+                ("/v1/fine_tuning/jobs/%s/resume" % j, None, "owned-state"),
+            ("GET", "/v1/fine_tuning/jobs/{fine_tuning_job_id}/events"):
+                ("/v1/fine_tuning/jobs/%s/events" % j, None, "owned"),
+            ("GET", "/v1/fine_tuning/jobs/{fine_tuning_job_id}/checkpoints"):
+                ("/v1/fine_tuning/jobs/%s/checkpoints" % j, None, "owned"),
+            ("POST", "/v1/fine_tuning/alpha/graders/run"):
+                ("/v1/fine_tuning/alpha/graders/run", {"grader": GRADER, "model_sample": "4",
+                                                       "item": {"a": "4"}}, "open"),
+            ("POST", "/v1/fine_tuning/alpha/graders/validate"):
+                ("/v1/fine_tuning/alpha/graders/validate", {"grader": GRADER}, "open"),
+            ("POST", "/v1/chat/completions"):
+                ("/v1/chat/completions", {"model": m, "max_tokens": 2,
+                                          "messages": [{"role": "user", "content": "1+1="}]},
+                 ("body", "model", m, NO_SUCH_JOB + ":step-%d" % st)),
             # a body naming another key's model: the same answer as a model that does not exist
             ("POST", "/v1/completions"):
                 ("/v1/completions", {"model": m, "prompt": "1+1=", "max_tokens": 2},
@@ -153,8 +179,13 @@ class Ownership(unittest.TestCase):
         self.assertEqual(r.status, 404, "%s: %r" % (what, r))
         if what.startswith("HEAD "):
             return
-        self.assertTrue(r.header("Content-Type").startswith("application/problem+json"), what)
-        self.assertEqual(r.json()["status"], 404, what)
+        if re.match(r"\S+ /v1/(fine_tuning|chat)/", what):  # OpenAI's error shape there
+            self.assertTrue(r.header("Content-Type").startswith("application/json"), what)
+            self.assertEqual(r.json()["error"]["code"], "not_found", what)
+        else:
+            self.assertTrue(r.header("Content-Type").startswith("application/problem+json"),
+                            what)
+            self.assertEqual(r.json()["status"], 404, what)
         # nothing of the resource leaks into the problem
         self.assertNotIn(self.data[:40], r.body, what)
 
@@ -238,6 +269,20 @@ class Ownership(unittest.TestCase):
             self.assertIn(field, r.body.decode(), r)
             spec[field] = none
             r0 = self.req("bob", "POST", "/v1/jobs", spec)
+            self.assertEqual((r.status, r.body.replace(mine.encode(), none.encode())),
+                             (r0.status, r0.body), field)
+
+        # the OpenAI-compatible create: the same, in OpenAI's error shape
+        for field, mine, none in (("training_file", self.fid, none_file),
+                                  ("validation_file", self.fid, none_file)):
+            spec = {"model": "tiny", "training_file": bob_file,
+                    "method": {"type": "reinforcement", "reinforcement": {"grader": GRADER}}}
+            spec[field] = mine
+            r = self.req("bob", "POST", "/v1/fine_tuning/jobs", spec)
+            self.assertEqual(r.status, 400, r)
+            self.assertIn(field, r.json()["error"]["message"], r)
+            spec[field] = none
+            r0 = self.req("bob", "POST", "/v1/fine_tuning/jobs", spec)
             self.assertEqual((r.status, r.body.replace(mine.encode(), none.encode())),
                              (r0.status, r0.body), field)
 
