@@ -101,11 +101,21 @@ static int mkdir_p(const char *path) {
   return mkdir(buf, 0755) && errno != EEXIST ? -1 : 0;
 }
 
-/* Capacities of a job: longest sequence, tokens of a micro-batch, sequences generated at once. */
+/* Capacities of a job: longest sequence, tokens of a micro-batch and response tokens in it,
+ * sequences generated at once. A micro-batch never spans minibatches, so it holds at most
+ * minibatch_size sequences: micro_batch_tokens beyond minibatch_size longest sequences could
+ * never be used (at Qwen2.5-0.5B's shape, 64 responses of 128 tokens: 4,096-token activations
+ * of 10.7 GB where 2,192 tokens are the most a minibatch of 16 holds), nor response tokens beyond
+ * minibatch_size * max_new_tokens (the logits' rows over the vocabulary). Packing is unchanged:
+ * a whole minibatch fits either way. */
 static void caps(const struct hparams *hp, int max_prompt, int with_val, int *cap_t,
-                 int *cap_tokens, int *gen_cap) {
+                 int *cap_tokens, int *cap_resp, int *gen_cap) {
   *cap_t = max_prompt + hp->max_new_tokens;
-  *cap_tokens = hp->micro_batch_tokens > *cap_t ? hp->micro_batch_tokens : *cap_t;
+  int64_t most = (int64_t)hp->minibatch_size * *cap_t;
+  *cap_tokens = hp->micro_batch_tokens < most ? hp->micro_batch_tokens : (int)most;
+  if (*cap_tokens < *cap_t) *cap_tokens = *cap_t;
+  int64_t most_resp = (int64_t)hp->minibatch_size * hp->max_new_tokens;
+  *cap_resp = most_resp < *cap_tokens ? (int)most_resp : *cap_tokens;
   int groups = hp->gen_batch_size / hp->group_size;
   *gen_cap = (groups > 0 ? groups : 1) * hp->group_size;
   if (with_val && hp->eval_samples > *gen_cap) *gen_cap = hp->eval_samples;
@@ -161,8 +171,8 @@ void runner_memory_plan(const struct model_config *c, const struct hparams *hp,
                         int max_prompt_tokens, int with_validation, struct mem_plan *p) {
   memset(p, 0, sizeof *p);
   struct model_config cc = *c;
-  int cap_t, cap_tokens, gen_cap;
-  caps(hp, max_prompt_tokens, with_validation, &cap_t, &cap_tokens, &gen_cap);
+  int cap_t, cap_tokens, cap_resp, gen_cap;
+  caps(hp, max_prompt_tokens, with_validation, &cap_t, &cap_tokens, &cap_resp, &gen_cap);
   if (cap_t > cc.max_position_embeddings) cc.max_position_embeddings = cap_t; /* a bound only */
   int64_t n = model_param_count(&cc);
   p->parameters = n;
@@ -170,7 +180,7 @@ void runner_memory_plan(const struct model_config *c, const struct hparams *hp,
   p->gradients = p->weights;
   p->optimizer = 2 * p->weights;
   p->reference = hp->kl_coef > 0 ? p->weights : 0;
-  p->activations = train_state_bytes(&cc, NULL, cap_tokens, cap_tokens, cap_t);
+  p->activations = train_state_bytes(&cc, NULL, cap_tokens, cap_resp, cap_t);
   p->generation = gen_state_bytes(&cc, NULL, gen_cap, cap_t);
   p->buffers =
       scratch_layout(NULL, NULL, (size_t)cap_tokens, (size_t)gen_cap, (size_t)hp->max_new_tokens);
@@ -515,8 +525,9 @@ static int setup(struct trainer *t) {
     return trainer_fail_err(t, FAIL_INVALID_JUDGE, "judge", &e);
 
   /* capacities (as runner_memory_plan counts them) */
-  caps(hp, max_prompt, t->val != NULL, &t->cap_t, &t->cap_tokens, &t->gen_cap);
-  if (!(t->ts = train_state_new(t->lm.model, t->cap_tokens, t->cap_tokens, t->cap_t, &e)) ||
+  int cap_resp;
+  caps(hp, max_prompt, t->val != NULL, &t->cap_t, &t->cap_tokens, &cap_resp, &t->gen_cap);
+  if (!(t->ts = train_state_new(t->lm.model, t->cap_tokens, cap_resp, t->cap_t, &e)) ||
       !(t->gs = gen_state_new(t->lm.model, t->gen_cap, t->cap_t, &e)))
     return trainer_fail_err(t, FAIL_OUT_OF_MEMORY, NULL, &e);
   if (t->o && t->o->pool &&

@@ -96,7 +96,8 @@ struct mem_plan {
   uint64_t buffers;     /* the runner's per-token batch arrays */
   uint64_t total;
   int cap_seq_len; /* longest sequence: max prompt tokens + max_new_tokens */
-  int cap_tokens;  /* tokens of one micro-batch */
+  int cap_tokens;  /* tokens of one micro-batch: micro_batch_tokens, at most minibatch_size
+                      longest sequences */
   int gen_batch;   /* sequences generated at once */
 };
 
