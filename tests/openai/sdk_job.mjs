@@ -6,7 +6,7 @@ import path from 'node:path';
 import OpenAI, { toFile } from 'openai';
 
 const [baseURL, work] = process.argv.slice(2);
-const client = new OpenAI({ baseURL, apiKey: 'x', maxRetries: 0 });
+const client = new OpenAI({ baseURL, apiKey: process.env.OPENAI_API_KEY || 'x', maxRetries: 0 });
 let checks = 0;
 function check(cond, what) {
   checks++;
@@ -71,15 +71,36 @@ const job = await client.fineTuning.jobs.create({
   metadata: { team: 'a' },
   method: { type: 'reinforcement', reinforcement: { grader, hyperparameters: hp } } });
 check(job.object === 'fine_tuning.job' && job.id, 'job created: ' + job.status);
+let j = job; // the queue holds one job (--max-queued-jobs 1): wait for the worker to take it
+while (j.status === 'queued') {
+  await new Promise((r) => setTimeout(r, 100));
+  j = await client.fineTuning.jobs.retrieve(job.id);
+}
 const other = await client.fineTuning.jobs.create({
   model: 'tiny', training_file: train.id, metadata: { team: 'b' },
   method: { type: 'reinforcement', reinforcement: { grader, hyperparameters: { total_steps: 2 } } } });
 check(other.status === 'queued', 'second job queued behind the first');
 
-// errors: 400, 404, 409
-await raises(client.fineTuning.jobs.create({ model: 'tiny', training_file: train.id,
+// errors: 400, 401, 404, 409 (below), 429, each with OpenAI's error members
+let e = await raises(client.fineTuning.jobs.create({ model: 'tiny', training_file: train.id,
   method: { type: 'supervised', supervised: {} } }), OpenAI.BadRequestError, 'supervised refused');
-await raises(client.fineTuning.jobs.retrieve('job-nope'), OpenAI.NotFoundError, 'unknown job');
+check(e.param === 'method.type' && e.type === 'invalid_request_error', '400 names method.type');
+e = await raises(client.chat.completions.create({ model: 'tiny', messages: [], n: 1 }),
+                 OpenAI.BadRequestError, 'empty messages refused');
+check(e.param === 'messages', '400 names messages');
+const stranger = new OpenAI({ baseURL, apiKey: 'not-a-key', maxRetries: 0 });
+e = await raises(stranger.fineTuning.jobs.list(), OpenAI.AuthenticationError, 'unknown API key');
+check(e.type === 'authentication_error' && e.code === 'unauthorized', '401 in OpenAI\'s shape');
+await raises(stranger.chat.completions.create({ model: 'tiny', messages: [{ role: 'user', content: 'hi' }] }),
+             OpenAI.AuthenticationError, 'unknown API key on chat');
+e = await raises(client.fineTuning.jobs.retrieve('job-nope'), OpenAI.NotFoundError, 'unknown job');
+check(e.code === 'not_found' && e.param === 'fine_tuning_job_id', '404 names the job');
+await raises(client.chat.completions.create({ model: 'nope', messages: [{ role: 'user', content: 'hi' }] }),
+             OpenAI.NotFoundError, 'unknown model');
+e = await raises(client.fineTuning.jobs.create({ model: 'tiny', training_file: train.id,
+  method: { type: 'reinforcement', reinforcement: { grader, hyperparameters: { total_steps: 2 } } } }),
+  OpenAI.RateLimitError, 'a second queued job is over max_queued_jobs');
+check(e.type === 'rate_limit_error' && e.headers.get('retry-after') === '30', '429 with Retry-After');
 // pagination and the metadata filter
 const page = await client.fineTuning.jobs.list({ limit: 1 });
 check(page.data.length === 1 && page.data[0].id === other.id && page.has_more, 'first page');
@@ -90,8 +111,6 @@ const a = await client.fineTuning.jobs.list({ metadata: { team: 'a' } });
 check(a.data.length === 1 && a.data[0].id === job.id, 'metadata filter');
 
 // pause while it runs, resume
-let j = job;
-while (j.status === 'queued') j = await client.fineTuning.jobs.retrieve(job.id);
 if (j.status === 'running') {
   await raises(client.fineTuning.jobs.pause(other.id), OpenAI.ConflictError, 'pausing a queued job');
   j = await client.fineTuning.jobs.pause(job.id);
@@ -111,6 +130,8 @@ while (!['succeeded', 'failed', 'cancelled'].includes(j.status)) {
   j = await client.fineTuning.jobs.retrieve(job.id);
 }
 check(j.status === 'succeeded' && j.fine_tuned_model.startsWith('ft:tiny:'), 'succeeded: ' + j.fine_tuned_model);
+e = await raises(client.fineTuning.jobs.cancel(job.id), OpenAI.ConflictError, 'cancelling a finished job');
+check(e.code === 'invalid_state' && e.headers.get('x-should-retry') === 'false', '409 not retried');
 
 // events and checkpoints
 const events = [];
