@@ -65,6 +65,9 @@ struct runner_opts {
   const volatile int *pause;               /* non-zero: stop at the next safe point with a
                                               checkpoint of the last completed step */
   int stop_after_step;                     /* > 0: pause after this step (tests, CLI) */
+  int compute_all;   /* tests: run every response through the model, also where it cannot change
+                        the update (zero advantage with kl_coef 0; the first minibatch's old
+                        log-probs), to compare with the default, which skips that work */
   struct pool *pool; /* compute threads of this job (borrowed; core/pool.h); NULL: serial kernels
                         with OpenBLAS's own threading. Results are reproducible for a given
                         thread count. */

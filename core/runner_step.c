@@ -214,6 +214,8 @@ struct upd_stats {
   double mismatch_sum; /* |sampler logp - trainer logp_old| summed over tokens */
   long mismatch_n;
   long train_tokens; /* tokens through the model in update passes (prompt + response) */
+  long old_tokens;   /* tokens through the model in the old-log-prob and reference passes */
+  long skipped;      /* responses of update passes not run through the model */
 };
 
 /* Minibatch order of epoch e: a permutation of 0..n-1 from the step's stream. */
@@ -224,44 +226,76 @@ static void epoch_order(const struct trainer *t, int *order, int n, int e) {
   rng_shuffle_int(&r, order, n);
 }
 
-/* logp_old (and the reference's) for every response in epoch 0's minibatch/micro-batch packing,
- * so that the first minibatch's forward is bit-identical and its ratio exactly 1. */
+/* Whether the work that cannot change the update is skipped (runner_opts.compute_all: not). */
+static int skipping(const struct trainer *t) {
+  return !(t->o && t->o->compute_all);
+}
+
+/* Whether response r goes through the model in the update: with kl_coef 0, a response whose
+ * advantage is 0 has loss weight 0 at every token (its clipped surrogate is 0 whatever the
+ * ratio), so its forward and backward add exactly nothing to the gradient. */
+static int runs_through_model(const struct trainer *t, const struct ro *r) {
+  return !skipping(t) || t->hp->kl_coef > 0 || r->adv != 0.0;
+}
+
+/* The minibatch that starts at j0 of the epoch's order: the responses that go through the model
+ * into mb (their count returned), and the loss normalisers over all its responses, skipped ones
+ * included (*n_resp responses, *n_tok response tokens), so that skipping never changes them. */
+static int minibatch(const struct trainer *t, struct ro **loss_ros, int n, const int *order, int j0,
+                     struct ro **mb, int *n_resp, long *n_tok) {
+  int mb_size = t->hp->minibatch_size, nm = n - j0 < mb_size ? n - j0 : mb_size, k = 0;
+  long tot = 0;
+  for (int i = 0; i < nm; i++) {
+    struct ro *r = loss_ros[order[j0 + i]];
+    tot += r->len;
+    if (runs_through_model(t, r)) mb[k++] = r;
+  }
+  *n_resp = nm;
+  *n_tok = tot;
+  return k;
+}
+
+/* Keeps the policy's log-probs of the micro-batch just run forward (b_logp, packed as b_ro) as
+ * the responses' logp_old (pass 0) or logp_ref (pass 1); for logp_old, adds |sampler - trainer|
+ * to the mismatch sums. 0, or 1 out of memory. */
+static int keep_logprobs(struct trainer *t, int ns, int pass, struct upd_stats *us) {
+  int k = 0;
+  for (int s = 0; s < ns; s++) {
+    struct ro *r = t->b_ro[s];
+    float **dst = pass ? &r->lp_ref : &r->lp_old;
+    if (!*dst && !(*dst = malloc(sizeof(float) * (size_t)r->len))) return trainer_oom(t);
+    memcpy(*dst, t->b_logp + k, sizeof(float) * (size_t)r->len);
+    if (!pass)
+      for (int q = 0; q < r->len; q++) {
+        us->mismatch_sum += fabs((double)r->slogp[q] - (double)t->b_logp[k + q]);
+        us->mismatch_n++;
+      }
+    k += r->len;
+  }
+  return 0;
+}
+
+/* logp_old (and the reference's) for every response that goes through the model, in epoch 0's
+ * minibatch/micro-batch packing, so that the first minibatch's forward is bit-identical and its
+ * ratio exactly 1. That first minibatch's policy pass is skipped: the weights have not moved
+ * yet, so the update's own forward gives logp_old (update() keeps it); its reference pass runs. */
 static int old_logprobs(struct trainer *t, struct ro **loss_ros, int n, const int *order,
-                        double *mismatch, long *mismatch_n) {
+                        struct ro **mb, struct upd_stats *us) {
   int mb_size = t->hp->minibatch_size;
-  struct ro **mb = malloc(sizeof *mb * (size_t)(mb_size < n ? mb_size : n));
-  if (!mb) return trainer_oom(t);
   for (int j0 = 0; j0 < n; j0 += mb_size) {
-    int nm = n - j0 < mb_size ? n - j0 : mb_size;
-    for (int i = 0; i < nm; i++) mb[i] = loss_ros[order[j0 + i]];
-    for (int i = 0; i < nm;) {
-      int ns = pack(t, mb, i, nm);
-      for (int pass = 0; pass < (t->ref ? 2 : 1); pass++) {
-        if (forward(t, pass ? t->ref : t->lm.model, ns, NULL)) {
-          free(mb);
+    int nm;
+    long tot;
+    int k = minibatch(t, loss_ros, n, order, j0, mb, &nm, &tot);
+    for (int i = 0; i < k;) {
+      int ns = pack(t, mb, i, k);
+      for (int pass = j0 == 0 && skipping(t) ? 1 : 0; pass < (t->ref ? 2 : 1); pass++) {
+        if (forward(t, pass ? t->ref : t->lm.model, ns, NULL) || keep_logprobs(t, ns, pass, us))
           return 1;
-        }
-        int k = 0;
-        for (int s = 0; s < ns; s++) {
-          struct ro *r = t->b_ro[s];
-          float **dst = pass ? &r->lp_ref : &r->lp_old;
-          if (!*dst && !(*dst = malloc(sizeof(float) * (size_t)r->len))) {
-            free(mb);
-            return trainer_oom(t);
-          }
-          memcpy(*dst, t->b_logp + k, sizeof(float) * (size_t)r->len);
-          if (!pass)
-            for (int q = 0; q < r->len; q++) {
-              *mismatch += fabs((double)r->slogp[q] - (double)t->b_logp[k + q]);
-              (*mismatch_n)++;
-            }
-          k += r->len;
-        }
+        us->old_tokens += t->b_off[ns];
       }
       i += ns;
     }
   }
-  free(mb);
   return 0;
 }
 
@@ -275,10 +309,8 @@ static int update(struct trainer *t, struct ro **loss_ros, int n, struct upd_sta
     return trainer_oom(t);
   }
   int stop = 0;
-  double mismatch = 0;
-  long mismatch_n = 0;
   epoch_order(t, order, n, 0);
-  if ((stop = old_logprobs(t, loss_ros, n, order, &mismatch, &mismatch_n))) goto out;
+  if ((stop = old_logprobs(t, loss_ros, n, order, mb, us))) goto out;
   for (int ep = 0; ep < hp->epochs && !stop; ep++) {
     if (ep > 0) epoch_order(t, order, n, ep);
     for (int j0 = 0; j0 < n && !stop; j0 += mb_size) {
@@ -286,29 +318,31 @@ static int update(struct trainer *t, struct ro **loss_ros, int n, struct upd_sta
         stop = trainer_fail(t, FAIL_CANCELLED, NULL, "cancelled");
         break;
       }
-      int nm = n - j0 < mb_size ? n - j0 : mb_size;
-      long tot = 0;
-      for (int i = 0; i < nm; i++) {
-        mb[i] = loss_ros[order[j0 + i]];
-        tot += mb[i]->len;
-      }
+      int nm;
+      long tot;
+      int k = minibatch(t, loss_ros, n, order, j0, mb, &nm, &tot);
+      us->skipped += nm - k;
+      /* a minibatch whose every response is skipped still takes its AdamW step (zero gradient:
+       * the moments decay and the weights move as they would have) */
       model_zero_grads(t->lm.model);
-      for (int i = 0; i < nm && !stop;) {
-        int ns = pack(t, mb, i, nm);
+      for (int i = 0; i < k && !stop;) {
+        int ns = pack(t, mb, i, k);
         if ((stop = forward(t, t->lm.model, ns, ep == 0 ? t->b_ent : NULL))) break;
+        /* the first minibatch of epoch 0: this forward is the old policy's (old_logprobs) */
+        if (ep == 0 && j0 == 0 && skipping(t) && (stop = keep_logprobs(t, ns, 0, us))) break;
         /* per-response arrays of this micro-batch, tokens concatenated */
-        int k = 0;
+        int q0 = 0;
         for (int s = 0; s < ns; s++) {
           const struct ro *r = t->b_ro[s];
           t->mb_len[s] = r->len;
           t->mb_adv[s] = r->adv;
-          memcpy(t->b_old + k, r->lp_old, sizeof(float) * (size_t)r->len);
-          if (t->ref) memcpy(t->b_ref + k, r->lp_ref, sizeof(float) * (size_t)r->len);
+          memcpy(t->b_old + q0, r->lp_old, sizeof(float) * (size_t)r->len);
+          if (t->ref) memcpy(t->b_ref + q0, r->lp_ref, sizeof(float) * (size_t)r->len);
           if (ep == 0)
-            for (int q = 0; q < r->len; q++) us->ent_sum += t->b_ent[k + q];
-          k += r->len;
+            for (int q = 0; q < r->len; q++) us->ent_sum += t->b_ent[q0 + q];
+          q0 += r->len;
         }
-        if (ep == 0) us->ent_tokens += k;
+        if (ep == 0) us->ent_tokens += q0;
         dapo_token_weights(hp, ns, t->mb_len, t->mb_adv, t->b_logp, t->b_old,
                            t->ref ? t->b_ref : NULL, nm, tot, t->b_w, &us->pg);
         us->train_tokens += t->b_off[ns];
@@ -331,8 +365,6 @@ static int update(struct trainer *t, struct ro **loss_ros, int n, struct upd_sta
       us->n_upd++;
     }
   }
-  us->mismatch_sum = mismatch;
-  us->mismatch_n = mismatch_n;
 out:
   free(order), free(mb);
   return stop;
@@ -562,6 +594,8 @@ int trainer_step(struct trainer *t, json_t **metrics_out, int64_t *gen_tokens_ou
   PUT_I("gen/rounds", rounds);
   PUT_I("tokens/generated", gen_tokens);
   PUT_I("tokens/trained", us.train_tokens);
+  PUT_I("tokens/old_logprob", us.old_tokens);
+  PUT_I("policy/responses_skipped", us.skipped);
   PUT_R("throughput/gen_tokens_per_s", t_gen > 0 ? gen_tokens / t_gen : 0);
   PUT_R("throughput/train_tokens_per_s", t_train > 0 ? us.train_tokens / t_train : 0);
   PUT_R("judge/seconds", t_judge);

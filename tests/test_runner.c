@@ -4,12 +4,14 @@
  * from the BF16 checkpoints of a BF16 folder); pause and cancel flags; the sampling-shortfall
  * policy; job-spec validation messages. */
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "check.h"
+#include "checkpoint.h"
 #include "kernels.h"
 #include "lm.h"
 #include "pool.h"
@@ -75,6 +77,7 @@ static int on_metrics(void *ctx, const struct runner_metrics *rm) {
 }
 
 static struct pool *g_pool; /* NULL: serial kernels */
+static int g_compute_all;   /* runner_opts.compute_all of run() */
 
 static json_t *job(const char *train, int steps, int dynamic, int extra_ckpt) {
   json_t *b = json_pack(
@@ -98,8 +101,10 @@ static int run(json_t *body, const char *out, struct collect *c, int stop_after,
   }
   CHECK(n == 0);
   struct runner_hooks h = {.ctx = c, .metrics = on_metrics};
-  struct runner_opts o = {
-      .stop_after_step = stop_after, .cancel = c ? c->cancel : NULL, .pool = g_pool};
+  struct runner_opts o = {.stop_after_step = stop_after,
+                          .cancel = c ? c->cancel : NULL,
+                          .pool = g_pool,
+                          .compute_all = g_compute_all};
   runner_run(&s, out, &h, &o, res);
   if (res->status == RUNNER_FAILED)
     fprintf(stderr, "run failed: %s: %s\n", failure_info(res->failure)->name, res->message);
@@ -256,6 +261,112 @@ static void test_bf16_checkpoints(const char *train) {
   json_decref(body);
 }
 
+static json_t *last_metrics(const struct collect *c) {
+  return json_array_get(c->metrics, json_array_size(c->metrics) - 1);
+}
+static long metric_int(const json_t *m, const char *key) {
+  return (long)json_integer_value(json_object_get(m, key));
+}
+
+/* The largest |a - b| over the weights of two checkpoint folders' step `step`. */
+static double max_weight_diff(const char *a, const char *b, int step) {
+  char pa[512], pb[512];
+  snprintf(pa, sizeof pa, "%s/checkpoints/step-%d", a, step);
+  snprintf(pb, sizeof pb, "%s/checkpoints/step-%d", b, step);
+  struct model *ma = NULL, *mb = NULL;
+  struct dapo_err e = {0};
+  CHECK_MSG(!ckpt_load(pa, &ma, NULL, &e) && !ckpt_load(pb, &mb, NULL, &e), "%s", e.msg);
+  double d = 0;
+  for (size_t i = 0; ma && mb && i < ma->n_params; i++) {
+    double x = fabs((double)ma->params[i] - (double)mb->params[i]);
+    d = x > d ? x : d;
+  }
+  model_free(ma);
+  model_free(mb);
+  return d;
+}
+
+/* With kl_coef 0 a response whose advantage is 0 is not run through the model (its loss weight is
+ * 0 at every token), nor is the first minibatch's old-log-prob pass (its weights have not moved):
+ * the weights and the optimizer state equal the computation that runs everything, bit for bit
+ * when every micro-batch holds one response (the packing is then the same), within 1e-6
+ * otherwise. Rewards vary with the response's length (additive overlong shaping from the
+ * second token on), so some groups carry signal and some do not. A step whose advantages are all 0
+ * runs nothing at all. */
+static void test_skip_zero_advantage(void) {
+  char data[256], a[256], b[256];
+  snprintf(data, sizeof data, "%s/long.jsonl", tmpdir);
+  FILE *f = fopen(data, "w");
+  for (int i = 0; i < 40; i++) /* prompts longer than micro_batch_tokens 16: one a micro-batch */
+    fprintf(f, "{\"prompt\": \"Add these two numbers: %d+%d=\", \"answer\": \"%d\"}\n", i % 10,
+            i / 10, (i % 10 + i / 10) % 10);
+  fclose(f);
+  for (int packed = 0; packed < 2; packed++) {
+    json_t *body = job(data, 2, 0, 0);
+    json_t *hp = json_object_get(body, "hyperparameters");
+    json_object_set_new(hp, "max_new_tokens", json_integer(16));
+    json_object_set_new(hp, "overlong_buffer", json_integer(15));
+    json_object_set_new(hp, "overlong_mode", json_string("additive"));
+    json_object_set_new(hp, "micro_batch_tokens", json_integer(packed ? 4096 : 16));
+    snprintf(a, sizeof a, "%s/skip-%d", tmpdir, packed);
+    snprintf(b, sizeof b, "%s/all-%d", tmpdir, packed);
+    struct collect ca = {json_array(), 0, NULL}, cb = {json_array(), 0, NULL};
+    struct runner_result r;
+    CHECK(run(body, a, &ca, 0, &r) == RUNNER_SUCCEEDED);
+    g_compute_all = 1;
+    CHECK(run(body, b, &cb, 0, &r) == RUNNER_SUCCEEDED);
+    g_compute_all = 0;
+    long skipped = 0, kept_work = 0;
+    for (size_t i = 0; i < json_array_size(ca.metrics); i++) {
+      const json_t *m = json_array_get(ca.metrics, i), *mb = json_array_get(cb.metrics, i);
+      skipped += metric_int(m, "policy/responses_skipped");
+      kept_work += metric_int(m, "tokens/trained");
+      CHECK(metric_int(mb, "policy/responses_skipped") == 0);
+      CHECK(metric_int(m, "tokens/trained") < metric_int(mb, "tokens/trained"));
+      CHECK(metric_int(m, "tokens/old_logprob") < metric_int(mb, "tokens/old_logprob"));
+    }
+    CHECK_MSG(skipped > 0 && kept_work > 0, "skipped %ld responses, trained %ld tokens", skipped,
+              kept_work);
+    if (!packed) {
+      compare_runs(a, b, 2);
+    } else {
+      /* sums over differently packed micro-batches round differently: 8 float32 ulps at 1.0,
+       * under 1/10,000 of what 4 updates at lr 3e-3 can move a weight */
+      double d = max_weight_diff(a, b, 2), bound = 1e-6;
+      printf("skipping zero advantages, packed micro-batches: max |dw| %.3g (bound %.3g)\n", d,
+             bound);
+      CHECK(d <= bound);
+    }
+    json_decref(body);
+    json_decref(ca.metrics);
+    json_decref(cb.metrics);
+  }
+
+  /* every reward the same: every advantage 0, nothing goes through the model */
+  snprintf(data, sizeof data, "%s/nothing.jsonl", tmpdir);
+  f = fopen(data, "w");
+  for (int i = 0; i < 8; i++) fprintf(f, "{\"prompt\": \"%d\", \"answer\": \"unreachable\"}\n", i);
+  fclose(f);
+  json_t *body = job(data, 1, 0, 0);
+  snprintf(a, sizeof a, "%s/zero-skip", tmpdir);
+  snprintf(b, sizeof b, "%s/zero-all", tmpdir);
+  struct collect ca = {json_array(), 0, NULL}, cb = {json_array(), 0, NULL};
+  struct runner_result r;
+  CHECK(run(body, a, &ca, 0, &r) == RUNNER_SUCCEEDED);
+  g_compute_all = 1;
+  CHECK(run(body, b, &cb, 0, &r) == RUNNER_SUCCEEDED);
+  g_compute_all = 0;
+  const json_t *m = last_metrics(&ca);
+  CHECK(metric_int(m, "tokens/trained") == 0 && metric_int(m, "tokens/old_logprob") == 0);
+  CHECK(metric_int(m, "policy/responses_skipped") == 2 * 12); /* 2 epochs of 3 x 4 responses */
+  CHECK(metric_int(last_metrics(&cb), "tokens/trained") > 0);
+  CHECK(metric_int(m, "policy/updates") == metric_int(last_metrics(&cb), "policy/updates"));
+  compare_runs(a, b, 1);
+  json_decref(body);
+  json_decref(ca.metrics);
+  json_decref(cb.metrics);
+}
+
 /* Dynamic sampling never trains on a group whose responses are all right or all wrong, and keeps
  * exactly prompt_batch_size groups, the first ones in generation order. */
 static void check_kept_groups(const char *out, int steps, int want) {
@@ -374,6 +485,7 @@ int main(void) {
   pool_free(g_pool);
   g_pool = NULL;
   test_resume(small, 0, 2, "epoch-boundary");
+  test_skip_zero_advantage();
   test_resume_from_step0(train);
   test_bf16_checkpoints(train);
   test_cancel_and_shortfall(train);
