@@ -497,9 +497,10 @@ int grader_grade(const struct grader *g, const struct grader_sample *s, int n, d
                                "output_json", s[i].output_json ? s[i].output_json : json_null(),
                                "output_tools", "choices", "index", 0, "message", "role",
                                "assistant", "content", t, "finish_reason", "stop");
-    roots[i] = sample ? json_pack("{s:O, s:o}", "item", s[i].item ? s[i].item : json_object(),
-                                  "sample", sample)
-                      : NULL;
+    /* item: a reference of ours either way (a borrowed row, or a new empty object) */
+    json_t *item = s[i].item ? json_incref((json_t *)s[i].item) : json_object();
+    roots[i] = sample && item ? json_pack("{s:o, s:o}", "item", item, "sample", sample) : NULL;
+    if (!roots[i] && (!sample || !item)) json_decref(sample ? sample : item);
     if (!roots[i]) rc = DAPO_ENOMEM;
   }
   if (!rc && g->kind != G_MULTI) rc = grade_leaf(g, roots, n, scores, er);

@@ -1,6 +1,9 @@
 /* The text_similarity grader's metrics (OpenAI graders' evaluation_metric), each a score in
  * [0, 1] of an output against a reference, pure functions (thread-safe):
- *   fuzzy_match   rapidfuzz's fuzz.WRatio / 100 over Unicode code points, no preprocessing
+ *   fuzzy_match   rapidfuzz's fuzz.WRatio / 100 over Unicode code points, no preprocessing,
+ *                 on the first 256 code points of each text (its alignments are quadratic and
+ *                 their scratch space is fixed on the stack: bounded work per sample;
+ *                 docs/OPENAI.md)
  *   bleu          sentence BLEU-4 as nltk's sentence_bleu (uniform weights, brevity penalty,
  *                 no smoothing: an order without a match contributes sys.float_info.min)
  *   gleu          sentence GLEU as nltk's sentence_gleu (1- to 4-grams)
