@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """The official `openai` npm package (pinned: package-lock.json) drives a whole reinforcement
-fine-tuning job on a daemon of its own (sdk_job.mjs). Installs the package with tests/npm_ci.sh.
-Usage: test_openai_sdk.py --dapod PATH --work DIR"""
+fine-tuning job on a daemon of its own (sdk_job.mjs); then the README's "Coming from OpenAI
+reinforcement fine-tuning" examples run as they are: the Node one always, the Python one where
+the `openai` Python package is installed (said and skipped otherwise). Installs the npm package
+with tests/npm_ci.sh. Usage: test_openai_sdk.py --dapod PATH --work DIR"""
 import argparse
 import hashlib
 import os
@@ -30,11 +32,40 @@ def main():
             harness.Daemon(a.dapod, args=["--workers", "1", "--blas-threads", "1",
                                           "--api-keys", spec, "--max-queued-jobs", "1"]) as d:
         url = "http://127.0.0.1:%d/v1" % d.port
-        p = subprocess.run(["node", os.path.join(a.work, "sdk_job.mjs"), url, tmp],
-                           env=dict(os.environ, OPENAI_API_KEY=key), timeout=900)
+        env = dict(os.environ, OPENAI_API_KEY=key, OPENAI_BASE_URL=url)
+        p = subprocess.run(["node", os.path.join(a.work, "sdk_job.mjs"), url, tmp], env=env,
+                           timeout=900)
         if p.returncode:
             sys.stderr.write(d.log()[-4000:])
-        return p.returncode
+            return p.returncode
+        for lang, cmd in (("node", ["node"]), ("python", [sys.executable])):
+            if lang == "python" and subprocess.run(cmd + ["-c", "from openai import OpenAI"],
+                                                   cwd=tmp, capture_output=True).returncode:
+                print("README python example: skipped, no `openai` Python package")
+                continue
+            # the module resolves the npm package from the work dir; it writes into tmp
+            path = os.path.join(a.work if lang == "node" else tmp,
+                                "readme_rft." + ("mjs" if lang == "node" else "py"))
+            with open(path, "w") as f:
+                f.write(readme_block("openai-" + lang))
+            p = subprocess.run(cmd + [path], env=env, cwd=tmp, timeout=600,
+                               capture_output=True, text=True)
+            sys.stdout.write(p.stdout)
+            last = p.stdout.strip().splitlines()[-1:] or [""]
+            if p.returncode or not last[0].startswith("succeeded ft:tiny:"):
+                sys.stderr.write("README %s example failed (%d):\n%s\n%s" % (
+                    lang, p.returncode, p.stderr[-3000:], d.log()[-3000:]))
+                return 1
+            print("README %s example: %s" % (lang, last[0]))
+        return 0
+
+
+def readme_block(name):
+    """The code between <!-- NAME:begin --> and <!-- NAME:end --> of README.md, fences cut."""
+    with open(os.path.join(HERE, "..", "..", "README.md")) as f:
+        text = f.read()
+    body = text.split("<!-- %s:begin -->" % name)[1].split("<!-- %s:end -->" % name)[0]
+    return "\n".join(l for l in body.strip().splitlines() if not l.startswith("```")) + "\n"
 
 
 if __name__ == "__main__":
