@@ -37,7 +37,12 @@ struct pool;
  * checkpoint: a complete checkpoint folder, with the manifest its writer read (every file, its
  *   size and SHA-256) and the step's training metrics (NULL at step 0).
  * log: a line for the job's log ("info", "warning"), at a step.
- * phase: one of "loading", "sampling", "judging", "updating", "evaluating", "checkpointing". */
+ * phase: one of "loading", "sampling", "judging", "updating", "evaluating", "checkpointing".
+ * progress: how far a long pass of the step has got (struct runner_progress): at its start
+ *   (done 0), then whenever another twentieth of it is done, and at its end (done == total), so
+ *   at most 21 reports a pass, paced by work done, never by the clock; passes of less work than
+ *   runner_opts.progress_min_work report nothing. Its figures are deterministic (the same job
+ *   reports the same progress). */
 struct runner_metrics {
   int64_t step;
   int eval;                 /* 1: an evaluation's figures, 0: a training step's */
@@ -51,13 +56,35 @@ struct runner_checkpoint {
   const struct ckpt_manifest *manifest; /* its files (core/checkpoint.h) */
   const json_t *metrics;                /* the step's training metrics; NULL at step 0 */
 };
+/* pass: "generation" (a round of dynamic sampling; done/total count its sequences finished,
+ *   tokens its tokens sampled so far), "evaluation" (the validation prompts' generation, the same
+ *   units), "old_logprob" (the forwards of pi_old and, with kl_coef > 0, of the reference, micro-
+ *   batch by micro-batch: done/total count micro-batch forwards, tokens the tokens through the
+ *   model so far, prompts included), "update" (every epoch's micro-batches, forward and
+ *   backward; the same units). total is known at the pass's start (the packing is counted
+ *   ahead, one count per epoch's order) and never changes during it. */
+struct runner_progress {
+  int64_t step;
+  const char *pass;
+  int round;           /* generation: the round of dynamic sampling (from 1); else 0 */
+  int64_t done, total; /* sequences finished / of the pass, or micro-batches run / of the pass */
+  int64_t tokens;      /* tokens sampled, or through the model, so far in the pass */
+};
 struct runner_hooks {
   void *ctx;
   int (*metrics)(void *ctx, const struct runner_metrics *m);
   int (*checkpoint)(void *ctx, const struct runner_checkpoint *c);
   int (*log)(void *ctx, const char *level, int64_t step, const char *message);
   void (*phase)(void *ctx, const char *phase);
+  void (*progress)(void *ctx, const struct runner_progress *p);
 };
+
+/* The work below which a pass reports no progress (runner_opts.progress_min_work), in
+ * parameter-tokens: the model's parameters times the pass's tokens (generation: its sequences
+ * times max_new_tokens; the update counts 3 per token, forward and backward). 2e11 is about 4 s
+ * of generation, or 3 s of update, of a 494M-parameter model on the 2-core development machine
+ * (docs/TRAINING.md, "Progress"); the quick start's tiny model never reaches it. */
+#define RUNNER_PROGRESS_MIN_WORK 200000000000LL
 
 struct runner_opts {
   const struct judge_policy *judge_policy; /* NULL: loopback only */
@@ -65,9 +92,12 @@ struct runner_opts {
   const volatile int *pause;               /* non-zero: stop at the next safe point with a
                                               checkpoint of the last completed step */
   int stop_after_step;                     /* > 0: pause after this step (tests, CLI) */
-  int compute_all;   /* tests: run every response through the model, also where it cannot change
-                        the update (zero advantage with kl_coef 0; the first minibatch's old
-                        log-probs), to compare with the default, which skips that work */
+  int compute_all; /* tests: run every response through the model, also where it cannot change
+                      the update (zero advantage with kl_coef 0; the first minibatch's old
+                      log-probs), to compare with the default, which skips that work */
+  int64_t progress_min_work; /* passes of less work (parameter-tokens) report no progress;
+                                 0: every pass reports. Callers pass RUNNER_PROGRESS_MIN_WORK
+                                 unless they want every pass (tests) */
   struct pool *pool; /* compute threads of this job (borrowed; core/pool.h); NULL: serial kernels
                         with OpenBLAS's own threading. Results are reproducible for a given
                         thread count. */

@@ -64,16 +64,78 @@ static struct ro *new_ro(struct trainer *t) {
   return r;
 }
 
+/* ---- progress of long passes (runner_hooks.progress) --------------------------------------- */
+
+#define PROGRESS_PARTS 20 /* a pass reports each twentieth done, besides its start */
+
+struct progress {
+  struct trainer *t;
+  struct runner_progress p;
+  int on;    /* the hook is set and the pass is long enough (runner_opts.progress_min_work) */
+  int shown; /* twentieths of the pass reported so far */
+};
+
+/* Starts a pass of total units whose work is `work` parameter-tokens, reporting done 0 when it
+ * reports at all. */
+static void progress_begin(struct progress *g, struct trainer *t, const char *pass, int round,
+                           int64_t total, double work) {
+  *g = (struct progress){.t = t,
+                         .p = {.step = t->step, .pass = pass, .round = round, .total = total}};
+  double min = t->o ? (double)t->o->progress_min_work : 0;
+  g->on = t->h && t->h->progress && total > 0 && work >= min;
+  if (g->on) t->h->progress(t->h->ctx, &g->p);
+}
+
+/* The pass has done `done` units and `tokens` tokens, `parts` twentieths of it (0..20; 20 only
+ * when done == total): reported when a new twentieth is reached. */
+static void progress_at(struct progress *g, int64_t done, int64_t tokens, int64_t parts) {
+  if (!g->on || parts <= g->shown) return;
+  g->shown = (int)parts;
+  g->p.done = done;
+  g->p.tokens = tokens;
+  g->t->h->progress(g->t->h->ctx, &g->p);
+}
+
+/* A micro-batch pass: done of its total micro-batches. */
+static void progress_micro(struct progress *g, int64_t done, int64_t tokens) {
+  if (g->on) progress_at(g, done, tokens, PROGRESS_PARTS * done / g->p.total);
+}
+
+/* Generation across the gen_run calls of a pass: the sequences and tokens of the calls before
+ * this one, and the most tokens the pass can sample. */
+struct gen_progress {
+  struct progress *g;
+  int64_t seqs_before, tokens_before, tokens_max;
+};
+
+/* gen_run's per-decoding-step report (gen_progress_fn): a twentieth is reached by sequences
+ * finished or by tokens sampled of the most the pass can sample, whichever is ahead (responses
+ * that all run to max_new_tokens finish only at the end). */
+static void on_gen_progress(void *ctx, int64_t tokens, int finished) {
+  struct gen_progress *gp = ctx;
+  int64_t done = gp->seqs_before + finished, tok = gp->tokens_before + tokens;
+  int64_t by_seqs = PROGRESS_PARTS * done / gp->g->p.total,
+          by_tokens = PROGRESS_PARTS * tok / gp->tokens_max;
+  if (by_tokens >= PROGRESS_PARTS && done < gp->g->p.total) by_tokens = PROGRESS_PARTS - 1;
+  progress_at(gp->g, done, tok, by_seqs > by_tokens ? by_seqs : by_tokens);
+}
+
 /* ---- generation ----------------------------------------------------------------------------- */
 
 /* Generates k responses for each of n prompts (items[i] indexes ids/lens), appending one ro per
- * response with group numbers group0 + i. Streams are derived from (tag, step, a, slot). */
+ * response with group numbers group0 + i. Streams are derived from (tag, step, a, slot).
+ * Progress is reported as the pass `pass`. */
 static int generate(struct trainer *t, int n, const int *items, int *const *ids, const int *lens,
                     int k, const struct sampler_opts *so, uint64_t tag, uint64_t a, int group0,
-                    int round, int *n_tokens) {
+                    int round, const char *pass, int *n_tokens) {
   int per_chunk = t->gen_cap / k;
   if (per_chunk < 1) per_chunk = 1;
   int R = so->max_new_tokens;
+  struct progress g;
+  int64_t seqs = (int64_t)n * k;
+  progress_begin(&g, t, pass, round + 1, seqs,
+                 (double)model_param_count(&t->lm.model->cfg) * (double)seqs * R);
+  struct gen_progress gp = {.g = &g, .tokens_max = seqs * R};
   for (int p0 = 0; p0 < n; p0 += per_chunk) {
     if (trainer_cancelled(t)) return trainer_fail(t, FAIL_CANCELLED, NULL, "cancelled");
     int np = n - p0 < per_chunk ? n - p0 : per_chunk, ns = np * k;
@@ -87,8 +149,11 @@ static int generate(struct trainer *t, int n, const int *items, int *const *ids,
       }
     struct gen_out go = {t->g_tok, t->g_logp, t->g_len, t->g_fin};
     struct dapo_err e = {0};
+    gen_state_set_progress(t->gs, g.on ? on_gen_progress : NULL, &gp);
     int rc = gen_run(t->gs, t->lm.model, ns, t->g_prompts, t->g_plen, t->g_rng, so, &go,
                      t->o ? t->o->cancel : NULL, &e);
+    gen_state_set_progress(t->gs, NULL, NULL);
+    gp.seqs_before += ns;
     if (rc == DAPO_ECANCELLED) return trainer_fail(t, FAIL_CANCELLED, NULL, "cancelled");
     if (rc) return trainer_fail_err(t, FAIL_GENERATION_FAILED, NULL, &e);
     for (int s = 0; s < ns; s++) {
@@ -109,6 +174,7 @@ static int generate(struct trainer *t, int n, const int *items, int *const *ids,
       r->text = tok_decode_alloc(t->lm.tok, r->toks, r->len, 1, &e);
       if (!r->text) return trainer_fail_err(t, FAIL_GENERATION_FAILED, NULL, &e);
       *n_tokens += r->len;
+      gp.tokens_before += r->len;
     }
   }
   return 0;
@@ -180,15 +246,45 @@ static void shape_rewards(struct trainer *t, int first, int n) {
 
 /* ---- the update ----------------------------------------------------------------------------- */
 
-/* Packs responses list[from ..] into the batch scratch while they fit cap_tokens; returns how
- * many were packed (>= 1: one response always fits, cap_tokens >= cap_t). */
+/* How many of the responses list[from .. to) the micro-batch that starts at from holds: as
+ * many as fit cap_tokens (>= 1: one response always fits, cap_tokens >= cap_t); their tokens in
+ * *tokens. */
+static int pack_size(const struct trainer *t, struct ro *const *list, int from, int to,
+                     long *tokens) {
+  long ntok = 0;
+  int ns = 0;
+  for (int i = from; i < to; i++, ns++) {
+    int seq_len = t->ids_len[list[i]->item] + list[i]->len;
+    if (ns > 0 && ntok + seq_len > t->cap_tokens) break;
+    ntok += seq_len;
+  }
+  *tokens = ntok;
+  return ns;
+}
+
+/* The micro-batches of the responses list[0 .. k) packed in order, and their tokens (progress
+ * totals, counted ahead). */
+static int count_micro_batches(const struct trainer *t, struct ro *const *list, int k,
+                               long *tokens) {
+  int n = 0;
+  *tokens = 0;
+  for (int i = 0; i < k; n++) {
+    long tk;
+    i += pack_size(t, list, i, k, &tk);
+    *tokens += tk;
+  }
+  return n;
+}
+
+/* Packs the responses list[from ..] that fit (pack_size) into the batch scratch; returns how
+ * many were packed. */
 static int pack(struct trainer *t, struct ro *const *list, int from, int to) {
-  int ntok = 0, ns = 0;
+  long fit_tokens;
+  int fit = pack_size(t, list, from, to, &fit_tokens), ntok = 0, ns = 0;
   t->b_off[0] = 0;
-  for (int i = from; i < to; i++) {
+  for (int i = from; i < from + fit; i++) {
     const struct ro *r = list[i];
     int pl = t->ids_len[r->item], seq_len = pl + r->len;
-    if (ns > 0 && ntok + seq_len > t->cap_tokens) break;
     memcpy(t->b_tok + ntok, t->ids[r->item], sizeof(int) * (size_t)pl);
     memcpy(t->b_tok + ntok + pl, r->toks, sizeof(int) * (size_t)r->len);
     t->b_plen[ns] = pl;
@@ -280,7 +376,8 @@ static int keep_logprobs(struct trainer *t, int ns, int pass, struct upd_stats *
  * ratio exactly 1. That first minibatch's policy pass is skipped: the weights have not moved
  * yet, so the update's own forward gives logp_old (update() keeps it); its reference pass runs. */
 static int old_logprobs(struct trainer *t, struct ro **loss_ros, int n, const int *order,
-                        struct ro **mb, struct upd_stats *us) {
+                        struct ro **mb, struct upd_stats *us, struct progress *g) {
+  int64_t done = 0;
   int mb_size = t->hp->minibatch_size;
   for (int j0 = 0; j0 < n; j0 += mb_size) {
     int nm;
@@ -292,6 +389,7 @@ static int old_logprobs(struct trainer *t, struct ro **loss_ros, int n, const in
         if (forward(t, pass ? t->ref : t->lm.model, ns, NULL) || keep_logprobs(t, ns, pass, us))
           return 1;
         us->old_tokens += t->b_off[ns];
+        progress_micro(g, ++done, us->old_tokens);
       }
       i += ns;
     }
@@ -309,8 +407,28 @@ static int update(struct trainer *t, struct ro **loss_ros, int n, struct upd_sta
     return trainer_oom(t);
   }
   int stop = 0;
-  epoch_order(t, order, n, 0);
-  if ((stop = old_logprobs(t, loss_ros, n, order, mb, us))) goto out;
+  /* progress totals: each pass's micro-batches counted ahead, one count per epoch's order (the
+   * last counted is epoch 0's, which the old-log-prob pass and the first epoch use) */
+  int64_t old_total = 0, upd_total = 0;
+  double old_tokens = 0, upd_tokens = 0;
+  for (int ep = hp->epochs - 1; ep >= 0; ep--) {
+    epoch_order(t, order, n, ep);
+    for (int j0 = 0; j0 < n; j0 += mb_size) {
+      int nm;
+      long tot, tk;
+      int k = minibatch(t, loss_ros, n, order, j0, mb, &nm, &tot);
+      int c = count_micro_batches(t, mb, k, &tk);
+      upd_total += c, upd_tokens += tk;
+      int passes = (t->ref ? 2 : 1) - (j0 == 0 && skipping(t) ? 1 : 0);
+      if (ep == 0) old_total += (int64_t)c * passes, old_tokens += (double)tk * passes;
+    }
+  }
+  double params = (double)model_param_count(&t->lm.model->cfg);
+  struct progress g_old, g_upd;
+  progress_begin(&g_old, t, "old_logprob", 0, old_total, params * old_tokens);
+  if ((stop = old_logprobs(t, loss_ros, n, order, mb, us, &g_old))) goto out;
+  progress_begin(&g_upd, t, "update", 0, upd_total, 3 * params * upd_tokens);
+  int64_t upd_done = 0;
   for (int ep = 0; ep < hp->epochs && !stop; ep++) {
     if (ep > 0) epoch_order(t, order, n, ep);
     for (int j0 = 0; j0 < n && !stop; j0 += mb_size) {
@@ -351,6 +469,7 @@ static int update(struct trainer *t, struct ro **loss_ros, int n, struct upd_sta
           stop = trainer_fail_err(t, FAIL_INTERNAL, NULL, &e);
           break;
         }
+        progress_micro(&g_upd, ++upd_done, us->train_tokens);
         i += ns;
       }
       if (stop) break;
@@ -388,7 +507,8 @@ int trainer_evaluate(struct trainer *t) {
   int first = t->n_ro, ntok = 0;
   double t0 = now_s();
   /* the validation rollouts borrow the step's array after the training ones */
-  int stop = generate(t, n, items, t->vids, t->vids_len, k, &so, TAG_EVAL, 0, 0, -1, &ntok);
+  int stop =
+      generate(t, n, items, t->vids, t->vids_len, k, &so, TAG_EVAL, 0, 0, -1, "evaluation", &ntok);
   free(items);
   struct judge_stats st = {0};
   if (!stop) stop = judge_range(t, t->val, first, t->n_ro - first, &st);
@@ -460,7 +580,7 @@ int trainer_step(struct trainer *t, json_t **metrics_out, int64_t *gen_tokens_ou
     for (int i = 0; i < n_prompts; i++) items[i] = ds_next(t->train, &t->cursor);
     int first = t->n_ro;
     if (generate(t, n_prompts, items, t->ids, t->ids_len, G, &t->so, TAG_GEN, (uint64_t)r,
-                 sampled_groups, r, &gen_tokens)) {
+                 sampled_groups, r, "generation", &gen_tokens)) {
       free(items);
       return STEP_STOP;
     }

@@ -27,8 +27,10 @@ struct gen_state {
   int *ints;                 /* pos, row0, t_new, n_past, slot: cap_rows each; idx[V]; misc */
   int *pos, *row0, *t_new, *n_past, *slot, *pick_idx, *active, *src, *last_row;
   enum gen_split split;
-  int64_t weight_bytes;    /* what one decoding step reads */
-  struct pool_barrier bar; /* between decode_step's phases; its spin budget persists */
+  int64_t weight_bytes;     /* what one decoding step reads */
+  struct pool_barrier bar;  /* between decode_step's phases; its spin budget persists */
+  gen_progress_fn progress; /* told between decoding steps (gen_state_set_progress); NULL: none */
+  void *progress_ctx;
 };
 
 struct glayout {
@@ -144,6 +146,11 @@ oom:
 
 void gen_state_set_split(struct gen_state *s, enum gen_split split) {
   s->split = split;
+}
+
+void gen_state_set_progress(struct gen_state *s, gen_progress_fn fn, void *ctx) {
+  s->progress = fn;
+  s->progress_ctx = ctx;
 }
 
 /* Above this many bytes of weights a decoding step splits by columns: measured on the 2-core
@@ -495,6 +502,7 @@ static int gen_run_impl(struct gen_state *s, const struct model *m, int n,
   /* decode: all unfinished sequences advance together */
   int by_rows = s->split == GEN_SPLIT_ROWS ||
                 (s->split == GEN_SPLIT_AUTO && s->weight_bytes < DECODE_COLUMNS_MIN_BYTES);
+  int64_t sampled = n; /* every sequence has its first token */
   for (;;) {
     if (cancel && __atomic_load_n(cancel, __ATOMIC_RELAXED)) /* set by another thread */
       return dapo_errf(e, DAPO_ECANCELLED, "generation cancelled");
@@ -508,7 +516,9 @@ static int gen_run_impl(struct gen_state *s, const struct model *m, int n,
       embed(s, m, n_act, out->tokens[(size_t)q * maxn + len - 1]);
       n_act++;
     }
+    if (s->progress) s->progress(s->progress_ctx, sampled, n - n_act);
     if (n_act == 0) break;
+    sampled += n_act;
     struct decode_args da = {.s = s,
                              .m = m,
                              .n_act = n_act,

@@ -54,6 +54,14 @@ int gen_state_set_pool(struct gen_state *s, struct pool *p, struct dapo_err *e);
 enum gen_split { GEN_SPLIT_AUTO, GEN_SPLIT_ROWS, GEN_SPLIT_COLUMNS };
 void gen_state_set_split(struct gen_state *s, enum gen_split split);
 
+/* Told by gen_run after its prefill and after each decoding step, on gen_run's thread: tokens
+ * sampled so far by this gen_run (all sequences) and how many of its n sequences have finished
+ * (a stop token or max_new_tokens); the last call has finished == n. It must be cheap (it runs
+ * between decoding steps) and must not touch the state. fn NULL: none (the default). ctx is
+ * borrowed until the next gen_state_set_progress. The tokens sampled never depend on it. */
+typedef void (*gen_progress_fn)(void *ctx, int64_t tokens, int finished);
+void gen_state_set_progress(struct gen_state *s, gen_progress_fn fn, void *ctx);
+
 /* Generates n <= cap_batch sequences. prompts[i] (borrowed) has prompt_len[i] >= 1 tokens;
  * rngs[i] advances as sequence i samples. Returns 0, DAPO_ECANCELLED when *cancel becomes
  * non-zero (checked between tokens; may be NULL), or an error. */

@@ -271,6 +271,18 @@ static int train_checkpoint(void *ctx, const struct runner_checkpoint *c) {
   return 0;
 }
 
+/* A long pass's progress, one line each (at most 21 a pass; passes above
+ * RUNNER_PROGRESS_MIN_WORK only). */
+static void train_progress(void *ctx, const struct runner_progress *p) {
+  (void)ctx;
+  int gen = !strcmp(p->pass, "generation") || !strcmp(p->pass, "evaluation");
+  char round[32] = "";
+  if (!strcmp(p->pass, "generation")) snprintf(round, sizeof round, " round %d", p->round);
+  fprintf(stderr, "step %lld: %s%s %lld/%lld %s, %lld tokens\n", (long long)p->step, p->pass, round,
+          (long long)p->done, (long long)p->total, gen ? "sequences" : "micro-batches",
+          (long long)p->tokens);
+}
+
 /* Relative file paths in a job file are relative to the job file's folder. */
 static int resolve_path(json_t *body, const char *key, const char *base, int maybe_preset) {
   const char *v = json_string_value(json_object_get(body, key));
@@ -341,11 +353,16 @@ static int cmd_train(int argc, char **argv) {
   sa.sa_handler = on_signal;
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
-  struct runner_hooks hooks = {
-      .metrics = train_metrics, .checkpoint = train_checkpoint, .log = train_log};
+  struct runner_hooks hooks = {.metrics = train_metrics,
+                               .checkpoint = train_checkpoint,
+                               .log = train_log,
+                               .progress = train_progress};
   struct pool *pool = pool_new(threads);
-  struct runner_opts opts = {
-      .cancel = &g_cancel, .pause = &g_pause, .stop_after_step = stop_after, .pool = pool};
+  struct runner_opts opts = {.cancel = &g_cancel,
+                             .pause = &g_pause,
+                             .stop_after_step = stop_after,
+                             .progress_min_work = RUNNER_PROGRESS_MIN_WORK,
+                             .pool = pool};
   struct runner_result res;
   runner_run(&spec, out, &hooks, &opts, &res);
   pool_free(pool);

@@ -2,7 +2,7 @@
  * optimizer state, rollouts and metrics of one that never stopped (also when the stop falls on
  * an epoch boundary of the dataset, from the step-0 checkpoint that holds no optimizer state, and
  * from the BF16 checkpoints of a BF16 folder); pause and cancel flags; the sampling-shortfall
- * policy; job-spec validation messages. */
+ * policy; job-spec validation messages; progress reports of every pass. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -367,6 +367,128 @@ static void test_skip_zero_advantage(void) {
   json_decref(cb.metrics);
 }
 
+/* ---- progress ---- */
+
+/* Every progress report of a run, and each step's training metrics. */
+struct progress_run {
+  struct collect c;
+  json_t *reports; /* [{step, pass, round, done, total, tokens}] */
+};
+
+static int on_progress_metrics(void *ctx, const struct runner_metrics *rm) {
+  return on_metrics(&((struct progress_run *)ctx)->c, rm);
+}
+
+static void on_progress(void *ctx, const struct runner_progress *p) {
+  struct progress_run *pr = ctx;
+  json_array_append_new(pr->reports,
+                        json_pack("{s:I,s:s,s:i,s:I,s:I,s:I}", "step", (json_int_t)p->step, "pass",
+                                  p->pass, "round", p->round, "done", (json_int_t)p->done, "total",
+                                  (json_int_t)p->total, "tokens", (json_int_t)p->tokens));
+}
+
+static int run_progress(json_t *body, const char *out, struct progress_run *pr, int64_t min_work) {
+  json_t *errs = json_array();
+  struct job_spec s;
+  CHECK(jobspec_parse(body, NULL, &s, errs) == 0);
+  pr->c = (struct collect){json_array(), 0, NULL};
+  pr->reports = json_array();
+  struct runner_hooks h = {.ctx = pr, .metrics = on_progress_metrics, .progress = on_progress};
+  struct runner_opts o = {.progress_min_work = min_work, .pool = g_pool};
+  struct runner_result res;
+  runner_run(&s, out, &h, &o, &res);
+  jobspec_deinit(&s);
+  json_decref(errs);
+  return res.status;
+}
+
+static long rep_int(const json_t *r, const char *k) {
+  return (long)json_integer_value(json_object_get(r, k));
+}
+
+/* Progress reports: every pass of a step (each generation round, the evaluation, old-log-prob
+ * with the reference's forwards, the update's two epochs) starts at 0, never goes back, keeps its
+ * total, reports at most 21 times and ends at its total (the micro-batches counted ahead are
+ * those that ran), and its final tokens are the step's metrics; the same run with the default
+ * threshold reports nothing on the tiny model, and reporting changes no weight or rollout. */
+static void test_progress(const char *train, const char *val) {
+  json_t *body = job(train, 2, 1, 0);
+  json_object_set_new(body, "validation_file", json_string(val));
+  json_t *hp = json_object_get(body, "hyperparameters");
+  json_object_set_new(hp, "kl_coef", json_real(0.01));
+  json_object_set_new(hp, "eval_every", json_integer(1));
+  json_object_set_new(hp, "max_new_tokens", json_integer(6));
+  char a[256], b[256];
+  snprintf(a, sizeof a, "%s/progress-all", tmpdir);
+  snprintf(b, sizeof b, "%s/progress-default", tmpdir);
+  struct progress_run pa, pb;
+  CHECK(run_progress(body, a, &pa, 0) == RUNNER_SUCCEEDED);
+  CHECK(run_progress(body, b, &pb, RUNNER_PROGRESS_MIN_WORK) == RUNNER_SUCCEEDED);
+  CHECK_MSG(json_array_size(pb.reports) == 0, "the tiny model reported %zu times by default",
+            json_array_size(pb.reports));
+  compare_runs(a, b, 2);
+
+  size_t n = json_array_size(pa.reports);
+  long gen_tokens[3] = {0}, rounds[3] = {0}, old_tokens[3] = {0}, upd_tokens[3] = {0};
+  int passes = 0, evals = 0, throttled = 0;
+  for (size_t i = 0; i < n;) {
+    const json_t *r0 = json_array_get(pa.reports, i);
+    const char *pass = json_string_value(json_object_get(r0, "pass"));
+    long step = rep_int(r0, "step"), round = rep_int(r0, "round"), total = rep_int(r0, "total");
+    CHECK_MSG(rep_int(r0, "done") == 0 && rep_int(r0, "tokens") == 0 && total > 0,
+              "report %zu (%s of step %ld) does not start at 0", i, pass, step);
+    size_t j = i + 1;
+    const json_t *prev = r0;
+    for (; j < n; j++) {
+      const json_t *r = json_array_get(pa.reports, j);
+      if (rep_int(prev, "done") == total) break; /* the pass ended */
+      CHECK_MSG(!strcmp(json_string_value(json_object_get(r, "pass")), pass) &&
+                    rep_int(r, "step") == step && rep_int(r, "round") == round &&
+                    rep_int(r, "total") == total,
+                "%s of step %ld: report %zu belongs to another pass before the end", pass, step, j);
+      CHECK(rep_int(r, "done") >= rep_int(prev, "done"));
+      CHECK(rep_int(r, "tokens") >= rep_int(prev, "tokens"));
+      prev = r;
+    }
+    CHECK_MSG(rep_int(prev, "done") == total, "%s of step %ld round %ld ended at %ld of %ld", pass,
+              step, round, rep_int(prev, "done"), total);
+    CHECK_MSG(j - i <= 21, "%s of step %ld: %zu reports", pass, step, j - i);
+    throttled += total > 20 && j - i < (size_t)total + 1;
+    long tok = rep_int(prev, "tokens");
+    if (step >= 1 && step <= 2) {
+      if (!strcmp(pass, "generation")) {
+        CHECK(total == 3 * 3 * 4 && round == rounds[step] + 1); /* 3 x 3 prompts, G 4 */
+        gen_tokens[step] += tok;
+        rounds[step]++;
+      } else if (!strcmp(pass, "old_logprob")) {
+        old_tokens[step] = tok;
+      } else if (!strcmp(pass, "update")) {
+        upd_tokens[step] = tok;
+      }
+    }
+    evals += !strcmp(pass, "evaluation");
+    passes++;
+    i = j;
+  }
+  CHECK_MSG(throttled > 0, "no pass of more than 20 units was thinned out");
+  CHECK_MSG(evals == 3, "%d evaluation passes (steps 0, 1, 2)", evals);
+  for (int s = 1; s <= 2; s++) {
+    const json_t *m = json_array_get(pa.c.metrics, (size_t)s - 1);
+    CHECK_MSG(gen_tokens[s] == metric_int(m, "tokens/generated") &&
+                  rounds[s] == metric_int(m, "gen/rounds") &&
+                  old_tokens[s] == metric_int(m, "tokens/old_logprob") &&
+                  upd_tokens[s] == metric_int(m, "tokens/trained"),
+              "step %d: progress tokens %ld/%ld/%ld in %ld rounds, metrics %ld/%ld/%ld in %ld", s,
+              gen_tokens[s], old_tokens[s], upd_tokens[s], rounds[s],
+              metric_int(m, "tokens/generated"), metric_int(m, "tokens/old_logprob"),
+              metric_int(m, "tokens/trained"), metric_int(m, "gen/rounds"));
+  }
+  printf("progress: %zu reports over %d passes\n", n, passes);
+  json_decref(body);
+  json_decref(pa.reports), json_decref(pb.reports);
+  json_decref(pa.c.metrics), json_decref(pb.c.metrics);
+}
+
 /* Dynamic sampling never trains on a group whose responses are all right or all wrong, and keeps
  * exactly prompt_batch_size groups, the first ones in generation order. */
 static void check_kept_groups(const char *out, int steps, int want) {
@@ -486,6 +608,7 @@ int main(void) {
   g_pool = NULL;
   test_resume(small, 0, 2, "epoch-boundary");
   test_skip_zero_advantage();
+  test_progress(train, small);
   test_resume_from_step0(train);
   test_bf16_checkpoints(train);
   test_cancel_and_shortfall(train);

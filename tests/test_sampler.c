@@ -86,6 +86,20 @@ static void gen(struct gen_state *s, const struct model *m, int n, const int *co
   CHECK_MSG(rc == 0, "gen_run: %s", e.msg);
 }
 
+/* What gen_run's progress callback told. */
+struct progress_log {
+  int calls, backwards, finished;
+  int64_t tokens, first_tokens;
+};
+
+static void on_progress(void *ctx, int64_t tokens, int finished) {
+  struct progress_log *l = ctx;
+  if (l->calls++ == 0) l->first_tokens = tokens;
+  l->backwards += tokens < l->tokens || finished < l->finished;
+  l->tokens = tokens;
+  l->finished = finished;
+}
+
 static void test_model(int arch, int tied, int nkv) {
   struct model *m = make_model(arch, tied, nkv);
   struct dapo_err e;
@@ -106,6 +120,28 @@ static void test_model(int arch, int tied, int nkv) {
   for (int i = 0; i < NSEQ; i++)
     CHECK_MSG(!padding_drawn(m, a.tokens + i * MAXN, a.len[i]), "arch %d: a padding id drawn",
               arch);
+
+  /* the progress callback sees every decoding step and changes nothing */
+  struct progress_log pg = {0};
+  struct run c;
+  gen_state_set_progress(s, on_progress, &pg);
+  gen(s, m, NSEQ, prompts, plen, seeds, &o, &c);
+  gen_state_set_progress(s, NULL, NULL);
+  CHECK(!memcmp(a.tokens, c.tokens, sizeof a.tokens) && !memcmp(a.logp, c.logp, sizeof a.logp) &&
+        !memcmp(a.len, c.len, sizeof a.len) && !memcmp(a.finish, c.finish, sizeof a.finish));
+  int64_t sampled = 0;
+  int longest = 0;
+  for (int i = 0; i < NSEQ; i++) {
+    sampled += a.len[i];
+    longest = a.len[i] > longest ? a.len[i] : longest;
+  }
+  /* one call after the prefill's first tokens and one after each decoding step, the last with
+   * every token and every sequence finished; counts never go back */
+  CHECK_MSG(pg.calls == longest && !pg.backwards && pg.tokens == sampled && pg.finished == NSEQ &&
+                pg.first_tokens == NSEQ,
+            "progress: %d calls for %d steps, last %lld tokens of %lld, %d finished, first %lld",
+            pg.calls, longest, (long long)pg.tokens, (long long)sampled, pg.finished,
+            (long long)pg.first_tokens);
 
   /* batch of 8 == 8 single runs */
   int same = 1, total = 0;
