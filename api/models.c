@@ -124,7 +124,7 @@ int api_models_get(struct api_req *r) {
     hparams_parse(&hp, NULL, none);
     json_decref(none);
     struct mem_plan plan;
-    runner_memory_plan(&m.cfg, &hp, (int)prompt, 0, &plan);
+    runner_memory_plan(&m.cfg, NULL, &hp, (int)prompt, 0, &plan);
     json_t *mem = mem_plan_to_json(&plan);
     if (mem) {
       json_object_set_new(mem, "limit_bytes",

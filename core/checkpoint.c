@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "lora.h"
 #include "safetensors.h"
 #include "sha256.h"
 
@@ -226,13 +227,62 @@ int ckpt_write_json(const char *path, const json_t *j, struct dapo_err *e) {
   return write_json_sync(path, base ? base + 1 : path, j, e);
 }
 
-int ckpt_save_with(const char *dir, const struct model *m, const char *tokenizer_json,
-                   const json_t *generation_config, int bf16, ckpt_extra_fn extra, void *extra_ctx,
-                   struct dapo_err *e) {
+/* What a folder's weights are: a model's (config.json and model.safetensors) or an adapter's
+ * (lora_save's two files and LORA_BASE_FILE). */
+struct weights_src {
+  const struct model *m; /* its config also gives the default generation_config.json */
+  const struct lora *lora;
+  const json_t *base; /* the adapter's LORA_BASE_FILE object */
+  int bf16;
+};
+
+static int write_weights(const struct weights_src *w, const char *tmp, struct dapo_err *e) {
+  char p[PATH_MAX];
+  int rc = 0;
+  if (w->lora) {
+    const char *base = json_string_value(json_object_get(w->base, "model"));
+    if ((rc = lora_save(w->lora, tmp, base, e)) ||
+        (rc = join(p, sizeof p, tmp, LORA_BASE_FILE, e)) ||
+        (rc = write_json_sync(p, LORA_BASE_FILE, w->base, e)))
+      return rc;
+    return 0;
+  }
+  const struct model *m = w->m;
+  json_t *cfg = model_config_to_json(&m->cfg, w->bf16 ? "bfloat16" : "float32");
+  struct st_tensor_in *ts = calloc((size_t)(m->n_tensors ? m->n_tensors : 1), sizeof *ts);
+  json_t *meta = json_pack("{s:s}", "format", "pt");
+  if (!cfg || !ts || !meta) {
+    rc = dapo_errf(e, DAPO_ENOMEM, "model.safetensors: out of memory");
+    goto out;
+  }
+  if ((rc = join(p, sizeof p, tmp, "config.json", e)) ||
+      (rc = write_json_sync(p, "config.json", cfg, e)))
+    goto out;
+  for (int i = 0; i < m->n_tensors; i++) {
+    const struct param_info *r = &m->tensors[i];
+    ts[i].name = r->name;
+    ts[i].data = m->params + r->offset;
+    ts[i].ndim = r->ndim;
+    for (int k = 0; k < r->ndim; k++) ts[i].shape[k] = r->shape[k];
+  }
+  if ((rc = join(p, sizeof p, tmp, "model.safetensors", e)) ||
+      (rc = st_write(p, ts, m->n_tensors, w->bf16 ? ST_BF16 : ST_F32, meta, e)))
+    goto out;
+out:
+  json_decref(meta);
+  json_decref(cfg);
+  free(ts);
+  return rc;
+}
+
+/* The atomic folder both savers write: weights, tokenizer, generation config, extra files. */
+static int save_folder(const char *dir, const struct weights_src *w, const char *tokenizer_json,
+                       const json_t *generation_config, ckpt_extra_fn extra, void *extra_ctx,
+                       struct dapo_err *e) {
   int rc = 0, created = 0, renamed = 0;
   char d[PATH_MAX], tmp[PATH_MAX], parent[PATH_MAX], p[PATH_MAX];
-  struct st_tensor_in *ts = NULL;
-  json_t *cfg = NULL, *meta = NULL, *gen = NULL;
+  json_t *gen = NULL;
+  const struct model *m = w->m;
 
   size_t dl = strlen(dir);
   while (dl > 1 && dir[dl - 1] == '/') dl--;
@@ -249,31 +299,7 @@ int ckpt_save_with(const char *dir, const struct model *m, const char *tokenizer
                      strerror(errno));
   created = 1;
 
-  cfg = model_config_to_json(&m->cfg, bf16 ? "bfloat16" : "float32");
-  if (!cfg) {
-    rc = dapo_errf(e, DAPO_ENOMEM, "config.json: out of memory");
-    goto out;
-  }
-  if ((rc = join(p, sizeof p, tmp, "config.json", e)) ||
-      (rc = write_json_sync(p, "config.json", cfg, e)))
-    goto out;
-
-  ts = calloc((size_t)(m->n_tensors ? m->n_tensors : 1), sizeof *ts);
-  meta = json_pack("{s:s}", "format", "pt");
-  if (!ts || !meta) {
-    rc = dapo_errf(e, DAPO_ENOMEM, "model.safetensors: out of memory");
-    goto out;
-  }
-  for (int i = 0; i < m->n_tensors; i++) {
-    const struct param_info *r = &m->tensors[i];
-    ts[i].name = r->name;
-    ts[i].data = m->params + r->offset;
-    ts[i].ndim = r->ndim;
-    for (int k = 0; k < r->ndim; k++) ts[i].shape[k] = r->shape[k];
-  }
-  if ((rc = join(p, sizeof p, tmp, "model.safetensors", e)) ||
-      (rc = st_write(p, ts, m->n_tensors, bf16 ? ST_BF16 : ST_F32, meta, e)))
-    goto out;
+  if ((rc = write_weights(w, tmp, e))) goto out;
 
   if (tokenizer_json &&
       ((rc = join(p, sizeof p, tmp, "tokenizer.json", e)) ||
@@ -321,20 +347,32 @@ int ckpt_save_with(const char *dir, const struct model *m, const char *tokenizer
 out:
   if (rc && created) remove_ckpt_dir(renamed ? d : tmp);
   json_decref(gen);
-  json_decref(meta);
-  json_decref(cfg);
-  free(ts);
   return rc;
 }
 
-const char *const ckpt_file_names[CKPT_N_FILES] = {"config.json",
-                                                   "model.safetensors",
-                                                   "tokenizer.json",
-                                                   "tokenizer_config.json",
-                                                   "generation_config.json",
-                                                   "optimizer.safetensors",
-                                                   "trainer_weights.safetensors",
-                                                   "trainer_state.json"};
+int ckpt_save_with(const char *dir, const struct model *m, const char *tokenizer_json,
+                   const json_t *generation_config, int bf16, ckpt_extra_fn extra, void *extra_ctx,
+                   struct dapo_err *e) {
+  struct weights_src w = {.m = m, .bf16 = bf16};
+  return save_folder(dir, &w, tokenizer_json, generation_config, extra, extra_ctx, e);
+}
+
+int ckpt_save_adapter(const char *dir, const struct model *m, const json_t *base,
+                      const char *tokenizer_json, const json_t *generation_config,
+                      ckpt_extra_fn extra, void *extra_ctx, struct dapo_err *e) {
+  if (!m->lora || !json_string_value(json_object_get(base, "model")))
+    return dapo_errf(e, DAPO_EINVAL, "ckpt_save_adapter: no adapter, or no base model named");
+  struct weights_src w = {.m = m, .lora = m->lora, .base = base};
+  return save_folder(dir, &w, tokenizer_json, generation_config, extra, extra_ctx, e);
+}
+
+const char *const ckpt_file_names[CKPT_N_FILES] = {
+    "config.json",           "model.safetensors",
+    "adapter_config.json",   "adapter_model.safetensors",
+    LORA_BASE_FILE,          "tokenizer.json",
+    "tokenizer_config.json", "generation_config.json",
+    "optimizer.safetensors", "trainer_weights.safetensors",
+    "trainer_state.json"};
 
 int ckpt_manifest_read(const char *dir, struct ckpt_manifest *m, struct dapo_err *e) {
   enum { CHUNK = 1 << 16 };

@@ -37,6 +37,14 @@ int ckpt_save_with(const char *dir, const struct model *m, const char *tokenizer
                    const json_t *generation_config, int bf16, ckpt_extra_fn extra, void *extra_ctx,
                    struct dapo_err *e);
 
+/* As ckpt_save_with for a model with an adapter (m->lora): the folder holds the adapter
+ * (adapter_config.json naming base's "model", adapter_model.safetensors in F32, PEFT's names)
+ * and base (borrowed: {"model": spec, "seed": n}) as LORA_BASE_FILE, instead of config.json and
+ * model.safetensors; the frozen base is not written. */
+int ckpt_save_adapter(const char *dir, const struct model *m, const json_t *base,
+                      const char *tokenizer_json, const json_t *generation_config,
+                      ckpt_extra_fn extra, void *extra_ctx, struct dapo_err *e);
+
 /* Removes what a process killed while writing left in folder dir (a job's checkpoints or
  * rollouts folder): entries whose name contains ".tmp-" (ckpt_save_with's temporary folders, with
  * everything in them, and ckpt_save_tensors' temporary files) or ends in ".tmp" (the runner's
@@ -44,12 +52,13 @@ int ckpt_save_with(const char *dir, const struct model *m, const char *tokenizer
  * before it resumes). Returns how many entries were removed (0 when dir does not exist). */
 int ckpt_remove_temporaries(const char *dir);
 
-/* The files a checkpoint folder may hold, in listing order: ckpt_save_with's four, the
+/* The files a checkpoint folder may hold, in listing order: ckpt_save_with's four (an adapter
+ * checkpoint's three of ckpt_save_adapter instead of config.json and model.safetensors), the
  * tokenizer_config.json a model brings (core/lm.h lm_write_extra), and the trainer's
  * optimizer.safetensors (absent at step 0: AdamW has no state yet), trainer_weights.safetensors
  * (the exact float32 weights, only when model.safetensors is narrower and would lose bits) and
  * trainer_state.json. The one list that the writers, the daemon's index and its downloads go by. */
-#define CKPT_N_FILES 8
+#define CKPT_N_FILES 11
 extern const char *const ckpt_file_names[CKPT_N_FILES];
 
 struct ckpt_file {

@@ -132,13 +132,13 @@ static int open_folder(const char *spec, struct lm *out, struct dapo_err *e) {
 static int open_lm(const char *spec, uint64_t seed, int with_weights, struct lm *out,
                    struct dapo_err *e);
 
-/* An adapter folder: its base (LM_BASE_FILE, else adapter_config.json's base_model_name_or_path)
+/* An adapter folder: its base (LORA_BASE_FILE, else adapter_config.json's base_model_name_or_path)
  * opened as usual, then the adapter loaded and attached; the folder's own side files win. */
 static int open_adapter(const char *spec, int with_weights, struct lm *out, struct dapo_err *e) {
   json_t *bj = NULL, *ac = NULL;
   char base[sizeof out->base];
   uint64_t seed = 0;
-  int rc = lm_read_json(spec, LM_BASE_FILE, &bj, e);
+  int rc = lm_read_json(spec, LORA_BASE_FILE, &bj, e);
   if (!rc) rc = lm_read_json(spec, "adapter_config.json", &ac, e);
   if (rc) goto out;
   const char *b = json_string_value(json_object_get(bj, "model"));

@@ -32,9 +32,8 @@ struct lm {
 
 /* An adapter folder holds adapter_config.json and adapter_model.safetensors (PEFT's files; see
  * lora.h) instead of config.json and model.safetensors, with the tokenizer files, and names its
- * base in LM_BASE_FILE ({"model": spec, "seed": n}; else adapter_config.json's
+ * base in LORA_BASE_FILE ({"model": spec, "seed": n}; else adapter_config.json's
  * base_model_name_or_path with seed 0). Opening it opens the base and attaches the adapter. */
-#define LM_BASE_FILE "base_model.json"
 
 /* Opens spec: a preset name (initialised from seed) or, when spec names an existing folder, a
  * checkpoint folder (its tokenizer.json is required; seed unused). Checks that the tokenizer's

@@ -83,6 +83,10 @@ void lora_init(struct lora *l, uint64_t seed);
 /* W += s B A for every targeted matrix of m: the merged model (same outputs, no adapter). */
 void lora_merge(const struct lora *l, struct model *m);
 
+/* The file of a dapod adapter folder that names its base: {"model": a preset name or model
+ * folder, "seed": the seed a preset is built from} (core/lm.h opens such folders). */
+#define LORA_BASE_FILE "base_model.json"
+
 /* Writes a PEFT adapter folder's two files into dir (which must exist): adapter_config.json
  * (lora_peft_config naming base_model) and adapter_model.safetensors (F32, PEFT's names), each
  * atomically. */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "lora.h"
 #include "rng.h"
 
 float *dapo_alloc_floats(size_t n) {
@@ -564,6 +565,7 @@ int model_alloc_grads(struct model *m, struct dapo_err *e) {
 
 void model_zero_grads(struct model *m) {
   if (m->grads) memset(m->grads, 0, m->n_params * sizeof(float));
+  if (m->lora) lora_zero_grads(m->lora);
 }
 
 void model_bind_views(const struct model *m, float *base, struct views *v) {

@@ -162,6 +162,7 @@ void model_free(struct model *m);
 
 /* Allocates the zeroed gradient buffer (idempotent). */
 int model_alloc_grads(struct model *m, struct dapo_err *e);
+/* Zeroes the gradients, the adapter's too when the model has one. */
 void model_zero_grads(struct model *m);
 
 /* Fills v with views into base (n_params floats laid out like m->params). v->layers must point

@@ -158,30 +158,35 @@ static size_t scratch_layout(struct trainer *t, char *base, size_t N, size_t S, 
 
 json_t *mem_plan_to_json(const struct mem_plan *p) {
   return json_pack(
-      "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:{s:i, s:i, s:i}}", "parameters",
-      (json_int_t)p->parameters, "weights_bytes", (json_int_t)p->weights, "gradients_bytes",
-      (json_int_t)p->gradients, "optimizer_bytes", (json_int_t)p->optimizer,
-      "reference_model_bytes", (json_int_t)p->reference, "activations_bytes",
-      (json_int_t)p->activations, "generation_bytes", (json_int_t)p->generation, "buffers_bytes",
-      (json_int_t)p->buffers, "total_bytes", (json_int_t)p->total, "for", "max_sequence_tokens",
-      p->cap_seq_len, "micro_batch_tokens", p->cap_tokens, "generation_batch", p->gen_batch);
+      "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:{s:i, s:i, s:i}}", "parameters",
+      (json_int_t)p->parameters, "trainable_parameters", (json_int_t)p->trainable, "weights_bytes",
+      (json_int_t)p->weights, "gradients_bytes", (json_int_t)p->gradients, "optimizer_bytes",
+      (json_int_t)p->optimizer, "reference_model_bytes", (json_int_t)p->reference,
+      "activations_bytes", (json_int_t)p->activations, "generation_bytes",
+      (json_int_t)p->generation, "buffers_bytes", (json_int_t)p->buffers, "total_bytes",
+      (json_int_t)p->total, "for", "max_sequence_tokens", p->cap_seq_len, "micro_batch_tokens",
+      p->cap_tokens, "generation_batch", p->gen_batch);
 }
 
-void runner_memory_plan(const struct model_config *c, const struct hparams *hp,
-                        int max_prompt_tokens, int with_validation, struct mem_plan *p) {
+void runner_memory_plan(const struct model_config *c, const struct lora_config *adapter,
+                        const struct hparams *hp, int max_prompt_tokens, int with_validation,
+                        struct mem_plan *p) {
   memset(p, 0, sizeof *p);
   struct model_config cc = *c;
   int cap_t, cap_tokens, cap_resp, gen_cap;
   caps(hp, max_prompt_tokens, with_validation, &cap_t, &cap_tokens, &cap_resp, &gen_cap);
   if (cap_t > cc.max_position_embeddings) cc.max_position_embeddings = cap_t; /* a bound only */
   int64_t n = model_param_count(&cc);
+  int64_t trained = adapter ? lora_param_count(adapter, &cc) : n;
   p->parameters = n;
-  p->weights = (uint64_t)n * sizeof(float);
-  p->gradients = p->weights;
-  p->optimizer = 2 * p->weights;
-  p->reference = hp->kl_coef > 0 ? p->weights : 0;
-  p->activations = train_state_bytes(&cc, NULL, cap_tokens, cap_resp, cap_t);
-  p->generation = gen_state_bytes(&cc, NULL, gen_cap, cap_t);
+  p->trainable = (uint64_t)trained;
+  /* an adapter's own tables and float padding are rounded up to 64 bytes per tensor */
+  p->weights = (uint64_t)(n + (adapter ? trained : 0)) * sizeof(float);
+  p->gradients = (uint64_t)trained * sizeof(float);
+  p->optimizer = 2 * p->gradients;
+  p->reference = hp->kl_coef > 0 && !adapter ? (uint64_t)n * sizeof(float) : 0;
+  p->activations = train_state_bytes(&cc, adapter, cap_tokens, cap_resp, cap_t);
+  p->generation = gen_state_bytes(&cc, adapter, gen_cap, cap_t);
   p->buffers =
       scratch_layout(NULL, NULL, (size_t)cap_tokens, (size_t)gen_cap, (size_t)hp->max_new_tokens);
   p->total = p->weights + p->gradients + p->optimizer + p->reference + p->activations +
@@ -245,6 +250,7 @@ int runner_check_data(const struct job_spec *s, struct runner_data_facts *f, jso
   }
   f->model_ok = 1;
   f->cfg = lm.cfg;
+  if (s->has_adapter) lora_config_check(&s->adapter, &lm.cfg, errors);
   struct chat_template *chat = NULL;
   int id, max_prompt = 0;
   if (s->chat_template && build_chat(s, &lm, &chat, &id, &e))
@@ -263,7 +269,8 @@ int runner_check_job(const struct job_spec *s, struct mem_plan *plan, json_t *er
   int n = runner_check_data(s, &f, errors);
   memset(plan, 0, sizeof *plan);
   if (f.model_ok)
-    runner_memory_plan(&f.cfg, &s->hp, f.max_prompt_tokens, s->validation_file != NULL, plan);
+    runner_memory_plan(&f.cfg, s->has_adapter ? &s->adapter : NULL, &s->hp, f.max_prompt_tokens,
+                       s->validation_file != NULL, plan);
   return n;
 }
 
@@ -476,8 +483,28 @@ static int setup(struct trainer *t) {
       return trainer_fail_err(t, FAIL_INVALID_MODEL, "model", &e);
     t->step = 0;
     t->cursor.seed = t->spec->seed;
+    if (t->spec->has_adapter) { /* a fresh adapter: PEFT's initialisation, the base unchanged */
+      json_t *errs = json_array();
+      int bad = lora_config_check(&t->spec->adapter, &t->lm.cfg, errs);
+      const char *msg = json_string_value(json_object_get(json_array_get(errs, 0), "message"));
+      if (bad) dapo_errf(&e, DAPO_EINVAL, "%s", msg ? msg : "invalid adapter");
+      json_decref(errs);
+      if (bad) return trainer_fail_err(t, FAIL_INVALID_MODEL, "adapter", &e);
+      if (!(t->lm.lora = lora_new(&t->spec->adapter, &t->lm.cfg, &e)))
+        return trainer_fail_err(t, FAIL_OUT_OF_MEMORY, NULL, &e);
+      lora_init(t->lm.lora, t->spec->seed);
+      t->lm.model->lora = t->lm.lora;
+      snprintf(t->lm.base, sizeof t->lm.base, "%s", t->spec->model);
+      t->lm.base_seed = t->spec->seed;
+    }
   }
-  if (hp->kl_coef > 0) {
+  if (!t->spec->has_adapter != !t->lm.lora)
+    return trainer_fail(
+        t, FAIL_CHECKPOINT_MISMATCH, NULL, "the checkpoint %s an adapter but the job %s one",
+        t->lm.lora ? "holds" : "lacks", t->spec->has_adapter ? "asks for" : "has no");
+  /* with an adapter the KL reference is the base itself, the adapter switched off */
+  t->ref_base = t->lm.lora && hp->kl_coef > 0;
+  if (hp->kl_coef > 0 && !t->lm.lora) {
     struct lm base;
     if (lm_open(t->spec->model, t->spec->seed, &base, &e))
       return trainer_fail_err(t, FAIL_INVALID_MODEL, "model", &e);
@@ -495,7 +522,8 @@ static int setup(struct trainer *t) {
   if (adamw_init(&t->opt, t->lm.model, &ac, &e))
     return trainer_fail_err(t, FAIL_OUT_OF_MEMORY, NULL, &e);
   t->have_opt = 1;
-  if (model_alloc_grads(t->lm.model, &e)) return trainer_fail_err(t, FAIL_OUT_OF_MEMORY, NULL, &e);
+  if (t->lm.lora ? lora_alloc_grads(t->lm.lora, &e) : model_alloc_grads(t->lm.model, &e))
+    return trainer_fail_err(t, FAIL_OUT_OF_MEMORY, NULL, &e);
   if (from >= 0) { /* without optimizer state (step 0), AdamW starts afresh: zero moments */
     char dir[PATH_MAX], p[PATH_MAX + 32];
     trainer_ckpt_path(t, from, dir, sizeof dir);

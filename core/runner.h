@@ -127,6 +127,7 @@ struct mem_plan {
   uint64_t activations; /* the training pass's saved activations for micro_batch_tokens */
   uint64_t generation;  /* the sampler's KV cache and logits for the generation batch */
   uint64_t buffers;     /* the runner's per-token batch arrays */
+  uint64_t trainable;   /* parameters the job trains: all of them, or the adapter's */
   uint64_t total;
   int cap_seq_len; /* longest sequence: max prompt tokens + max_new_tokens */
   int cap_tokens;  /* tokens of one micro-batch: micro_batch_tokens, at most minibatch_size
@@ -137,8 +138,12 @@ struct mem_plan {
 /* The plan of a job on a model with config c and hyperparameters hp, whose longest prompt has
  * max_prompt_tokens tokens; with_validation when it has a validation file (eval_samples may
  * widen the generation batch). The same capacities runner_run allocates. */
-void runner_memory_plan(const struct model_config *c, const struct hparams *hp,
-                        int max_prompt_tokens, int with_validation, struct mem_plan *p);
+struct lora_config;
+/* With an adapter (NULL: a full fine-tune), the base is frozen: gradients and moments exist for
+ * the adapter only, and the KL reference is the base itself (no second copy). */
+void runner_memory_plan(const struct model_config *c, const struct lora_config *adapter,
+                        const struct hparams *hp, int max_prompt_tokens, int with_validation,
+                        struct mem_plan *p);
 
 /* A plan as the job object and GET /v1/models/{id} show it: bytes by part ("weights_bytes",
  * ..., "total_bytes") and the capacities under "for". New reference; NULL out of memory. */

@@ -47,7 +47,9 @@ struct trainer {
   struct lm lm;
   struct chat_template *chat;    /* renders `messages` prompts; NULL until one needs it */
   int chat_stop[2], n_chat_stop; /* the chat template's end-of-turn token */
-  struct model *ref;             /* frozen starting weights when kl_coef > 0 */
+  struct model *ref;             /* frozen starting weights when kl_coef > 0 (full fine-tunes) */
+  int ref_base;                  /* kl_coef > 0 with an adapter: the reference is the base, the
+                                    adapter switched off (no second copy) */
   struct adamw opt;
   int have_opt;
   int ckpt_bf16; /* checkpoints' model.safetensors in BF16 (checkpoint_dtype, resolved) */

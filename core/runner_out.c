@@ -92,7 +92,8 @@ static int ckpt_extra(void *ctx, const char *tmp_dir, struct dapo_err *e) {
   struct trainer *t = c->t;
   char p[PATH_MAX];
   int rc = 0, with_opt = t->step > 0;
-  int exact_file = t->ckpt_bf16 && !weights_exact_in_bf16(t->lm.model);
+  /* an adapter is written in float32 and the base never changes: nothing to keep exactly */
+  int exact_file = !t->lm.lora && t->ckpt_bf16 && !weights_exact_in_bf16(t->lm.model);
   if (with_opt) {
     snprintf(p, sizeof p, "%s/optimizer.safetensors", tmp_dir);
     rc = adamw_save(&t->opt, t->lm.model, p, e);
@@ -173,8 +174,17 @@ int trainer_checkpoint(struct trainer *t, const json_t *metrics) {
   if (!text) return trainer_oom(t);
   struct ckpt_ctx c = {t, metrics};
   struct dapo_err e = {0};
-  int rc =
-      ckpt_save_with(dir, t->lm.model, text, t->lm.gen_config, t->ckpt_bf16, ckpt_extra, &c, &e);
+  int rc = 0;
+  if (t->lm.lora) { /* PEFT's adapter files and the base they apply to */
+    json_t *base =
+        json_pack("{s:s, s:I}", "model", t->lm.base, "seed", (json_int_t)t->lm.base_seed);
+    rc = base
+             ? ckpt_save_adapter(dir, t->lm.model, base, text, t->lm.gen_config, ckpt_extra, &c, &e)
+             : dapo_errf(&e, DAPO_ENOMEM, "out of memory");
+    json_decref(base);
+  } else {
+    rc = ckpt_save_with(dir, t->lm.model, text, t->lm.gen_config, t->ckpt_bf16, ckpt_extra, &c, &e);
+  }
   free(text);
   if (rc) return trainer_fail_err(t, FAIL_IO_ERROR, NULL, &e);
   prune(t);

@@ -303,6 +303,23 @@ static int forward(struct trainer *t, struct model *m, int ns, float *ent) {
   return 0;
 }
 
+/* Whether the step computes log-probs under a KL reference (kl_coef > 0). */
+static int has_ref(const struct trainer *t) {
+  return t->ref || t->ref_base;
+}
+
+/* The KL reference's forward: the frozen copy of the starting weights, or for an adapter job the
+ * base itself with the adapter switched off (the same weights, no second copy). */
+static int ref_forward(struct trainer *t, int ns) {
+  if (t->ref) return forward(t, t->ref, ns, NULL);
+  struct model *m = t->lm.model;
+  struct lora *l = m->lora;
+  m->lora = NULL;
+  int rc = forward(t, m, ns, NULL);
+  m->lora = l;
+  return rc;
+}
+
 struct upd_stats {
   struct pg_stats pg;
   double ent_sum, gnorm_sum;
@@ -385,8 +402,9 @@ static int old_logprobs(struct trainer *t, struct ro **loss_ros, int n, const in
     int k = minibatch(t, loss_ros, n, order, j0, mb, &nm, &tot);
     for (int i = 0; i < k;) {
       int ns = pack(t, mb, i, k);
-      for (int pass = j0 == 0 && skipping(t) ? 1 : 0; pass < (t->ref ? 2 : 1); pass++) {
-        if (forward(t, pass ? t->ref : t->lm.model, ns, NULL) || keep_logprobs(t, ns, pass, us))
+      for (int pass = j0 == 0 && skipping(t) ? 1 : 0; pass < (has_ref(t) ? 2 : 1); pass++) {
+        if ((pass ? ref_forward(t, ns) : forward(t, t->lm.model, ns, NULL)) ||
+            keep_logprobs(t, ns, pass, us))
           return 1;
         us->old_tokens += t->b_off[ns];
         progress_micro(g, ++done, us->old_tokens);
@@ -419,7 +437,7 @@ static int update(struct trainer *t, struct ro **loss_ros, int n, struct upd_sta
       int k = minibatch(t, loss_ros, n, order, j0, mb, &nm, &tot);
       int c = count_micro_batches(t, mb, k, &tk);
       upd_total += c, upd_tokens += tk;
-      int passes = (t->ref ? 2 : 1) - (j0 == 0 && skipping(t) ? 1 : 0);
+      int passes = (has_ref(t) ? 2 : 1) - (j0 == 0 && skipping(t) ? 1 : 0);
       if (ep == 0) old_total += (int64_t)c * passes, old_tokens += (double)tk * passes;
     }
   }
@@ -455,14 +473,14 @@ static int update(struct trainer *t, struct ro **loss_ros, int n, struct upd_sta
           t->mb_len[s] = r->len;
           t->mb_adv[s] = r->adv;
           memcpy(t->b_old + q0, r->lp_old, sizeof(float) * (size_t)r->len);
-          if (t->ref) memcpy(t->b_ref + q0, r->lp_ref, sizeof(float) * (size_t)r->len);
+          if (has_ref(t)) memcpy(t->b_ref + q0, r->lp_ref, sizeof(float) * (size_t)r->len);
           if (ep == 0)
             for (int q = 0; q < r->len; q++) us->ent_sum += t->b_ent[q0 + q];
           q0 += r->len;
         }
         if (ep == 0) us->ent_tokens += q0;
         dapo_token_weights(hp, ns, t->mb_len, t->mb_adv, t->b_logp, t->b_old,
-                           t->ref ? t->b_ref : NULL, nm, tot, t->b_w, &us->pg);
+                           has_ref(t) ? t->b_ref : NULL, nm, tot, t->b_w, &us->pg);
         us->train_tokens += t->b_off[ns];
         struct dapo_err e = {0};
         if (train_backward(t->ts, t->lm.model, t->b_w, &e)) {
@@ -699,7 +717,7 @@ int trainer_step(struct trainer *t, json_t **metrics_out, int64_t *gen_tokens_ou
   PUT_R("policy/clip_frac_high", us.pg.tokens ? (double)us.pg.clip_high / us.pg.tokens : 0);
   PUT_R("policy/clip_frac_dual", us.pg.tokens ? (double)us.pg.clip_dual / us.pg.tokens : 0);
   PUT_R("policy/approx_kl", us.pg.tokens ? us.pg.approx_kl_sum / us.pg.tokens : 0);
-  if (t->ref) PUT_R("policy/kl_ref", us.pg.tokens ? us.pg.kl_ref_sum / us.pg.tokens : 0);
+  if (has_ref(t)) PUT_R("policy/kl_ref", us.pg.tokens ? us.pg.kl_ref_sum / us.pg.tokens : 0);
   PUT_R("policy/grad_norm", us.n_upd ? us.gnorm_sum / us.n_upd : 0);
   PUT_I("policy/updates", us.n_upd);
   PUT_R("policy/lr", lr);

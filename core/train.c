@@ -234,8 +234,8 @@ int train_forward(struct train_state *s, const struct model *m, const struct fwd
                   float inv_temp, float *logp, float *entropy, struct dapo_err *e) {
   int rc = fwd_batch_validate(s, m, b, e);
   if (rc) return rc;
-  if (m->lora ? s->lora_r != m->lora->cfg.r || s->lora_targets != (int)m->lora->cfg.targets
-              : s->lora_r != 0)
+  /* a state sized for an adapter also runs the model without it (the KL reference's pass) */
+  if (m->lora && (s->lora_r != m->lora->cfg.r || s->lora_targets != (int)m->lora->cfg.targets))
     return dapo_errf(e, DAPO_EINVAL,
                      "train_forward: the state was sized for another adapter than the model's "
                      "(create it after attaching the adapter)");

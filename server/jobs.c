@@ -351,8 +351,8 @@ static int finish_admission(struct server *srv, const json_t *body, const char *
   struct mem_plan plan = {0};
   uint64_t limit = server_memory_limit(srv);
   if (json_array_size(errors) == base && f->model_ok) {
-    runner_memory_plan(&f->cfg, &spec->hp, f->max_prompt_tokens, spec->validation_file != NULL,
-                       &plan);
+    runner_memory_plan(&f->cfg, spec->has_adapter ? &spec->adapter : NULL, &spec->hp,
+                       f->max_prompt_tokens, spec->validation_file != NULL, &plan);
     if (plan.total > limit && refuse_memory(errors, &plan, limit))
       return dapo_errf(e, DAPO_ENOMEM, "out of memory validating the job");
   }

@@ -101,11 +101,11 @@ static void folder_entry(const char *models_dir, const char *name, struct regist
   if (rc) snprintf(out->error, sizeof out->error, "%s", e.msg);
 }
 
-/* The config of an adapter checkpoint's base (core/lm.h LM_BASE_FILE: a preset or a folder),
+/* The config of an adapter checkpoint's base (core/lm.h LORA_BASE_FILE: a preset or a folder),
  * without opening it: the registry reads config files only. */
 static int read_adapter_base(const char *dir, struct model_config *c, struct dapo_err *e) {
   char p[PATH_MAX + 64];
-  if ((size_t)snprintf(p, sizeof p, "%s/" LM_BASE_FILE, dir) >= sizeof p)
+  if ((size_t)snprintf(p, sizeof p, "%s/" LORA_BASE_FILE, dir) >= sizeof p)
     return dapo_errf(e, DAPO_EINVAL, "path too long");
   json_error_t je;
   json_t *j = json_load_file(p, 0, &je);
@@ -113,7 +113,7 @@ static int read_adapter_base(const char *dir, struct model_config *c, struct dap
   int rc = 0;
   const struct preset *pr = base ? preset_find(base) : NULL;
   if (!base)
-    rc = dapo_errf(e, DAPO_EFORMAT, LM_BASE_FILE ": %s", j ? "no \"model\"" : je.text);
+    rc = dapo_errf(e, DAPO_EFORMAT, LORA_BASE_FILE ": %s", j ? "no \"model\"" : je.text);
   else if (pr)
     *c = pr->cfg;
   else {

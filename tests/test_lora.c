@@ -209,7 +209,7 @@ static void test_adapter_folder(void) {
   char dir[] = "/tmp/dapo-lora-lm-XXXXXX", p[256];
   CHECK(mkdtemp(dir) != NULL);
   CHECK_MSG(lora_save(l, dir, "tiny", &e) == 0, "%s", e.msg);
-  snprintf(p, sizeof p, "%s/" LM_BASE_FILE, dir);
+  snprintf(p, sizeof p, "%s/" LORA_BASE_FILE, dir);
   json_t *bj = json_pack("{s:s, s:i}", "model", "tiny", "seed", 5);
   CHECK(json_dump_file(bj, p, 0) == 0);
   json_decref(bj);
@@ -246,7 +246,7 @@ static void test_adapter_folder(void) {
   CHECK_MSG(d < 2e-5f && moved > 1e-3f, "merged folder vs adapter folder %g (moved %g)", (double)d,
             (double)moved);
   /* a folder whose base is missing: refused naming it */
-  snprintf(p, sizeof p, "%s/" LM_BASE_FILE, dir);
+  snprintf(p, sizeof p, "%s/" LORA_BASE_FILE, dir);
   bj = json_pack("{s:s}", "model", "/nonexistent/base");
   CHECK(json_dump_file(bj, p, 0) == 0);
   json_decref(bj);
