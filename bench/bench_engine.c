@@ -12,8 +12,12 @@
  * lookups, norms, softmax and the optimizer are not counted.
  * Usage: bench_engine --sgemm | --model tiny|small|medium [--serve] [--train-steps N]
  *        [--gen-reps N] [--gen-new N] [--threads N] [--phase train|gen]
+ *        [--isa portable|avx2|avx512] [--vs-isa portable|avx2]
  * --serve answers commands on stdin (see serve()) so that bench_torch.py --pair can interleave
- * our measurements with PyTorch's; --phase runs one phase only, for perf. */
+ * our measurements with PyTorch's; --phase runs one phase only, for perf. --isa forces the
+ * instruction set of the hand-vectorised decoding kernels (kernels_force_isa) for the whole run;
+ * --vs-isa measures each generation twice, on this CPU's best and on the one named, in turns
+ * (best, named, named, best, ...), and prints the ratio of each pair's tokens/s. */
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +26,7 @@
 #include <time.h>
 
 #include "adamw.h"
+#include "kernels.h"
 #include "model.h"
 #include "rng.h"
 #include "pool.h"
@@ -29,6 +34,12 @@
 #include "train.h"
 
 static struct pool *g_pool; /* the engine's compute pool (core/pool.h), or NULL */
+static int g_isa;           /* --isa: the forced instruction set, or 0 (the best) */
+static int g_vs_isa;        /* --vs-isa: the instruction set measured against g_isa, or 0 */
+
+static const char *isa_name(int isa) {
+  return isa == KERNELS_ISA_AVX512 ? "avx512" : isa == KERNELS_ISA_AVX2 ? "avx2" : "portable";
+}
 
 #define N_SEQ 16
 #define SEQ_LEN 256
@@ -355,17 +366,37 @@ static int run_model(const char *name, int train_steps, int gen_reps, int gen_ne
     int batches[2] = {GEN_BATCH, 1};
     for (int bi = 0; bi < 2; bi++) {
       int n = batches[bi];
-      for (int rep = -1; rep < gen_reps; rep++) /* rep -1 warms up */
-        if ((rc = bench_gen(&b, n, 100 + (uint64_t)(rep + 1), rep >= 0 ? &st[0][rep] : t, &e)))
-          goto out;
+      double sv[64], ratio[64]; /* --vs-isa: the named ISA's seconds, and tok/s ratios */
+      for (int rep = -1; rep < gen_reps; rep++) { /* rep -1 warms up */
+        for (int side = 0; side < (g_vs_isa ? 2 : 1); side++) {
+          int vs = (side ^ (rep & 1)) && g_vs_isa; /* best, named, named, best, ... */
+          kernels_force_isa(vs ? g_vs_isa : g_isa);
+          double *dst = rep < 0 ? t : vs ? &sv[rep] : &st[0][rep];
+          rc = bench_gen(&b, n, 100 + (uint64_t)(rep + 1), dst, &e);
+          kernels_force_isa(g_isa);
+          if (rc) goto out;
+        }
+        if (g_vs_isa && rep >= 0) ratio[rep] = st[0][rep] / sv[rep];
+      }
       double secs = median(st[0], gen_reps), fl = gen_flops(&b, n);
       double tok_s = (double)n * gen_new / secs;
       fprintf(stderr,
-              "%s: generate batch %2d, prompt %d, %d new tokens: %.0f tok/s, %.1f GFLOP/s\n", name,
-              n, GEN_PROMPT, gen_new, tok_s, fl / secs * 1e-9);
-      json_object_set_new(
-          gen, n == 1 ? "b1" : "b16",
-          json_pack("{s:i, s:f, s:f}", "batch", n, "tok_s", tok_s, "seconds", secs));
+              "%s: generate batch %2d, prompt %d, %d new tokens: %.0f tok/s, %.1f GFLOP/s (%s)\n",
+              name, n, GEN_PROMPT, gen_new, tok_s, fl / secs * 1e-9, isa_name(kernels_isa()));
+      json_t *g = json_pack("{s:i, s:f, s:f, s:s}", "batch", n, "tok_s", tok_s, "seconds", secs,
+                            "isa", isa_name(kernels_isa()));
+      if (g_vs_isa) {
+        double vsecs = median(sv, gen_reps), r = median(ratio, gen_reps);
+        fprintf(stderr,
+                "%s: generate batch %2d on %s: %.0f tok/s, %.1f GFLOP/s; %s/%s %.3fx "
+                "(median of %d paired runs)\n",
+                name, n, isa_name(g_vs_isa), n * gen_new / vsecs, fl / vsecs * 1e-9,
+                isa_name(g_vs_isa), isa_name(kernels_isa()), r, gen_reps);
+        json_object_set_new(g, "vs",
+                            json_pack("{s:s, s:f, s:f, s:f}", "isa", isa_name(g_vs_isa), "tok_s",
+                                      n * gen_new / vsecs, "seconds", vsecs, "ratio", r));
+      }
+      json_object_set_new(gen, n == 1 ? "b1" : "b16", g);
     }
     json_object_set_new(j, "gen", gen);
     gen = NULL;
@@ -445,7 +476,7 @@ int main(int argc, char **argv) {
     if (!v) {
       fprintf(stderr, "usage: bench_engine --sgemm | --model tiny|small|medium [--serve] "
                       "[--train-steps N] [--gen-reps N] [--gen-new N] [--threads N | "
-                      "--blas-threads N] [--phase train|gen]\n");
+                      "--blas-threads N] [--phase train|gen] [--isa NAME] [--vs-isa NAME]\n");
       return 2;
     }
     i++;
@@ -461,7 +492,18 @@ int main(int argc, char **argv) {
       phase = !strcmp(v, "train") ? 1 : 2;
     else if (!strcmp(a, "--threads"))
       pool_n = parse_pos(a, v);
-    else if (!strcmp(a, "--blas-threads")) {
+    else if (!strcmp(a, "--isa") || !strcmp(a, "--vs-isa")) {
+      int isa = !strcmp(v, "portable") ? KERNELS_ISA_PORTABLE
+                : !strcmp(v, "avx2")   ? KERNELS_ISA_AVX2
+                : !strcmp(v, "avx512") ? KERNELS_ISA_AVX512
+                                       : -1;
+      if (isa < 0 || kernels_force_isa(isa) != isa) {
+        fprintf(stderr, "bench_engine: %s %s: unknown, or this CPU lacks it\n", a, v);
+        return 2;
+      }
+      *(!strcmp(a, "--isa") ? &g_isa : &g_vs_isa) = isa;
+      kernels_force_isa(g_isa);
+    } else if (!strcmp(a, "--blas-threads")) {
       pool_n = 0; /* the engine's kernels serial, OpenBLAS's own threads inside */
       openblas_set_num_threads(parse_pos(a, v));
     } else {

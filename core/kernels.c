@@ -12,6 +12,7 @@
 #endif
 
 #include "pool.h"
+#include "simd.h"
 
 /* ---- parallel loops over the calling thread's pool (pool.h) ---------------------------------- */
 
@@ -70,13 +71,27 @@ static int isa_best(void) {
   return b;
 }
 
+int kernels_cpu_fma(void) {
+  static int fma; /* 1 + the answer, computed once (the same benign race as isa_best) */
+  if (kernels_isa() == KERNELS_ISA_BASELINE) return 0;
+  int f = __atomic_load_n(&fma, __ATOMIC_RELAXED);
+  if (f) return f - 1;
+  f = SIMD_HW_FMA;
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  f = f || __builtin_cpu_supports("fma");
+#endif
+  __atomic_store_n(&fma, f + 1, __ATOMIC_RELAXED);
+  return f;
+}
+
 int kernels_isa(void) {
   int f = __atomic_load_n(&isa_forced, __ATOMIC_RELAXED);
   return f ? f : isa_best();
 }
 
 int kernels_force_isa(int isa) {
-  if (isa > isa_best()) return -1;
+  if (isa > isa_best() && isa != KERNELS_ISA_BASELINE) return -1;
   __atomic_store_n(&isa_forced, isa, __ATOMIC_RELAXED);
   return isa ? isa : isa_best();
 }
@@ -248,6 +263,136 @@ void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, co
   if (dw || dbias) parallel_for(OUT, work, mm_bwd_dw_rows, &a);
 }
 
+/* ---- BF16 weights (kernels.h) ---------------------------------------------------------------- */
+
+void bf16_to_f32(float *dst, const uint16_t *src, size_t n) {
+  size_t i = 0;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  /* a float's bits are (h << 16): in memory, the 16-bit halves (0, h); interleaving 8 halves of
+   * zeros with 8 of src gives 4 floats twice (SSE2's punpcklwd/punpckhwd, NEON's zip) */
+  typedef uint16_t u16x8 __attribute__((vector_size(16)));
+  u16x8 z = {0};
+  for (; i + 8 <= n; i += 8) {
+    u16x8 h, lo, hi;
+    memcpy(&h, src + i, sizeof h);
+    lo = __builtin_shufflevector(z, h, 0, 8, 1, 9, 2, 10, 3, 11);
+    hi = __builtin_shufflevector(z, h, 4, 12, 5, 13, 6, 14, 7, 15);
+    memcpy(dst + i, &lo, sizeof lo);
+    memcpy(dst + i + 4, &hi, sizeof hi);
+  }
+#endif
+  for (; i < n; i++) {
+    uint32_t u = (uint32_t)src[i] << 16;
+    memcpy(dst + i, &u, sizeof u);
+  }
+}
+
+void f32_to_bf16(uint16_t *dst, const float *src, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, &src[i], sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep the sign and a quiet payload */
+      dst[i] = (uint16_t)((u >> 16) | 0x40);
+    else /* to nearest even; overflow rounds to infinity as it should */
+      dst[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+  }
+}
+
+/* A converted tile of weights holds about this many floats (1 MiB): large enough that OpenBLAS's
+ * packing of the activations, repeated for every tile, costs little against the tile's
+ * products, small enough to stay in the last-level cache beside them. */
+enum { BF16_TILE_FLOATS = 1 << 18 };
+
+struct bf16_args {
+  float *out;
+  const float *inp, *bias;
+  const uint16_t *w;
+  int N, IN, OUT;
+  float beta;
+  int failed; /* a tile buffer could not be allocated (set by any thread) */
+};
+
+/* Output columns [lo, hi) of out = inp . w^T (+ bias), w in BF16: tiles of whole weight rows
+ * converted to float32, one SGEMM each (few rows: linear_few_bf16). */
+static void mmb_fwd_cols(void *a_, int lo, int hi) {
+  struct bf16_args *a = a_;
+  int N = a->N, IN = a->IN, OUT = a->OUT;
+  if (N < 8) {
+    linear_few_bf16(a->out, a->inp, a->w, a->bias, N, IN, OUT, lo, hi, a->beta);
+    return;
+  }
+  int rows = BF16_TILE_FLOATS / IN;
+  rows = rows < 16 ? 16 : rows;
+  rows = rows > hi - lo ? hi - lo : rows;
+  float *buf = malloc(sizeof(float) * (size_t)rows * IN);
+  if (!buf) {
+    __atomic_store_n(&a->failed, 1, __ATOMIC_RELAXED);
+    return;
+  }
+  for (int j = lo; j < hi; j += rows) {
+    int n = hi - j < rows ? hi - j : rows;
+    bf16_to_f32(buf, a->w + (size_t)j * IN, (size_t)n * IN);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, n, IN, 1.0f, a->inp, IN, buf, IN,
+                a->beta, a->out + j, OUT);
+    if (a->bias)
+      for (int r = 0; r < N; r++)
+        for (int c = 0; c < n; c++) a->out[(size_t)r * OUT + j + c] += a->bias[j + c];
+  }
+  free(buf);
+}
+
+int matmul_forward_bf16(float *out, const float *inp, const uint16_t *w, const float *bias, int N,
+                        int IN, int OUT, float beta) {
+  /* out[N,OUT] = inp[N,IN] . w[OUT,IN]^T (+ bias), w in BF16 */
+  struct bf16_args a = {
+      .out = out, .inp = inp, .w = w, .bias = bias, .N = N, .IN = IN, .OUT = OUT, .beta = beta};
+  if (N < 1 || OUT < 1) return 0;
+  if (IN < 1) { /* an empty sum */
+    for (size_t i = 0; i < (size_t)N * OUT; i++)
+      out[i] = (beta != 0.0f ? out[i] : 0.0f) + (bias ? bias[i % OUT] : 0.0f);
+    return 0;
+  }
+  parallel_for(OUT, (long)N * IN * OUT, mmb_fwd_cols, &a);
+  return a.failed ? -1 : 0;
+}
+
+/* Columns [lo, hi) of dinp = dout . w (w in BF16): w[:, lo:hi] converted a tile of OUT rows at a
+ * time, each tile's product accumulated into dinp. */
+static void mmb_bwd_dinp_cols(void *a_, int lo, int hi) {
+  struct bf16_args *a = a_;
+  int N = a->N, IN = a->IN, OUT = a->OUT, width = hi - lo;
+  int rows = BF16_TILE_FLOATS / width;
+  rows = rows < 16 ? 16 : rows;
+  rows = rows > OUT ? OUT : rows;
+  float *buf = malloc(sizeof(float) * (size_t)rows * width);
+  if (!buf) {
+    __atomic_store_n(&a->failed, 1, __ATOMIC_RELAXED);
+    return;
+  }
+  for (int o = 0; o < OUT; o += rows) {
+    int n = OUT - o < rows ? OUT - o : rows;
+    for (int r = 0; r < n; r++)
+      bf16_to_f32(buf + (size_t)r * width, a->w + (size_t)(o + r) * IN + lo, (size_t)width);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, width, n, 1.0f, a->inp + o, OUT, buf,
+                width, o == 0 ? a->beta : 1.0f, a->out + lo, IN);
+  }
+  free(buf);
+}
+
+int matmul_backward_dinp_bf16(float *dinp, const float *dout, const uint16_t *w, int N, int IN,
+                              int OUT, float dinp_beta) {
+  /* dinp[N,IN] (+)= dout[N,OUT] . w[OUT,IN], w in BF16 */
+  struct bf16_args a = {
+      .out = dinp, .inp = dout, .w = w, .N = N, .IN = IN, .OUT = OUT, .beta = dinp_beta};
+  if (N < 1 || IN < 1) return 0;
+  if (OUT < 1) { /* an empty sum */
+    if (dinp_beta == 0.0f) memset(dinp, 0, sizeof(float) * (size_t)N * IN);
+    return 0;
+  }
+  parallel_for(IN, (long)N * IN * OUT, mmb_bwd_dinp_cols, &a);
+  return a.failed ? -1 : 0;
+}
+
 /* ---- RoPE ------------------------------------------------------------------------------- */
 
 int rope_table_init_freqs(struct rope_table *t, int max_pos, int half, const float *inv_freq,
@@ -375,59 +520,155 @@ void swiglu_backward(float *dg, float *du, const float *dh, const float *g, cons
 
 static float softmax_causal(float *s, int lim, int n_ctx);
 
-/* target_clones makes an ifunc resolver, which the dynamic loader runs before the
- * ThreadSanitizer runtime is initialised (and which TSan instruments: a crash at load time), so a
- * TSan build (scripts/test.sh, DAPO_TSAN) keeps the baseline copy only. */
-#if defined(__SANITIZE_THREAD__)
-#define KERNELS_CLONES_AVX2
-#else
-#define KERNELS_CLONES_AVX2 __attribute__((target_clones("avx2", "default")))
-#endif
+/* Decoding attention, one query row against lim cached keys/values: scores, softmax, weighted sum
+ * of values; returns the log-sum-exp. Its arithmetic is fixed, and the same on every path (the
+ * AVX-512 intrinsics below, and this portable version compiled for the baseline target and for
+ * AVX2 + FMA), so a sequence decodes to the same bits on every CPU:
+ * - q is scaled first (q * scale, rounded), then each score is 16 lanes of fused multiply-adds
+ *   over the head (lane l takes d = l mod 16; a head size that is not a multiple of 16 is
+ *   zero-padded), reduced by att_tree4 for keys in whole blocks of 4 from the first, by
+ *   simd_tree for the rest;
+ * - the softmax's numerator is Cephes' expf polynomial (att_exp, within 2 ulp of expf) of
+ *   s - max, summed in 16 lanes (key j in lane j mod 16), then simd_tree;
+ * - the output is 16-lane fused multiply-adds of the unnormalised weights over the keys in order,
+ *   times 1 / sum once at the end; the log-sum-exp is max + logf(sum). */
 
-/* One query row against lim cached keys/values (decoding): scores, softmax, weighted sum of
- * values; returns the log-sum-exp. Compiled twice (AVX2 and baseline, chosen at load time): the
- * operations and their order are the same in both (ISO C: no FMA contraction), only the vector
- * width differs, so results do not depend on the machine. */
-KERNELS_CLONES_AVX2 static float attn_decode_row(float *restrict o, const float *restrict qi,
-                                                 const float *restrict kb, const float *restrict vb,
-                                                 int lim, int HS, int ldkv, float scale,
-                                                 float *restrict s) {
-  for (int j = 0; j < lim; j++) {
-    const float *kj = kb + (size_t)j * ldkv;
-    float acc[8] = {0};
-    int d = 0;
-    for (; d + 8 <= HS; d += 8)
-      for (int u = 0; u < 8; u++) acc[u] += qi[d + u] * kj[d + u];
-    float t = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (; d < HS; d++) t += qi[d] * kj[d];
-    s[j] = scale * t;
-  }
-  float l = softmax_causal(s, lim, lim);
-  /* o = sum_j s[j] v_j, eight lanes of o at a time held in registers across all j */
-  int d = 0;
-  for (; d + 8 <= HS; d += 8) {
-    float t[8] = {0};
-    for (int j = 0; j < lim; j++) {
-      const float *vj = vb + (size_t)j * ldkv + d;
-      float p = s[j];
-      for (int u = 0; u < 8; u++) t[u] += p * vj[u];
-    }
-    for (int u = 0; u < 8; u++) o[d + u] = t[u];
-  }
-  for (; d < HS; d++) {
-    float t = 0;
-    for (int j = 0; j < lim; j++) t += s[j] * vb[(size_t)j * ldkv + d];
-    o[d] = t;
-  }
-  return l;
+/* The 4-key block's reduction (AVX-512: two rounds of horizontal adds, then the 128-bit halves):
+ * x_i = a_i + a_(i+8), then ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)). */
+SIMD_INLINE float att_tree4(struct simd16 v) {
+  simd_v4 x0 = v.q0 + v.q2, x1 = v.q1 + v.q3; /* x_0..3, x_4..7 */
+  return ((x0[0] + x0[1]) + (x0[2] + x0[3])) + ((x1[0] + x1[1]) + (x1[2] + x1[3]));
 }
 
-#if (defined(__x86_64__) || defined(__i386__)) && !defined(__SANITIZE_THREAD__)
-/* AVX-512 version of attn_decode_row for head sizes that are a multiple of 16: fused
- * multiply-adds (head sizes 16-96 and 128), four keys' dot products reduced together, a vectorised
- * exp (Cephes' expf polynomial, within 2 ulp of expf), and the 1/sum normalisation applied once to
- * the output. It does not give the same bits as the portable loop (tests compare both with the
- * reference at 1e-5); it is chosen by the CPU, like OpenBLAS's kernels. */
+/* Cephes' expf: n = round(x log2 e), r = x - n ln 2 in two steps, a degree-7 polynomial, times
+ * 2^n; x clamped at -87.3 (exp(-87.3) ~ 1e-38: the softmax's zero). The operations of exp512. */
+SIMD_INLINE simd_v4 att_exp4(simd_v4 x, const int hw) {
+#define C4(c) ((simd_v4){c, c, c, c})
+  simd_v4 lo = C4(-87.3f);
+  simd_i4 keep = x > lo;
+  x = (simd_v4)(((simd_i4)x & keep) | ((simd_i4)lo & ~keep)); /* max(x, lo); lo where NaN */
+  /* round to nearest even by adding and subtracting 1.5 * 2^23 (|x log2 e| < 2^22 here) */
+  simd_v4 fx = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f, nfx = -fx;
+  x = simd_fma4(nfx, C4(0.693359375f), x, hw);
+  x = simd_fma4(nfx, C4(-2.12194440e-4f), x, hw);
+  simd_v4 y = C4(1.9875691500e-4f);
+  y = simd_fma4(y, x, C4(1.3981999507e-3f), hw);
+  y = simd_fma4(y, x, C4(8.3334519073e-3f), hw);
+  y = simd_fma4(y, x, C4(4.1665795894e-2f), hw);
+  y = simd_fma4(y, x, C4(1.6666665459e-1f), hw);
+  y = simd_fma4(y, x, C4(5.0000001201e-1f), hw);
+  y = simd_fma4(y, x * x, x + 1.0f, hw);
+#undef C4
+  simd_i4 e = (__builtin_convertvector(fx, simd_i4) + 127) << 23; /* 2^n, n in [-126, 0] */
+  return y * (simd_v4)e;
+}
+
+/* The head in NV vectors of 16, the last one holding nl lanes (1..16); NV is a constant where
+ * the compiler can unroll (att_row_any), at most ATT_MAX_NV. */
+enum { ATT_MAX_NV = 64 }; /* head_dim <= 1024 (model.c) */
+
+SIMD_INLINE struct simd16 att_ld(const float *p, int v, int NV, int nl) {
+  return v == NV - 1 && nl < 16 ? simd_load_n(p + 16 * v, nl) : simd_load(p + 16 * v);
+}
+
+SIMD_INLINE float att_row_gen(float *restrict o, const float *restrict qi, const float *restrict kb,
+                              const float *restrict vb, int lim, int HS, int ldkv, float scale,
+                              float *restrict s, const int NV, const int hw) {
+  int nl = HS - 16 * (NV - 1);
+  struct simd16 q[ATT_MAX_NV], acc[ATT_MAX_NV];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; v++) q[v] = simd_scale(att_ld(qi, v, NV, nl), scale);
+  int j = 0;
+  for (; j + 4 <= lim; j += 4) {
+    const float *k0 = kb + (size_t)j * ldkv, *k1 = k0 + ldkv, *k2 = k1 + ldkv, *k3 = k2 + ldkv;
+    struct simd16 a0 = simd_zero(), a1 = a0, a2 = a0, a3 = a0;
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) {
+      a0 = simd_fma(q[v], att_ld(k0, v, NV, nl), a0, hw);
+      a1 = simd_fma(q[v], att_ld(k1, v, NV, nl), a1, hw);
+      a2 = simd_fma(q[v], att_ld(k2, v, NV, nl), a2, hw);
+      a3 = simd_fma(q[v], att_ld(k3, v, NV, nl), a3, hw);
+    }
+    s[j] = att_tree4(a0), s[j + 1] = att_tree4(a1), s[j + 2] = att_tree4(a2);
+    s[j + 3] = att_tree4(a3);
+  }
+  for (; j < lim; j++) {
+    const float *kj = kb + (size_t)j * ldkv;
+    struct simd16 a = simd_zero();
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) a = simd_fma(q[v], att_ld(kj, v, NV, nl), a, hw);
+    s[j] = simd_tree(a);
+  }
+  float mx = -INFINITY;
+  for (j = 0; j < lim; j++) mx = s[j] > mx ? s[j] : mx;
+  struct simd16 sv = simd_zero();
+  for (j = 0; j < lim; j += 16) {
+    int n = lim - j < 16 ? lim - j : 16;
+    struct simd16 e = simd_load_n(s + j, n);
+    e.q0 = att_exp4(e.q0 - mx, hw), e.q1 = att_exp4(e.q1 - mx, hw);
+    e.q2 = att_exp4(e.q2 - mx, hw), e.q3 = att_exp4(e.q3 - mx, hw);
+    e = simd_keep_n(e, n);
+    simd_store_n(s + j, e, n);
+    sv = simd_add(sv, e);
+  }
+  float sum = simd_tree(sv);
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; v++) acc[v] = simd_zero();
+  for (j = 0; j < lim; j++) {
+    const float *vj = vb + (size_t)j * ldkv;
+    struct simd16 p = simd_splat(s[j]);
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) acc[v] = simd_fma(p, att_ld(vj, v, NV, nl), acc[v], hw);
+  }
+  float inv = 1.0f / sum;
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; v++) {
+    struct simd16 r = simd_scale(acc[v], inv);
+    if (v == NV - 1 && nl < 16)
+      simd_store_n(o + 16 * v, r, nl);
+    else
+      simd_store(o + 16 * v, r);
+  }
+  return mx + logf(sum);
+}
+
+/* att_row_gen with the common head sizes' vector counts as constants. */
+SIMD_INLINE float att_row_any(float *restrict o, const float *restrict qi, const float *restrict kb,
+                              const float *restrict vb, int lim, int HS, int ldkv, float scale,
+                              float *restrict s, const int hw) {
+  switch ((HS + 15) / 16) {
+  case 1: return att_row_gen(o, qi, kb, vb, lim, HS, ldkv, scale, s, 1, hw);
+  case 2: return att_row_gen(o, qi, kb, vb, lim, HS, ldkv, scale, s, 2, hw);
+  case 3: return att_row_gen(o, qi, kb, vb, lim, HS, ldkv, scale, s, 3, hw);
+  case 4: return att_row_gen(o, qi, kb, vb, lim, HS, ldkv, scale, s, 4, hw);
+  case 8: return att_row_gen(o, qi, kb, vb, lim, HS, ldkv, scale, s, 8, hw);
+  default: return att_row_gen(o, qi, kb, vb, lim, HS, ldkv, scale, s, (HS + 15) / 16, hw);
+  }
+}
+
+static float attn_row_portable(float *restrict o, const float *restrict qi,
+                               const float *restrict kb, const float *restrict vb, int lim, int HS,
+                               int ldkv, float scale, float *restrict s) {
+  return att_row_any(o, qi, kb, vb, lim, HS, ldkv, scale, s, SIMD_HW_FMA);
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx2,fma"))) static float
+attn_row_avx2(float *restrict o, const float *restrict qi, const float *restrict kb,
+              const float *restrict vb, int lim, int HS, int ldkv, float scale, float *restrict s) {
+  return att_row_any(o, qi, kb, vb, lim, HS, ldkv, scale, s, 1);
+}
+/* the portable path on a CPU with FMA3 (kernels.h) */
+__attribute__((target("fma"))) static float
+attn_row_fma(float *restrict o, const float *restrict qi, const float *restrict kb,
+             const float *restrict vb, int lim, int HS, int ldkv, float scale, float *restrict s) {
+  return att_row_any(o, qi, kb, vb, lim, HS, ldkv, scale, s, 1);
+}
+#endif
+
+#if defined(__x86_64__) || defined(__i386__)
+/* AVX-512 version of the decoding attention row for head sizes 16-96 and 128, in registers: the
+ * same operations in the same order as att_row_gen (the same bits, tested). */
 #define K512 __attribute__((target("avx512f")))
 
 K512 static inline __m512 exp512(__m512 x) {
@@ -510,7 +751,7 @@ attn_row512_nv(float *restrict o, const float *restrict qi, const float *restric
     _mm512_mask_storeu_ps(s + j, mk, e);
     sv = _mm512_add_ps(sv, e);
   }
-  float sum = _mm512_reduce_add_ps(sv);
+  float sum = hsum512(sv); /* simd_tree's order, whatever the compiler */
   /* o = (sum_j e_j v_j) / sum */
   __m512 acc[8];
 #pragma GCC unroll 16
@@ -572,13 +813,18 @@ void attention_forward(float *out, float *lse, const float *q, const float *k, c
       for (int i = 0; i < t_new; i++) {
         float *oi = out + (size_t)i * ldo + (size_t)h * HS;
         const float *qi = q + (size_t)i * ldq + (size_t)h * HS;
+        int lim = n_past + i + 1, isa = kernels_isa();
         float l;
-#if (defined(__x86_64__) || defined(__i386__)) && !defined(__SANITIZE_THREAD__)
-        if (HS % 16 == 0 && (HS <= 96 || HS == 128) && kernels_isa() == KERNELS_ISA_AVX512)
-          l = attn_row512(oi, qi, kb, vb, n_past + i + 1, HS, ldkv, scale, scratch);
+#if defined(__x86_64__) || defined(__i386__)
+        if (isa == KERNELS_ISA_AVX512 && HS % 16 == 0 && (HS <= 96 || HS == 128))
+          l = attn_row512(oi, qi, kb, vb, lim, HS, ldkv, scale, scratch);
+        else if (isa == KERNELS_ISA_AVX2 || isa == KERNELS_ISA_AVX512)
+          l = attn_row_avx2(oi, qi, kb, vb, lim, HS, ldkv, scale, scratch);
+        else if (isa == KERNELS_ISA_PORTABLE && kernels_cpu_fma())
+          l = attn_row_fma(oi, qi, kb, vb, lim, HS, ldkv, scale, scratch);
         else
 #endif
-          l = attn_decode_row(oi, qi, kb, vb, n_past + i + 1, HS, ldkv, scale, scratch);
+          l = attn_row_portable(oi, qi, kb, vb, lim, HS, ldkv, scale, scratch);
         if (lse) lse[(size_t)i * NH + h] = l;
       }
     }

@@ -9,6 +9,7 @@
 #define DAPO_KERNELS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Kernels spread over the calling thread's pool (pool.h) only when a call has at least this much
  * work (multiply-adds or elements); tests set 0 to exercise the parallel paths on tiny shapes.
@@ -37,16 +38,67 @@ void linear_few(float *out, const float *inp, const float *w, const float *bias,
                 int OUT, int j0, int j1, float beta);
 
 /* The instruction set of the hand-vectorised decoding kernels (linear_few, decoding attention):
- * the best this CPU has, unless a test forced one. */
-enum { KERNELS_ISA_PORTABLE = 1, KERNELS_ISA_AVX2 = 2, KERNELS_ISA_AVX512 = 3 };
+ * the best this CPU has, unless a test forced one. PORTABLE is their GCC/Clang vector-extension
+ * code (core/simd.h), what a CPU without AVX2 runs (an ARM server: NEON or SVE with fused
+ * multiply-adds); on an x86 CPU that has FMA3 but not AVX2 it is compiled with FMA3. BASELINE is
+ * the same code compiled for the baseline target only: on x86-64, SSE2 with every fused
+ * multiply-add computed exactly in double (an x86 CPU without FMA); elsewhere it is PORTABLE.
+ * Every one gives the same bits (tested). */
+enum {
+  KERNELS_ISA_PORTABLE = 1,
+  KERNELS_ISA_AVX2 = 2,
+  KERNELS_ISA_AVX512 = 3,
+  KERNELS_ISA_BASELINE = 4
+};
 int kernels_isa(void);
-/* Tests: 0 restores the best (returned); another value forces that instruction set (returned) or
- * fails with -1 when this CPU lacks it. Process-wide. */
+/* Tests and benchmarks: 0 restores the best (returned); another value forces that instruction
+ * set (returned) or fails with -1 when this CPU lacks it (BASELINE never fails). Process-wide. */
 int kernels_force_isa(int isa);
+/* Whether this CPU has fused multiply-add instructions that the portable code may use (x86:
+ * FMA3; always 1 on targets whose baseline has them). 0 while BASELINE is forced. */
+int kernels_cpu_fma(void);
 /* dinp[N,IN] (+= when dinp_beta 1, = when 0; may be NULL), dw[OUT,IN] +=, dbias[OUT] += (may be
  * NULL). */
 void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
                      const float *w, int N, int IN, int OUT, float dinp_beta);
+
+/* ---- BF16 weights (frozen matrices, e.g. a LoRA job's base) ---------------------------------
+ * A weight matrix may be stored as bfloat16: uint16_t, the top 16 bits of a float32 (the same
+ * row-major [OUT, IN] layout as the float32 kernels). Activations, outputs and gradients stay
+ * float32; weights are converted (exactly) to float32 on the fly, a block at a time, inside the
+ * kernels, so the model keeps 2 bytes per frozen parameter and never a float32 copy. Only the
+ * input gradient flows through a frozen matrix: there is no weight gradient entry point.
+ * Thread-safety as the float32 kernels: pure functions of their arguments, spread over the
+ * calling thread's pool (pool_current) when the work exceeds kernels_par_min_work. */
+
+/* dst[n] = the float32 of src[n] (exact). */
+void bf16_to_f32(float *dst, const uint16_t *src, size_t n);
+/* dst[n] = src[n] rounded to bfloat16, to nearest even (what PyTorch's .to(torch.bfloat16) does);
+ * a NaN stays a NaN (quiet), infinities stay infinite. */
+void f32_to_bf16(uint16_t *dst, const float *src, size_t n);
+
+/* out[N,OUT] = inp[N,IN] . w[OUT,IN]^T + bias[OUT] (bias may be NULL; beta 1 accumulates into
+ * out, 0 overwrites), w in BF16. Few rows (N < 8 per thread) go through linear_few_bf16 (its
+ * bits); more through OpenBLAS SGEMM on float32 tiles of about 1 MiB of converted weight rows,
+ * each thread its own output columns: the result equals matmul_forward on the float32 of w to
+ * within float rounding (the tiles change the order of OpenBLAS's sums, not the terms; tested at
+ * 2e-6 of sum |inp| |w| per element). Returns 0, or -1 when a tile buffer could not be allocated
+ * (out is then partly written). */
+int matmul_forward_bf16(float *out, const float *inp, const uint16_t *w, const float *bias, int N,
+                        int IN, int OUT, float beta);
+/* Input gradient through a frozen BF16 matrix: dinp[N,IN] = dout[N,OUT] . w[OUT,IN] (dinp_beta 0
+ * overwrites, 1 accumulates). SGEMM over float32 tiles of w (each thread its own columns of
+ * dinp, summing over OUT a tile at a time); equals matmul_backward's dinp on the float32 of w to
+ * within float rounding (tested at 2e-6 of sum |dout| |w|). 0, or -1 out of memory. */
+int matmul_backward_dinp_bf16(float *dinp, const float *dout, const uint16_t *w, int N, int IN,
+                              int OUT, float dinp_beta);
+/* linear_few (decoding) with BF16 weights: columns [j0, j1) on the calling thread. Blocks of 4 or
+ * more weight rows are converted into a float32 buffer (on the stack up to 16,384 floats, else
+ * on the heap) and multiplied by linear_few's own code, so every element has exactly the bits
+ * linear_few gives on the float32 of w (tested), on every instruction set. Cannot fail: without
+ * memory for the buffer it takes a scalar loop with the same arithmetic. */
+void linear_few_bf16(float *out, const float *inp, const uint16_t *w, const float *bias, int M,
+                     int IN, int OUT, int j0, int j1, float beta);
 
 /* RoPE, Hugging Face rotate_half convention: for i < HS/2, (x[i], x[i+HS/2]) rotated by
  * pos * theta^(-2i/HS). cos/sin tables are [max_pos, HS/2]. x rows have stride ld, nh heads. */

@@ -12,12 +12,16 @@
  * instruction set: 16 partial sums, lane l holding the products of k = l (mod 16) accumulated in
  * increasing k with fused multiply-adds, then added in a fixed tree (l + 8, then + 4, + 2, + 1).
  * So a sequence decodes to the same bits alone or in a batch, with 1 or n threads, and the
- * AVX-512, AVX2 and portable versions agree exactly (tests/test_kernels.c checks all three). */
+ * AVX-512, AVX2 and portable versions agree exactly (tests/test_kernels.c checks them all). The
+ * portable version is GCC/Clang vector extensions (simd.h), which the compiler maps onto NEON,
+ * SSE2 or whatever the target has. */
 #include "kernels.h"
 
-#include <math.h>
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
+
+#include "simd.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -30,26 +34,65 @@ static inline void lf_store(float *o, float dot, const float *bias, int j, float
   *o = beta != 0.0f ? *o + r : r;
 }
 
-/* The fixed reduction tree of 16 partial sums. */
-static inline float lf_tree(const float *a) {
-  float s8[8], s4[4];
-  for (int i = 0; i < 8; i++) s8[i] = a[i] + a[i + 8];
-  for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
-  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+/* ---- portable version: vector extensions, the definition of the result ------------------- */
+
+/* One tile of 2 rows x 2 columns (the AVX2 tile's shape: 4 accumulators of 16 lanes fit the 32
+ * vector registers of NEON or SVE-128 with the loads). acc[2 * r + c] receives output (r, c). */
+SIMD_INLINE void lf_tile_gen(float acc[4], const float *const xr[2], const float *const wr[2],
+                             int IN, const int hw) {
+  struct simd16 a00 = simd_zero(), a01 = a00, a10 = a00, a11 = a00;
+  int k = 0;
+  for (; k + 16 <= IN; k += 16) {
+    struct simd16 b0 = simd_load(wr[0] + k), b1 = simd_load(wr[1] + k);
+    struct simd16 x0 = simd_load(xr[0] + k), x1 = simd_load(xr[1] + k);
+    a00 = simd_fma(x0, b0, a00, hw), a01 = simd_fma(x0, b1, a01, hw);
+    a10 = simd_fma(x1, b0, a10, hw), a11 = simd_fma(x1, b1, a11, hw);
+  }
+  if (k < IN) { /* the tail: zero products in lanes [IN - k, 16) */
+    int n = IN - k;
+    struct simd16 b0 = simd_load_n(wr[0] + k, n), b1 = simd_load_n(wr[1] + k, n);
+    struct simd16 x0 = simd_load_n(xr[0] + k, n), x1 = simd_load_n(xr[1] + k, n);
+    a00 = simd_fma(x0, b0, a00, hw), a01 = simd_fma(x0, b1, a01, hw);
+    a10 = simd_fma(x1, b0, a10, hw), a11 = simd_fma(x1, b1, a11, hw);
+  }
+  acc[0] = simd_tree(a00), acc[1] = simd_tree(a01), acc[2] = simd_tree(a10);
+  acc[3] = simd_tree(a11);
 }
 
-/* ---- portable version: the definition of the result --------------------------------------- */
+SIMD_INLINE void lf_gen(float *out, const float *inp, const float *w, const float *bias, int M,
+                        int IN, int OUT, int j0, int j1, float beta, const int hw) {
+  for (int j = j0; j < j1; j += 2) {
+    int nc = j1 - j < 2 ? j1 - j : 2;
+    const float *wr[2] = {w + (size_t)j * IN, w + (size_t)(j + nc - 1) * IN};
+    for (int m = 0; m < M; m += 2) {
+      int nr = M - m < 2 ? M - m : 2;
+      const float *xr[2] = {inp + (size_t)m * IN, inp + (size_t)(m + nr - 1) * IN};
+      float acc[4];
+      lf_tile_gen(acc, xr, wr, IN, hw);
+      for (int r = 0; r < nr; r++)
+        for (int c = 0; c < nc; c++)
+          lf_store(out + (size_t)(m + r) * OUT + j + c, acc[2 * r + c], bias, j + c, beta);
+    }
+  }
+}
 
+/* Compiled for the baseline target: with its FMA instruction where it has one (AArch64...),
+ * exactly emulated otherwise (x86-64: simd.h). */
 static void lf_portable(float *out, const float *inp, const float *w, const float *bias, int M,
                         int IN, int OUT, int j0, int j1, float beta) {
-  for (int m = 0; m < M; m++)
-    for (int j = j0; j < j1; j++) {
-      const float *x = inp + (size_t)m * IN, *wr = w + (size_t)j * IN;
-      float a[16] = {0};
-      for (int k = 0; k < IN; k++) a[k & 15] = fmaf(x[k], wr[k], a[k & 15]);
-      lf_store(out + (size_t)m * OUT + j, lf_tree(a), bias, j, beta);
-    }
+  lf_gen(out, inp, w, bias, M, IN, OUT, j0, j1, beta, SIMD_HW_FMA);
 }
+
+#ifdef LF_X86
+/* The same source for x86 CPUs with FMA3 (the portable path forced on a modern CPU, standing in
+ * for an ARM server's build, which has FMA in its baseline). */
+__attribute__((target("fma"))) static void lf_portable_fma(float *out, const float *inp,
+                                                           const float *w, const float *bias, int M,
+                                                           int IN, int OUT, int j0, int j1,
+                                                           float beta) {
+  lf_gen(out, inp, w, bias, M, IN, OUT, j0, j1, beta, 1);
+}
+#endif
 
 #ifdef LF_X86
 /* ---- AVX-512: tiles of 4 rows x 4 columns, one zmm of 16 lanes per output ------------------- */
@@ -93,7 +136,7 @@ LF_AVX512 static void lf_tile512(float acc[16], const float *const xr[4], const 
   }
 #undef LF_ROW
 #undef LF_LOAD
-  /* the 16 sums reduced together, each by lf_tree's additions in lf_tree's order: (1) pairs of
+  /* the 16 sums reduced together, each by simd_tree's additions in simd_tree's order: (1) pairs of
    * sums give [s8 of one | s8 of the other], (2) pairs of those give four s4s, (3) s2s, (4) s1s;
    * acc[4 * c + r] ends up with output (r, c) */
 #define LF_PAIR8(a, b)                                                                             \
@@ -224,6 +267,58 @@ void linear_few(float *out, const float *inp, const float *w, const float *bias,
     fn = lf_avx512;
   else if (isa == KERNELS_ISA_AVX2)
     fn = lf_avx2;
+  else if (isa == KERNELS_ISA_PORTABLE && kernels_cpu_fma())
+    fn = lf_portable_fma;
 #endif
   fn(out, inp, w, bias, M, IN, OUT, j0, j1, beta);
+}
+
+/* ---- BF16 weights -------------------------------------------------------------------------- */
+
+/* Converted weight rows go into a block of about LF_BF16_ROWS_FLOATS floats (whole rows, a
+ * multiple of 4 and at least 4: the AVX-512 tile's width, which a narrower block would pad with
+ * repeated rows), so that it stays in L1 while linear_few reuses it for every input row; on the
+ * stack up to LF_BF16_STACK floats, else on the heap. */
+enum { LF_BF16_STACK = 16384, LF_BF16_ROWS_FLOATS = 4096 };
+
+/* The scalar form of linear_few's arithmetic (16 fmaf lanes, simd_tree's tree), for rows too
+ * long for the block. */
+static void lf_scalar_bf16(float *out, const float *inp, const uint16_t *w, const float *bias,
+                           int M, int IN, int OUT, int j0, int j1, float beta) {
+  for (int m = 0; m < M; m++)
+    for (int j = j0; j < j1; j++) {
+      const float *x = inp + (size_t)m * IN;
+      const uint16_t *wr = w + (size_t)j * IN;
+      float a[16] = {0}, s8[8], s4[4];
+      for (int k = 0; k < IN; k++) {
+        uint32_t u = (uint32_t)wr[k] << 16;
+        float wf;
+        memcpy(&wf, &u, sizeof wf);
+        a[k & 15] = fmaf(x[k], wf, a[k & 15]);
+      }
+      for (int i = 0; i < 8; i++) s8[i] = a[i] + a[i + 8];
+      for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
+      lf_store(out + (size_t)m * OUT + j, (s4[0] + s4[2]) + (s4[1] + s4[3]), bias, j, beta);
+    }
+}
+
+void linear_few_bf16(float *out, const float *inp, const uint16_t *w, const float *bias, int M,
+                     int IN, int OUT, int j0, int j1, float beta) {
+  if (M < 1 || j0 >= j1) return;
+  int rows = (LF_BF16_ROWS_FLOATS / IN) & ~3;
+  rows = rows < 4 ? 4 : rows;
+  float stack[LF_BF16_STACK] __attribute__((aligned(64)));
+  float *buf = (size_t)rows * IN <= LF_BF16_STACK ? stack : malloc(sizeof(float) * 4 * (size_t)IN);
+  if (!buf) { /* out of memory: the same arithmetic, unvectorised */
+    lf_scalar_bf16(out, inp, w, bias, M, IN, OUT, j0, j1, beta);
+    return;
+  }
+  for (int j = j0; j < j1; j += rows) {
+    int n = j1 - j < rows ? j1 - j : rows;
+    bf16_to_f32(buf, w + (size_t)j * IN, (size_t)n * IN);
+    /* columns [j, j + n) as columns [0, n) of a matrix whose rows are buf: each element's
+     * arithmetic does not depend on the column range */
+    linear_few(out + j, inp, buf, bias ? bias + j : NULL, M, IN, OUT, 0, n, beta);
+  }
+  if (buf != stack) free(buf);
 }

@@ -7,6 +7,7 @@
 
 #include "check.h"
 #include "kernels.h"
+#include "pool.h"
 #include "rng.h"
 
 static struct rng R;
@@ -36,19 +37,31 @@ static void test_matmul(int N, int IN, int OUT) {
   free(x), free(w), free(b), free(y), free(yr);
 }
 
+/* The instruction sets to try: this CPU's, then the baseline build (always available). */
+static int isa_list(int out[4]) {
+  int best = kernels_force_isa(0), n = 0;
+  for (int isa = KERNELS_ISA_PORTABLE; isa <= best; isa++)
+    if (kernels_force_isa(isa) == isa) out[n++] = isa;
+  if (kernels_force_isa(KERNELS_ISA_BASELINE) == KERNELS_ISA_BASELINE)
+    out[n++] = KERNELS_ISA_BASELINE;
+  kernels_force_isa(0);
+  return n;
+}
+
 /* linear_few against the double reference (tolerance), and exactly the same bits: for every
- * instruction set this CPU has, for every column split and for each row computed alone. beta 1
- * adds to what out held. */
+ * instruction set this CPU has (and the baseline build, whose fused multiply-adds are emulated on
+ * x86-64), for every column split and for each row computed alone. beta 1 adds to what out
+ * held. */
 static void test_linear_few(int M, int IN, int OUT) {
   float *x = rnd((size_t)M * IN, 1), *w = rnd((size_t)OUT * IN, 0.2f), *b = rnd(OUT, 1);
   float *y0 = rnd((size_t)M * OUT, 1), *yr = calloc((size_t)M * OUT, sizeof(float));
   float *y = malloc((size_t)M * OUT * sizeof(float)), *ya = malloc((size_t)M * OUT * sizeof(float));
   matmul_forward_ref(yr, x, w, b, M, IN, OUT);
   for (size_t i = 0; i < (size_t)M * OUT; i++) yr[i] += y0[i];
-  int best = kernels_force_isa(0), n_isa = 0;
-  for (int isa = KERNELS_ISA_PORTABLE; isa <= best; isa++) {
-    if (kernels_force_isa(isa) != isa) continue;
-    n_isa++;
+  int isas[4], n_isa = isa_list(isas);
+  for (int ii = 0; ii < n_isa; ii++) {
+    int isa = isas[ii];
+    kernels_force_isa(isa);
     memcpy(y, y0, (size_t)M * OUT * sizeof(float));
     linear_few(y, x, w, b, M, IN, OUT, 0, OUT, 1.0f);
     CHECK_MSG(maxdiff(y, yr, (size_t)M * OUT) < 1e-4f, "linear_few isa %d M=%d IN=%d OUT=%d: %g",
@@ -96,15 +109,17 @@ static void test_attention(int t_new, int n_past, int NH, int NKV, int HS) {
   free(q), free(k), free(v), free(o), free(orf), free(lse), free(scr);
 }
 
-/* Decoding attention (one new row against a cache) on the vectorised path where the CPU has one
- * (head sizes that are multiples of 16) and on the portable loop: both against the reference,
- * and their log-sum-exps agree. Context lengths cover the 4-key blocks and 16-lane tails. */
+/* Decoding attention (one new row against a cache) on every instruction set: against the
+ * reference, and exactly the same bits (output and log-sum-exp) as this CPU's best, whether the
+ * head size has an AVX-512 path (multiples of 16 up to 96, and 128) or not. Context lengths cover
+ * the 4-key blocks and 16-lane tails. */
 static void test_attention_decode(int n_past, int NH, int NKV, int HS) {
   int n_ctx = n_past + 1, CQ = NH * HS, CKV = NKV * HS, rep = NH / NKV;
   float *q = rnd(CQ, 1), *k = rnd((size_t)n_ctx * CKV, 1), *v = rnd((size_t)n_ctx * CKV, 1);
-  float *o[2], *lse[2], *orf = calloc(CQ, 4), *scr = calloc(n_ctx, 4);
-  for (int path = 0; path < 2; path++) {
-    kernels_force_isa(path ? KERNELS_ISA_PORTABLE : 0);
+  float *o[5], *lse[5], *orf = calloc(CQ, 4), *scr = calloc(n_ctx, 4);
+  int isas[4], n_isa = isa_list(isas);
+  for (int path = 0; path <= n_isa; path++) { /* path 0: the best, unforced */
+    kernels_force_isa(path ? isas[path - 1] : 0);
     o[path] = calloc(CQ, 4), lse[path] = calloc(NH, 4);
     for (int g = 0; g < NKV; g++)
       attention_forward(o[path], lse[path], q, k, v, 1, n_past, g * rep, rep, g, HS, CQ, CKV, CQ,
@@ -113,11 +128,14 @@ static void test_attention_decode(int n_past, int NH, int NKV, int HS) {
   kernels_force_isa(0);
   for (int g = 0; g < NKV; g++)
     attention_forward_ref(orf, q, k, v, 1, n_past, g * rep, rep, g, HS, CQ, CKV, CQ);
-  for (int path = 0; path < 2; path++)
-    CHECK_MSG(maxdiff(o[path], orf, CQ) < 1e-5f, "decode attention (%s) past=%d HS=%d: %g",
-              path ? "portable" : "default", n_past, HS, (double)maxdiff(o[path], orf, CQ));
-  CHECK_MSG(maxdiff(lse[0], lse[1], NH) < 1e-5f, "decode attention lse past=%d HS=%d: %g", n_past,
-            HS, (double)maxdiff(lse[0], lse[1], NH));
+  for (int path = 0; path <= n_isa; path++) {
+    int isa = path ? isas[path - 1] : 0;
+    CHECK_MSG(maxdiff(o[path], orf, CQ) < 1e-5f, "decode attention (isa %d) past=%d HS=%d: %g", isa,
+              n_past, HS, (double)maxdiff(o[path], orf, CQ));
+    CHECK_MSG(!memcmp(o[path], o[0], sizeof(float) * CQ) &&
+                  !memcmp(lse[path], lse[0], sizeof(float) * NH),
+              "decode attention isa %d differs from the best isa (past=%d HS=%d)", isa, n_past, HS);
+  }
   /* and the log-sum-exp itself, for head 0 in double */
   double mx = -1e30, sum = 0, sc[n_ctx];
   for (int j = 0; j < n_ctx; j++) {
@@ -129,7 +147,140 @@ static void test_attention_decode(int n_past, int NH, int NKV, int HS) {
   for (int j = 0; j < n_ctx; j++) sum += exp(sc[j] - mx);
   CHECK_NEAR(lse[0][0], mx + log(sum), 1e-5);
   free(q), free(k), free(v), free(orf), free(scr);
-  for (int path = 0; path < 2; path++) free(o[path]), free(lse[path]);
+  for (int path = 0; path <= n_isa; path++) free(o[path]), free(lse[path]);
+}
+
+/* The fused multiply-add where rounding twice goes wrong: c + p lands, rounded to double, exactly
+ * halfway between two floats while the exact sum lies below it. c = 1 + 2^-23 (odd), p = x w =
+ * 2^-24 - 2^-70: fmaf gives c, rounding the double sum to float gives 1 + 2^-22. Lane 0 of
+ * linear_few with IN = 17 computes fma(x16, w16, fma(x0, w0, 0)); every instruction set must give
+ * fmaf's bits (the baseline build emulates it on x86-64). Then the mirror image, negated. */
+static void test_fma_midpoint(void) {
+  float x[17] = {0}, w[17] = {0};
+  for (int sign = 1; sign >= -1; sign -= 2) {
+    x[0] = sign * (1.0f + 0x1p-23f), w[0] = 1.0f;
+    x[16] = sign * 0x1p-24f * (1.0f + 0x1p-23f), w[16] = 1.0f - 0x1p-23f;
+    volatile float c = x[0], xx = x[16], ww = w[16];
+    float want = fmaf(xx, ww, c);
+    CHECK(want == sign * (1.0f + 0x1p-23f));
+    int isas[4], n_isa = isa_list(isas);
+    for (int ii = 0; ii < n_isa; ii++) {
+      kernels_force_isa(isas[ii]);
+      float y = -7;
+      linear_few(&y, x, w, NULL, 1, 17, 1, 0, 1, 0.0f);
+      CHECK_MSG(y == want, "fma midpoint isa %d: %a, fmaf %a", isas[ii], (double)y, (double)want);
+    }
+    kernels_force_isa(0);
+  }
+}
+
+/* Random BF16 weights and their float32 values (exact). */
+static uint16_t *rnd_bf16(size_t n, float scale, float **as_f32) {
+  float *f = rnd(n, scale);
+  uint16_t *h = malloc(n * sizeof(uint16_t));
+  f32_to_bf16(h, f, n);
+  bf16_to_f32(f, h, n);
+  *as_f32 = f;
+  return h;
+}
+
+/* Conversions: round to nearest even at the halfway points, NaN and infinities kept, exact back. */
+static void test_bf16_convert(void) {
+  float in[8] = {
+      1.0f, 1.0f + 0x1p-8f, 1.0f + 0x1p-7f + 0x1p-8f, -3.0f, INFINITY, NAN, 0x1.fffffep127f, -0.0f};
+  float want[8] = {1.0f, 1.0f, 1.0f + 0x1p-6f, -3.0f, INFINITY, NAN, INFINITY, -0.0f};
+  uint16_t h[8];
+  float back[8];
+  f32_to_bf16(h, in, 8);
+  bf16_to_f32(back, h, 8);
+  for (int i = 0; i < 8; i++) {
+    if (isnan(want[i]))
+      CHECK_MSG(isnan(back[i]), "bf16 NaN %d: %g", i, (double)back[i]);
+    else
+      CHECK_MSG(back[i] == want[i] && signbit(back[i]) == signbit(want[i]), "bf16 %d: %a -> %a", i,
+                (double)in[i], (double)back[i]);
+  }
+  /* a long run (the 8-wide conversion and its tail) against the scalar definition */
+  enum { n = 37 };
+  uint16_t src[n];
+  float dst[n];
+  for (int i = 0; i < n; i++) src[i] = (uint16_t)(0x3f80 + 97 * i);
+  bf16_to_f32(dst, src, n);
+  for (int i = 0; i < n; i++) {
+    uint32_t u = (uint32_t)src[i] << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    CHECK(dst[i] == f);
+  }
+}
+
+/* linear_few_bf16 gives exactly linear_few's bits on the float32 of the weights, on every
+ * instruction set and column split (beta 1 adding to out). */
+static void test_linear_few_bf16(int M, int IN, int OUT) {
+  float *wf, *x = rnd((size_t)M * IN, 1), *b = rnd(OUT, 1), *y0 = rnd((size_t)M * OUT, 1);
+  uint16_t *w = rnd_bf16((size_t)OUT * IN, 0.2f, &wf);
+  float *y = malloc((size_t)M * OUT * sizeof(float)), *yf = malloc((size_t)M * OUT * sizeof(float));
+  int isas[4], n_isa = isa_list(isas);
+  for (int ii = 0; ii < n_isa; ii++) {
+    kernels_force_isa(isas[ii]);
+    memcpy(yf, y0, (size_t)M * OUT * sizeof(float));
+    linear_few(yf, x, wf, b, M, IN, OUT, 0, OUT, 1.0f);
+    memcpy(y, y0, (size_t)M * OUT * sizeof(float));
+    int cut = OUT / 3;
+    linear_few_bf16(y, x, w, b, M, IN, OUT, cut, OUT, 1.0f);
+    linear_few_bf16(y, x, w, b, M, IN, OUT, 0, cut, 1.0f);
+    CHECK_MSG(!memcmp(y, yf, (size_t)M * OUT * sizeof(float)),
+              "linear_few_bf16 isa %d differs from linear_few on its weights (M=%d IN=%d OUT=%d)",
+              isas[ii], M, IN, OUT);
+  }
+  kernels_force_isa(0);
+  free(x), free(b), free(y0), free(w), free(wf), free(y), free(yf);
+}
+
+/* max over [rows, C] of |got - want| / sum_k |a[r, k] w[c * wc + k * wk]|, a: [rows, K] */
+static double worst_rel(const float *got, const float *want, const float *a, const float *w,
+                        int rows, int C, int K, int wc, int wk) {
+  double worst = 0;
+  for (int r = 0; r < rows; r++)
+    for (int c = 0; c < C; c++) {
+      double mag = 0;
+      for (int k = 0; k < K; k++)
+        mag += fabs((double)a[(size_t)r * K + k] * w[(size_t)c * wc + (size_t)k * wk]);
+      double d = fabs((double)got[(size_t)r * C + c] - want[(size_t)r * C + c]) / (mag + 1e-30);
+      worst = d > worst ? d : worst;
+    }
+  return worst;
+}
+
+/* The many-row BF16 products against the float32 kernels on the same (rounded) weights: within
+ * 2e-6 of sum |a| |w| per element (float rounding in another order of sums), serially and split
+ * over a pool with no work threshold. */
+static void test_matmul_bf16(int N, int IN, int OUT, struct pool *pool) {
+  float *wf, *x = rnd((size_t)N * IN, 1), *b = rnd(OUT, 1), *dy = rnd((size_t)N * OUT, 1);
+  uint16_t *w = rnd_bf16((size_t)OUT * IN, 0.2f, &wf);
+  float *y = rnd((size_t)N * OUT, 1), *yf = malloc((size_t)N * OUT * sizeof(float));
+  float *dx = rnd((size_t)N * IN, 1), *dxf = malloc((size_t)N * IN * sizeof(float));
+  memcpy(yf, y, (size_t)N * OUT * sizeof(float));
+  memcpy(dxf, dx, (size_t)N * IN * sizeof(float));
+  pool_set_current(pool);
+  long pmw = kernels_par_min_work();
+  if (pool) kernels_set_par_min_work(0);
+  for (int beta = 0; beta <= 1; beta++) {
+    matmul_forward(yf, x, wf, b, N, IN, OUT, (float)beta);
+    CHECK(matmul_forward_bf16(y, x, w, b, N, IN, OUT, (float)beta) == 0);
+    matmul_backward(dxf, NULL, NULL, dy, x, wf, N, IN, OUT, (float)beta);
+    CHECK(matmul_backward_dinp_bf16(dx, dy, w, N, IN, OUT, (float)beta) == 0);
+  }
+  kernels_set_par_min_work(pmw);
+  pool_set_current(NULL);
+  /* the bound: each product's magnitude summed (beta 1 added the first pass's result once) */
+  double worst_f = worst_rel(y, yf, x, wf, N, OUT, IN, IN, 1);
+  double worst_b = worst_rel(dx, dxf, dy, wf, N, IN, OUT, 1, IN);
+  CHECK_MSG(worst_f <= 2e-6, "matmul_forward_bf16 N=%d IN=%d OUT=%d pool=%d: %g of sum|x||w|", N,
+            IN, OUT, pool != NULL, worst_f);
+  CHECK_MSG(worst_b <= 2e-6, "matmul_backward_dinp_bf16 N=%d IN=%d OUT=%d pool=%d: %g", N, IN, OUT,
+            pool != NULL, worst_b);
+  free(x), free(b), free(dy), free(w), free(wf), free(y), free(yf), free(dx), free(dxf);
 }
 
 static void test_rope(void) {
@@ -224,6 +375,24 @@ int main(void) {
   test_linear_few(7, 61, 13);   /* partial tiles and a 13-element tail */
   test_linear_few(1, 8, 5);     /* shorter than one vector */
   test_linear_few(5, 100, 9);
+  test_linear_few(3, 896, 37); /* Qwen2.5-0.5B's hidden size */
+  test_fma_midpoint();
+  test_bf16_convert();
+  test_linear_few_bf16(16, 288, 40);
+  test_linear_few_bf16(7, 61, 13);
+  test_linear_few_bf16(1, 8, 5);
+  test_linear_few_bf16(3, 1500, 9);  /* 4 rows a block, on the heap */
+  test_linear_few_bf16(2, 16400, 6); /* on the heap */
+  struct pool *pool = pool_new(3);
+  for (int p = 0; p < 2; p++) {
+    struct pool *use = p ? pool : NULL;
+    test_matmul_bf16(1, 33, 17, use);     /* N = 1: linear_few_bf16 */
+    test_matmul_bf16(7, 61, 13, use);     /* few rows */
+    test_matmul_bf16(37, 100, 3, use);    /* SGEMM, fewer columns than threads */
+    test_matmul_bf16(40, 3000, 300, use); /* several weight tiles each way */
+    test_matmul_bf16(9, 17, 1000, use);
+  }
+  pool_free(pool);
   test_attention(9, 0, 4, 2, 8);  /* training prefill, GQA */
   test_attention(1, 12, 4, 1, 8); /* one decoding step against a cache, MQA */
   test_attention(3, 5, 6, 6, 4);  /* several new tokens after a cached prefix, MHA */
@@ -232,7 +401,9 @@ int main(void) {
   test_attention_decode(5, 6, 6, 48);
   test_attention_decode(130, 8, 8, 64);
   test_attention_decode(37, 4, 2, 128);
-  test_attention_decode(20, 2, 2, 40); /* not a multiple of 16: the portable loop only */
+  test_attention_decode(20, 2, 2, 40); /* not a multiple of 16: the vector-extension code only */
+  test_attention_decode(9, 2, 1, 8);   /* shorter than one vector */
+  test_attention_decode(33, 2, 2, 256);
   test_rope();
   test_rmsnorm_swiglu();
   test_classifier();

@@ -1,0 +1,250 @@
+/* Benchmark of the BF16-weight kernels against their float32 peers (bench/README.md): the forward
+ * product (matmul_forward_bf16 vs matmul_forward), the input gradient through a frozen matrix
+ * (matmul_backward_dinp_bf16 vs matmul_backward's dinp) and decoding (linear_few_bf16 vs
+ * linear_few, columns split over the pool as the sampler does), at Qwen2.5-0.5B's MLP shapes,
+ * measured in turns in one process (F32, BF16, BF16, F32, ...) and printed as ratios beside this
+ * machine's measured peaks (SGEMM at 1 and n threads, memory bandwidth), and says whether
+ * cblas_sbgemm and AVX512_BF16 exist here. It reports, it never fails on a time.
+ * Usage: bench_kernels [--threads N] [--reps N] */
+#include <cblas.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels.h"
+#include "pool.h"
+#include "rng.h"
+
+enum { ROWS = 512, DEC_M = 16, N_MAT = 8 }; /* a micro-batch's rows; a decoding batch; matrices */
+#define HIDDEN 896                          /* Qwen2.5-0.5B */
+#define FF 4864
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static float *rnd(struct rng *r, size_t n, float scale) {
+  float *x = malloc(n * sizeof(float));
+  if (!x) {
+    fprintf(stderr, "bench_kernels: out of memory\n");
+    exit(1);
+  }
+  for (size_t i = 0; i < n; i++) x[i] = scale * (float)rng_normal(r);
+  return x;
+}
+
+/* ---- peaks ---------------------------------------------------------------------------------- */
+
+static double sgemm_peak(int threads) {
+  int n = 1024;
+  float *a = calloc((size_t)n * n, 4), *b = calloc((size_t)n * n, 4), *c = calloc((size_t)n * n, 4);
+  openblas_set_num_threads(threads);
+  double best = 0;
+  for (int r = 0; r < 4; r++) {
+    double t0 = now_s();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+    double g = 2.0 * n * n * n / (now_s() - t0) * 1e-9;
+    best = g > best ? g : best;
+  }
+  openblas_set_num_threads(1);
+  free(a), free(b), free(c);
+  return best;
+}
+
+struct bw_args {
+  const float *buf;
+  size_t n;
+  double sum[64];
+};
+
+static void bw_task(void *ctx, int i, int n) {
+  struct bw_args *a = ctx;
+  int lo, hi;
+  pool_split((int)(a->n / 1024), i, n, &lo, &hi);
+  float s[16] = {0};
+  for (size_t k = (size_t)lo * 1024; k < (size_t)hi * 1024; k += 16)
+    for (int l = 0; l < 16; l++) s[l] += a->buf[k + l];
+  double t = 0;
+  for (int l = 0; l < 16; l++) t += s[l];
+  a->sum[i % 64] = t;
+}
+
+/* Best of 4 reads of 256 MiB over the pool's threads, GB/s. */
+static double read_bandwidth(struct pool *p) {
+  size_t n = (size_t)64 << 20;
+  float *buf = malloc(n * sizeof(float));
+  if (!buf) return 0;
+  for (size_t i = 0; i < n; i++) buf[i] = (float)(i & 7);
+  struct bw_args a = {.buf = buf, .n = n};
+  double best = 0;
+  for (int r = 0; r < 4; r++) {
+    double t0 = now_s();
+    pool_run(p, bw_task, &a);
+    double g = (double)n * sizeof(float) / (now_s() - t0) * 1e-9;
+    best = g > best ? g : best;
+  }
+  free(buf);
+  return best;
+}
+
+/* ---- the workloads -------------------------------------------------------------------------- */
+
+struct work {
+  int IN, OUT;
+  float *w32[N_MAT], *x, *y, *dy, *dx, *xd, *yd;
+  uint16_t *w16[N_MAT];
+  int mat; /* the matrix this call uses: calls cycle over N_MAT so decoding reads from memory */
+};
+
+struct dec_args {
+  struct work *wk;
+  int bf16;
+};
+
+static void dec_task(void *ctx, int i, int n) {
+  struct dec_args *a = ctx;
+  struct work *wk = a->wk;
+  int lo, hi;
+  pool_split(wk->OUT / 4, i, n, &lo, &hi); /* whole tiles of 4 columns, as the sampler */
+  lo *= 4, hi = hi == wk->OUT / 4 ? wk->OUT : hi * 4;
+  if (a->bf16)
+    linear_few_bf16(wk->yd, wk->xd, wk->w16[wk->mat], NULL, DEC_M, wk->IN, wk->OUT, lo, hi, 0.0f);
+  else
+    linear_few(wk->yd, wk->xd, wk->w32[wk->mat], NULL, DEC_M, wk->IN, wk->OUT, lo, hi, 0.0f);
+}
+
+/* One call of kernel k (0 forward, 1 dinp backward, 2 decoding) with BF16 or F32 weights; s. */
+static double run_once(struct pool *p, struct work *wk, int k, int bf16) {
+  int IN = wk->IN, OUT = wk->OUT, m = wk->mat = (wk->mat + 1) % N_MAT, rc = 0;
+  double t0 = now_s();
+  if (k == 0 && bf16)
+    rc = matmul_forward_bf16(wk->y, wk->x, wk->w16[m], NULL, ROWS, IN, OUT, 0.0f);
+  else if (k == 0)
+    matmul_forward(wk->y, wk->x, wk->w32[m], NULL, ROWS, IN, OUT, 0.0f);
+  else if (k == 1 && bf16)
+    rc = matmul_backward_dinp_bf16(wk->dx, wk->dy, wk->w16[m], ROWS, IN, OUT, 0.0f);
+  else if (k == 1)
+    matmul_backward(wk->dx, NULL, NULL, wk->dy, wk->x, wk->w32[m], ROWS, IN, OUT, 0.0f);
+  else {
+    struct dec_args a = {wk, bf16};
+    pool_run(p, dec_task, &a);
+  }
+  if (rc) {
+    fprintf(stderr, "bench_kernels: out of memory\n");
+    exit(1);
+  }
+  return now_s() - t0;
+}
+
+/* Whether the OpenBLAS we run exports cblas_sbgemm (BF16 x BF16 -> F32: Debian 12's 0.3.21
+ * declares it in cblas.h but is built without it) and whether the CPU has AVX512_BF16. */
+static void probe_bf16_support(void) {
+  void *sb = dlsym(RTLD_DEFAULT, "cblas_sbgemm");
+  int cpu = 0;
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  cpu = __builtin_cpu_supports("avx512bf16");
+#endif
+  printf("cblas_sbgemm in the OpenBLAS loaded: %s; CPU AVX512_BF16: %s (neither is used: both "
+         "round the activations to BF16 as well, docs/ENGINE.md)\n",
+         sb ? "yes" : "no", cpu ? "yes" : "no");
+}
+
+static void work_init(struct work *wk, struct rng *r, int IN, int OUT) {
+  memset(wk, 0, sizeof *wk);
+  wk->IN = IN, wk->OUT = OUT;
+  for (int m = 0; m < N_MAT; m++) {
+    wk->w32[m] = rnd(r, (size_t)OUT * IN, 0.03f);
+    wk->w16[m] = malloc((size_t)OUT * IN * sizeof(uint16_t));
+    if (!wk->w16[m]) exit(1);
+    f32_to_bf16(wk->w16[m], wk->w32[m], (size_t)OUT * IN);
+    bf16_to_f32(wk->w32[m], wk->w16[m], (size_t)OUT * IN); /* both sides: the same weights */
+  }
+  wk->x = rnd(r, (size_t)ROWS * IN, 1), wk->y = rnd(r, (size_t)ROWS * OUT, 1);
+  wk->dy = rnd(r, (size_t)ROWS * OUT, 1), wk->dx = rnd(r, (size_t)ROWS * IN, 1);
+  wk->xd = rnd(r, (size_t)DEC_M * IN, 1), wk->yd = rnd(r, (size_t)DEC_M * OUT, 1);
+}
+
+static void work_free(struct work *wk) {
+  for (int m = 0; m < N_MAT; m++) free(wk->w32[m]), free(wk->w16[m]);
+  free(wk->x), free(wk->y), free(wk->dy), free(wk->dx), free(wk->xd), free(wk->yd);
+}
+
+int main(int argc, char **argv) {
+  int threads = pool_cpu_count(), reps = 9;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!strcmp(argv[i], "--threads"))
+      threads = atoi(argv[i + 1]) > 0 ? atoi(argv[i + 1]) : threads;
+    else if (!strcmp(argv[i], "--reps"))
+      reps = atoi(argv[i + 1]) > 0 && atoi(argv[i + 1]) <= 64 ? atoi(argv[i + 1]) : reps;
+  }
+  struct rng r;
+  rng_seed(&r, 3, 0);
+  printf("OpenBLAS %s (OPENBLAS_CORETYPE=%s), %d threads, decoding ISA %d (kernels.h)\n",
+         openblas_get_corename(),
+         getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "unset", threads,
+         kernels_isa());
+  double peak1 = sgemm_peak(1), peakn = sgemm_peak(threads);
+  struct pool *p = pool_new(threads);
+  if (!p) return 1;
+  pool_set_current(p);
+  double bw = read_bandwidth(p);
+  probe_bf16_support();
+  printf("peaks: SGEMM 1024^3 %.0f GFLOP/s (1 thread), %.0f (%d threads); read bandwidth %.1f GB/s "
+         "(%d threads)\n",
+         peak1, peakn, threads, bw, threads);
+  static const char *kname[3] = {"forward  [512 x IN] . W^T", "dinp     [512 x OUT] . W",
+                                 "decoding linear_few M=16"};
+  int shapes[2][2] = {{HIDDEN, FF}, {FF, HIDDEN}}; /* up/gate_proj, down_proj */
+  printf("%-27s %-11s %9s %9s %8s %16s\n", "kernel", "IN x OUT", "F32 ms", "BF16 ms", "F32/BF16",
+         "BF16 vs peak");
+  for (int s = 0; s < 2; s++) {
+    struct work wk;
+    work_init(&wk, &r, shapes[s][0], shapes[s][1]);
+    for (int k = 0; k < 3; k++) {
+      double t32[64], t16[64], ratio[64];
+      for (int rep = -1; rep < reps; rep++) { /* rep -1 warms up */
+        double a, b;
+        if (rep & 1) /* F32, BF16, BF16, F32, ... */
+          b = run_once(p, &wk, k, 1), a = run_once(p, &wk, k, 0);
+        else
+          a = run_once(p, &wk, k, 0), b = run_once(p, &wk, k, 1);
+        if (rep >= 0) t32[rep] = a, t16[rep] = b, ratio[rep] = a / b;
+      }
+      double m32 = median(t32, reps), m16 = median(t16, reps), q = median(ratio, reps);
+      double flops = 2.0 * (k == 2 ? DEC_M : ROWS) * wk.IN * wk.OUT;
+      char vs[64];
+      if (k == 2) /* bytes of BF16 weights read against the bandwidth */
+        snprintf(vs, sizeof vs, "%.1f GB/s %3.0f%%", 2.0 * wk.IN * wk.OUT / m16 * 1e-9,
+                 100.0 * 2.0 * wk.IN * wk.OUT / m16 * 1e-9 / bw);
+      else
+        snprintf(vs, sizeof vs, "%.0f GFLOP/s %3.0f%%", flops / m16 * 1e-9,
+                 100.0 * flops / m16 * 1e-9 / peakn);
+      char shape[24];
+      snprintf(shape, sizeof shape, "%d x %d", wk.IN, wk.OUT);
+      printf("%-27s %-11s %9.3f %9.3f %7.2fx %16s\n", kname[k], shape, m32 * 1e3, m16 * 1e3, q, vs);
+    }
+    work_free(&wk);
+  }
+  printf("(F32/BF16 > 1: BF16 faster; medians of %d calls each, in turns; the machine may be "
+         "shared: compare the ratios)\n",
+         reps);
+  pool_set_current(NULL);
+  pool_free(p);
+  return 0;
+}
