@@ -250,7 +250,6 @@ int runner_check_data(const struct job_spec *s, struct runner_data_facts *f, jso
   }
   f->model_ok = 1;
   f->cfg = lm.cfg;
-  if (s->has_adapter) lora_config_check(&s->adapter, &lm.cfg, errors);
   struct chat_template *chat = NULL;
   int id, max_prompt = 0;
   if (s->chat_template && build_chat(s, &lm, &chat, &id, &e))
@@ -268,6 +267,7 @@ int runner_check_job(const struct job_spec *s, struct mem_plan *plan, json_t *er
   struct runner_data_facts f;
   int n = runner_check_data(s, &f, errors);
   memset(plan, 0, sizeof *plan);
+  if (f.model_ok && s->has_adapter) n += lora_config_check(&s->adapter, &f.cfg, errors);
   if (f.model_ok)
     runner_memory_plan(&f.cfg, s->has_adapter ? &s->adapter : NULL, &s->hp, f.max_prompt_tokens,
                        s->validation_file != NULL, plan);

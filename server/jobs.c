@@ -112,9 +112,10 @@ static json_t *resolved_of(const struct job_spec *spec, const struct mem_plan *p
                            const json_t *run) {
   json_t *all = jobspec_to_json(spec);
   json_t *o =
-      all ? json_pack("{s:O, s:O, s:O, s:o, s:O}", "judge", json_object_get(all, "judge"),
+      all ? json_pack("{s:O, s:O, s:O, s:o, s:O, s:O*}", "judge", json_object_get(all, "judge"),
                       "hyperparameters", json_object_get(all, "hyperparameters"), "seed",
-                      json_object_get(all, "seed"), "memory", mem_plan_to_json(plan), "run", run)
+                      json_object_get(all, "seed"), "memory", mem_plan_to_json(plan), "run", run,
+                      "adapter", json_object_get(all, "adapter"))
           : NULL;
   json_decref(all);
   return o;
@@ -350,6 +351,8 @@ static int finish_admission(struct server *srv, const json_t *body, const char *
                             int *existed, json_t *errors, struct dapo_err *e) {
   struct mem_plan plan = {0};
   uint64_t limit = server_memory_limit(srv);
+  /* the adapter against the model (not part of the kept data check: it is the job's own) */
+  if (f->model_ok && spec->has_adapter) lora_config_check(&spec->adapter, &f->cfg, errors);
   if (json_array_size(errors) == base && f->model_ok) {
     runner_memory_plan(&f->cfg, spec->has_adapter ? &spec->adapter : NULL, &spec->hp,
                        f->max_prompt_tokens, spec->validation_file != NULL, &plan);
