@@ -12,7 +12,7 @@
  * lookups, norms, softmax and the optimizer are not counted.
  * Usage: bench_engine --sgemm | --model tiny|small|medium [--serve] [--train-steps N]
  *        [--gen-reps N] [--gen-new N] [--threads N] [--phase train|gen]
- *        [--isa portable|avx2|avx512] [--vs-isa portable|avx2]
+ *        [--isa portable|baseline|avx2|avx512] [--vs-isa portable|baseline|avx2]
  * --serve answers commands on stdin (see serve()) so that bench_torch.py --pair can interleave
  * our measurements with PyTorch's; --phase runs one phase only, for perf. --isa forces the
  * instruction set of the hand-vectorised decoding kernels (kernels_force_isa) for the whole run;
@@ -26,6 +26,7 @@
 #include <time.h>
 
 #include "adamw.h"
+#include "bench_util.h"
 #include "kernels.h"
 #include "model.h"
 #include "rng.h"
@@ -38,7 +39,10 @@ static int g_isa;           /* --isa: the forced instruction set, or 0 (the best
 static int g_vs_isa;        /* --vs-isa: the instruction set measured against g_isa, or 0 */
 
 static const char *isa_name(int isa) {
-  return isa == KERNELS_ISA_AVX512 ? "avx512" : isa == KERNELS_ISA_AVX2 ? "avx2" : "portable";
+  return isa == KERNELS_ISA_AVX512     ? "avx512"
+         : isa == KERNELS_ISA_AVX2     ? "avx2"
+         : isa == KERNELS_ISA_BASELINE ? "baseline"
+                                       : "portable";
 }
 
 #define N_SEQ 16
@@ -46,12 +50,6 @@ static const char *isa_name(int isa) {
 #define PROMPT_LEN 64
 #define GEN_PROMPT 32
 #define GEN_BATCH 16
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Peak resident set of this process in KiB: VmHWM (ru_maxrss would carry over the peak of a
  * parent that forked us, such as bench_torch.py's Python with torch loaded). */
@@ -72,16 +70,6 @@ static long peak_rss_kib(void) {
     kib = ru.ru_maxrss;
   }
   return kib;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* ---- SGEMM peak ----------------------------------------------------------------------------- */
@@ -493,10 +481,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--threads"))
       pool_n = parse_pos(a, v);
     else if (!strcmp(a, "--isa") || !strcmp(a, "--vs-isa")) {
-      int isa = !strcmp(v, "portable") ? KERNELS_ISA_PORTABLE
-                : !strcmp(v, "avx2")   ? KERNELS_ISA_AVX2
-                : !strcmp(v, "avx512") ? KERNELS_ISA_AVX512
-                                       : -1;
+      int isa = !strcmp(v, "portable")   ? KERNELS_ISA_PORTABLE
+                : !strcmp(v, "avx2")     ? KERNELS_ISA_AVX2
+                : !strcmp(v, "avx512")   ? KERNELS_ISA_AVX512
+                : !strcmp(v, "baseline") ? KERNELS_ISA_BASELINE
+                                         : -1;
       if (isa < 0 || kernels_force_isa(isa) != isa) {
         fprintf(stderr, "bench_engine: %s %s: unknown, or this CPU lacks it\n", a, v);
         return 2;

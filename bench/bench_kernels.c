@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "kernels.h"
 #include "pool.h"
 #include "rng.h"
@@ -21,22 +22,6 @@
 enum { ROWS = 512, DEC_M = 16, N_MAT = 8 }; /* a micro-batch's rows; a decoding batch; matrices */
 #define HIDDEN 896                          /* Qwen2.5-0.5B */
 #define FF 4864
-
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static float *rnd(struct rng *r, size_t n, float scale) {
   float *x = malloc(n * sizeof(float));

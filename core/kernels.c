@@ -301,7 +301,7 @@ void f32_to_bf16(uint16_t *dst, const float *src, size_t n) {
 /* A converted tile of weights holds about this many floats (1 MiB): large enough that OpenBLAS's
  * packing of the activations, repeated for every tile, costs little against the tile's
  * products, small enough to stay in the last-level cache beside them. */
-enum { BF16_TILE_FLOATS = 1 << 18 };
+enum { BF16_TILE_FLOATS = 1 << 20 };
 
 struct bf16_args {
   float *out;

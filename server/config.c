@@ -109,6 +109,12 @@ static const struct crow ROWS[] = {
      "ones on the job checker thread while the request waits without holding an HTTP thread. A "
      "check is kept for the next job on the same model, data, template and max_new_tokens; 0: "
      "always the checker thread"},
+    {"progress_every_pass", C_BOOL, F(progress_every_pass), 0, 1, "false", NULL,
+     "every pass of a job's step (a generation round, the old-log-prob and update passes) "
+     "reports its progress as stored `progress` events, however short (tests, demos); false: "
+     "only passes of at least 2e11 parameter-tokens (the model's parameters times the pass's "
+     "tokens: a few seconds of work), so that a small model's job does not pay a store write "
+     "many times a second"},
     {"max_body_bytes", C_SIZE, F(max_body_bytes), KiB, GiB, "1M", NULL,
      "largest JSON request body"},
     {"max_upload_bytes", C_SIZE, F(max_upload_bytes), KiB, TiB, "1G", NULL,

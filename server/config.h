@@ -72,6 +72,7 @@ struct config {
   int max_jobs_per_key;            /* live (queued, running, paused) jobs per API key */
   int max_queued_jobs;             /* queued jobs in total */
   uint64_t job_check_inline_bytes; /* datasets checked on the request's thread up to this size */
+  int progress_every_pass;         /* every pass reports progress events, not only long ones */
   uint64_t max_body_bytes;         /* JSON request bodies */
   uint64_t max_upload_bytes;       /* one uploaded file */
   int max_json_depth;              /* nesting of request bodies */

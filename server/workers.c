@@ -334,6 +334,26 @@ static void on_phase(void *ctx, const char *phase) {
   pthread_mutex_unlock(&w->mu);
 }
 
+/* Progress of a long pass of the step: a stored "progress" event, so that the events list and a
+ * stream that reconnects have it as well as a live one. The runner reports only passes above
+ * progress_min_work, at most 21 times a pass, so their store writes cost nothing noticeable
+ * (docs/TRAINING.md, "Progress"). Progress is not worth failing a job over: a write that fails
+ * is logged. */
+static void on_progress(void *ctx, const struct runner_progress *p) {
+  struct jobrun *jr = ctx;
+  int gen = !strcmp(p->pass, "generation") || !strcmp(p->pass, "evaluation");
+  json_t *d =
+      json_pack("{s:I, s:s, s:i, s:I, s:I, s:s, s:I}", "step", (json_int_t)p->step, "pass", p->pass,
+                "round", p->round, "done", (json_int_t)p->done, "total", (json_int_t)p->total,
+                "unit", gen ? "sequences" : "micro_batches", "tokens", (json_int_t)p->tokens);
+  if (!d || append_event(jr, "progress", d))
+    LOG(WARN,
+        "job %s: could not record a progress event (step %" PRId64 ", %s %" PRId64 " of %" PRId64
+        ")",
+        jr->id, p->step, p->pass, p->done, p->total);
+  json_decref(d);
+}
+
 /* Before a (re)start: the runner resumes from the newest complete checkpoint N without telling
  * of it again. A previous process may have died after writing it but before its checkpoint or
  * its step's metrics event was stored; those are recorded now from the folder. */
@@ -486,9 +506,14 @@ static void run_job(struct worker *wk, struct store_job *job) {
                                  .metrics = on_metrics,
                                  .checkpoint = on_checkpoint,
                                  .log = on_log,
-                                 .phase = on_phase};
-    struct runner_opts opts = {
-        .judge_policy = &pol, .cancel = &wk->run.cancel, .pause = &wk->run.pause, .pool = wk->pool};
+                                 .phase = on_phase,
+                                 .progress = on_progress};
+    struct runner_opts opts = {.judge_policy = &pol,
+                               .cancel = &wk->run.cancel,
+                               .pause = &wk->run.pause,
+                               .progress_min_work =
+                                   srv->cfg.progress_every_pass ? 0 : RUNNER_PROGRESS_MIN_WORK,
+                               .pool = wk->pool};
     LOG(INFO, "job %s: running (worker %d, step %" PRId64 " of %" PRId64 ")", job->id, wk->idx,
         job->step, job->total_steps);
     runner_run(&spec, jr.out, &hooks, &opts, &res);

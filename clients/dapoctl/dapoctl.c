@@ -458,8 +458,8 @@ static void print_progress(FILE *f, const json_t *d, long long total) {
   fputc('\n', f);
 }
 
-/* One line for an event. submit --wait prints metrics as progress, status changes,
- * checkpoints, warnings and errors; logs prints every event. */
+/* One line for an event. submit --wait prints metrics as progress, the progress of long
+ * passes, status changes, checkpoints, warnings and errors; logs prints every event. */
 static void print_event(FILE *f, int all, long long total, long long id, const char *type,
                         const json_t *d) {
   if (!strcmp(type, "metrics")) {
@@ -479,6 +479,21 @@ static void print_event(FILE *f, int all, long long total, long long id, const c
     json_t *err = json_object_get(d, "error");
     if (json_is_object(err)) fprintf(f, " (%s: %s)", jstr(err, "code"), jstr(err, "message"));
     fputc('\n', f);
+    return;
+  }
+  if (!strcmp(type, "progress")) { /* a long pass of a step: how far it has got */
+    const json_t *rd = json_object_get(d, "round");
+    fprintf(f, "step %" JSON_INTEGER_FORMAT "  %s", json_integer_value(json_object_get(d, "step")),
+            jstr(d, "pass"));
+    if (json_integer_value(rd) > 0)
+      fprintf(f, " round %" JSON_INTEGER_FORMAT, json_integer_value(rd));
+    fprintf(f,
+            "  %" JSON_INTEGER_FORMAT "/%" JSON_INTEGER_FORMAT " %s  %" JSON_INTEGER_FORMAT
+            " tokens\n",
+            json_integer_value(json_object_get(d, "done")),
+            json_integer_value(json_object_get(d, "total")),
+            !strcmp(jstr(d, "unit"), "sequences") ? "sequences" : "micro-batches",
+            json_integer_value(json_object_get(d, "tokens")));
     return;
   }
   if (!strcmp(type, "checkpoint")) {

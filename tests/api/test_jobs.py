@@ -303,6 +303,8 @@ class TestFlow(DaemonCase):
         self.assertOneMetricsPerStep([{"type": e["event"], "data": e["data"]} for e in evs], 3)
         ck = [e["data"]["step"] for e in evs if e["event"] == "checkpoint"]
         self.assertEqual(ck, [0, 1, 2, 3])
+        # the tiny model's passes are far below the work that reports progress by default
+        self.assertNotIn("progress", [e["event"] for e in evs])
         j = self.job(j["id"])
         self.assertEqual(j["status"], "succeeded")
         self.assertEqual(j["step"], 3)
@@ -723,6 +725,63 @@ class TestLifecycle(DaemonCase):
         finally:
             for s in streams:
                 s.close()
+
+
+class TestProgress(DaemonCase):
+    """With progress_every_pass, every pass of a step tells its progress as stored events: each
+    pass's reports start at 0, never go back, keep their total and end at it, at most 21 of them;
+    the stream and the list are the same log; the tokens add up to the step's metrics."""
+    ARGS = ("--workers", "1", "--blas-threads", "1", "--progress-every-pass", "true")
+
+    def test_progress_events(self):
+        hp = dict(SMALL_HP, total_steps=2, max_new_tokens=8, kl_coef=0.01, epochs=2,
+                  micro_batch_tokens=64)
+        jid = self.create_ok(hp)["id"]
+        evs = self.follow(jid)
+        self.assertEqual(evs[-1]["data"]["status"], "succeeded")
+        self.assertGapless(evs)
+        self.assertEqual([(e["id"], e["type"], e["data"]) for e in self.all_events(jid)],
+                         [(e["id"], e["event"], e["data"]) for e in evs])
+        prog = [e["data"] for e in evs if e["event"] == "progress"]
+        passes, cur = [], None
+        for p in prog:
+            self.assertEqual(set(p), {"step", "pass", "round", "done", "total", "unit", "tokens"})
+            self.assertEqual(p["unit"], "sequences" if p["pass"] in ("generation", "evaluation")
+                             else "micro_batches")
+            key = (p["step"], p["pass"], p["round"])
+            if cur is None or cur[-1]["done"] == cur[-1]["total"]:
+                self.assertEqual((p["done"], p["tokens"]), (0, 0), p)  # a pass starts
+                cur = [p]
+                passes.append(cur)
+                continue
+            last = cur[-1]
+            self.assertEqual(key, (last["step"], last["pass"], last["round"]), p)
+            self.assertEqual(p["total"], last["total"])
+            self.assertGreaterEqual(p["done"], last["done"])
+            self.assertGreaterEqual(p["tokens"], last["tokens"])
+            cur.append(p)
+        self.assertEqual(cur[-1]["done"], cur[-1]["total"])
+        self.assertTrue(all(len(ps) <= 21 for ps in passes), [len(ps) for ps in passes])
+        metrics = {e["data"]["step"]: e["data"] for e in evs if e["event"] == "metrics"
+                   and "accuracy" in e["data"]}
+        for step in (1, 2):
+            ended = [ps[-1] for ps in passes if ps[-1]["step"] == step]
+            by = collections.defaultdict(int)
+            for p in ended:
+                by[p["pass"]] += p["tokens"]
+            m = metrics[step]
+            self.assertEqual(sum(1 for p in ended if p["pass"] == "generation"), m["gen/rounds"])
+            self.assertEqual(by["generation"], m["tokens/generated"])
+            self.assertEqual(by["old_logprob"], m["tokens/old_logprob"])
+            self.assertEqual(by["update"], m["tokens/trained"])
+            self.assertIn("update", by)
+        # the reports of a step come before its metrics event
+        ids = {e["id"]: e for e in evs}
+        first_metrics = min(i for i, e in ids.items() if e["event"] == "metrics"
+                            and e["data"]["step"] == 1 and "accuracy" in e["data"])
+        self.assertTrue(all(e["data"]["step"] == 1 for i, e in ids.items()
+                            if e["event"] == "progress" and i < first_metrics
+                            and e["data"]["pass"] != "evaluation"))
 
 
 class TestBacklog(DaemonCase):
