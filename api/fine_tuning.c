@@ -126,7 +126,7 @@ static json_t *rft_hparams(const json_t *hp, const json_t *meta) {
   const json_t *echo = json_object_get(meta, "hyperparameters");
   if (json_is_object(echo)) json_object_update(o, (json_t *)echo);
   if (!json_object_get(o, "batch_size"))
-    json_object_set(o, "batch_size", or_null(json_object_get(hp, "prompt_batch_size")));
+    json_object_set_new(o, "batch_size", or_null(json_object_get(hp, "prompt_batch_size")));
   return o;
 }
 

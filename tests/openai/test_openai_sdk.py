@@ -57,6 +57,11 @@ def main():
                     lang, p.returncode, p.stderr[-3000:], d.log()[-3000:]))
                 return 1
             print("README %s example: %s" % (lang, last[0]))
+        # a clean stop (under ASan: no leak, no error report)
+        rc = d.stop()
+        if rc != 0:
+            sys.stderr.write("dapod exited %s after SIGTERM:\n%s" % (rc, d.log()[-4000:]))
+            return 1
         return 0
 
 
