@@ -38,10 +38,11 @@ dc.Client._open = _recording(dc.Client._open)
 
 
 def openapi_operations():
-    """(METHOD, path regex) of every operation in openapi.yaml (its paths are the two-space
-    indented keys, its methods the four-space ones)."""
+    """(METHOD, path regex) of every native operation in openapi.yaml (its paths are the
+    two-space indented keys, its methods the four-space ones). Operations tagged `openai` are
+    OpenAI's surface, which the official `openai` SDK drives (tests/openai), not this client."""
     import re
-    ops, path = [], None
+    ops, path, pending = [], None, None
     with open(os.path.join(common.ROOT, "openapi.yaml")) as f:
         for line in f:
             m = re.match(r"^  (/[^ ]*):\s*$", line)
@@ -51,7 +52,13 @@ def openapi_operations():
             m = re.match(r"^    (get|post|put|patch|delete):\s*$", line)
             if m and path:
                 rx = "^" + re.sub(r"\\{[a-z_]+\\}", "[^/]+", re.escape(path)) + "$"
-                ops.append((m.group(1).upper(), path, re.compile(rx)))
+                pending = (m.group(1).upper(), path, re.compile(rx))
+                ops.append(pending)
+                continue
+            if pending and re.match(r"^      tags: \[.*\bopenai\b.*\]", line):
+                ops.remove(pending)
+            if not line.startswith("      "):
+                pending = None
     return ops
 
 
