@@ -81,9 +81,26 @@ void block_lora_add(const struct lora *lora, int l, int t, float *y, const float
   matmul_forward(y, u, lora->w[l].b[t], NULL, N, r, OUT, 1.0f);
 }
 
-void block_forward(const struct model *m, int l, const struct block_acts *a,
-                   const struct block_seqs *s, int N, const struct rope_table *rope, float *scratch,
-                   size_t scratch_stride) {
+int block_linear(float *out, const float *inp, const float *w, const uint16_t *w16,
+                 const float *bias, int N, int IN, int OUT, float beta) {
+  if (!w16) {
+    matmul_forward(out, inp, w, bias, N, IN, OUT, beta);
+    return 0;
+  }
+  return matmul_forward_bf16(out, inp, w16, bias, N, IN, OUT, beta) ? DAPO_ENOMEM : 0;
+}
+
+void block_embed(const struct model *m, int tok, float *dst) {
+  size_t C = (size_t)m->cfg.hidden_size;
+  if (m->w.tok_emb16)
+    bf16_to_f32(dst, m->w.tok_emb16 + (size_t)tok * C, C);
+  else
+    memcpy(dst, m->w.tok_emb + (size_t)tok * C, sizeof(float) * C);
+}
+
+int block_forward(const struct model *m, int l, const struct block_acts *a,
+                  const struct block_seqs *s, int N, const struct rope_table *rope, float *scratch,
+                  size_t scratch_stride) {
   const struct model_config *c = &m->cfg;
   const struct layer_views *w = &m->w.layers[l];
   const struct lora *lo = m->lora;
@@ -95,9 +112,10 @@ void block_forward(const struct model *m, int l, const struct block_acts *a,
   float *qp = c->qk_norm && a->q_pre ? a->q_pre : a->q,
         *kp = c->qk_norm && a->k_pre ? a->k_pre : a->k;
   rmsnorm_forward(a->xn1, a->rstd1, a->x_in, w->attn_norm, N, C, c->rms_norm_eps);
-  matmul_forward(qp, a->xn1, w->wq, w->bq, N, C, CQ, 0.0f);
-  matmul_forward(kp, a->xn1, w->wk, w->bk, N, C, CKV, 0.0f);
-  matmul_forward(a->v, a->xn1, w->wv, w->bv, N, C, CKV, 0.0f);
+  int rc = 0;
+  rc |= block_linear(qp, a->xn1, w->wq, w->wq16, w->bq, N, C, CQ, 0.0f);
+  rc |= block_linear(kp, a->xn1, w->wk, w->wk16, w->bk, N, C, CKV, 0.0f);
+  rc |= block_linear(a->v, a->xn1, w->wv, w->wv16, w->bv, N, C, CKV, 0.0f);
   block_lora_add(lo, l, LT_Q, qp, a->xn1, N, C, CQ, U(LT_Q));
   block_lora_add(lo, l, LT_K, kp, a->xn1, N, C, CKV, U(LT_K));
   block_lora_add(lo, l, LT_V, a->v, a->xn1, N, C, CKV, U(LT_V));
@@ -129,17 +147,18 @@ void block_forward(const struct model *m, int l, const struct block_acts *a,
     attn_fwd_thread(&args, 0, 1);
 
   if (a->x_mid != a->x_in) memcpy(a->x_mid, a->x_in, sizeof(float) * (size_t)N * C);
-  matmul_forward(a->x_mid, a->att, w->wo, w->bo, N, CQ, C, 1.0f);
+  rc |= block_linear(a->x_mid, a->att, w->wo, w->wo16, w->bo, N, CQ, C, 1.0f);
   block_lora_add(lo, l, LT_O, a->x_mid, a->att, N, CQ, C, U(LT_O));
 
   rmsnorm_forward(a->xn2, a->rstd2, a->x_mid, w->ffn_norm, N, C, c->rms_norm_eps);
-  matmul_forward(a->g, a->xn2, w->w_gate, NULL, N, C, FF, 0.0f);
-  matmul_forward(a->u, a->xn2, w->w_up, NULL, N, C, FF, 0.0f);
+  rc |= block_linear(a->g, a->xn2, w->w_gate, w->w_gate16, NULL, N, C, FF, 0.0f);
+  rc |= block_linear(a->u, a->xn2, w->w_up, w->w_up16, NULL, N, C, FF, 0.0f);
   block_lora_add(lo, l, LT_GATE, a->g, a->xn2, N, C, FF, U(LT_GATE));
   block_lora_add(lo, l, LT_UP, a->u, a->xn2, N, C, FF, U(LT_UP));
   swiglu_forward(a->h, a->g, a->u, (size_t)N * FF);
   if (a->x_out != a->x_mid) memcpy(a->x_out, a->x_mid, sizeof(float) * (size_t)N * C);
-  matmul_forward(a->x_out, a->h, w->w_down, NULL, N, FF, C, 1.0f);
+  rc |= block_linear(a->x_out, a->h, w->w_down, w->w_down16, NULL, N, FF, C, 1.0f);
   block_lora_add(lo, l, LT_DOWN, a->x_out, a->h, N, FF, C, U(LT_DOWN));
 #undef U
+  return rc ? DAPO_ENOMEM : 0;
 }

@@ -64,9 +64,17 @@ void thread_scratch_deinit(struct thread_scratch *t);
 
 /* scratch: one slice of scratch_stride floats per thread of the calling thread's pool (pool.h),
  * each at least max over sequences of t_new * (n_past + t_new) floats. */
-/* Layer l of model m (its adapter too, when m->lora). */
-void block_forward(const struct model *m, int l, const struct block_acts *a,
-                   const struct block_seqs *s, int N, const struct rope_table *rope, float *scratch,
-                   size_t scratch_stride);
+/* out[N,OUT] = inp . W^T (+ bias; beta 1 accumulates into out) for a matrix held in float32 (w)
+ * or, in a frozen model, in BF16 (w16, model_freeze_bf16). 0 or DAPO_ENOMEM. */
+int block_linear(float *out, const float *inp, const float *w, const uint16_t *w16,
+                 const float *bias, int N, int IN, int OUT, float beta);
+
+/* Row tok of the embedding into dst[C] (float32 or BF16). */
+void block_embed(const struct model *m, int tok, float *dst);
+
+/* Layer l of model m (its adapter too, when m->lora). 0 or DAPO_ENOMEM (a BF16 tile). */
+int block_forward(const struct model *m, int l, const struct block_acts *a,
+                  const struct block_seqs *s, int N, const struct rope_table *rope, float *scratch,
+                  size_t scratch_stride);
 
 #endif

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "kernels.h"
 #include "lora.h"
@@ -383,6 +384,9 @@ int model_config_from_json(struct model_config *c, const json_t *j, struct dapo_
   c->o_bias = c->arch != ARCH_QWEN2 && attention_bias;
   c->qk_norm = c->arch == ARCH_QWEN3;
   if ((rc = refuse_unimplemented(j, e))) return rc;
+  const char *dt = json_string_value(json_object_get(j, "torch_dtype"));
+  if (!dt) dt = json_string_value(json_object_get(j, "dtype"));
+  c->bf16_weights = dt && !strcmp(dt, "bfloat16");
   /* transformers 5 writes rope_parameters (rope_theta inside) where 4.x wrote rope_scaling */
   json_t *rs = json_object_get(j, "rope_scaling"), *rp = json_object_get(j, "rope_parameters");
   if (rp && !json_is_null(rp)) {
@@ -550,9 +554,72 @@ void model_free(struct model *m) {
   free(m->tensors);
   free(m->w.layers);
   free(m->g.layers);
-  free(m->params);
+  if (m->params_map_bytes)
+    munmap(m->params, m->params_map_bytes);
+  else
+    free(m->params);
+  free(m->w16);
   free(m->grads);
   free(m);
+}
+
+int model_freeze_bf16(struct model *m, struct dapo_err *e) {
+  if (m->grads) return dapo_errf(e, DAPO_EINVAL, "model_freeze_bf16: the model has gradients");
+  if (m->w16) return 0;
+  for (int i = 0; i < m->n_tensors; i++) { /* exact in BF16: the low 16 bits are zero */
+    const struct param_info *p = &m->tensors[i];
+    if (p->ndim != 2) continue;
+    uint32_t low = 0;
+    const float *x = m->params + p->offset;
+    for (size_t k = 0; k < p->numel; k++) {
+      uint32_t b;
+      memcpy(&b, &x[k], sizeof b);
+      low |= b & 0xffffu;
+    }
+    if (low) return 1;
+  }
+  size_t bytes = (m->n_params * sizeof(float) + 4095) & ~(size_t)4095;
+  uint16_t *w16 = malloc(m->n_params * sizeof(uint16_t));
+  float *sparse = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (!w16 || sparse == MAP_FAILED) {
+    free(w16);
+    if (sparse != MAP_FAILED) munmap(sparse, bytes);
+    return dapo_errf(e, DAPO_ENOMEM, "out of memory holding the model in BF16");
+  }
+  for (int i = 0; i < m->n_tensors; i++) {
+    const struct param_info *p = &m->tensors[i];
+    if (p->ndim == 2)
+      f32_to_bf16(w16 + p->offset, m->params + p->offset, p->numel);
+    else
+      memcpy(sparse + p->offset, m->params + p->offset, p->numel * sizeof(float));
+  }
+  if (m->params_map_bytes)
+    munmap(m->params, m->params_map_bytes);
+  else
+    free(m->params);
+  m->params = sparse;
+  m->params_map_bytes = bytes;
+  m->w16 = w16;
+  model_bind_views(m, m->params, &m->w);
+  struct views *v = &m->w;
+  v->tok_emb16 = w16 + (v->tok_emb - m->params);
+  v->lm_head16 = w16 + (v->lm_head - m->params);
+  v->tok_emb = v->lm_head = NULL;
+  for (int l = 0; l < m->cfg.num_layers; l++) {
+    struct layer_views *lv = &v->layers[l];
+#define B16(x)                                                                                     \
+  lv->x##16 = w16 + (lv->x - m->params);                                                           \
+  lv->x = NULL
+    B16(wq);
+    B16(wk);
+    B16(wv);
+    B16(wo);
+    B16(w_gate);
+    B16(w_up);
+    B16(w_down);
+#undef B16
+  }
+  return 0;
 }
 
 int model_alloc_grads(struct model *m, struct dapo_err *e) {
@@ -572,6 +639,7 @@ void model_bind_views(const struct model *m, float *base, struct views *v) {
   struct layer_views *ls = v->layers;
   memset(ls, 0, sizeof(*ls) * (size_t)m->cfg.num_layers);
   v->tok_emb = v->final_norm = v->lm_head = NULL;
+  v->tok_emb16 = v->lm_head16 = NULL;
   for (int i = 0; i < m->n_tensors; i++) {
     const struct param_info *p = &m->tensors[i];
     float *ptr = base + p->offset;

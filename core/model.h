@@ -48,12 +48,14 @@ struct model_config {
   int o_bias;               /* o_proj has a bias (Llama and Qwen3 with attention_bias) */
   int qk_norm;              /* per-head RMSNorm of q and k before RoPE (Qwen3) */
   struct rope_scaling rope; /* zero: plain RoPE */
-  int vocab_used;           /* ids the tokenizer can produce: logits, softmax and sampling cover
-                               [0, vocab_used) only, the embedding rows past it are padding;
-                               0 means vocab_size (see model_vocab_used) */
-  int bos_token_id;         /* -1: none */
-  int eos_token_id;         /* -1: none */
-  float initializer_range;  /* std of the normal init of weights (HF default 0.02) */
+  int bf16_weights; /* config.json's torch_dtype (or dtype) is bfloat16: what a frozen base can
+                       be held in (model_freeze_bf16) */
+  int vocab_used;   /* ids the tokenizer can produce: logits, softmax and sampling cover
+                       [0, vocab_used) only, the embedding rows past it are padding;
+                       0 means vocab_size (see model_vocab_used) */
+  int bos_token_id; /* -1: none */
+  int eos_token_id; /* -1: none */
+  float initializer_range; /* std of the normal init of weights (HF default 0.02) */
 };
 
 /* The logits a model computes: vocab_used, or vocab_size when 0. */
@@ -127,6 +129,8 @@ struct param_info {
 struct layer_views {
   float *attn_norm, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo, *q_norm, *k_norm, *ffn_norm, *w_gate,
       *w_up, *w_down;
+  /* a frozen model's matrices in BF16 (model_freeze_bf16); the float32 views above are then NULL */
+  const uint16_t *wq16, *wk16, *wv16, *wo16, *w_gate16, *w_up16, *w_down16;
 };
 
 /* Named views into one flat buffer (parameters, gradients, Adam moments all share the layout).
@@ -137,6 +141,7 @@ struct views {
   struct layer_views *layers; /* L entries, owned by the struct model */
   float *final_norm;
   float *lm_head;
+  const uint16_t *tok_emb16, *lm_head16; /* BF16 when frozen (tok_emb and lm_head then NULL) */
 };
 
 struct lora;
@@ -153,7 +158,20 @@ struct model {
   struct lora *lora;          /* borrowed adapter (lora.h) or NULL: with one, forward passes
                                  add it and train_backward trains only it (the base is frozen,
                                  grads may stay NULL) */
+  uint16_t *w16;              /* owned: every matrix (2-D tensor) in BF16 at its offset after
+                                 model_freeze_bf16, else NULL */
+  size_t params_map_bytes;    /* params is then a sparse mapping of this size holding only the
+                                 1-D tensors (norms, biases): the matrices' pages are never
+                                 touched */
 };
+
+/* Holds a frozen model's matrices in BF16 (2 bytes per parameter, converted exactly to float32
+ * inside the kernels) when every one of them is exactly a BF16 value, as the weights of a BF16
+ * checkpoint are: the model computes the same function. Returns 0 when frozen, 1 when some
+ * weight would be rounded (nothing changes), DAPO_EINVAL when the model has gradients, or
+ * DAPO_ENOMEM. Afterwards the matrices' float32 views are NULL, the BF16 views set, and nothing
+ * may train or save the base (an adapter trains on it). */
+int model_freeze_bf16(struct model *m, struct dapo_err *e);
 
 /* Builds the table and allocates zeroed parameters. Returns NULL and fills e on a bad config
  * or out of memory. The caller owns the result (model_free). */

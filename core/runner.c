@@ -180,8 +180,14 @@ void runner_memory_plan(const struct model_config *c, const struct lora_config *
   int64_t trained = adapter ? lora_param_count(adapter, &cc) : n;
   p->parameters = n;
   p->trainable = (uint64_t)trained;
-  /* an adapter's own tables and float padding are rounded up to 64 bytes per tensor */
   p->weights = (uint64_t)(n + (adapter ? trained : 0)) * sizeof(float);
+  if (adapter && cc.bf16_weights) { /* the frozen matrices in BF16 (model_freeze_bf16) */
+    int64_t C = cc.hidden_size, V = cc.vocab_size, FF = cc.intermediate_size,
+            CQ = (int64_t)cc.num_heads * cc.head_dim, CKV = (int64_t)cc.num_kv_heads * cc.head_dim;
+    int64_t matrices = V * C * (cc.tie_word_embeddings ? 1 : 2) +
+                       cc.num_layers * (2 * C * CQ + 2 * C * CKV + 3 * C * FF);
+    p->weights -= (uint64_t)matrices * 2;
+  }
   p->gradients = (uint64_t)trained * sizeof(float);
   p->optimizer = 2 * p->gradients;
   p->reference = hp->kl_coef > 0 && !adapter ? (uint64_t)n * sizeof(float) : 0;
@@ -502,6 +508,10 @@ static int setup(struct trainer *t) {
     return trainer_fail(
         t, FAIL_CHECKPOINT_MISMATCH, NULL, "the checkpoint %s an adapter but the job %s one",
         t->lm.lora ? "holds" : "lacks", t->spec->has_adapter ? "asks for" : "has no");
+  /* a frozen base whose weights BF16 holds exactly (a BF16 folder's) is held in BF16: half the
+   * memory, the same function */
+  if (t->lm.lora && model_freeze_bf16(t->lm.model, &e) > 1)
+    return trainer_fail_err(t, FAIL_OUT_OF_MEMORY, NULL, &e);
   /* with an adapter the KL reference is the base itself, the adapter switched off */
   t->ref_base = t->lm.lora && hp->kl_coef > 0;
   if (hp->kl_coef > 0 && !t->lm.lora) {

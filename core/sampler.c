@@ -259,7 +259,8 @@ static void append_token(struct gen_out *out, int q, int maxn, int tok, float lp
 
 /* Runs the blocks over the packed rows already embedded in acts.x_in, then the final norm and LM
  * head over the rows listed in last_row[0..n_out), leaving logits [n_out, V]. */
-static void run_rows(struct gen_state *s, const struct model *m, int n_seq, int N, int n_out) {
+static int run_rows(struct gen_state *s, const struct model *m, int n_seq, int N, int n_out) {
+  int rc = 0;
   const struct model_config *c = &m->cfg;
   int C = c->hidden_size, CKV = c->num_kv_heads * c->head_dim;
   size_t layer_cache = (size_t)s->cap_batch * s->cap_t * CKV;
@@ -273,12 +274,24 @@ static void run_rows(struct gen_state *s, const struct model *m, int n_seq, int 
                             .cache_v = s->cache_v + l * layer_cache,
                             .slot = s->slot,
                             .cap_t = s->cap_t};
-    block_forward(m, l, &s->acts, &bs, N, &s->rope, s->scr.buf, s->scr.stride);
+    rc |= block_forward(m, l, &s->acts, &bs, N, &s->rope, s->scr.buf, s->scr.stride);
   }
   for (int i = 0; i < n_out; i++)
     memcpy(s->sel + (size_t)i * C, s->acts.x_out + (size_t)s->last_row[i] * C, sizeof(float) * C);
   rmsnorm_forward(s->sel, s->acts.rstd2, s->sel, m->w.final_norm, n_out, C, c->rms_norm_eps);
-  matmul_forward(s->logits, s->sel, m->w.lm_head, NULL, n_out, C, model_vocab_used(c), 0.0f);
+  rc |= block_linear(s->logits, s->sel, m->w.lm_head, m->w.lm_head16, NULL, n_out, C,
+                     model_vocab_used(c), 0.0f);
+  return rc;
+}
+
+/* Decoding: columns [lo, hi) of out[n,OUT] = inp . W^T (+ bias, beta) for a float32 or a frozen
+ * BF16 matrix (linear_few_bf16 gives linear_few's bits on the converted weights). */
+static void few(float *out, const float *inp, const float *w, const uint16_t *w16,
+                const float *bias, int n, int IN, int OUT, int lo, int hi, float beta) {
+  if (w16)
+    linear_few_bf16(out, inp, w16, bias, n, IN, OUT, lo, hi, beta);
+  else
+    linear_few(out, inp, w, bias, n, IN, OUT, lo, hi, beta);
 }
 
 /* One decoding step of the n_act active rows, run by every thread of the pool (ti of nt). Split
@@ -362,9 +375,9 @@ static void decode_step(void *ctx, int ti, int nt) {
   for (int l = 0; l < c->num_layers; l++) {
     const struct layer_views *w = &m->w.layers[l];
     rmsnorm_forward(xn, NULL, xs, w->attn_norm, n, C, c->rms_norm_eps);
-    linear_few(q, xn, w->wq, w->bq, n, C, CQ, q_lo, q_hi, 0.0f);
-    linear_few(k, xn, w->wk, w->bk, n, C, CKV, kv_lo, kv_hi, 0.0f);
-    linear_few(v, xn, w->wv, w->bv, n, C, CKV, kv_lo, kv_hi, 0.0f);
+    few(q, xn, w->wq, w->wq16, w->bq, n, C, CQ, q_lo, q_hi, 0.0f);
+    few(k, xn, w->wk, w->wk16, w->bk, n, C, CKV, kv_lo, kv_hi, 0.0f);
+    few(v, xn, w->wv, w->wv16, w->bv, n, C, CKV, kv_lo, kv_hi, 0.0f);
     lora_few(lo, l, LT_Q, q, xn, n, C, CQ, q_lo, q_hi, lora_t);
     lora_few(lo, l, LT_K, k, xn, n, C, CKV, kv_lo, kv_hi, lora_t);
     lora_few(lo, l, LT_V, v, xn, n, C, CKV, kv_lo, kv_hi, lora_t);
@@ -383,12 +396,12 @@ static void decode_step(void *ctx, int ti, int nt) {
                           g * n_rep, n_rep, g, HS, CQ, CKV, CQ, NH, scr);
     }
     pool_barrier_wait(&s->bar, gn);
-    linear_few(xs, att, w->wo, w->bo, n, CQ, C, c_lo, c_hi, 1.0f);
+    few(xs, att, w->wo, w->wo16, w->bo, n, CQ, C, c_lo, c_hi, 1.0f);
     lora_few(lo, l, LT_O, xs, att, n, CQ, C, c_lo, c_hi, lora_t);
     pool_barrier_wait(&s->bar, gn);
     rmsnorm_forward(xn, NULL, xs, w->ffn_norm, n, C, c->rms_norm_eps);
-    linear_few(gg, xn, w->w_gate, NULL, n, C, FF, f_lo, f_hi, 0.0f);
-    linear_few(uu, xn, w->w_up, NULL, n, C, FF, f_lo, f_hi, 0.0f);
+    few(gg, xn, w->w_gate, w->w_gate16, NULL, n, C, FF, f_lo, f_hi, 0.0f);
+    few(uu, xn, w->w_up, w->w_up16, NULL, n, C, FF, f_lo, f_hi, 0.0f);
     lora_few(lo, l, LT_GATE, gg, xn, n, C, FF, f_lo, f_hi, lora_t);
     lora_few(lo, l, LT_UP, uu, xn, n, C, FF, f_lo, f_hi, lora_t);
     for (int i = 0; i < n; i++) {
@@ -396,12 +409,12 @@ static void decode_step(void *ctx, int ti, int nt) {
       swiglu_forward(hh + o, gg + o, uu + o, (size_t)(f_hi - f_lo));
     }
     pool_barrier_wait(&s->bar, gn);
-    linear_few(xs, hh, w->w_down, NULL, n, FF, C, c_lo, c_hi, 1.0f);
+    few(xs, hh, w->w_down, w->w_down16, NULL, n, FF, C, c_lo, c_hi, 1.0f);
     lora_few(lo, l, LT_DOWN, xs, hh, n, FF, C, c_lo, c_hi, lora_t);
     pool_barrier_wait(&s->bar, gn);
   }
   rmsnorm_forward(xn, NULL, xs, m->w.final_norm, n, C, c->rms_norm_eps);
-  linear_few(logits, xn, m->w.lm_head, NULL, n, C, V, v_lo, v_hi, 0.0f);
+  few(logits, xn, m->w.lm_head, m->w.lm_head16, NULL, n, C, V, v_lo, v_hi, 0.0f);
   pool_barrier_wait(&s->bar, gn);
   for (int i = r_lo; i < r_hi; i++) {
     int qq = s->active[g_lo + i];
@@ -413,8 +426,7 @@ static void decode_step(void *ctx, int ti, int nt) {
 }
 
 static void embed(struct gen_state *s, const struct model *m, int row, int tok) {
-  int C = m->cfg.hidden_size;
-  memcpy(s->acts.x_in + (size_t)row * C, m->w.tok_emb + (size_t)tok * C, sizeof(float) * C);
+  block_embed(m, tok, s->acts.x_in + (size_t)row * m->cfg.hidden_size);
 }
 
 static int gen_run_impl(struct gen_state *s, const struct model *m, int n,
@@ -475,7 +487,8 @@ static int gen_run_impl(struct gen_state *s, const struct model *m, int n,
       s->last_row[n_seq] = N - 1;
       n_seq++;
     }
-    run_rows(s, m, n_seq, N, n_seq);
+    if (run_rows(s, m, n_seq, N, n_seq))
+      return dapo_errf(e, DAPO_ENOMEM, "generate: out of memory for a BF16 weight tile");
     /* sample the first token of every sequence whose prompt was in this chunk */
     for (int k = 0; k < n_seq; k++) {
       int owner = s->slot[k];

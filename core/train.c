@@ -261,13 +261,12 @@ int train_forward(struct train_state *s, const struct model *m, const struct fwd
   }
 
   /* embeddings */
-  for (int n = 0; n < N; n++)
-    memcpy(s->res + (size_t)n * C, m->w.tok_emb + (size_t)b->tokens[n] * C, sizeof(float) * C);
+  for (int n = 0; n < N; n++) block_embed(m, b->tokens[n], s->res + (size_t)n * C);
 
   struct block_seqs bs = {
       .n_seq = b->n_seq, .row0 = s->row0, .t_new = s->t_new, .n_past = s->n_past, .pos = s->pos};
   for (int l = 0; l < c->num_layers; l++)
-    block_forward(m, l, &s->acts[l], &bs, N, &s->rope, s->scr.buf, s->scr.stride);
+    rc |= block_forward(m, l, &s->acts[l], &bs, N, &s->rope, s->scr.buf, s->scr.stride);
 
   /* final norm and LM head only on the rows that predict response tokens */
   const float *last = s->acts[c->num_layers - 1].x_out;
@@ -275,7 +274,7 @@ int train_forward(struct train_state *s, const struct model *m, const struct fwd
     memcpy(s->sel_in + (size_t)r * C, last + (size_t)s->sel_rows[r] * C, sizeof(float) * C);
   if (R > 0) {
     rmsnorm_forward(s->sel_xn, s->sel_rstd, s->sel_in, m->w.final_norm, R, C, c->rms_norm_eps);
-    matmul_forward(s->probs, s->sel_xn, m->w.lm_head, NULL, R, C, V, 0.0f);
+    rc |= block_linear(s->probs, s->sel_xn, m->w.lm_head, m->w.lm_head16, NULL, R, C, V, 0.0f);
     classifier_forward(s->probs, logp, entropy, s->targets, R, V, inv_temp);
   }
 
@@ -286,6 +285,10 @@ int train_forward(struct train_state *s, const struct model *m, const struct fwd
   s->inv_temp = inv_temp;
   memcpy(s->tokens, b->tokens, sizeof(int) * (size_t)N);
   pool_set_current(saved);
+  if (rc) {
+    s->have_fwd = 0;
+    return dapo_errf(e, DAPO_ENOMEM, "train_forward: out of memory for a BF16 weight tile");
+  }
   return 0;
 }
 
@@ -310,6 +313,15 @@ static void attn_bwd_thread(void *ctx, int ti, int nt) {
                        a->q + r0 * CQ, a->k + r0 * CKV, a->v + r0 * CKV, a->lse + r0 * NH,
                        s->t_new[i], kv * x->n_rep, x->n_rep, kv, x->HS, CQ, CKV, CQ, NH, scr);
   }
+}
+
+/* dinp (+)= dout . W through a layer's matrix: float32 (accumulating dw and dbias when given)
+ * or a frozen model's BF16 (w16: the input gradient only). 0 or DAPO_ENOMEM. */
+static int lin_back(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                    const float *w, const uint16_t *w16, int N, int IN, int OUT, float beta) {
+  if (w16) return matmul_backward_dinp_bf16(dinp, dout, w16, N, IN, OUT, beta) ? DAPO_ENOMEM : 0;
+  matmul_backward(dinp, dw, dbias, dout, inp, w, N, IN, OUT, beta);
+  return 0;
 }
 
 /* The adapter of target t in layer l, whose layer got dout [N,OUT] from input x [N,IN] and kept
@@ -337,6 +349,7 @@ int train_backward(struct train_state *s, struct model *m, const float *dlogp, s
                      "for another adapter");
   if (!lo && !m->grads) return dapo_errf(e, DAPO_EINVAL, "train_backward: gradients not allocated");
   s->have_fwd = 0;
+  int rc = 0;
   static const struct layer_views frozen_layer;
   struct views gm = lo ? (struct views){0} : m->g;
   struct pool *saved = pool_current();
@@ -349,7 +362,8 @@ int train_backward(struct train_state *s, struct model *m, const float *dlogp, s
   memset(s->dres, 0, sizeof(float) * (size_t)N * C);
   if (R > 0) {
     classifier_backward(s->probs, dlogp, s->targets, R, V, s->inv_temp);
-    matmul_backward(s->dsel, gm.lm_head, NULL, s->probs, s->sel_xn, m->w.lm_head, R, C, V, 0.0f);
+    rc |= lin_back(s->dsel, gm.lm_head, NULL, s->probs, s->sel_xn, m->w.lm_head, m->w.lm_head16, R,
+                   C, V, 0.0f);
     memset(s->dsel_in, 0, sizeof(float) * (size_t)R * C);
     rmsnorm_backward(s->dsel_in, gm.final_norm, s->dsel, s->sel_in, m->w.final_norm, s->sel_rstd, R,
                      C);
@@ -365,17 +379,19 @@ int train_backward(struct train_state *s, struct model *m, const float *dlogp, s
     const struct layer_views *w = &m->w.layers[l];
     const struct layer_views *g = lo ? &frozen_layer : &m->g.layers[l];
     /* MLP: x_out = x_mid + down(silu(gate(xn2)) * up(xn2)) */
-    matmul_backward(s->dff_a, g->w_down, NULL, s->dres, a->h, w->w_down, N, FF, C, 0.0f);
+    rc |=
+        lin_back(s->dff_a, g->w_down, NULL, s->dres, a->h, w->w_down, w->w_down16, N, FF, C, 0.0f);
     lora_backward(s, lo, l, LT_DOWN, s->dres, a->h, a->lora_u[LT_DOWN], s->dff_a, N, FF, C);
     swiglu_backward(s->dff_a, s->dff_b, s->dff_a, a->g, a->u, (size_t)N * FF);
-    matmul_backward(s->dxn, g->w_gate, NULL, s->dff_a, a->xn2, w->w_gate, N, C, FF, 0.0f);
-    matmul_backward(s->dxn, g->w_up, NULL, s->dff_b, a->xn2, w->w_up, N, C, FF, 1.0f);
+    rc |=
+        lin_back(s->dxn, g->w_gate, NULL, s->dff_a, a->xn2, w->w_gate, w->w_gate16, N, C, FF, 0.0f);
+    rc |= lin_back(s->dxn, g->w_up, NULL, s->dff_b, a->xn2, w->w_up, w->w_up16, N, C, FF, 1.0f);
     lora_backward(s, lo, l, LT_GATE, s->dff_a, a->xn2, a->lora_u[LT_GATE], s->dxn, N, C, FF);
     lora_backward(s, lo, l, LT_UP, s->dff_b, a->xn2, a->lora_u[LT_UP], s->dxn, N, C, FF);
     rmsnorm_backward(s->dres, g->ffn_norm, s->dxn, a->x_mid, w->ffn_norm, a->rstd2, N, C);
 
     /* attention: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)) */
-    matmul_backward(s->datt, g->wo, g->bo, s->dres, a->att, w->wo, N, CQ, C, 0.0f);
+    rc |= lin_back(s->datt, g->wo, g->bo, s->dres, a->att, w->wo, w->wo16, N, CQ, C, 0.0f);
     lora_backward(s, lo, l, LT_O, s->dres, a->att, a->lora_u[LT_O], s->datt, N, CQ, C);
     memset(s->dq, 0, sizeof(float) * (size_t)N * CQ);
     memset(s->dk, 0, sizeof(float) * (size_t)N * CKV);
@@ -396,9 +412,9 @@ int train_backward(struct train_state *s, struct model *m, const float *dlogp, s
       dq_pre = s->datt;
       dk_pre = s->dk_pre;
     }
-    matmul_backward(s->dxn, g->wq, g->bq, dq_pre, a->xn1, w->wq, N, C, CQ, 0.0f);
-    matmul_backward(s->dxn, g->wk, g->bk, dk_pre, a->xn1, w->wk, N, C, CKV, 1.0f);
-    matmul_backward(s->dxn, g->wv, g->bv, s->dv, a->xn1, w->wv, N, C, CKV, 1.0f);
+    rc |= lin_back(s->dxn, g->wq, g->bq, dq_pre, a->xn1, w->wq, w->wq16, N, C, CQ, 0.0f);
+    rc |= lin_back(s->dxn, g->wk, g->bk, dk_pre, a->xn1, w->wk, w->wk16, N, C, CKV, 1.0f);
+    rc |= lin_back(s->dxn, g->wv, g->bv, s->dv, a->xn1, w->wv, w->wv16, N, C, CKV, 1.0f);
     lora_backward(s, lo, l, LT_Q, dq_pre, a->xn1, a->lora_u[LT_Q], s->dxn, N, C, CQ);
     lora_backward(s, lo, l, LT_K, dk_pre, a->xn1, a->lora_u[LT_K], s->dxn, N, C, CKV);
     lora_backward(s, lo, l, LT_V, s->dv, a->xn1, a->lora_u[LT_V], s->dxn, N, C, CKV);
@@ -411,5 +427,6 @@ int train_backward(struct train_state *s, struct model *m, const float *dlogp, s
     for (int i = 0; i < C; i++) d[i] += src[i];
   }
   pool_set_current(saved);
+  if (rc) return dapo_errf(e, DAPO_ENOMEM, "train_backward: out of memory for a BF16 weight tile");
   return 0;
 }

@@ -234,6 +234,47 @@ class Families(test_jobs.DaemonCase):
             self.assertEqual(x["prompt"], want)
             self.assertTrue(all(t < vu for t in x["response_token_ids"]), x["response_token_ids"])
 
+    def test_qwen3_lora_on_a_bf16_base(self):
+        """A LoRA job on the BF16 Qwen3 folder: the frozen base is held in BF16 (the plan's
+        weights take 2 bytes a matrix parameter), the adapter checkpoint applied to the base by an
+        independent PyTorch LoRA gives the daemon's completion log-probs."""
+        cfg, n_params, vu = self.FOLDERS["qwen3-tiny"]
+        fid = self.upload(messages_data())["id"]
+        hp = {"total_steps": 2, "checkpoint_every": 1, "max_new_tokens": 8, "group_size": 4,
+              "prompt_batch_size": 2, "dynamic_sampling": False, "learning_rate": 1e-2}
+        adapter = {"type": "lora", "r": 4, "alpha": 8, "target_modules": "all-linear"}
+        j = self.create_ok(hp, model="qwen3-tiny", training_file=fid, judge={"type": "math"},
+                           adapter=adapter)
+        mem = j["memory"]
+        self.assertLess(mem["weights_bytes"], 2.2 * n_params + 4 * mem["trainable_parameters"])
+        self.assertEqual(mem["reference_model_bytes"], 0)
+        j = self.wait_status(j["id"], ("succeeded", "failed"))
+        self.assertEqual(j["status"], "succeeded", j)
+        ck = self.assertJson(self.d.get("/v1/jobs/%s/checkpoints" % j["id"]), 200)["data"][-1]
+        out = os.path.join(self.tmp, "adapter-" + j["id"])
+        os.makedirs(out)
+        for fn in ("adapter_config.json", "adapter_model.safetensors"):
+            r = self.d.get("/v1/jobs/%s/checkpoints/%d/%s" % (j["id"], ck["step"], fn))
+            self.assertEqual(r.status, 200, r)
+            with open(os.path.join(out, fn), "wb") as f:
+                f.write(r.body)
+        model, _ = llama.load_checkpoint(os.path.join(self.tmp, "models", "qwen3-tiny"),
+                                         torch.float64)
+        llama.attach_lora(model, out)
+        c = self.assertJson(self.d.post_json("/v1/completions", {
+            "model": "%s:step-%d" % (j["id"], ck["step"]), "prompt": "Hello, world! 12345",
+            "max_tokens": 8, "temperature": 1.0, "seed": 5, "logprobs": True}), 200)
+        lp = c["choices"][0]["logprobs"]
+        prompt, gen = lp["prompt_token_ids"], lp["token_ids"]
+        with torch.no_grad():
+            ref, _ = llama.response_logprobs(model, [(prompt + gen, len(prompt))], vocab_used=vu)
+        d = max(abs(a - b) for a, b in zip(ref.tolist(), lp["token_logprobs"]))
+        print("qwen3-tiny LoRA (BF16 base): weights %d bytes for %d parameters, adapter %d; "
+              "max |dlogp| vs PyTorch LoRA %.2e" % (mem["weights_bytes"], n_params,
+                                                   mem["trainable_parameters"], d),
+              file=sys.stderr)
+        self.assertLess(d, 1e-4)
+
     def test_llama32_rope_scaling(self):
         j, rows, _ = self.train_and_check("llama32-tiny", messages_data())
         for x in rows:
