@@ -366,7 +366,7 @@ static json_t *grader_item(const struct judge_item *it) {
 }
 
 static int run_grader(const struct judge *j, const struct judge_item *items, int n,
-                      struct judge_result *res, struct dapo_err *e) {
+                      struct judge_result *res, struct judge_stats *st, struct dapo_err *e) {
   struct grader_sample *s = calloc((size_t)n, sizeof *s);
   json_t **own = calloc(2 * (size_t)n, sizeof *own), **sub = calloc((size_t)n, sizeof *sub);
   double *scores = calloc((size_t)n, sizeof *scores);
@@ -391,6 +391,7 @@ static int run_grader(const struct judge *j, const struct judge_item *items, int
     json_t *counts = json_object();
     for (int k = 0; counts && k < GE_COUNT; k++)
       if (errs[i].n[k]) json_object_set_new(counts, grader_err_name(k), json_integer(errs[i].n[k]));
+    for (int k = 0; st && k < GE_COUNT; k++) st->n_grader[k] += errs[i].n[k] > 0;
     res[i].reward = scores[i];
     res[i].correct = scores[i] >= j->pass_threshold;
     res[i].info = json_pack("{s:f, s:o, s:o*, s:s*}", "score", scores[i], "sub_rewards",
@@ -441,7 +442,8 @@ int judge_run(struct judge *j, const char *job_id, int64_t step, const struct ju
       rc = dapo_errf(e, DAPO_ECANCELLED, "judge: cancelled");
       goto out;
     }
-    rc = j->kind == JK_GRADER ? run_grader(j, items, n, res, e) : run_builtin(j, items, n, res, e);
+    rc = j->kind == JK_GRADER ? run_grader(j, items, n, res, st, e)
+                              : run_builtin(j, items, n, res, e);
     goto out;
   }
   /* Item ids: the caller's, or the item index; they must be unique to match replies. */

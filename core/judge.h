@@ -10,6 +10,7 @@
 #include <jansson.h>
 
 #include "error.h"
+#include "grader.h"
 
 /* One sample to judge. Every pointer is borrowed for the duration of judge_run. */
 struct judge_item {
@@ -53,9 +54,11 @@ struct judge_result {
  * n_http_error 2, n_retries 2. judge_run adds to these (the caller zeroes them). */
 struct judge_stats {
   int n_timeout, n_http_error, n_parse_error, n_out_of_range;
-  int n_retries;  /* attempts beyond the first, over all requests */
-  int n_requests; /* HTTP attempts made (0 for built-ins) */
-  double seconds; /* wall time spent in judge_run */
+  int n_retries;          /* attempts beyond the first, over all requests */
+  int n_requests;         /* HTTP attempts made (0 for built-ins) */
+  double seconds;         /* wall time spent in judge_run */
+  int n_grader[GE_COUNT]; /* grader judges: samples that hit each error of OpenAI's taxonomy
+                             (grader.h enum grader_err; each scored 0) */
 };
 
 /* Server configuration: which hosts an http judge may name. Borrowed during judge_new only

@@ -741,6 +741,13 @@ int trainer_step(struct trainer *t, json_t **metrics_out, int64_t *gen_tokens_ou
   PUT_I("judge/errors/judge_http_error", js.n_http_error);
   PUT_I("judge/errors/judge_parse_error", js.n_parse_error);
   PUT_I("judge/errors/reward_out_of_range", js.n_out_of_range);
+  if (!strcmp(judge_type(t->judge),
+              "grader")) /* OpenAI's grader error taxonomy: samples that hit each */
+    for (int k = 0; k < GE_COUNT; k++) {
+      char key[64];
+      snprintf(key, sizeof key, "judge/errors/%s", grader_err_name(k));
+      PUT_I(key, js.n_grader[k]);
+    }
   PUT_R("time/generation_s", t_gen);
   PUT_R("time/training_s", t_train);
   PUT_R("time/step_s", step_s);

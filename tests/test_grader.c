@@ -328,7 +328,14 @@ static void test_judge(void) {
       {.response = "{\"w\": 1}", .answer = "7"},
   };
   struct judge_result res[4];
-  CHECK(judge_run(j, NULL, 0, items, 4, res, NULL, NULL, &e) == 0);
+  struct judge_stats st = {0};
+  CHECK(judge_run(j, NULL, 0, items, 4, res, &st, NULL, &e) == 0);
+  /* the step metrics' counts: samples that hit each error of the taxonomy (the two that are not
+   * the JSON asked for also leave sample.output_json.v undefined) */
+  CHECK_MSG(st.n_grader[GE_SAMPLE_PARSE] == 2 && st.n_grader[GE_INVALID_VARIABLE] == 2 &&
+                st.n_grader[GE_FORMULA_PARSE] == 0,
+            "grader error counts %d %d %d", st.n_grader[GE_SAMPLE_PARSE],
+            st.n_grader[GE_INVALID_VARIABLE], st.n_grader[GE_FORMULA_PARSE]);
   CHECK(res[0].reward == 1 && res[0].correct == 1);
   CHECK(res[1].reward == 1 && res[1].correct == 1);
   CHECK(res[2].reward == 0 && res[2].correct == 0);
