@@ -582,6 +582,26 @@ static double num(const json_t *o, const char *k) {
   return json_number_value(json_object_get(o, k));
 }
 
+/* RFT's errors.graders of a step's native metrics d: one entry with the count of the step's
+ * samples that hit each error of the grader taxonomy (judge/errors/<kind>, core/grader.h); an
+ * empty list when the job's judge is not a grader. */
+static json_t *grader_errors(const json_t *d) {
+  json_t *g = json_object(), *list = json_array();
+  int any = 0;
+  for (int k = 0; g && k < GE_COUNT; k++) {
+    char key[64], out[80];
+    snprintf(key, sizeof key, "judge/errors/%s", grader_err_name(k));
+    json_t *v = json_object_get(d, key);
+    if (!json_is_integer(v)) continue;
+    snprintf(out, sizeof out, "train_%s_count", grader_err_name(k));
+    json_object_set(g, out, v);
+    any = 1;
+  }
+  if (any) json_array_append(list, g);
+  json_decref(g);
+  return json_pack("{s:o}", "graders", list);
+}
+
 /* A stored event as a FineTuningJobEvent; NULL for events OpenAI's list does not show. */
 static json_t *ft_event_json(const char *job_id, const struct store_event *ev, int64_t total) {
   char id[STORE_ID_MAX + 32], msg[512];
@@ -616,10 +636,10 @@ static json_t *ft_event_json(const char *job_id, const struct store_event *ev, i
       double v = num(d, "reward/mean");
       snprintf(msg, sizeof msg, "Step %lld/%lld, train mean reward=%.4f", step, (long long)total,
                v);
-      data =
-          json_pack("{s:I, s:I, s:f, s:f, s:{s:f}, s:O}", "step", (json_int_t)step, "total_steps",
-                    (json_int_t)total, "train_mean_reward", v, "completion_tokens_mean",
-                    num(d, "response_length/mean"), "scores", "train_reward_mean", v, "dapod", d);
+      data = json_pack("{s:I, s:I, s:f, s:f, s:{s:f}, s:o, s:O}", "step", (json_int_t)step,
+                       "total_steps", (json_int_t)total, "train_mean_reward", v,
+                       "completion_tokens_mean", num(d, "response_length/mean"), "scores",
+                       "train_reward_mean", v, "errors", grader_errors(d), "dapod", d);
     }
   } else {
     return NULL;
