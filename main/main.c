@@ -349,6 +349,17 @@ static int cmd_train(int argc, char **argv) {
     return 2;
   }
   json_decref(errors);
+  /* the job's memory plan (what the daemon shows as the job's "memory"), once, on stderr */
+  struct mem_plan plan;
+  errors = json_array();
+  if (errors && runner_check_job(&spec, &plan, errors) == 0) {
+    json_t *pj = mem_plan_to_json(&plan);
+    char *txt = pj ? json_dumps(pj, JSON_COMPACT) : NULL;
+    if (txt) fprintf(stderr, "memory plan: %s\n", txt);
+    free(txt);
+    json_decref(pj);
+  }
+  json_decref(errors);
   struct sigaction sa = {0};
   sa.sa_handler = on_signal;
   sigaction(SIGINT, &sa, NULL);
