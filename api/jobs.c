@@ -57,6 +57,8 @@ static json_t *job_json(struct server *srv, const struct store_job *j) {
                       live && workers_phase(srv->workers, j->id, phase, sizeof phase)
                           ? json_string(phase)
                           : json_null());
+  json_t *progress = live ? workers_progress(srv->workers, j->id) : NULL;
+  json_object_set_new(o, "progress", progress ? progress : json_null());
   json_object_set_new(o, "queue_position",
                       j->status == STORE_JOB_QUEUED && j->queue_position
                           ? json_integer(j->queue_position)

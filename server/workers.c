@@ -39,6 +39,11 @@
 struct running {
   char job_id[STORE_ID_MAX];
   char phase[32]; /* what the runner does now, "" before its first phase (workers_phase) */
+  /* The latest progress report of the step under way (workers_progress); has_progress 0 before
+   * the first and once the step's metrics are recorded. */
+  int has_progress;
+  struct runner_progress progress; /* .pass points at progress_pass */
+  char progress_pass[16];
   /* Set by HTTP threads (workers_signal) and the stop, read by the runner: relaxed __atomic
    * loads and stores only (a plain volatile access is a data race, which ThreadSanitizer reports)
    */
@@ -214,6 +219,11 @@ static int record_metrics(struct jobrun *jr, int64_t step, int eval, int64_t gen
   struct dapo_err e = {0};
   const char *kind = eval ? "eval" : "train";
   struct steps *seen = eval ? &jr->eval : &jr->train;
+  /* the step's (or its evaluation's) passes are over: the job object shows no progress, also
+   * for a step recomputed after a restart */
+  pthread_mutex_lock(&jr->wk->w->mu);
+  jr->wk->run.has_progress = 0;
+  pthread_mutex_unlock(&jr->wk->w->mu);
   /* A step recomputed after a restart is not stored again: the row and the event already there
    * stay the pair that was announced (the timings of a recomputation differ). */
   if (steps_has(seen, step)) return 0;
@@ -334,24 +344,38 @@ static void on_phase(void *ctx, const char *phase) {
   pthread_mutex_unlock(&w->mu);
 }
 
+/* A progress report as the event's data and the job object's progress (new reference). */
+static json_t *progress_json(const struct runner_progress *p) {
+  int gen = !strcmp(p->pass, "generation") || !strcmp(p->pass, "evaluation");
+  return json_pack("{s:I, s:s, s:i, s:I, s:I, s:s, s:I}", "step", (json_int_t)p->step, "pass",
+                   p->pass, "round", p->round, "done", (json_int_t)p->done, "total",
+                   (json_int_t)p->total, "unit", gen ? "sequences" : "micro_batches", "tokens",
+                   (json_int_t)p->tokens);
+}
+
 /* Progress of a long pass of the step: a stored "progress" event, so that the events list and a
- * stream that reconnects have it as well as a live one. The runner reports only passes above
- * progress_min_work, at most 21 times a pass, so their store writes cost nothing noticeable
- * (docs/TRAINING.md, "Progress"). Progress is not worth failing a job over: a write that fails
- * is logged. */
+ * stream that reconnects have it as well as a live one, and the latest report in memory for the
+ * job object (workers_progress). The runner reports only passes above progress_min_work, at most
+ * 21 times a pass, so their store writes cost nothing noticeable (docs/TRAINING.md, "Progress").
+ * Progress is not worth failing a job over: a write that fails is logged. */
 static void on_progress(void *ctx, const struct runner_progress *p) {
   struct jobrun *jr = ctx;
-  int gen = !strcmp(p->pass, "generation") || !strcmp(p->pass, "evaluation");
-  json_t *d =
-      json_pack("{s:I, s:s, s:i, s:I, s:I, s:s, s:I}", "step", (json_int_t)p->step, "pass", p->pass,
-                "round", p->round, "done", (json_int_t)p->done, "total", (json_int_t)p->total,
-                "unit", gen ? "sequences" : "micro_batches", "tokens", (json_int_t)p->tokens);
+  struct workers *w = jr->wk->w;
+  struct running *run = &jr->wk->run;
+  json_t *d = progress_json(p);
   if (!d || append_event(jr, "progress", d))
     LOG(WARN,
         "job %s: could not record a progress event (step %" PRId64 ", %s %" PRId64 " of %" PRId64
         ")",
         jr->id, p->step, p->pass, p->done, p->total);
   json_decref(d);
+  /* after the event: a job object that shows a report finds it in the events list too */
+  pthread_mutex_lock(&w->mu);
+  run->progress = *p;
+  snprintf(run->progress_pass, sizeof run->progress_pass, "%s", p->pass);
+  run->progress.pass = run->progress_pass;
+  run->has_progress = 1;
+  pthread_mutex_unlock(&w->mu);
 }
 
 /* Before a (re)start: the runner resumes from the newest complete checkpoint N without telling
@@ -456,6 +480,7 @@ static void run_job(struct worker *wk, struct store_job *job) {
   if (!stopping) {
     snprintf(wk->run.job_id, sizeof wk->run.job_id, "%s", job->id);
     wk->run.phase[0] = '\0';
+    wk->run.has_progress = 0;
     __atomic_store_n(&wk->run.cancel, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&wk->run.pause, 0, __ATOMIC_RELAXED);
     w->busy++;
@@ -526,6 +551,7 @@ static void run_job(struct worker *wk, struct store_job *job) {
   pthread_mutex_lock(&w->mu);
   wk->run.job_id[0] = '\0';
   wk->run.phase[0] = '\0';
+  wk->run.has_progress = 0;
   w->busy--;
   pthread_cond_broadcast(&w->idle);
   pthread_mutex_unlock(&w->mu);
@@ -683,6 +709,20 @@ int workers_phase(struct workers *w, const char *job_id, char *buf, size_t cap) 
   }
   pthread_mutex_unlock(&w->mu);
   return found;
+}
+
+json_t *workers_progress(struct workers *w, const char *job_id) {
+  json_t *o = NULL;
+  if (!w) return NULL;
+  pthread_mutex_lock(&w->mu);
+  for (int i = 0; i < w->n; i++) {
+    const struct running *run = &w->v[i].run;
+    if (strcmp(run->job_id, job_id) || !run->has_progress) continue;
+    o = progress_json(&run->progress);
+    break;
+  }
+  pthread_mutex_unlock(&w->mu);
+  return o;
 }
 
 int workers_busy(struct workers *w) {

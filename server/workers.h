@@ -3,9 +3,9 @@
  * oldest queued job (store_job_claim_next), takes the spec admitted at its creation
  * (jobs_run_spec: ids already resolved), and runs it with runner_run into data_dir/jobs/<id>/; the
  * runner's events go to the store and then the bus, metrics and checkpoints also to their tables;
- * its phase stays in memory (workers_phase). Cancel and pause requests are mirrored from the store
- * flags into the running job's in-memory words, which the runner polls. Also the startup
- * recovery of jobs a previous process left live.
+ * its phase and latest progress report stay in memory (workers_phase, workers_progress). Cancel and
+ * pause requests are mirrored from the store flags into the running job's in-memory words, which
+ * the runner polls. Also the startup recovery of jobs a previous process left live.
  *
  * Thread-safety: every function may be called from any thread, except workers_free. */
 #ifndef DAPOD_WORKERS_H
@@ -38,6 +38,11 @@ int workers_signal(struct workers *w, const char *job_id, int cancel, int pause)
  * entered one: copied into buf (cap bytes, cut to fit), returns 1; otherwise buf = "" and 0.
  * Kept in memory only (the runner changes it many times a step; after a restart it is gone). */
 int workers_phase(struct workers *w, const char *job_id, char *buf, size_t cap);
+/* The latest progress report of job_id's step under way when a worker here runs it, as the
+ * progress event's data ({step, pass, round, done, total, unit, tokens}; new reference), or NULL
+ * (no report since the job started or since the step's metrics were recorded, not run here, or
+ * out of memory). In memory only, like the phase. */
+json_t *workers_progress(struct workers *w, const char *job_id);
 /* Number of jobs being run now, and whether the threads are up (for /readyz and /metrics). */
 int workers_busy(struct workers *w);
 int workers_up(struct workers *w);

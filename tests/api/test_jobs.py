@@ -309,6 +309,7 @@ class TestFlow(DaemonCase):
         self.assertEqual(j["status"], "succeeded")
         self.assertEqual(j["step"], 3)
         self.assertIsNone(j["phase"])
+        self.assertIsNone(j["progress"])
         self.assertIsNone(j["queue_position"])
         self.assertEqual(j["checkpoints"], [0, 1, 2, 3])
         self.assertEqual(j["fine_tuned_model"], j["id"] + ":step-3")
@@ -782,6 +783,23 @@ class TestProgress(DaemonCase):
         self.assertTrue(all(e["data"]["step"] == 1 for i, e in ids.items()
                             if e["event"] == "progress" and i < first_metrics
                             and e["data"]["pass"] != "evaluation"))
+
+    def test_job_object_progress(self):
+        """A running job's object shows its latest report (an event already in the list, of the
+        step under way); null once it has finished, and for a job that never reported."""
+        jid = self.create_ok(long_hp(2000))["id"]
+        j = self.wait_until(jid, lambda j: j["progress"] is not None, "a progress report in "
+                            "the job object")
+        p = j["progress"]
+        self.assertIn(p, [e["data"] for e in self.all_events(jid) if e["type"] == "progress"])
+        self.assertGreater(p["step"], j["step"] - (p["pass"] == "evaluation"))
+        self.assertLessEqual(p["done"], p["total"])
+        j = self.assertJson(self.d.post_json("/v1/jobs/%s/cancel" % jid, {}), 200)
+        j = self.wait_status(jid, "cancelled")
+        self.assertIsNone(j["progress"])
+        self.assertIsNone(j["phase"])
+        self.assertTrue(all(x["progress"] is None for x in self.assertJson(
+            self.d.get("/v1/jobs"), 200)["data"]))
 
 
 class TestBacklog(DaemonCase):
