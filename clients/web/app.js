@@ -9,7 +9,7 @@ import {
   api, ApiError, download, getKey, jsonLines, onKeyChange, setKey, setKeyPrompt, uploadFile,
 } from './api.js';
 import { CHARTS, MetricSeries, StepChart, loadUplot } from './charts.js';
-import { fmtBytes, fmtNumber as fmt, fmtStep } from './format.js';
+import { fmtBytes, fmtNumber as fmt, fmtProgress, fmtStep } from './format.js';
 import { followEvents } from './sse.js';
 
 // ---- small DOM helpers ----
@@ -142,6 +142,7 @@ function jobRow(j) {
     h('td', {}, h('a', { href: `#/jobs/${j.id}`, class: 'mono', text: j.id }), j.suffix ? h('div', { class: 'muted small', text: j.suffix }) : null),
     h('td', { text: j.model }),
     h('td', {}, badge(j.status), j.phase ? h('span', { class: 'muted small', text: ` ${j.phase}` }) : null,
+      j.progress ? h('span', { class: 'muted small pass-mini', title: fmtProgress(j.progress), text: ` ${j.progress.pass} ${fmtStep(j.progress.done)}/${fmtStep(j.progress.total)}` }) : null,
       j.queue_position ? h('span', { class: 'muted small', text: ` #${j.queue_position}` }) : null),
     h('td', {}, h('div', { class: 'progress' }, h('div', { class: 'bar', dataset: { pct: String(pct) } })),
       h('span', { class: 'small', text: `${fmtStep(j.step || 0)} / ${fmtStep(j.total_steps)}` })),
@@ -420,6 +421,10 @@ async function viewJob(view, id) {
   const statusEl = h('span', { id: 'job-status' });
   const progressBar = h('div', { class: 'bar' });
   const progressText = h('span', { class: 'small', id: 'job-step' });
+  // the latest progress report of a long pass of the step under way (progress events)
+  const passBar = h('div', { class: 'bar' });
+  const passText = h('span', { class: 'small', id: 'job-pass-text' });
+  const passBox = h('span', { class: 'pass', id: 'job-pass', hidden: true }, h('div', { class: 'progress' }, passBar), passText);
   const conn = h('span', { class: 'muted small', id: 'stream-state', text: 'connecting' });
   const btn = (action, label, cls = '') => h('button', { type: 'button', class: cls, id: `job-${action}`, text: label, onclick: () => act(action) });
   const buttons = { pause: btn('pause', 'Pause'), resume: btn('resume', 'Resume'), cancel: btn('cancel', 'Cancel', 'danger') };
@@ -436,7 +441,7 @@ async function viewJob(view, id) {
       h('div', {}, h('div', { class: 'crumbs' }, h('a', { href: '#/jobs', text: 'Jobs' }), ' / '), h('h1', { class: 'mono', text: id })),
       h('div', { class: 'row' }, rolloutsLink, csvButton, buttons.pause, buttons.resume, buttons.cancel)),
     h('div', { class: 'card summary' },
-      h('div', { class: 'row' }, statusEl, h('div', { class: 'progress wide' }, progressBar), progressText, conn),
+      h('div', { class: 'row' }, statusEl, passBox, h('div', { class: 'progress wide' }, progressBar), progressText, conn),
       h('dl', { class: 'meta' },
         h('dt', { text: 'Model' }), h('dd', { text: job.model }),
         h('dt', { text: 'Judge' }), h('dd', { text: job.judge ? job.judge.type : '–' }),
@@ -465,6 +470,14 @@ async function viewJob(view, id) {
     if (j.fine_tuned_model) errBox.append(h('div', { class: 'alert ok' }, 'Fine-tuned model: ', h('span', { class: 'mono', text: j.fine_tuned_model })));
   };
   paintJob(job);
+
+  // A progress event's report beside the phase, until the step's metrics (or its evaluation's)
+  // arrive or the job stops running; null clears it.
+  const paintPass = (p) => {
+    passBox.hidden = !p;
+    passText.textContent = p ? fmtProgress(p) : '';
+    passBar.style.width = p && p.total ? `${(100 * p.done) / p.total}%` : '0';
+  };
 
   const act = async (action) => {
     try {
@@ -541,6 +554,10 @@ async function viewJob(view, id) {
     onState: (s) => { conn.textContent = s === 'live' ? '● live' : s; conn.dataset.state = s; },
     onEvent: (ev) => {
       if (ev.type === 'heartbeat') return;
+      // progress is shown beside the phase, not logged: up to 21 reports a pass
+      if (ev.type === 'progress') { paintPass(ev.data); return; }
+      if (ev.type === 'metrics' || ev.type === 'end' ||
+          (ev.type === 'status' && !['running', 'pausing', 'cancelling'].includes(ev.data && ev.data.status))) paintPass(null);
       if (ev.type === 'metrics' && ev.data) {
         series.add(ev.data);
         if (!Object.keys(ev.data).some((k) => k.startsWith('eval/'))) paintStats(ev.data);

@@ -67,3 +67,14 @@ export function fmtBytes(n) {
   if (n < 1024 ** 3) return `${ONE_DECIMAL.format(n / 1024 ** 2)} MiB`;
   return `${ONE_DECIMAL.format(n / 1024 ** 3)} GiB`;
 }
+
+// A progress report of a long pass (a `progress` event's data, or a job's `progress`), as
+// `dapod train` prints it, numbers written as above:
+//   step 3: update 2/4 micro-batches, 4,800 tokens
+//   step 3: generation round 1 5/8 sequences, 40 tokens
+export function fmtProgress(p) {
+  if (!p) return '';
+  const round = p.pass === 'generation' && p.round ? ` round ${fmtStep(p.round)}` : '';
+  const unit = p.unit === 'sequences' ? 'sequences' : 'micro-batches';
+  return `step ${fmtStep(p.step)}: ${p.pass}${round} ${fmtStep(p.done)}/${fmtStep(p.total)} ${unit}, ${fmtNumber(p.tokens)} tokens`;
+}

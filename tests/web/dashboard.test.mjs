@@ -12,6 +12,11 @@
 //     daemon and shown next to its field (errors[].field), then a job started from the form.
 //  3. Job page: the reward chart gains points as steps finish over SSE: after Pause the chart
 //     holds exactly job.step points (the API's), after Resume it gains more; Cancel ends it.
+//     The daemon runs with --progress-every-pass, so every pass of the tiny job sends progress
+//     events: beside the phase the page shows each report as format.js writes it, in the
+//     API's order, cleared by the step's metrics and by the pause (every text the element held,
+//     recorded by a MutationObserver from the page's start, against the API's events list);
+//     after Resume it shows new reports. The job list shows a running job's `progress`.
 //  4. Rollout viewer: groups and responses of the step as the API's rollouts file has them.
 //  5. A checkpoint's model.safetensors downloaded from the page (fetch + blob with the key):
 //     its SHA-256 equals the checkpoint list's and the bytes the API sends.
@@ -39,7 +44,7 @@ const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) =>
 for (const k of ['dapod', 'data', 'invalid', 'web', 'artifacts']) {
   if (!args[k]) { console.error(`usage: --dapod BIN --data FILE --invalid FILE --web CLIENTS_WEB_DIR --artifacts DIR (missing --${k})`); process.exit(2); }
 }
-const { fmtNumber, fmtStep } = await import(pathToFileURL(join(args.web, 'format.js')).href);
+const { fmtNumber, fmtProgress, fmtStep } = await import(pathToFileURL(join(args.web, 'format.js')).href);
 // A figure as the page writes it, read back as a number ('331,500' -> 331500).
 const num = (t) => Number(String(t).replace(/,/g, ''));
 // Whole steps only on a chart's step axis (the ticks uPlot chose, kept in data-step-ticks).
@@ -64,7 +69,7 @@ function startDaemon() {
   const tmp = mkdtempSync(join(tmpdir(), 'dapod-web-'));
   const proc = spawn(args.dapod, ['serve', '--listen', '127.0.0.1:0', '--data-dir', join(tmp, 'var'),
     '--models-dir', join(tmp, 'models'), '--workers', '1', '--blas-threads', '1',
-    '--api-keys', `web:${sha256(KEY)}`], { stdio: ['ignore', 'ignore', 'pipe'] });
+    '--api-keys', `web:${sha256(KEY)}`, '--progress-every-pass', 'true'], { stdio: ['ignore', 'ignore', 'pipe'] });
   let log = '';
   const ready = new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`dapod did not listen in time:\n${log}`)), WAIT);
@@ -125,6 +130,30 @@ async function main() {
     page.on('request', (r) => requests.push({ url: r.url(), method: r.method(), auth: r.headers().authorization || null }));
     const consoleErrors = [];
     page.on('pageerror', (e) => consoleErrors.push(String(e)));
+    // Every text the progress display (#job-pass-text) held, in order ('' when cleared): a
+    // MutationObserver from the document's start, so no report is missed however fast they come
+    // (setting textContent adds one new text node per report, never changed afterwards).
+    await page.addInitScript(() => {
+      window.passShown = [];
+      new MutationObserver((records) => {
+        for (const r of records) {
+          if (r.target.id !== 'job-pass-text') continue;
+          window.passShown.push(r.addedNodes.length ? r.addedNodes[0].textContent : '');
+        }
+      }).observe(document, { childList: true, subtree: true });
+    });
+    const passShown = () => page.evaluate(() => window.passShown.slice());
+    // What the display should have held for the API's events: each progress report, and ''
+    // when a metrics event, the end or a status other than running/pausing/cancelling clears it.
+    const passExpected = (events) => {
+      const out = [];
+      for (const e of events) {
+        if (e.type === 'progress') out.push(fmtProgress(e.data));
+        else if ((e.type === 'metrics' || e.type === 'end' || (e.type === 'status' && !['running', 'pausing', 'cancelling'].includes(e.data.status)))
+          && out.length && out[out.length - 1] !== '') out.push('');
+      }
+      return out;
+    };
     const shot = async (name) => {
       const p = join(args.artifacts, `${name}.png`);
       await page.screenshot({ path: p, fullPage: true });
@@ -279,6 +308,8 @@ async function main() {
       if (!pageOfEvents.has_more) break;
       after = pageOfEvents.next_after;
     }
+    // progress reports are shown beside the phase, not in the event log
+    const logged = apiEvents.filter((e) => e.type !== 'progress');
     // a paused job is quiet: once the page has shown the API's newest event, both lists are whole
     await page.waitForFunction((id) => Number(document.querySelector('#event-log tbody tr td')?.textContent) >= id,
       apiEvents[apiEvents.length - 1].id);
@@ -286,13 +317,29 @@ async function main() {
     check(logRows === apiEvents.filter((e) => e.type === 'metrics').length && logRows === paused.step,
       `the event log has the job's ${logRows} metrics events`);
     const logIds = (await page.locator('#event-log tbody tr td:first-child').allTextContents()).map(Number);
-    check(same(logIds, apiEvents.map((e) => e.id).reverse()), `the event log lists the API's ${apiEvents.length} events, newest first`);
+    check(same(logIds, logged.map((e) => e.id).reverse()), `the event log lists the API's ${logged.length} events but progress, newest first`);
+    // the progress display: every report of the API's, in order, cleared by each step's metrics
+    const reports = apiEvents.filter((e) => e.type === 'progress').map((e) => e.data);
+    // (the tiny job's rewards are often all equal, so a step may skip its update: no update pass)
+    const passes = [...new Set(reports.map((p) => p.pass))];
+    check(reports.length >= 2 * paused.step && passes.includes('generation'),
+      `the job sent progress events (${reports.length} for ${paused.step} steps; passes ${passes.join(', ')})`);
+    const shownPass = await passShown();
+    const wantPass = passExpected(apiEvents);
+    check(same(shownPass, wantPass), `the progress display showed the API's ${reports.length} reports in order, cleared ${wantPass.filter((t) => t === '').length} times (${shownPass.length} texts)`);
+    check(new Set(shownPass.filter(Boolean)).size >= 2, `the progress display updated (e.g. "${shownPass[0]}", then "${shownPass[1]}")`);
+    check(shownPass.filter(Boolean).every((t) => /^step \d+: (generation round \d+ \d+\/\d+ sequences|(evaluation \d+\/\d+ sequences)|((old_logprob|update) \d+\/\d+ micro-batches)), [\d,]+ tokens$/.test(t)),
+      'each report reads "step N: generation round R d/t sequences, T tokens" or "step N: update d/t micro-batches, T tokens"');
+    check(await page.isHidden('#job-pass') && (await page.textContent('#job-pass-text')) === '', 'a paused job shows no progress');
     await shot('03-job-paused');
 
     await page.click('#job-resume');
     await page.waitForFunction((n) => Number(document.querySelector('#chart-reward').dataset.points) > n, paused.step);
     const later = await points();
     check(later > paused.step, `after Resume the chart gained points live (${paused.step} -> ${later})`);
+    const afterResume = (await passShown()).slice(shownPass.length).filter(Boolean);
+    check(afterResume.length > 0 && afterResume.every((t) => Number(t.match(/^step (\d+):/)[1]) > paused.step),
+      `after Resume the progress display shows the new steps' reports (${afterResume.length}, first "${afterResume[0]}")`);
     for (const id of ['entropy', 'length', 'clip', 'groups', 'throughput']) {
       check(Number(await page.getAttribute(`#chart-${id}`, 'data-points')) > 0, `chart ${id} has points`);
     }
@@ -363,6 +410,20 @@ async function main() {
     await page.locator(`#jobs-table tr[data-job="${jobId}"][data-status="cancelled"]`).waitFor();
     check(true, 'the job list shows the cancelled job');
     await shot('06-jobs');
+    check(final.progress === null && await page.locator('#jobs-table .pass-mini').count() === 0, 'a finished job has no progress');
+    // a running job's progress (the job object's `progress`), through a list answered here
+    const report = reports[reports.length - 1];
+    const jobList = (url) => url.pathname === '/v1/jobs' && url.search === '?limit=100';
+    await page.route(jobList, async (route) => {
+      const list = await (await route.fetch()).json();
+      for (const j of list.data) Object.assign(j, { status: 'running', phase: 'updating', progress: report });
+      await route.fulfill({ json: list });
+    });
+    const mini = page.locator(`#jobs-table tr[data-job="${jobId}"][data-status="running"] .pass-mini`);
+    await mini.waitFor();
+    check(await mini.textContent() === ` ${report.pass} ${fmtStep(report.done)}/${fmtStep(report.total)}` && await mini.getAttribute('title') === fmtProgress(report),
+      `the job list shows a running job's progress ("${await mini.textContent()}", title "${fmtProgress(report)}")`);
+    await page.unroute(jobList);
 
     // keys never in URLs; API calls carry the Bearer key
     const apiReqs = requests.filter((r) => new URL(r.url).pathname.startsWith('/v1/'));

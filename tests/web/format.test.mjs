@@ -10,7 +10,7 @@ import { pathToFileURL } from 'node:url';
 const dir = process.argv[2];
 if (!dir) { console.error('usage: node format.test.mjs CLIENTS_WEB_DIR'); process.exit(2); }
 const mod = (name) => import(pathToFileURL(join(dir, name)).href);
-const { fmtBytes, fmtNumber, fmtStep, fmtTick, STEP_INCRS } = await mod('format.js');
+const { fmtBytes, fmtNumber, fmtProgress, fmtStep, fmtTick, STEP_INCRS } = await mod('format.js');
 
 let failed = 0;
 function check(cond, msg) {
@@ -60,6 +60,18 @@ table('fmtTick', fmtTick, [[0, '0'], [-0, '0'], [0.125, '0.125'], [0.005, '0.005
 // ---- sizes ----
 table('fmtBytes', fmtBytes, [[0, '0 B'], [1023, '1,023 B'], [1024, '1.0 KiB'], [397320, '388.0 KiB'],
   [5 * 1024 * 1024, '5.0 MiB'], [3 * 1024 ** 3, '3.0 GiB']]);
+
+// ---- progress reports of long passes (progress events, a job's progress) ----
+table('fmtProgress', fmtProgress, [
+  [{ step: 3, pass: 'update', round: 0, done: 2, total: 4, unit: 'micro_batches', tokens: 4800 },
+    'step 3: update 2/4 micro-batches, 4,800 tokens'],
+  [{ step: 12, pass: 'generation', round: 2, done: 0, total: 1024, unit: 'sequences', tokens: 0 },
+    'step 12: generation round 2 0/1,024 sequences, 0 tokens'],
+  [{ step: 1, pass: 'old_logprob', round: 0, done: 21, total: 21, unit: 'micro_batches', tokens: 1234567 },
+    'step 1: old_logprob 21/21 micro-batches, 1,234,567 tokens'],
+  [{ step: 40, pass: 'evaluation', round: 0, done: 7, total: 64, unit: 'sequences', tokens: 96 },
+    'step 40: evaluation 7/64 sequences, 96 tokens'],
+  [null, '']]);
 
 // ---- charts.js hands them to uPlot ----
 globalThis.ResizeObserver = class { observe() {} disconnect() {} };
