@@ -324,6 +324,12 @@ void lm_samples_free(struct lm_samples *out) {
 
 int lm_sample(const struct lm *lm, const int *ids, int n_ids, int n, const struct sampler_opts *o,
               uint64_t seed, struct lm_samples *out, struct dapo_err *e) {
+  return lm_sample_step(lm, ids, n_ids, n, o, seed, NULL, NULL, out, e);
+}
+
+int lm_sample_step(const struct lm *lm, const int *ids, int n_ids, int n,
+                   const struct sampler_opts *o, uint64_t seed, gen_step_fn step, void *step_ctx,
+                   struct lm_samples *out, struct dapo_err *e) {
   memset(out, 0, sizeof *out);
   if (!lm->model || n < 1 || n_ids < 1 || o->max_new_tokens < 1)
     return dapo_errf(e, DAPO_EINVAL, "lm_sample: no weights, no samples or an empty prompt");
@@ -359,6 +365,7 @@ int lm_sample(const struct lm *lm, const int *ids, int n_ids, int n, const struc
     rc = e && e->code ? e->code : DAPO_ENOMEM;
     goto out;
   }
+  gen_state_set_step(gs, step, step_ctx);
   struct gen_out go = {out->tokens, out->logp, out->len, out->finish};
   rc = gen_run(gs, lm->model, n, prompts, plens, rngs, &so, &go, NULL, e);
 out:

@@ -98,6 +98,12 @@ struct lm_samples {
  * is only read. */
 int lm_sample(const struct lm *lm, const int *ids, int n_ids, int n, const struct sampler_opts *o,
               uint64_t seed, struct lm_samples *out, struct dapo_err *e);
+/* lm_sample with gen_run's step hook (sampler.h, gen_state_set_step; NULL: none), told on the
+ * calling thread after each round of sampling with the rows of out's arrays: it may end samples
+ * early (a stop string); lm_sample is lm_sample_step without one. */
+int lm_sample_step(const struct lm *lm, const int *ids, int n_ids, int n,
+                   const struct sampler_opts *o, uint64_t seed, gen_step_fn step, void *step_ctx,
+                   struct lm_samples *out, struct dapo_err *e);
 /* Frees out's arrays (NULL or already freed arrays are fine) and zeroes it. */
 void lm_samples_free(struct lm_samples *out);
 

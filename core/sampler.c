@@ -31,6 +31,8 @@ struct gen_state {
   struct pool_barrier bar;  /* between decode_step's phases; its spin budget persists */
   gen_progress_fn progress; /* told between decoding steps (gen_state_set_progress); NULL: none */
   void *progress_ctx;
+  gen_step_fn step; /* told after each round of sampling (gen_state_set_step); NULL: none */
+  void *step_ctx;
 };
 
 struct glayout {
@@ -151,6 +153,11 @@ void gen_state_set_split(struct gen_state *s, enum gen_split split) {
 void gen_state_set_progress(struct gen_state *s, gen_progress_fn fn, void *ctx) {
   s->progress = fn;
   s->progress_ctx = ctx;
+}
+
+void gen_state_set_step(struct gen_state *s, gen_step_fn fn, void *ctx) {
+  s->step = fn;
+  s->step_ctx = ctx;
 }
 
 /* Above this many bytes of weights a decoding step splits by columns: measured on the 2-core
@@ -519,6 +526,7 @@ static int gen_run_impl(struct gen_state *s, const struct model *m, int n,
   for (;;) {
     if (cancel && __atomic_load_n(cancel, __ATOMIC_RELAXED)) /* set by another thread */
       return dapo_errf(e, DAPO_ECANCELLED, "generation cancelled");
+    if (s->step) s->step(s->step_ctx, out, n, maxn); /* it may end sequences */
     int n_act = 0;
     for (int q = 0; q < n; q++) {
       int len = out->len[q];

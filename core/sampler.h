@@ -62,6 +62,15 @@ void gen_state_set_split(struct gen_state *s, enum gen_split split);
 typedef void (*gen_progress_fn)(void *ctx, int64_t tokens, int finished);
 void gen_state_set_progress(struct gen_state *s, gen_progress_fn fn, void *ctx);
 
+/* Told by gen_run after every round of sampling (the prefill's first token of each sequence,
+ * then each decoding step), on gen_run's thread, before it picks the sequences that go on: out
+ * holds every sequence's tokens so far (rows of max_new slots) with len and finish. It may end
+ * sequence q after its last token by setting out->finish[q] = FINISH_STOP (e.g. its text now holds
+ * a stop string); it must change nothing else, nor touch the state. fn NULL: none (the default):
+ * gen_run's tokens are then its own. ctx is borrowed until the next gen_state_set_step. */
+typedef void (*gen_step_fn)(void *ctx, struct gen_out *out, int n, int max_new);
+void gen_state_set_step(struct gen_state *s, gen_step_fn fn, void *ctx);
+
 /* Generates n <= cap_batch sequences. prompts[i] (borrowed) has prompt_len[i] >= 1 tokens;
  * rngs[i] advances as sequence i samples. Returns 0, DAPO_ECANCELLED when *cancel becomes
  * non-zero (checked between tokens; may be NULL), or an error. */

@@ -100,6 +100,23 @@ static void on_progress(void *ctx, int64_t tokens, int finished) {
   l->finished = finished;
 }
 
+/* What gen_run's step hook saw; with end set it ends sequence q after q % 3 + 1 tokens. */
+struct step_log {
+  int calls, bad, end;
+  int seen[NSEQ];
+};
+
+static void on_step(void *ctx, struct gen_out *out, int n, int max_new) {
+  struct step_log *l = ctx;
+  l->calls++;
+  for (int q = 0; q < n; q++) {
+    /* every round adds at most one token to each sequence, none once it finished */
+    l->bad += out->len[q] < l->seen[q] || out->len[q] > l->seen[q] + 1 || out->len[q] > max_new;
+    l->seen[q] = out->len[q];
+    if (l->end && out->len[q] == q % 3 + 1) out->finish[q] = FINISH_STOP;
+  }
+}
+
 static void test_model(int arch, int tied, int nkv) {
   struct model *m = make_model(arch, tied, nkv);
   struct dapo_err e;
@@ -142,6 +159,31 @@ static void test_model(int arch, int tied, int nkv) {
             "progress: %d calls for %d steps, last %lld tokens of %lld, %d finished, first %lld",
             pg.calls, longest, (long long)pg.tokens, (long long)sampled, pg.finished,
             (long long)pg.first_tokens);
+
+  /* the step hook: told after every round of sampling; unused it changes nothing, and ending a
+   * sequence (sequence i after i % 3 + 1 tokens) keeps its tokens so far and every other
+   * sequence's tokens */
+  struct step_log sl = {0};
+  struct run hk;
+  gen_state_set_step(s, on_step, &sl);
+  gen(s, m, NSEQ, prompts, plen, seeds, &o, &hk);
+  CHECK(!memcmp(a.tokens, hk.tokens, sizeof a.tokens) && !memcmp(a.logp, hk.logp, sizeof a.logp) &&
+        !memcmp(a.len, hk.len, sizeof a.len) && !memcmp(a.finish, hk.finish, sizeof a.finish));
+  CHECK_MSG(sl.calls == longest && sl.bad == 0, "step hook: %d calls for %d steps, %d bad",
+            sl.calls, longest, sl.bad);
+  struct step_log cut = {.end = 1};
+  gen_state_set_step(s, on_step, &cut);
+  gen(s, m, NSEQ, prompts, plen, seeds, &o, &hk);
+  gen_state_set_step(s, NULL, NULL);
+  for (int i = 0; i < NSEQ; i++) {
+    int keep = i % 3 + 1 < a.len[i] ? i % 3 + 1 : a.len[i];
+    CHECK_MSG(hk.len[i] == keep &&
+                  !memcmp(hk.tokens + i * MAXN, a.tokens + i * MAXN, sizeof(int) * (size_t)keep),
+              "step hook: sequence %d kept %d tokens, expected %d of %d", i, hk.len[i], keep,
+              a.len[i]);
+    CHECK(hk.finish[i] == (keep < a.len[i] ? FINISH_STOP : a.finish[i]));
+  }
+  CHECK(cut.bad == 0);
 
   /* batch of 8 == 8 single runs */
   int same = 1, total = 0;
