@@ -11,43 +11,13 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "files.h"
 #include "lm.h"
 #include "lora.h"
 #include "runner.h"
 #include "train.h"
 
 static char tmpdir[] = "/tmp/dapo-runner-lora-XXXXXX";
-
-static void write_dataset(const char *path, int n) {
-  FILE *f = fopen(path, "w");
-  for (int i = 0; i < n; i++) {
-    int a = i % 10, b = (i / 10) % 10;
-    fprintf(f, "{\"prompt\": \"%d+%d=\", \"answer\": \"%d\"}\n", a, b, (a + b) % 10);
-  }
-  fclose(f);
-}
-
-static char *slurp(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *b = malloc((size_t)n + 1);
-  *len = fread(b, 1, (size_t)n, f);
-  b[*len] = 0;
-  fclose(f);
-  return b;
-}
-
-static int same_file(const char *a, const char *b) {
-  size_t la = 0, lb = 0;
-  char *x = slurp(a, &la), *y = slurp(b, &lb);
-  int same = x && y && la == lb && !memcmp(x, y, la);
-  if (!same) fprintf(stderr, "files differ: %s %s\n", a, b);
-  free(x), free(y);
-  return same;
-}
 
 static int exists(const char *out, int step, const char *name) {
   char p[512];

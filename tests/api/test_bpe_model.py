@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import shutil
-import struct
 import sys
 import tempfile
 import unittest
@@ -51,23 +50,6 @@ IM_START, IM_END, ENDOFTEXT = 151644, 151645, 151643
 QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 
 
-def write_safetensors(path, tensors):
-    header, blobs, off = {}, [], 0
-    for name, a in tensors.items():
-        b = np.ascontiguousarray(a, dtype="<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    header["__metadata__"] = {"format": "pt"}
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
-
-
 def make_folder(path, tok_dir):
     os.makedirs(path)
     rng = np.random.default_rng(1234)
@@ -87,7 +69,7 @@ def make_folder(path, tok_dir):
         t[p + "mlp.gate_proj.weight"] = rng.normal(0, 0.2, (FF, C))
         t[p + "mlp.up_proj.weight"] = rng.normal(0, 0.2, (FF, C))
         t[p + "mlp.down_proj.weight"] = rng.normal(0, 0.2, (C, FF))
-    write_safetensors(os.path.join(path, "model.safetensors"), t)
+    llama.write_safetensors(os.path.join(path, "model.safetensors"), t)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(CFG, f)
     with open(os.path.join(path, "generation_config.json"), "w") as f:

@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import shutil
-import struct
 import sys
 import tempfile
 import unittest
@@ -74,28 +73,6 @@ LLAMA2 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_s
           "hidden_act": "silu", "torch_dtype": "float32"}
 
 
-def write_safetensors(path, tensors, bf16):
-    header, blobs, off = {}, [], 0
-    for name, a in tensors.items():
-        if bf16:  # round to nearest even, as torch's .to(torch.bfloat16)
-            u = np.ascontiguousarray(a, dtype="<f4").view("<u4").astype(np.uint64)
-            u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
-            b, dt = u.tobytes(), "BF16"
-        else:
-            b, dt = np.ascontiguousarray(a, dtype="<f4").tobytes(), "F32"
-        header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    header["__metadata__"] = {"format": "pt"}
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
-
-
 def make_folder(path, cfg, tok_dir, seed, bf16=False, pad_logit_scale=0.0):
     """Random weights named and shaped as the reference's module (so as transformers'); norms
     and biases off 1 and 0. With pad_logit_scale, the embedding rows past the tokenizer's ids
@@ -119,7 +96,7 @@ def make_folder(path, cfg, tok_dir, seed, bf16=False, pad_logit_scale=0.0):
     if pad_logit_scale:
         head = "lm_head.weight" if "lm_head.weight" in t else "model.embed_tokens.weight"
         t[head][vu:] *= pad_logit_scale
-    write_safetensors(os.path.join(path, "model.safetensors"), t, bf16)
+    llama.write_safetensors(os.path.join(path, "model.safetensors"), t, bf16)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
     return sum(a.size for a in t.values()), vu

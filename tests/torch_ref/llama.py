@@ -9,7 +9,7 @@ residual, final RMSNorm, lm_head (tied to embed_tokens when tie_word_embeddings)
 Parameter names are transformers' (model.layers.N.self_attn.q_proj.weight, ...), so
 state_dict() keys are exactly the tensor names of a checkpoint.
 
-Checkpoint folders (config.json + model.safetensors) are read by hand: u64 little-endian header
+Checkpoint folders (config.json + model.safetensors) are read (and test folders written) by hand: u64 little-endian header
 length, JSON header, raw little-endian bytes; F32, F16 and BF16 become float32. A missing,
 unexpected or misshapen tensor is an error.
 
@@ -121,6 +121,30 @@ def read_safetensors(path):
         tensors[name] = torch.from_numpy(arr.copy()).reshape(shape)
         dtypes[name] = dt
     return tensors, dtypes, meta
+
+
+def write_safetensors(path, tensors, bf16=False):
+    """Writes {name: numpy array} as a safetensors file: F32, or BF16 rounded to nearest even as
+    torch's .to(torch.bfloat16) (test folders in the Hugging Face layout)."""
+    header, blobs, off = {}, [], 0
+    for name, a in tensors.items():
+        if bf16:
+            u = np.ascontiguousarray(a, dtype="<f4").view("<u4").astype(np.uint64)
+            u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
+            b, dt = u.tobytes(), "BF16"
+        else:
+            b, dt = np.ascontiguousarray(a, dtype="<f4").tobytes(), "F32"
+        header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    header["__metadata__"] = {"format": "pt"}
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
 
 
 # ---------------------------------------------------------------------------------------------
