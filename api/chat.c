@@ -2,9 +2,10 @@
  * checkpoints (native "{job_id}:step-N" ids or the "ft:...:{job_id}[:ckpt-step-N]" names of the
  * fine-tuning surface): the messages are rendered with the model's chat template (the job's own
  * for its checkpoints, tokenizer_config.json's for a folder, else the default of
- * docs/OPENAI.md), sampled on the completion service, cut at `stop`, and answered as a
- * chat.completion object, or with stream: true as chat.completion.chunk server-sent events ending
- * in `data: [DONE]` (sent once the completion is done). */
+ * docs/OPENAI.md), sampled on the completion service (a `stop` string ends its choice there),
+ * and answered as a chat.completion object, or with stream: true as chat.completion.chunk
+ * server-sent events sent as the tokens are sampled, ending in `data: [DONE]` (the stream engine
+ * of api/completions.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +23,7 @@
 
 #define MAX_TOKENS_MAX 512
 #define N_MAX 16
-#define STOP_MAX 4
+#define STOP_MAX COMPLETION_STOP_MAX
 #define PROMPT_MAX_BYTES (64 * 1024)
 
 static const char DEFAULT_TEMPLATE[] =
@@ -30,6 +31,8 @@ static const char DEFAULT_TEMPLATE[] =
 
 struct chat_req {
   char model[512];
+  char id[64];
+  long long created;
   int stream, include_usage, logprobs, top_logprobs;
   char *stop[STOP_MAX];
   int n_stop;
@@ -118,129 +121,99 @@ static double now_unix(void) {
   return (double)time(NULL);
 }
 
-/* Where to cut text at the first stop sequence (its length when none). */
-static size_t cut_at_stop(const struct chat_req *q, const char *text, int *stopped) {
-  size_t n = strlen(text);
-  *stopped = 0;
-  for (int i = 0; i < q->n_stop; i++) {
-    const char *p = strstr(text, q->stop[i]);
-    if (p && (size_t)(p - text) < n) n = (size_t)(p - text), *stopped = 1;
-  }
-  return n;
+/* One entry of logprobs.content: the token (decoded alone), its log-prob and bytes. */
+static json_t *logprob_entry(const struct chat_req *q, const char *piece, double lp) {
+  if (!piece) piece = "";
+  json_t *bytes = json_array();
+  for (const unsigned char *b = (const unsigned char *)piece; *b; b++)
+    json_array_append_new(bytes, json_integer(*b));
+  json_t *top = json_array();
+  if (q->top_logprobs > 0) /* the sampled token only: the sampler keeps no others */
+    json_array_append_new(top, json_pack("{s:o, s:f, s:O}", "token", dapo_json_text(piece),
+                                         "logprob", lp, "bytes", bytes));
+  return json_pack("{s:o, s:f, s:o, s:o}", "token", dapo_json_text(piece), "logprob", lp, "bytes",
+                   bytes, "top_logprobs", top);
 }
 
-static json_t *logprobs_json(const struct chat_req *q, const struct completion_result *res, int i,
-                             size_t keep) {
+/* Every token of choice i, up to the one that ended it (as usage counts them). */
+static json_t *logprobs_json(const struct chat_req *q, const struct completion_result *res, int i) {
   const struct lm_samples *go = &res->samples;
   json_t *content = json_array();
-  size_t used = 0;
-  for (int t = 0; t < go->len[i] && used < keep; t++) {
-    const char *piece = res->pieces[(size_t)i * go->max_new + t];
-    if (!piece) piece = "";
-    used += strlen(piece);
-    json_t *bytes = json_array();
-    for (const unsigned char *b = (const unsigned char *)piece; *b; b++)
-      json_array_append_new(bytes, json_integer(*b));
-    double lp = go->logp[(size_t)i * go->max_new + t];
-    json_t *top = json_array();
-    if (q->top_logprobs > 0) /* the sampled token only: the sampler keeps no others */
-      json_array_append_new(top, json_pack("{s:o, s:f, s:O}", "token", dapo_json_text(piece),
-                                           "logprob", lp, "bytes", bytes));
-    json_array_append_new(content, json_pack("{s:o, s:f, s:o, s:o}", "token", dapo_json_text(piece),
-                                             "logprob", lp, "bytes", bytes, "top_logprobs", top));
+  for (int t = 0; t < go->len[i]; t++) {
+    size_t at = (size_t)i * go->max_new + t;
+    json_array_append_new(content, logprob_entry(q, res->pieces[at], go->logp[at]));
   }
   return json_pack("{s:o, s:n}", "content", content, "refusal");
+}
+
+static const char *finish_name(int finish) {
+  return finish == FINISH_STOP ? "stop" : "length";
 }
 
 static int render(struct api_req *r, void *arg, const struct completion_result *res) {
   const struct chat_req *q = arg;
   const struct lm_samples *go = &res->samples;
-  char id[64];
-  snprintf(id, sizeof id, "chatcmpl-%lld%d", (long long)now_unix(), rand() % 100000);
-  long long created = (long long)now_unix(), completion = 0;
   json_t *choices = json_array();
-  for (int i = 0; i < go->n; i++) {
-    int stopped;
-    size_t keep = cut_at_stop(q, res->text[i], &stopped);
-    char *text = strndup(res->text[i], keep);
-    const char *finish = stopped || go->finish[i] == FINISH_STOP ? "stop" : "length";
-    completion += go->len[i];
+  for (int i = 0; i < go->n; i++)
     json_array_append_new(
-        choices,
-        json_pack("{s:i, s:{s:s, s:o, s:n}, s:s, s:o}", "index", i, "message", "role", "assistant",
-                  "content", dapo_json_text(text ? text : ""), "refusal", "finish_reason", finish,
-                  "logprobs", q->logprobs ? logprobs_json(q, res, i, keep) : json_null()));
-    free(text);
-  }
-  json_t *usage =
-      json_pack("{s:i, s:I, s:I}", "prompt_tokens", res->n_prompt, "completion_tokens",
-                (json_int_t)completion, "total_tokens", (json_int_t)(completion + res->n_prompt));
-  if (!q->stream)
-    return api_reply_json_steal(r, 200,
-                                json_pack("{s:s, s:s, s:I, s:s, s:o, s:o, s:s}", "id", id, "object",
-                                          "chat.completion", "created", (json_int_t)created,
-                                          "model", q->model, "choices", choices, "usage", usage,
-                                          "system_fingerprint", "dapod"));
-  /* the stream: per choice a role chunk, a content chunk, a finish chunk; then usage; [DONE] */
-  size_t cap = 4096, len = 0;
-  char *out = malloc(cap);
-  json_t *frames = json_array();
-  size_t i;
-  json_t *c;
-  json_array_foreach(choices, i, c) {
-    json_t *msg = json_object_get(c, "message");
-    json_array_append_new(frames, json_pack("[{s:i, s:{s:s}, s:n}]", "index", (int)i, "delta",
-                                            "role", "assistant", "finish_reason"));
-    json_array_append_new(frames,
-                          json_pack("[{s:i, s:{s:O}, s:n, s:O}]", "index", (int)i, "delta",
-                                    "content", json_object_get(msg, "content"), "finish_reason",
-                                    "logprobs", json_object_get(c, "logprobs")));
-    json_array_append_new(frames, json_pack("[{s:i, s:{}, s:O}]", "index", (int)i, "delta",
-                                            "finish_reason", json_object_get(c, "finish_reason")));
-  }
-  json_array_foreach(frames, i, c) {
-    json_t *chunk =
-        json_pack("{s:s, s:s, s:I, s:s, s:O}", "id", id, "object", "chat.completion.chunk",
-                  "created", (json_int_t)created, "model", q->model, "choices", c);
-    if (q->include_usage) json_object_set_new(chunk, "usage", json_null());
-    char *d = chunk ? json_dumps(chunk, JSON_COMPACT) : NULL;
-    json_decref(chunk);
-    size_t need = d ? strlen(d) + 16 : 0;
-    if (out && d && len + need + 32 > cap) {
-      while (len + need + 32 > cap) cap *= 2;
-      char *n = realloc(out, cap);
-      if (!n) free(out);
-      out = n;
-    }
-    if (out && d) len += (size_t)snprintf(out + len, cap - len, "data: %s\n\n", d);
-    free(d);
-  }
-  if (q->include_usage && out) {
-    json_t *chunk =
-        json_pack("{s:s, s:s, s:I, s:s, s:[], s:O}", "id", id, "object", "chat.completion.chunk",
-                  "created", (json_int_t)created, "model", q->model, "choices", "usage", usage);
-    char *d = chunk ? json_dumps(chunk, JSON_COMPACT) : NULL;
-    json_decref(chunk);
-    size_t need = d ? strlen(d) + 16 : 0;
-    if (d && len + need + 32 > cap) {
-      while (len + need + 32 > cap) cap *= 2;
-      char *n = realloc(out, cap);
-      if (!n) free(out);
-      out = n;
-    }
-    if (out && d) len += (size_t)snprintf(out + len, cap - len, "data: %s\n\n", d);
-    free(d);
-  }
-  json_decref(frames);
-  json_decref(choices);
-  json_decref(usage);
-  if (!out) return api_oai_error(r, 503, NULL, NULL, NULL, "out of memory");
-  len += (size_t)snprintf(out + len, cap - len, "data: [DONE]\n\n");
-  int rc = api_reply_text(r, 200, "text/event-stream", out, len);
-  free(out);
-  if (!rc) api_reply_header(r, "Cache-Control", "no-cache");
+        choices, json_pack("{s:i, s:{s:s, s:o, s:n}, s:s, s:o}", "index", i, "message", "role",
+                           "assistant", "content", dapo_json_text(res->text[i]), "refusal",
+                           "finish_reason", finish_name(go->finish[i]), "logprobs",
+                           q->logprobs ? logprobs_json(q, res, i) : json_null()));
+  return api_reply_json_steal(
+      r, 200,
+      json_pack("{s:s, s:s, s:I, s:s, s:o, s:o, s:s}", "id", q->id, "object", "chat.completion",
+                "created", (json_int_t)q->created, "model", q->model, "choices", choices, "usage",
+                api_completion_usage(res), "system_fingerprint", "dapod"));
+}
+
+/* ---- the stream: per choice a role chunk first; then, round by round, each token's content
+ * chunk (its text, "" while held back, and its logprobs) and after a choice's last token its
+ * finish chunk; the usage chunk with stream_options.include_usage ---- */
+
+static int chunk_add(const struct chat_req *q, json_t *choices, json_t *usage, json_t *frames) {
+  json_t *c = json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", q->id, "object", "chat.completion.chunk",
+                        "created", (json_int_t)q->created, "model", q->model, "choices", choices);
+  if (c && q->include_usage) json_object_set_new(c, "usage", usage ? usage : json_null());
+  return c ? json_array_append_new(frames, c) : -1;
+}
+
+static int chat_open(void *arg, int n, json_t *frames) {
+  const struct chat_req *q = arg;
+  int rc = 0;
+  for (int i = 0; i < n && !rc; i++)
+    rc = chunk_add(q,
+                   json_pack("[{s:i, s:{s:s, s:s}, s:n, s:n}]", "index", i, "delta", "role",
+                             "assistant", "content", "", "logprobs", "finish_reason"),
+                   NULL, frames);
   return rc;
 }
+
+static int chat_token(void *arg, int i, int k, const struct completion_token *tk,
+                      struct completion *t, json_t *frames) {
+  const struct chat_req *q = arg;
+  (void)k, (void)t;
+  json_t *lp = q->logprobs ? json_pack("{s:[o], s:n}", "content",
+                                       logprob_entry(q, tk->piece, tk->logp), "refusal")
+                           : json_null();
+  int rc = chunk_add(q,
+                     json_pack("[{s:i, s:{s:o}, s:o, s:n}]", "index", i, "delta", "content",
+                               dapo_json_text(tk->text), "logprobs", lp, "finish_reason"),
+                     NULL, frames);
+  if (!rc && tk->finish >= 0)
+    rc = chunk_add(q,
+                   json_pack("[{s:i, s:{}, s:n, s:s}]", "index", i, "delta", "logprobs",
+                             "finish_reason", finish_name(tk->finish)),
+                   NULL, frames);
+  return rc;
+}
+
+static int chat_close(void *arg, const struct completion_result *res, json_t *frames) {
+  const struct chat_req *q = arg;
+  return q->include_usage ? chunk_add(q, json_array(), api_completion_usage(res), frames) : 0;
+}
+
+static const struct api_completion_stream CHAT_STREAM = {chat_open, chat_token, chat_close};
 
 static int get_int(struct api_req *r, const json_t *b, const char *key, int lo, int hi, int *out) {
   const json_t *v = json_object_get(b, key);
@@ -299,7 +272,7 @@ int api_chat_completions(struct api_req *r) {
   q->logprobs = json_is_true(json_object_get(b, "logprobs"));
   q->top_logprobs = top_logprobs;
   const json_t *stop = json_object_get(b, "stop");
-  if (json_is_string(stop)) {
+  if (json_is_string(stop) && json_string_length(stop)) {
     q->stop[q->n_stop++] = strdup(json_string_value(stop));
   } else if (json_is_array(stop)) {
     size_t i;
@@ -375,11 +348,16 @@ int api_chat_completions(struct api_req *r) {
                                .prompt_len = strlen(prompt),
                                .max_tokens = max_tokens,
                                .n = n,
-                               .logprobs = q->logprobs || q->stop[0] != NULL,
+                               .logprobs = q->logprobs,
                                .temperature = (float)temperature,
                                .top_p = (float)top_p,
-                               .seed = seed ? (uint64_t)json_integer_value(seed) : 0};
-  rc = api_completion_submit(r, &req, render, q, chat_req_free);
+                               .seed = seed ? (uint64_t)json_integer_value(seed) : 0,
+                               .stop = (const char *const *)q->stop,
+                               .n_stop = q->n_stop,
+                               .stream = q->stream};
+  snprintf(q->id, sizeof q->id, "chatcmpl-%lld%d", (long long)now_unix(), rand() % 100000);
+  q->created = (long long)now_unix();
+  rc = api_completion_submit(r, &req, render, q, chat_req_free, q->stream ? &CHAT_STREAM : NULL);
   free(prompt);
   free(spec);
   return rc;

@@ -1,7 +1,9 @@
 /* Handler: POST /v1/completions — sample from a base model (preset or folder) or a fine-tuned
  * checkpoint ("{job_id}:step-{n}"): {model, prompt, max_tokens, temperature, top_p, n, seed,
- * logprobs} -> {object: "text_completion", model, choices: [{index, text, finish_reason,
- * logprobs?: {tokens, token_ids, token_logprobs, prompt_token_ids}}], usage}.
+ * logprobs, stop, stream, stream_options} -> {object: "text_completion", model, choices: [{index,
+ * text, finish_reason, logprobs?: {tokens, token_ids, token_logprobs, prompt_token_ids}}], usage};
+ * with stream: true, one text_completion chunk per token as it is sampled (server-sent events,
+ * then `data: [DONE]`; the stream engine below is chat's too).
  *
  * The body is validated and the model id resolved here; the completion service
  * (server/completions.h) samples it on its own threads within the memory limit, with the work
@@ -13,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <microhttpd.h>
 
 #include "completions.h"
 #include "handlers.h"
@@ -29,6 +33,8 @@
 
 struct creq {
   const char *model, *prompt;
+  const char *stop[COMPLETION_STOP_MAX];
+  int n_stop, stream, include_usage;
   int max_tokens, n, logprobs;
   double temperature, top_p;
   uint64_t seed;
@@ -69,8 +75,9 @@ static void get_num(const json_t *body, const char *key, double lo, double hi, i
 }
 
 static void parse_body(const json_t *b, struct creq *q, json_t *errors) {
-  static const char *const KNOWN[] = {"model", "prompt", "max_tokens", "temperature",
-                                      "top_p", "n",      "seed",       "logprobs"};
+  static const char *const KNOWN[] = {"model", "prompt", "max_tokens",    "temperature",
+                                      "top_p", "n",      "seed",          "logprobs",
+                                      "stop",  "stream", "stream_options"};
   const char *key;
   json_t *v;
   json_object_foreach((json_t *)b, key, v) {
@@ -110,6 +117,30 @@ static void parse_body(const json_t *b, struct creq *q, json_t *errors) {
     else
       q->logprobs = json_is_true(lp);
   }
+  const json_t *stop = json_object_get(b, "stop");
+  q->n_stop = 0;
+  if (json_is_string(stop) && json_string_length(stop)) {
+    q->stop[q->n_stop++] = json_string_value(stop);
+  } else if (json_is_array(stop) && json_array_size(stop) <= COMPLETION_STOP_MAX) {
+    size_t i;
+    const json_t *v1;
+    json_array_foreach(stop, i, v1) {
+      if (!json_is_string(v1) || !json_string_length(v1)) break;
+      q->stop[q->n_stop++] = json_string_value(v1);
+    }
+    if ((size_t)q->n_stop != json_array_size(stop))
+      add_err(errors, "stop", "expected a non-empty string or an array of up to 4 of them");
+  } else if (stop && !json_is_null(stop)) {
+    add_err(errors, "stop", "expected a non-empty string or an array of up to 4 of them");
+  }
+  const json_t *st = json_object_get(b, "stream"), *so = json_object_get(b, "stream_options");
+  if (st && !json_is_null(st) && !json_is_boolean(st))
+    add_err(errors, "stream", "expected true or false");
+  q->stream = json_is_true(st);
+  const json_t *iu = json_object_get(so, "include_usage");
+  if ((so && !json_is_null(so) && !json_is_object(so)) || (iu && !json_is_boolean(iu)))
+    add_err(errors, "stream_options", "expected {\"include_usage\": true or false}");
+  q->include_usage = json_is_true(iu);
 }
 
 static int reply_invalid(struct api_req *r, json_t *errors) {
@@ -119,17 +150,23 @@ static int reply_invalid(struct api_req *r, json_t *errors) {
   return api_reply_error(r, API_ERR_VALIDATION_FAILED, detail, errors);
 }
 
+json_t *api_completion_usage(const struct completion_result *res) {
+  long long completion = 0;
+  for (int i = 0; i < res->samples.n; i++) completion += res->samples.len[i];
+  return json_pack("{s:i, s:I, s:I}", "prompt_tokens", res->n_prompt, "completion_tokens",
+                   (json_int_t)completion, "total_tokens",
+                   (json_int_t)(completion + res->n_prompt));
+}
+
 /* The choices and usage of a finished generation. */
 static json_t *choices_json(const char *model, int logprobs, const struct completion_result *res) {
   const struct lm_samples *go = &res->samples;
   json_t *choices = json_array();
-  long long completion = 0;
   for (int i = 0; choices && i < go->n; i++) {
     const int *toks = go->tokens + (size_t)i * go->max_new;
     const float *lp = go->logp + (size_t)i * go->max_new;
     json_t *c = json_pack("{s:i, s:o, s:s}", "index", i, "text", dapo_json_text(res->text[i]),
                           "finish_reason", go->finish[i] == FINISH_STOP ? "stop" : "length");
-    completion += go->len[i];
     if (c && logprobs) {
       json_t *tokens = json_array(), *ids = json_array(), *lps = json_array();
       for (int t = 0; t < go->len[i]; t++) {
@@ -152,11 +189,8 @@ static json_t *choices_json(const char *model, int logprobs, const struct comple
       return NULL;
     }
   }
-  json_t *o =
-      json_pack("{s:s, s:s, s:o, s:{s:i, s:I, s:I}}", "object", "text_completion", "model", model,
-                "choices", choices, "usage", "prompt_tokens", res->n_prompt, "completion_tokens",
-                (json_int_t)completion, "total_tokens", (json_int_t)(completion + res->n_prompt));
-  return o;
+  return json_pack("{s:s, s:s, s:o, s:o}", "object", "text_completion", "model", model, "choices",
+                   choices, "usage", api_completion_usage(res));
 }
 
 /* A 503 that tells the client when to come back. */
@@ -172,10 +206,11 @@ static int reply_busy(struct api_req *r, const char *detail) {
 struct wait {
   struct completion *t; /* owned: completion_release */
   char *model;          /* the id as asked (owned) */
-  int logprobs;
+  int logprobs, n;
   api_completion_render render; /* NULL: the text_completion object */
   void *arg;                    /* render's (owned through arg_free) */
   void (*arg_free)(void *arg);
+  const struct api_completion_stream *stream; /* NULL: answered whole */
   int running;         /* sampling was seen started: deadline_ms is the run's bound */
   int64_t deadline_ms; /* api_now_ms clock */
 };
@@ -203,11 +238,179 @@ static int reply_result(struct api_req *r, const struct wait *w,
   }
 }
 
+/* ---- the streamed reply ---- */
+
+struct cstream {
+  struct api_hub *hub;
+  struct MHD_Connection *conn;
+  struct completion *t; /* owned (taken from the request's wait) */
+  const struct api_completion_stream *fmt;
+  void *arg; /* fmt's (owned through arg_free) */
+  void (*arg_free)(void *arg);
+  int n, n_over;
+  unsigned char *over; /* [n]: the choice's last token was sent */
+  int k, i;            /* the next token to send: round k, choice i */
+  int opened, ended;
+  int64_t deadline_ms;
+  char *buf; /* pending bytes [off, len) */
+  size_t len, off, cap;
+};
+
+static void cstream_free(void *cls) {
+  struct cstream *s = cls;
+  if (!s) return;
+  completion_release(s->t);
+  if (s->arg_free) s->arg_free(s->arg);
+  free(s->over);
+  free(s->buf);
+  free(s);
+}
+
+static int cstream_add(struct cstream *s, const char *p, size_t n) {
+  if (s->len + n > s->cap) {
+    size_t cap = s->cap ? s->cap : 4096;
+    while (cap < s->len + n) cap *= 2;
+    char *nb = realloc(s->buf, cap);
+    if (!nb) return -1;
+    s->buf = nb, s->cap = cap;
+  }
+  memcpy(s->buf + s->len, p, n);
+  s->len += n;
+  return 0;
+}
+
+/* Frames each chunk of frames (stolen) as `data: {json}`. */
+static int cstream_frames(struct cstream *s, json_t *frames) {
+  size_t i;
+  json_t *f;
+  int rc = frames ? 0 : -1;
+  json_array_foreach(frames, i, f) {
+    char *d = json_dumps(f, JSON_COMPACT);
+    rc |= !d || cstream_add(s, "data: ", 6) || cstream_add(s, d, strlen(d)) ||
+          cstream_add(s, "\n\n", 2);
+    free(d);
+  }
+  json_decref(frames);
+  return rc ? -1 : 0;
+}
+
+/* The tokens out since the last call, round by round, choice by choice: 0, or -1. */
+static int cstream_tokens(struct cstream *s, json_t *frames) {
+  while (s->n_over < s->n) {
+    for (; s->i < s->n; s->i++) {
+      if (s->over[s->i]) continue;
+      struct completion_token tk;
+      int rc = completion_token(s->t, s->i, s->k, &tk);
+      if (rc == 0) return 0; /* not out yet */
+      if (rc < 0 && rc != -1) return -1;
+      if (rc == 1 && s->fmt->token(s->arg, s->i, s->k, &tk, s->t, frames)) rc = -2;
+      free(tk.text);
+      if (rc == -2) return -1;
+      if (rc == -1 || tk.finish >= 0) s->over[s->i] = 1, s->n_over++;
+    }
+    s->i = 0;
+    s->k++;
+  }
+  return 0;
+}
+
+static void cstream_error(struct cstream *s, const char *msg) {
+  json_t *f = json_pack("[{s:{s:s, s:s, s:n, s:n}}]", "error", "message", msg, "type",
+                        "server_error", "param", "code");
+  cstream_frames(s, f);
+  s->ended = 1;
+}
+
+static ssize_t cstream_read(void *cls, uint64_t pos, char *out, size_t max) {
+  struct cstream *s = cls;
+  (void)pos;
+  for (;;) {
+    if (s->off < s->len) {
+      size_t n = s->len - s->off < max ? s->len - s->off : max;
+      memcpy(out, s->buf + s->off, n);
+      s->off += n;
+      if (s->off == s->len) s->off = s->len = 0;
+      return (ssize_t)n;
+    }
+    if (s->ended) return MHD_CONTENT_READER_END_OF_STREAM;
+    if (api_hub_closing(s->hub)) {
+      cstream_error(s, "the daemon is stopping");
+      continue;
+    }
+    /* the version first: whatever comes after what is read below is published above it */
+    int64_t v = completion_version(s->t);
+    const struct completion_result *res = NULL;
+    enum completion_state st = completion_poll(s->t, &res);
+    json_t *frames = json_array();
+    int rc = frames ? 0 : -1;
+    if (!rc && !s->opened) {
+      s->opened = 1;
+      rc = s->fmt->open ? s->fmt->open(s->arg, s->n, frames) : 0;
+    }
+    if (!rc) rc = cstream_tokens(s, frames);
+    int end = !rc && st == COMPLETION_DONE && res->outcome == COMPLETION_OK;
+    if (end) rc = s->fmt->close ? s->fmt->close(s->arg, res, frames) : 0;
+    if (rc || cstream_frames(s, frames)) return MHD_CONTENT_READER_END_WITH_ERROR;
+    if (end) {
+      if (cstream_add(s, "data: [DONE]\n\n", 14)) return MHD_CONTENT_READER_END_WITH_ERROR;
+      s->ended = 1;
+      continue;
+    }
+    if (st == COMPLETION_DONE) {
+      char msg[600];
+      snprintf(msg, sizeof msg, "sampling failed: %s", res->message);
+      cstream_error(s, msg);
+      continue;
+    }
+    if (s->off < s->len) continue;
+    if (api_now_ms() >= s->deadline_ms) {
+      char msg[96];
+      snprintf(msg, sizeof msg, "the completion did not finish within %d s", RUN_WAIT_MAX_S);
+      cstream_error(s, msg);
+      continue;
+    }
+    rc = api_hub_suspend(s->hub, s->conn, completion_key(s->t), v, s->deadline_ms);
+    if (rc == 0) return 0; /* called again after the resume */
+    if (rc < 0) cstream_error(s, "the daemon is stopping");
+  }
+}
+
+/* Replies with the stream of w's completion (running, or done): it takes the completion and the
+ * formatter's argument from w. */
+static int reply_stream(struct api_req *r, struct wait *w) {
+  struct cstream *s = calloc(1, sizeof *s);
+  if (!s || !(s->over = calloc((size_t)w->n, 1))) {
+    free(s);
+    return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory", NULL);
+  }
+  s->hub = r->hub;
+  s->conn = r->conn;
+  s->fmt = w->stream;
+  s->t = w->t, w->t = NULL;
+  s->arg = w->arg, w->arg = NULL;
+  s->arg_free = w->arg_free, w->arg_free = NULL;
+  s->n = w->n;
+  s->deadline_ms = api_now_ms() + (int64_t)RUN_WAIT_MAX_S * 1000;
+  struct MHD_Response *resp =
+      MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, cstream_read, s, cstream_free);
+  if (!resp) {
+    cstream_free(s);
+    return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory", NULL);
+  }
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+  MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+  return api_reply_response(r, 200, resp);
+}
+
 /* Answers when the completion is done, or suspends the request until it is (or its deadline). */
 static int await(struct api_req *r, struct wait *w) {
   for (int round = 0; round < 8; round++) {
     const struct completion_result *res = NULL;
     enum completion_state st = completion_poll(w->t, &res);
+    if (w->stream &&
+        (st == COMPLETION_RUNNING || (st == COMPLETION_DONE && res->outcome == COMPLETION_OK)))
+      return reply_stream(r, w);
     if (st == COMPLETION_DONE) return reply_result(r, w, res);
     int64_t now = api_now_ms();
     if (st == COMPLETION_RUNNING && !w->running) {
@@ -234,6 +437,57 @@ static int await(struct api_req *r, struct wait *w) {
   }
   return api_reply_error(r, API_ERR_UNAVAILABLE, "the completion could not be awaited", NULL);
 }
+
+/* The streamed text_completion: one chunk per token, {object, model, choices: [{index, text,
+ * logprobs, finish_reason}]} (the first of a choice's logprobs with prompt_token_ids), then the
+ * usage chunk with stream_options.include_usage. */
+struct native_stream {
+  char *model;
+  int logprobs, include_usage;
+};
+
+static void native_stream_free(void *p) {
+  struct native_stream *ns = p;
+  if (ns) free(ns->model);
+  free(ns);
+}
+
+static int native_token(void *arg, int i, int k, const struct completion_token *tk,
+                        struct completion *t, json_t *frames) {
+  const struct native_stream *ns = arg;
+  json_t *lp = json_null();
+  if (ns->logprobs) {
+    lp = json_pack("{s:[o], s:[i], s:[f]}", "tokens",
+                   tk->piece ? dapo_json_text(tk->piece) : json_string(""), "token_ids", tk->id,
+                   "token_logprobs", (double)tk->logp);
+    if (lp && k == 0) {
+      int np = 0;
+      const int *ids = completion_prompt_ids(t, &np);
+      json_t *pids = json_array();
+      for (int p = 0; p < np; p++) json_array_append_new(pids, json_integer(ids[p]));
+      json_object_set_new(lp, "prompt_token_ids", pids);
+    }
+  }
+  json_t *text = dapo_json_text(tk->text);
+  json_t *c =
+      json_pack("{s:s, s:s, s:[{s:i, s:o, s:o, s:o}]}", "object", "text_completion", "model",
+                ns->model, "choices", "index", i, "text", text, "logprobs", lp, "finish_reason",
+                tk->finish < 0              ? json_null()
+                : tk->finish == FINISH_STOP ? json_string("stop")
+                                            : json_string("length"));
+  if (c && ns->include_usage) json_object_set_new(c, "usage", json_null());
+  return c ? json_array_append_new(frames, c) : -1;
+}
+
+static int native_close(void *arg, const struct completion_result *res, json_t *frames) {
+  const struct native_stream *ns = arg;
+  if (!ns->include_usage) return 0;
+  json_t *c = json_pack("{s:s, s:s, s:[], s:o}", "object", "text_completion", "model", ns->model,
+                        "choices", "usage", api_completion_usage(res));
+  return c ? json_array_append_new(frames, c) : -1;
+}
+
+static const struct api_completion_stream NATIVE_STREAM = {NULL, native_token, native_close};
 
 int api_completions_create(struct api_req *r) {
   if (r->ctx) return await(r, r->ctx);
@@ -270,21 +524,32 @@ int api_completions_create(struct api_req *r) {
                                .logprobs = q.logprobs,
                                .temperature = (float)q.temperature,
                                .top_p = (float)q.top_p,
-                               .seed = q.seed};
-  int rc = api_completion_submit(r, &req, NULL, NULL, NULL);
+                               .seed = q.seed,
+                               .stop = q.stop,
+                               .n_stop = q.n_stop,
+                               .stream = q.stream};
+  struct native_stream *ns = NULL;
+  if (q.stream && (!(ns = calloc(1, sizeof *ns)) || !(ns->model = strdup(q.model)))) {
+    native_stream_free(ns);
+    free(spec);
+    return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory", NULL);
+  }
+  if (ns) ns->logprobs = q.logprobs, ns->include_usage = q.include_usage;
+  int rc = api_completion_submit(r, &req, NULL, ns, native_stream_free, ns ? &NATIVE_STREAM : NULL);
   free(spec);
   return rc;
 }
 
 int api_completion_submit(struct api_req *r, const struct completion_req *req,
-                          api_completion_render render, void *arg, void (*arg_free)(void *)) {
+                          api_completion_render render, void *arg, void (*arg_free)(void *),
+                          const struct api_completion_stream *stream) {
   struct wait *w = calloc(1, sizeof *w);
   struct dapo_err e = {0};
   int rc = w && (w->model = strdup(req->model))
                ? completions_submit(r->srv->completions, req, &w->t, &e)
                : DAPO_ENOMEM;
   if (w)
-    w->render = render, w->arg = arg, w->arg_free = arg_free;
+    w->render = render, w->arg = arg, w->arg_free = arg_free, w->stream = stream, w->n = req->n;
   else if (arg_free)
     arg_free(arg);
   if (rc) {

@@ -4,6 +4,8 @@
 #ifndef DAPOD_API_HANDLERS_H
 #define DAPOD_API_HANDLERS_H
 
+#include <jansson.h>
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -110,16 +112,37 @@ int api_ft_checkpoints_list(struct api_req *r);
 int api_ft_graders_run(struct api_req *r);
 int api_ft_graders_validate(struct api_req *r);
 
-/* completions.c, shared: queues req on the completion service and answers when it is done, the
- * request suspended meanwhile (busy and failures as POST /v1/completions answers them). render
+/* completions.c, shared: queues req on the completion service and answers when it is done (or,
+ * streamed, once it starts), the request suspended meanwhile (busy and failures as
+ * POST /v1/completions answers them). render
  * (NULL: the text_completion object) replies a finished completion; arg is its (freed with
  * arg_free, may be NULL, also when the submission fails). */
+struct completion;
 struct completion_req;
 struct completion_result;
+struct completion_token;
 typedef int (*api_completion_render)(struct api_req *r, void *arg,
                                      const struct completion_result *res);
+/* A streamed reply (req->stream): once sampling starts, `data: {chunk}` server-sent events as
+ * tokens come, in a fixed order (open's chunks; then round by round, choice by choice, each
+ * token's chunks; close's; `data: [DONE]`), or `data: {"error": {...}}` when sampling fails. Each
+ * callback appends chunk objects to frames (a JSON array) with arg; returns 0 or -1 (out of
+ * memory). open (may be NULL) gets the number of choices; token gets choice i's token k (its
+ * finish >= 0 on the choice's last), t to read more of it (completion_prompt_ids); close the
+ * finished completion. */
+struct api_completion_stream {
+  int (*open)(void *arg, int n, json_t *frames);
+  int (*token)(void *arg, int i, int k, const struct completion_token *tk, struct completion *t,
+               json_t *frames);
+  int (*close)(void *arg, const struct completion_result *res, json_t *frames);
+};
+/* stream: NULL, or req->stream is set and the reply streams (render then unused). */
 int api_completion_submit(struct api_req *r, const struct completion_req *req,
-                          api_completion_render render, void *arg, void (*arg_free)(void *));
+                          api_completion_render render, void *arg, void (*arg_free)(void *),
+                          const struct api_completion_stream *stream);
+/* {prompt_tokens, completion_tokens, total_tokens} of a finished completion: the tokens of each
+ * choice up to the one that ended it (as its logprobs list them). */
+json_t *api_completion_usage(const struct completion_result *res);
 /* The handler's next call after a submission (r->ctx set): answers or waits on. */
 int api_completion_resume(struct api_req *r);
 

@@ -22,6 +22,7 @@
 #include "rng.h"
 #include "sampler.h"
 #include "server.h"
+#include "tokenizer.h"
 
 /* Entries of a model folder that its stamp looks at (a model folder has about ten). */
 #define STAMP_ENTRIES_MAX 4096
@@ -40,6 +41,17 @@ struct cmodel {
   struct cmodel *next; /* c->models, or a list of models to close */
 };
 
+/* One choice of a completion as it grows. */
+struct cchoice {
+  struct tok_stream *ts; /* the sampling thread's: its text, token by token */
+  /* under the completion's smu */
+  char *text; /* its text so far (special tokens left out), cut before a stop string */
+  size_t len, cap;
+  size_t *out_at; /* [max_tokens]: text released once token k was out (completion_token) */
+  int ntok;       /* tokens out */
+  int finish;     /* -1 while it runs, then enum finish_reason */
+};
+
 /* One completion, shared by its caller and the service (refs). */
 struct completion {
   struct completions *c;
@@ -52,6 +64,12 @@ struct completion {
   int max_tokens, n, logprobs;
   float temperature, top_p;
   uint64_t seed;
+  char *stop[COMPLETION_STOP_MAX];
+  int n_stop, stream;
+  size_t stop_max;     /* the longest stop string's length */
+  pthread_mutex_t smu; /* guards version and the choices' shared fields */
+  int64_t version;     /* the id last published on the bus */
+  struct cchoice *ch;  /* [n] */
   /* under c->mu */
   enum completion_state state;
   int refs;      /* the caller's and, until it is done with it, the service's */
@@ -299,6 +317,14 @@ static void fail(struct completion *t, enum completion_outcome o, const char *fm
 
 static void completion_free(struct completion *t) {
   result_deinit(&t->res);
+  for (int i = 0; t->ch && i < t->n; i++) {
+    tok_stream_free(t->ch[i].ts);
+    free(t->ch[i].text);
+    free(t->ch[i].out_at);
+  }
+  free(t->ch);
+  for (int i = 0; i < t->n_stop; i++) free(t->stop[i]);
+  pthread_mutex_destroy(&t->smu);
   free(t->model);
   free(t->spec);
   free(t->prompt);
@@ -311,7 +337,10 @@ static void finish(struct completions *c, struct completion *t) {
   t->state = COMPLETION_DONE;
   if (t->res.outcome >= 0 && t->res.outcome < COMPLETION_OUTCOMES && !t->cancelled)
     c->outcomes[t->res.outcome]++;
-  if (!t->released) bus_publish(c->srv->bus, t->key, 1);
+  pthread_mutex_lock(&t->smu); /* (after DONE: a reader that read the version before sees it) */
+  int64_t v = ++t->version;
+  pthread_mutex_unlock(&t->smu);
+  if (!t->released) bus_publish(c->srv->bus, t->key, v);
   if (--t->refs == 0) completion_free(t);
 }
 
@@ -495,32 +524,152 @@ static int admit(struct completions *c, struct completion *t, struct hold *h, st
   return 0;
 }
 
-/* Samples t with the model h holds and decodes the samples (without c->mu). */
+/* ---- sampling, with stop strings and streaming ---- */
+
+/* What the step hook needs beside t. */
+struct run_ctx {
+  struct completion *t;
+  const struct tokenizer *tok;
+  int id_stops[COMPLETION_STOP_MAX]; /* the stop strings that are one token */
+  int n_id_stops;
+  int failed; /* out of memory while decoding */
+};
+
+static int text_add(struct cchoice *ch, const char *p, size_t n) {
+  if (ch->len + n + 1 > ch->cap) {
+    size_t cap = ch->cap ? ch->cap : 64;
+    while (cap < ch->len + n + 1) cap *= 2;
+    char *nt = realloc(ch->text, cap);
+    if (!nt) return -1;
+    ch->text = nt, ch->cap = cap;
+  }
+  memcpy(ch->text + ch->len, p, n);
+  ch->len += n;
+  ch->text[ch->len] = '\0';
+  return 0;
+}
+
+/* Cuts ch's text before the first stop string, looking where text added after byte `from` can
+ * complete one; 1 when it did. */
+static int cut_at_stop(const struct completion *t, struct cchoice *ch, size_t from) {
+  size_t start = from >= t->stop_max ? from - (t->stop_max - 1) : 0, best = SIZE_MAX;
+  for (int j = 0; j < t->n_stop && start < ch->len; j++) {
+    const char *p = memmem(ch->text + start, ch->len - start, t->stop[j], strlen(t->stop[j]));
+    if (p && (size_t)(p - ch->text) < best) best = (size_t)(p - ch->text);
+  }
+  if (best == SIZE_MAX) return 0;
+  ch->len = best;
+  ch->text[best] = '\0';
+  return 1;
+}
+
+/* Bytes at the end of ch's text that may begin a stop string (held back while it runs). */
+static size_t stop_prefix(const struct completion *t, const struct cchoice *ch) {
+  size_t hold = 0;
+  for (int j = 0; j < t->n_stop; j++) {
+    size_t sl = strlen(t->stop[j]);
+    for (size_t m = sl - 1 < ch->len ? sl - 1 : ch->len; m > hold; m--)
+      if (!memcmp(ch->text + ch->len - m, t->stop[j], m)) {
+        hold = m;
+        break;
+      }
+  }
+  return hold;
+}
+
+/* gen_run's step hook: decodes each choice's new token, ends a choice whose text now holds a
+ * stop string (or whose token is a one-token stop string), releases what no stop string can
+ * claim, and publishes the round when streamed. Once the caller has left, every choice ends. */
+static void on_step(void *ctx, struct gen_out *out, int n, int max_new) {
+  struct run_ctx *x = ctx;
+  struct completion *t = x->t;
+  struct completions *c = t->c;
+  pthread_mutex_lock(&c->mu);
+  int gone = t->released;
+  pthread_mutex_unlock(&c->mu);
+  int changed = 0;
+  pthread_mutex_lock(&t->smu);
+  for (int i = 0; i < n; i++) {
+    struct cchoice *ch = &t->ch[i];
+    const int *toks = out->tokens + (size_t)i * max_new;
+    /* one round adds one token to each choice still running */
+    for (int k = ch->ntok; ch->finish < 0 && k < out->len[i]; k++) {
+      struct dapo_err e = {0};
+      size_t before = ch->len, pl;
+      const char *p = tok_stream_push(ch->ts, toks[k], &pl, &e);
+      if (p ? text_add(ch, p, pl) : e.code == DAPO_ENOMEM) x->failed = 1;
+      if (t->logprobs &&
+          !(t->res.pieces[(size_t)i * max_new + k] =
+                tok_decode_alloc(x->tok, toks + k, 1, 0, &e)) &&
+          e.code == DAPO_ENOMEM)
+        x->failed = 1;
+      int stopped = cut_at_stop(t, ch, before);
+      for (int j = 0; j < x->n_id_stops; j++) stopped |= toks[k] == x->id_stops[j];
+      int end = stopped || gone || k + 1 >= max_new || out->finish[i] == FINISH_STOP;
+      if (stopped || gone) out->finish[i] = FINISH_STOP;
+      if (end && !stopped) { /* the rest: an unfinished character as U+FFFD */
+        before = ch->len;
+        if ((p = tok_stream_finish(ch->ts, &pl, &e)) ? text_add(ch, p, pl) : e.code == DAPO_ENOMEM)
+          x->failed = 1;
+        cut_at_stop(t, ch, before);
+      }
+      size_t prev = k ? ch->out_at[k - 1] : 0, safe = ch->len - stop_prefix(t, ch);
+      ch->out_at[k] = end ? ch->len : safe > prev ? safe : prev;
+      ch->ntok = k + 1;
+      if (end) ch->finish = out->finish[i] == FINISH_STOP ? FINISH_STOP : FINISH_LENGTH;
+      changed = 1;
+    }
+  }
+  int64_t v = changed && t->stream ? ++t->version : 0;
+  pthread_mutex_unlock(&t->smu);
+  if (v) {
+    pthread_mutex_lock(&c->mu);
+    if (!t->released) bus_publish(c->srv->bus, t->key, v);
+    pthread_mutex_unlock(&c->mu);
+  }
+}
+
+/* Samples t with the model h holds, its choices decoded as they grow (without c->mu). */
 static void run(struct completion *t, struct hold *h) {
   const struct lm *lm = &h->m->lm;
   struct completion_result *r = &t->res;
   struct sampler_opts so = {
       .temperature = t->temperature, .top_p = t->top_p, .max_new_tokens = t->max_tokens};
+  struct run_ctx x = {.t = t, .tok = lm->tok};
   struct dapo_err e = {0};
-  if (lm_sample(lm, r->prompt_ids, r->n_prompt, t->n, &so, t->seed, &r->samples, &e)) {
-    fail(t, e.code == DAPO_ENOMEM ? COMPLETION_NO_MEMORY : COMPLETION_FAILED, "%s", e.msg);
-    return;
+  /* a stop string that is exactly one token is a stop id too, while the sampler has room beside
+   * the model's own (the hook checks the id either way) */
+  for (int j = 0; j < t->n_stop; j++) {
+    int id[2], nid = 0;
+    char back[256];
+    size_t bl = 0;
+    if (tok_encode(lm->tok, t->stop[j], strlen(t->stop[j]), id, 2, &nid, &e) || nid != 1 ||
+        tok_decode(lm->tok, id, 1, back, sizeof back, &bl, 0, &e) || strcmp(back, t->stop[j]))
+      continue;
+    x.id_stops[x.n_id_stops++] = id[0];
+    if (so.n_stop + lm->n_stop < SAMPLER_MAX_STOP) so.stop_ids[so.n_stop++] = id[0];
   }
-  const struct lm_samples *s = &r->samples;
-  size_t slots = (size_t)s->n * (size_t)s->max_new;
-  if (!(r->text = calloc((size_t)s->n, sizeof *r->text)) ||
+  size_t slots = (size_t)t->n * (size_t)t->max_tokens;
+  if (!(r->text = calloc((size_t)t->n, sizeof *r->text)) ||
       (t->logprobs && !(r->pieces = calloc(slots, sizeof *r->pieces)))) {
     fail(t, COMPLETION_NO_MEMORY, "out of memory");
     return;
   }
-  for (int i = 0; i < s->n; i++) {
-    const int *toks = s->tokens + (size_t)i * s->max_new;
-    if (!(r->text[i] = tok_decode_alloc(lm->tok, toks, s->len[i], 1, &e))) {
-      fail(t, e.code == DAPO_ENOMEM ? COMPLETION_NO_MEMORY : COMPLETION_FAILED, "%s", e.msg);
+  for (int i = 0; i < t->n; i++)
+    if (!(t->ch[i].ts = tok_stream_new(lm->tok, 1))) {
+      fail(t, COMPLETION_NO_MEMORY, "out of memory");
       return;
     }
-    for (int k = 0; r->pieces && k < s->len[i]; k++)
-      r->pieces[(size_t)i * s->max_new + k] = tok_decode_alloc(lm->tok, toks + k, 1, 0, &e);
+  if (lm_sample_step(lm, r->prompt_ids, r->n_prompt, t->n, &so, t->seed, on_step, &x, &r->samples,
+                     &e)) {
+    fail(t, e.code == DAPO_ENOMEM ? COMPLETION_NO_MEMORY : COMPLETION_FAILED, "%s", e.msg);
+    return;
+  }
+  for (int i = 0; i < t->n && !x.failed; i++) /* (only this thread writes the choices) */
+    if (!(r->text[i] = strndup(t->ch[i].text ? t->ch[i].text : "", t->ch[i].len))) x.failed = 1;
+  if (x.failed) {
+    fail(t, COMPLETION_NO_MEMORY, "out of memory");
+    return;
   }
   r->outcome = COMPLETION_OK;
 }
@@ -558,6 +707,12 @@ static void *sampler_main(void *arg) {
     t->state = COMPLETION_RUNNING;
     clock_gettime(CLOCK_MONOTONIC, &t->started);
     c->running++;
+    if (t->stream && !t->released) { /* its reader starts the reply */
+      pthread_mutex_lock(&t->smu);
+      int64_t v = ++t->version;
+      pthread_mutex_unlock(&t->smu);
+      bus_publish(c->srv->bus, t->key, v);
+    }
     pthread_mutex_unlock(&c->mu);
     close_models(c, &tc);
     run(t, &h);
@@ -681,9 +836,25 @@ int completions_submit(struct completions *c, const struct completion_req *req,
                        struct completion **out, struct dapo_err *e) {
   *out = NULL;
   struct completion *t = calloc(1, sizeof *t);
-  if (!t || !(t->model = strdup(req->model)) || !(t->spec = strdup(req->spec)) ||
-      !(t->prompt = malloc(req->prompt_len + 1))) {
-    if (t) completion_free(t);
+  if (!t) return dapo_errf(e, DAPO_ENOMEM, "out of memory");
+  pthread_mutex_init(&t->smu, NULL);
+  t->n = req->n;
+  int bad = !(t->model = strdup(req->model)) || !(t->spec = strdup(req->spec)) ||
+            !(t->prompt = malloc(req->prompt_len + 1)) ||
+            !(t->ch = calloc((size_t)req->n, sizeof *t->ch));
+  for (int i = 0; !bad && i < req->n; i++) {
+    t->ch[i].finish = -1;
+    bad = !(t->ch[i].out_at = calloc((size_t)req->max_tokens, sizeof *t->ch[i].out_at));
+  }
+  for (int j = 0; !bad && j < req->n_stop && j < COMPLETION_STOP_MAX; j++) {
+    if (!req->stop[j][0]) continue; /* (an empty one would stop at once) */
+    bad = !(t->stop[t->n_stop] = strdup(req->stop[j]));
+    t->n_stop += !bad;
+    size_t sl = bad ? 0 : strlen(t->stop[t->n_stop - 1]);
+    if (sl > t->stop_max) t->stop_max = sl;
+  }
+  if (bad) {
+    completion_free(t);
     return dapo_errf(e, DAPO_ENOMEM, "out of memory");
   }
   memcpy(t->prompt, req->prompt, req->prompt_len);
@@ -692,8 +863,8 @@ int completions_submit(struct completions *c, const struct completion_req *req,
   t->c = c;
   t->cfg = *req->cfg;
   t->max_tokens = req->max_tokens;
-  t->n = req->n;
   t->logprobs = req->logprobs;
+  t->stream = req->stream;
   t->temperature = req->temperature;
   t->top_p = req->top_p;
   t->seed = req->seed;
@@ -741,6 +912,48 @@ enum completion_state completion_poll(struct completion *t, const struct complet
   pthread_mutex_unlock(&c->mu);
   if (res) *res = s == COMPLETION_DONE ? &t->res : NULL;
   return s;
+}
+
+int64_t completion_version(struct completion *t) {
+  pthread_mutex_lock(&t->smu);
+  int64_t v = t->version;
+  pthread_mutex_unlock(&t->smu);
+  return v;
+}
+
+int completion_token(struct completion *t, int i, int k, struct completion_token *tk) {
+  memset(tk, 0, sizeof *tk);
+  tk->finish = -1;
+  if (i < 0 || i >= t->n || k < 0 || k >= t->max_tokens) return -1;
+  struct cchoice *ch = &t->ch[i];
+  int rc = 1;
+  pthread_mutex_lock(&t->smu);
+  if (k >= ch->ntok) {
+    rc = ch->finish >= 0 ? -1 : 0;
+  } else {
+    size_t from = k ? ch->out_at[k - 1] : 0, to = ch->out_at[k];
+    if ((tk->text = malloc(to - from + 1))) {
+      memcpy(tk->text, ch->text + from, to - from);
+      tk->text[to - from] = '\0';
+      tk->len = to - from;
+    } else {
+      rc = DAPO_ENOMEM;
+    }
+    if (k == ch->ntok - 1) tk->finish = ch->finish;
+  }
+  pthread_mutex_unlock(&t->smu);
+  if (rc != 1) return rc;
+  /* written before the round that let it out, never after */
+  size_t at = (size_t)i * (size_t)t->max_tokens + (size_t)k;
+  tk->id = t->res.samples.tokens[at];
+  tk->logp = t->res.samples.logp[at];
+  tk->piece = t->res.pieces ? t->res.pieces[at] : NULL;
+  return 1;
+}
+
+const int *completion_prompt_ids(struct completion *t, int *n) {
+  *n = t->res.n_prompt;
+  return t->res.prompt_ids;
 }
 
 /* Takes a queued t off the queue (under c->mu); the service's reference goes with it. */

@@ -22,8 +22,13 @@
  * as cached memory, which jobs and completions may take: kept models are closed when memory is
  * needed.
  *
- * When a completion is done, the service publishes (its key, 1) on the server's bus, so that a
- * caller can wait for it without holding a thread (the HTTP layer suspends the connection).
+ * Each choice is decoded as it is sampled (the tokenizer's streaming decoder), so that a stop
+ * string ends its choice at the round that completed it (a gen_run step hook), and a streamed
+ * completion can be read token by token while it runs (completion_token).
+ *
+ * When a completion is done, the service publishes its key on the server's bus (a streamed one
+ * also when it starts and after each round), so that a caller can wait for it without holding a
+ * thread (the HTTP layer suspends the connection).
  *
  * Thread-safety: every function may be called from any thread, except completions_free. */
 #ifndef DAPOD_COMPLETIONS_H
@@ -41,6 +46,9 @@
 struct server;
 struct completions;
 struct completion;
+
+/* Stop strings a request may give (completion_req.stop). */
+#define COMPLETION_STOP_MAX 4
 
 /* completions_submit's refusals (beside DAPO_ENOMEM). */
 enum {
@@ -60,6 +68,12 @@ struct completion_req {
   int logprobs;      /* 1: also decode each sampled token alone (result pieces) */
   float temperature, top_p;
   uint64_t seed;
+  /* Stop strings (non-empty UTF-8, at most COMPLETION_STOP_MAX): a choice ends as soon as its
+   * text holds one, its text cut before it, finish FINISH_STOP. One that is a single token of the
+   * model's tokenizer (a special token included) is also a stop id of the sampler. */
+  const char *const *stop;
+  int n_stop;
+  int stream; /* 1: published on the bus as it grows, read with completion_token */
 };
 
 enum completion_state {
@@ -93,8 +107,11 @@ struct completion_result {
   char message[512]; /* the other failures */
   int *prompt_ids;   /* OK: the encoded prompt, n_prompt ids (owned) */
   int n_prompt;
-  struct lm_samples samples; /* OK: samples.n rows (owned) */
-  char **text;               /* OK: [samples.n] each sample decoded, special tokens left out */
+  struct lm_samples samples; /* OK: samples.n rows (owned); len[i] counts sample i's tokens up
+                                to the one that ended it (a stop id, or the token that completed
+                                a stop string: usage and logprobs describe exactly these) */
+  char **text;   /* OK: [samples.n] each sample decoded, special tokens left out, cut before the
+                    first stop string */
   char **pieces; /* OK with logprobs: [samples.n * samples.max_new], row i's first len[i] set:
                     each token decoded alone, special tokens kept (NULL: not decodable) */
 };
@@ -122,12 +139,44 @@ const char *completion_key(const struct completion *t);
  * completion_release. */
 enum completion_state completion_poll(struct completion *t, const struct completion_result **res);
 
+/* ---- streaming (completion_req.stream) ----
+ * A streamed completion is published on the bus under its key as it grows: (key, 1) when it
+ * starts sampling, one higher id after each round of sampling (one more token of every choice
+ * still running), one more at its end. Its choices advance together, so choice i's token k is out
+ * once every earlier round is. A reader reads completion_version first, then completion_poll and
+ * completion_token, and waits on the bus for an id above that version: it misses nothing. */
+
+/* The id t was last published under (0 before it started). */
+int64_t completion_version(struct completion *t);
+
+struct completion_token {
+  int id;
+  float logp;        /* as lm_samples.logp */
+  const char *piece; /* with logprobs: the token decoded alone, special tokens kept (borrowed
+                        until completion_release; NULL: not decodable, or no logprobs) */
+  char *text;        /* the text this token releases (owned: free()), len bytes: what follows
+                        the previous token's, never part of a stop string; "" while the text
+                        ends in what may begin one, or in an unfinished UTF-8 character; the
+                        last token releases the rest. The concatenation over k is result text */
+  size_t len;
+  int finish; /* -1, or on the choice's last token its enum finish_reason */
+};
+
+/* Token k of choice i as far as t is sampled: 1 (*tk filled), 0 (not out yet), -1 (the choice
+ * ended before k, or no such choice), DAPO_ENOMEM. */
+int completion_token(struct completion *t, int i, int k, struct completion_token *tk);
+
+/* The encoded prompt (borrowed until completion_release), once completion_poll said RUNNING, or
+ * DONE with COMPLETION_OK. */
+const int *completion_prompt_ids(struct completion *t, int *n);
+
 /* Gives up on t if it has not started sampling: it leaves the queue (or the head) and 1 is
  * returned (counted as COMPLETION_TIMEOUT); 0 when it is running or done. */
 int completion_cancel(struct completion *t);
 
 /* The caller is done with t (NULL is fine): its result is freed once the service is done with it
- * too; one still queued leaves the queue. */
+ * too; one still queued leaves the queue, one sampling ends its choices after the current
+ * round. */
 void completion_release(struct completion *t);
 
 /* Seconds a refused caller should wait before retrying: the completions ahead (waiting and

@@ -16,6 +16,12 @@ from opened models kept between requests (server/completions.h).
   the one opened once.
 - WaitBound: a completion that cannot get memory within completion_wait_s is answered 503 with
   Retry-After, and lets go of what it held.
+- StopAndStream: a stop string ends its choice at the token that completed it (a two-token one
+  through the text, a one-token one as a stop id of the sampler): the text is cut before it, the
+  tokens, log-probs and usage are exactly the sampled ones up to that token, finish_reason stop;
+  with stream: true, /v1/completions and /v1/chat/completions send one chunk per token, round by
+  round and choice by choice (n > 1, logprobs, stop, max_tokens), whose concatenation is the
+  non-streamed answer with the same seed, then the usage chunk and `data: [DONE]`.
 Nothing here depends on timing: states are read from /metrics (polled with a deadline), sizes
 come from the daemon (the job's memory plan, the model's weights) and from the KV cache's own
 arithmetic (see QueueAndMemory).
@@ -23,6 +29,7 @@ arithmetic (see QueueAndMemory).
 Run: /usr/bin/python3 tests/api/test_completions.py --dapod build/server/dapod
 """
 
+import json
 import os
 import re
 import shutil
@@ -301,6 +308,152 @@ class WaitBound(DaemonCase):
         self.assertEqual(metrics(self.d)["dapod_completion_model_loads_total"], 1)
         self.assertEqual(self.d.post_json("/v1/jobs/%s/cancel" % job["id"], {}).status, 200)
         self.wait_status(job["id"], "cancelled")
+
+
+def sse(body):
+    """The data of each event of a server-sent event stream (JSON chunks, the last "[DONE]")."""
+    events = body.decode().split("\n\n")
+    assert events[-1] == "", "the stream does not end with a blank line: %r" % events[-1:]
+    out = []
+    for e in events[:-1]:
+        assert e.startswith("data: ") and "\n" not in e, "not one data line: %r" % e
+        out.append(e[len("data: "):])
+    return out
+
+
+def rounds(lens):
+    """The choices of the token chunks in order: round by round, each choice still running."""
+    return [i for k in range(max(lens)) for i, n in enumerate(lens) if k < n]
+
+
+class StopAndStream(DaemonCase):
+    ARGS = ("--workers", "1", "--blas-threads", "1")
+    BASE = {"model": "tiny", "prompt": "1+1=", "max_tokens": 40, "n": 3, "seed": 5,
+            "logprobs": True}
+    CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "What is 1+1?"}],
+            "max_tokens": 30, "n": 3, "seed": 7, "logprobs": True, "top_logprobs": 1}
+
+    def complete(self, **kw):
+        return self.assertJson(self.d.post_json("/v1/completions", dict(self.BASE, **kw)), 200)
+
+    def stream(self, path, body):
+        r = self.d.post_json(path, dict(body, stream=True, stream_options={"include_usage": True}))
+        self.assertEqual(r.status, 200, r.body[:500])
+        self.assertTrue(r.header("Content-Type").startswith("text/event-stream"))
+        data = sse(r.body)
+        self.assertEqual(data[-1], "[DONE]")
+        return [json.loads(x) for x in data[:-1]]
+
+    def stops(self):
+        """A two-token and a one-token stop string of the char-level preset, from choice 0."""
+        text = self.complete()["choices"][0]["text"]
+        self.assertGreaterEqual(len(text), 8, text)
+        return [text[5:7], text[6]]
+
+    def test_1_stop_ends_generation(self):
+        full = self.complete()
+        for stop in self.stops():
+            got = self.complete(stop=[stop, "never there"])
+            cut = 0
+            for f, g in zip(full["choices"], got["choices"]):
+                at = f["text"].find(stop)
+                if at < 0:
+                    self.assertEqual(g, f)
+                    continue
+                cut += 1
+                lp, flp = g["logprobs"], f["logprobs"]
+                m = len(lp["tokens"])
+                # the sampled tokens up to the one that completed the stop string, no more
+                for key in ("tokens", "token_ids", "token_logprobs"):
+                    self.assertEqual(lp[key], flp[key][:m], key)
+                self.assertIn(stop, "".join(lp["tokens"]))
+                self.assertNotIn(stop, "".join(lp["tokens"][:-1]))
+                self.assertEqual(g["text"], f["text"][:at])
+                self.assertEqual(g["finish_reason"], "stop")
+            self.assertGreaterEqual(cut, 1)
+            n = sum(len(c["logprobs"]["tokens"]) for c in got["choices"])
+            self.assertEqual(got["usage"]["completion_tokens"], n)
+            self.assertLess(n, full["usage"]["completion_tokens"])
+
+    def test_2_completions_stream(self):
+        for kw in ({}, {"stop": self.stops()[:1]}, {"logprobs": False, "max_tokens": 3}):
+            whole = self.complete(**kw)
+            chunks = self.stream("/v1/completions", dict(self.BASE, **kw))
+            self.assertEqual(chunks[-1]["choices"], [])
+            self.assertEqual(chunks[-1]["usage"], whole["usage"])
+            tokens = chunks[:-1]
+            for c in tokens:
+                self.assertEqual((c["object"], c["model"], c["usage"], len(c["choices"])),
+                                 ("text_completion", "tiny", None, 1))
+            lens = [len(c["logprobs"]["tokens"])  # (logprobs change no token)
+                    for c in self.complete(**dict(kw, logprobs=True))["choices"]]
+            self.assertEqual([c["choices"][0]["index"] for c in tokens], rounds(lens))
+            for i, w in enumerate(whole["choices"]):
+                mine = [c["choices"][0] for c in tokens if c["choices"][0]["index"] == i]
+                self.assertEqual("".join(c["text"] for c in mine), w["text"])
+                self.assertEqual([c["finish_reason"] for c in mine],
+                                 [None] * (len(mine) - 1) + [w["finish_reason"]])
+                if not w["logprobs"]:
+                    self.assertEqual({c["logprobs"] for c in mine}, {None})
+                    continue
+                for key in ("tokens", "token_ids", "token_logprobs"):
+                    self.assertEqual(sum((c["logprobs"][key] for c in mine), []),
+                                     w["logprobs"][key], key)
+                self.assertEqual(mine[0]["logprobs"]["prompt_token_ids"],
+                                 w["logprobs"]["prompt_token_ids"])
+
+    def chat(self, **kw):
+        r = self.d.post_json("/v1/chat/completions", dict(self.CHAT, **kw))
+        self.assertEqual(r.status, 200, r.body[:500])
+        return r.json()
+
+    def test_3_chat_stream(self):
+        whole = self.chat()
+        stop = whole["choices"][1]["message"]["content"][3:5]
+        for kw in ({}, {"stop": stop}, {"logprobs": False, "max_tokens": 2}):
+            whole = self.chat(**kw)
+            chunks = self.stream("/v1/chat/completions", dict(self.CHAT, **kw))
+            self.assertEqual(len({c["id"] for c in chunks}), 1)
+            self.assertEqual(chunks[-1]["choices"], [])
+            self.assertEqual(chunks[-1]["usage"], whole["usage"])
+            body = [c["choices"][0] for c in chunks[:-1]]
+            n = len(whole["choices"])
+            # the role chunks, then per round each running choice's content chunk and, after
+            # its last token, its finish chunk
+            self.assertEqual(body[:n], [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                         "logprobs": None, "finish_reason": None}
+                                        for i in range(n)])
+            lens = [len(c["logprobs"]["content"])  # (logprobs change no token)
+                    for c in self.chat(**dict(kw, logprobs=True))["choices"]]
+            expect = []
+            for k in range(max(lens)):
+                for i in range(n):
+                    if k < lens[i]:
+                        expect.append((i, "content"))
+                    if k == lens[i] - 1:
+                        expect.append((i, "finish"))
+            self.assertEqual([(c["index"], "content" if c["delta"] else "finish")
+                              for c in body[n:]], expect)
+            for i, w in enumerate(whole["choices"]):
+                mine = [c for c in body[n:] if c["index"] == i]
+                self.assertEqual("".join(c["delta"].get("content", "") for c in mine),
+                                 w["message"]["content"])
+                self.assertEqual(mine[-1]["finish_reason"], w["finish_reason"])
+                if w["logprobs"]:
+                    self.assertEqual(sum((c["logprobs"]["content"] for c in mine[:-1]), []),
+                                     w["logprobs"]["content"])
+            if "stop" in kw:
+                self.assertIn("stop", [c["finish_reason"] for c in whole["choices"]])
+
+    def test_4_refusals(self):
+        for stop in (["a", "b", "c", "d", "e"], 3, [""], ""):
+            r = self.d.post_json("/v1/completions", dict(self.BASE, stop=stop))
+            self.assertProblem(r, 422, "validation_failed", "")
+            self.assertEqual([e["field"] for e in r.json()["errors"]], ["stop"])
+        r = self.d.post_json("/v1/completions", dict(self.BASE, stream="yes"))
+        self.assertEqual([e["field"] for e in r.json()["errors"]], ["stream"])
+        r = self.d.post_json("/v1/chat/completions", dict(self.CHAT, stop=["a"] * 5))
+        self.assertEqual((r.status, r.json()["error"]["param"]), (400, "stop"))
 
 
 if __name__ == "__main__":

@@ -365,6 +365,11 @@ def scenario(c):
     c.call("complete checkpoint", "POST", "/v1/completions", 200,
            json_body={"model": model, "prompt": "What is 1+1?", "max_tokens": 3,
                       "temperature": 0})
+    s = c.call("complete stream", "POST", "/v1/completions", 200,
+               json_body={"model": "tiny", "prompt": "What is 2+3?", "max_tokens": 4, "n": 2,
+                          "seed": 5, "logprobs": True, "stop": ["3+", "?"], "stream": True,
+                          "stream_options": {"include_usage": True}})
+    assert s.body.endswith(b"data: [DONE]\n\n"), s.body[-200:]
     c.call("complete empty prompt", "POST", "/v1/completions", 200,
            json_body={"model": "tiny", "prompt": ""})
     p = problem(c.call("complete invalid", "POST", "/v1/completions", 422,
