@@ -163,6 +163,32 @@ check(text.length === 1 && usage && usage.completion_tokens === 1, 'streamed cha
 const many = await client.chat.completions.create({ model: 'tiny', n: 2, seed: 3, stop: ['\n'],
   messages: [{ role: 'user', content: 'What is 2+2?' }], max_tokens: 4 });
 check(many.choices.length === 2, 'n=2 on a base model');
+// stop ends generation; streamed token by token, the concatenation is the whole answer (same seed)
+const req = { model: 'tiny', n: 2, seed: 4, max_tokens: 24, logprobs: true,
+  messages: [{ role: 'user', content: 'What is 3+4?' }] };
+const free = await client.chat.completions.create(req);
+const stopAt = free.choices[0].message.content.slice(2, 4);
+const whole = await client.chat.completions.create({ ...req, stop: [stopAt] });
+check(whole.choices[0].finish_reason === 'stop' && whole.usage.completion_tokens < free.usage.completion_tokens &&
+      whole.choices[0].message.content === free.choices[0].message.content.split(stopAt)[0] &&
+      whole.choices[0].logprobs.content.length < free.choices[0].logprobs.content.length,
+      'stop ends generation: ' + JSON.stringify(stopAt) + ' -> ' + JSON.stringify(whole.choices[0].message.content));
+const parts = [[], []], finish = [null, null], lps = [[], []];
+let streamed = null;
+for await (const chunk of await client.chat.completions.create({ ...req, stop: [stopAt], stream: true,
+  stream_options: { include_usage: true } })) {
+  if (chunk.usage) streamed = chunk.usage;
+  for (const c of chunk.choices) {
+    parts[c.index].push(c.delta?.content ?? '');
+    if (c.finish_reason) finish[c.index] = c.finish_reason;
+    if (c.logprobs) lps[c.index].push(...c.logprobs.content);
+  }
+}
+check([0, 1].every((i) => parts[i].join('') === whole.choices[i].message.content &&
+                          finish[i] === whole.choices[i].finish_reason &&
+                          JSON.stringify(lps[i]) === JSON.stringify(whole.choices[i].logprobs.content)) &&
+      JSON.stringify(streamed) === JSON.stringify(whole.usage) && parts[1].length > 3,
+      `streamed chat (n 2, stop, logprobs) equals the whole answer: ${parts[0].length + parts[1].length} chunks`);
 
 // a python grader inside a job (bubblewrap sandbox); skipped, saying why, where it cannot run
 const pyGrader = { type: 'python', name: 'py', source:
