@@ -7,8 +7,8 @@
  * Either way each chunk is written to data_dir/files/<id>.jsonl.tmp, hashed and fed to the
  * dataset validator (ds_stream_feed) as it arrives; at the end the file is fsynced, renamed to
  * <id>.jsonl and only then inserted into the store. An invalid dataset is stored too, with
- * status "invalid" and its first 100 {line, message} errors, and answered 201 like a valid one
- * (docs/API_NOTES.md). */
+ * validation "invalid" (OpenAI's status "error") and its first 100 {line, message} errors, and
+ * answered 201 like a valid one (docs/API_NOTES.md). */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -34,10 +34,27 @@
 
 /* ---- the file object ---- */
 
+/* OpenAI's status_details of a file that failed the check: its first problem and how many the
+ * file object's errors list. */
+static json_t *status_details(const json_t *errors) {
+  const json_t *first = json_array_get(errors, 0);
+  const char *msg = json_string_value(json_object_get(first, "message"));
+  json_int_t line = json_integer_value(json_object_get(first, "line"));
+  size_t n = json_array_size(errors);
+  char where[32] = "", more[96] = "";
+  if (line > 0) snprintf(where, sizeof where, "line %" JSON_INTEGER_FORMAT ": ", line);
+  if (n > 1) snprintf(more, sizeof more, " (the first of %zu problems listed in errors)", n);
+  return json_sprintf("invalid dataset: %s%s%s", where, msg ? msg : "not a dataset", more);
+}
+
+/* The file object: OpenAI's FileObject (status "processed", or "error" with status_details)
+ * with dapod's own check beside it: validation "valid" | "invalid", errors when invalid. */
 static json_t *file_json(const struct store_file *f) {
-  json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:I, s:s, s:s, s:I, s:I, s:I}", "id", f->id, "object",
-                        "file", "filename", f->filename, "purpose", f->purpose, "bytes",
+  json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:I, s:s, s:s, s:o, s:s, s:I, s:I, s:I}", "id", f->id,
+                        "object", "file", "filename", f->filename, "purpose", f->purpose, "bytes",
                         (json_int_t)f->bytes, "sha256", f->sha256, "status",
+                        f->valid ? "processed" : "error", "status_details",
+                        f->valid ? json_null() : status_details(f->errors), "validation",
                         f->valid ? "valid" : "invalid", "n_lines", (json_int_t)f->n_lines,
                         "n_items", (json_int_t)f->n_items, "created_at", (json_int_t)f->created_at);
   if (o && !f->valid) json_object_set(o, "errors", f->errors ? f->errors : json_array());

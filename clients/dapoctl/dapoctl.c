@@ -393,14 +393,14 @@ static int cmd_upload(struct ctl *c, const struct opts *o, char **args) {
   int rc = call_json(c, "POST", p, &q, &file, NULL);
   fclose(f);
   if (rc) return rc;
-  int invalid = !strcmp(jstr(file, "status"), "invalid");
+  int invalid = !strcmp(jstr(file, "validation"), "invalid"); /* "status" is OpenAI's */
   if (c->json) {
     print_json(file);
   } else {
     printf("%s\n", jstr(file, "id"));
     fprintf(stderr, "%s: %s, %" JSON_INTEGER_FORMAT " items, %" JSON_INTEGER_FORMAT " bytes, %s\n",
             jstr(file, "id"), base, json_integer_value(json_object_get(file, "n_items")),
-            json_integer_value(json_object_get(file, "bytes")), jstr(file, "status"));
+            json_integer_value(json_object_get(file, "bytes")), jstr(file, "validation"));
   }
   if (invalid) {
     json_t *e;

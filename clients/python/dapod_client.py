@@ -338,7 +338,8 @@ class Client:
     def upload_file(self, data, purpose="fine-tune", filename=None):
         """POST /v1/files: uploads a JSON Lines dataset. ``data``: a path (str, streamed from
         disk), bytes, or a binary file object. Returns the file object; an invalid dataset is
-        stored too, with ``status == "invalid"`` and ``errors`` (check it)."""
+        stored too, with ``validation == "invalid"`` and ``errors`` (check it; ``status`` is
+        OpenAI's: ``"processed"``, or ``"error"`` for an invalid file)."""
         return self._dataset("/v1/files", data, purpose, filename, (201,))
 
     def validate_file(self, data, purpose="fine-tune", filename=None):

@@ -193,7 +193,7 @@ async function viewNew(view) {
   const fileSelect = h('select', { name: 'training_file' });
   const valSelect = h('select', { name: 'validation_file' });
   const fillFiles = (selected) => {
-    const valid = files.data.filter((f) => f.status === 'valid').reverse();
+    const valid = files.data.filter((f) => f.validation === 'valid').reverse(); // status is OpenAI's
     const opts = () => valid.map((f) => h('option', { value: f.id, text: `${f.filename} · ${fmt(f.n_items)} items · ${f.id}` }));
     const keepVal = valSelect.value;
     fileSelect.replaceChildren(h('option', { value: '', text: valid.length ? '— choose an uploaded file —' : '— upload a file first —' }), ...opts());
@@ -213,7 +213,7 @@ async function viewNew(view) {
     upButton.textContent = 'Uploading…';
     try {
       const fo = await uploadFile(f);
-      if (fo.status === 'valid') {
+      if (fo.validation === 'valid') {
         files.data.push(fo);
         fillFiles(fo.id);
         upResult.append(h('div', { class: 'alert ok' }, `Uploaded ${fo.filename}: ${fmt(fo.n_items)} items, ${fmtBytes(fo.bytes)}. `, h('span', { class: 'mono small', text: fo.id })));

@@ -248,7 +248,9 @@ class TestFiles(DaemonCase):
         self.assertTrue(f["id"].startswith("file-"))
         self.assertEqual(r.header("Location"), "/v1/files/" + f["id"])
         self.assertEqual(f["object"], "file")
-        self.assertEqual(f["status"], "valid")
+        # OpenAI's status, dapod's check beside it
+        self.assertEqual((f["status"], f["status_details"]), ("processed", None))
+        self.assertEqual(f["validation"], "valid")
         self.assertEqual(f["n_items"], 64)
         self.assertEqual(f["bytes"], len(data))
         self.assertEqual(f["sha256"], hashlib.sha256(data).hexdigest())
@@ -265,7 +267,7 @@ class TestFiles(DaemonCase):
     def test_multipart_upload_valid(self):
         data = read("addition.jsonl")
         f = self.assertJson(self.upload_multipart(data, filename="C:\\Users\\me\\add.jsonl"), 201)
-        self.assertEqual(f["status"], "valid")
+        self.assertEqual((f["status"], f["validation"]), ("processed", "valid"))
         self.assertEqual(f["n_items"], 64)
         self.assertEqual(f["bytes"], len(data))
         self.assertEqual(f["sha256"], hashlib.sha256(data).hexdigest())
@@ -275,7 +277,12 @@ class TestFiles(DaemonCase):
         data = read("invalid.jsonl")
         for r in (self.upload_raw(data), self.upload_multipart(data)):
             f = self.assertJson(r, 201)
-            self.assertEqual(f["status"], "invalid")
+            self.assertEqual((f["status"], f["validation"]), ("error", "invalid"))
+            # OpenAI's status_details: the first problem, and how many errors lists
+            first = f["errors"][0]
+            self.assertEqual(f["status_details"], "invalid dataset: line %d: %s (the first of %d "
+                             "problems listed in errors)" % (first["line"], first["message"],
+                                                             len(f["errors"])))
             lines = [e["line"] for e in f["errors"]]
             self.assertEqual(lines, sorted(lines))
             self.assertIn(2, lines)  # "answer": 4
@@ -291,11 +298,13 @@ class TestFiles(DaemonCase):
 
     def test_empty_upload_is_invalid_with_a_file_level_error(self):
         f = self.assertJson(self.upload_raw(b"\n\n"), 201)
-        self.assertEqual(f["status"], "invalid")
+        self.assertEqual((f["status"], f["validation"]), ("error", "invalid"))
         self.assertEqual(f["n_items"], 0)
         self.assertTrue(f["errors"])
         self.assertNotIn("line", f["errors"][-1])
         self.assertIn("no items", f["errors"][-1]["message"])
+        if len(f["errors"]) == 1:  # a problem of the whole file has no line
+            self.assertEqual(f["status_details"], "invalid dataset: " + f["errors"][0]["message"])
 
     def test_upload_content_type_and_fields(self):
         self.assertProblem(self.upload_raw(b"{}", ctype="text/csv"), 415,
@@ -412,7 +421,7 @@ class TestUploadLimit(DaemonCase):
         self.assertEqual(self.files_on_disk(), [])
         # a small one still fits
         f = self.assertJson(self.upload_raw(data[:500].rsplit(b"\n", 1)[0] + b"\n"), 201)
-        self.assertEqual(f["status"], "valid")
+        self.assertEqual(f["validation"], "valid")
 
     def test_huge_announced_upload_is_refused_before_it_is_sent(self):
         head = (b"POST /v1/files?purpose=fine-tune HTTP/1.1\r\nHost: x\r\n"

@@ -497,7 +497,7 @@ class TestCreate(DaemonCase):
 
     def test_validation_lists_every_problem(self):
         bad = self.upload(read("invalid.jsonl"))
-        self.assertEqual(bad["status"], "invalid")
+        self.assertEqual((bad["validation"], bad["status"]), ("invalid", "error"))
         p = self.assertProblem(self.d.post_json("/v1/jobs", {}), 422, "validation_failed")
         self.assertFields(p, "model", "training_file")
         p = self.assertProblem(self.d.post_json("/v1/jobs", {

@@ -146,7 +146,7 @@ def scenario(c):
     # ---- files ----
     f = c.call("upload raw", "POST", "/v1/files?purpose=fine-tune&filename=addition.jsonl", 201,
                body=data, headers=ndjson).json()
-    assert f["status"] == "valid", f
+    assert (f["status"], f["validation"]) == ("processed", "valid"), f
     fid = f["id"]
     body, ctype = harness.multipart([("purpose", "fine-tune"),
                                      ("file", ("addition.jsonl", data, "application/x-ndjson"))])
@@ -154,7 +154,7 @@ def scenario(c):
                 headers={"Content-Type": ctype}).json()
     bad = c.call("upload invalid", "POST", "/v1/files", 201, body=read("invalid.jsonl"),
                  headers={"Content-Type": "application/jsonl"}).json()
-    assert bad["status"] == "invalid" and bad["errors"], bad
+    assert (bad["status"], bad["validation"]) == ("error", "invalid") and bad["errors"], bad
     c.call("validate raw", "POST", "/v1/files/validate?filename=a.jsonl", 200, body=data,
            headers=ndjson)
     c.call("validate multipart", "POST", "/v1/files/validate", 200, body=body,

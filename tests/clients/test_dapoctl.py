@@ -82,7 +82,8 @@ class DapoctlCase(unittest.TestCase):
         f = self.d.get("/v1/files/" + fid).json()
         self.assertEqual(f["sha256"], common.sha256_file(common.ADDITION))
         self.assertEqual(f["filename"], "addition.jsonl")
-        self.assertEqual(f["status"], "valid")
+        self.assertEqual((f["status"], f["validation"]), ("processed", "valid"))
+        self.assertTrue(err.rstrip().endswith(" bytes, valid"), err)  # dapod's check
 
     def test_upload_invalid_dataset_exits_1_with_lines(self):
         bad = os.path.join(self.tmp, "bad.jsonl")
@@ -91,7 +92,7 @@ class DapoctlCase(unittest.TestCase):
         rc, out, err = self.ctl("--json", "upload", bad)
         self.assertEqual(rc, 1, err)
         obj = json.loads(out)
-        self.assertEqual(obj["status"], "invalid")
+        self.assertEqual((obj["status"], obj["validation"]), ("error", "invalid"))
         self.assertIn("line 2:", err)
         self.assertIn("line 3:", err)
 

@@ -106,8 +106,8 @@ class ClientCase(unittest.TestCase):
         with open(common.ADDITION, "rb") as f:
             data = f.read()
         f = self.file
-        self.assertEqual((f["object"], f["status"], f["filename"]),
-                         ("file", "valid", "addition.jsonl"))
+        self.assertEqual((f["object"], f["status"], f["validation"], f["filename"]),
+                         ("file", "processed", "valid", "addition.jsonl"))
         self.assertEqual(f["sha256"], hashlib.sha256(data).hexdigest())
         self.assertEqual(self.c.get_file(f["id"]), self.raw("/v1/files/" + f["id"]))
         self.assertEqual(self.c.file_content(f["id"]), data)
@@ -122,7 +122,7 @@ class ClientCase(unittest.TestCase):
         page = self.c.list_files(limit=1)
         self.assertEqual(page, self.raw("/v1/files?limit=1"))
         bad = self.c.upload_file(b'{"prompt": "x"}\nnope\n')
-        self.assertEqual(bad["status"], "invalid")
+        self.assertEqual((bad["status"], bad["validation"]), ("error", "invalid"))
         self.assertEqual([e.get("line") for e in bad["errors"]], [1, 2])
         v = self.c.validate_file(b'{"prompt": "a", "answer": "b"}\n')
         self.assertEqual((v["object"], v["status"]), ("file.validation", "valid"))

@@ -40,6 +40,19 @@ const valid = await client.files.create({
 check(valid.id !== train.id, 'validation file uploaded');
 const got = await client.files.retrieve(train.id);
 check(got.id === train.id, 'file retrieved');
+// files.waitForProcessing() returns at its first retrieve when the status is terminal (maxWait 0:
+// any other status would be a timeout error, not a wait)
+const processed = await client.files.waitForProcessing(train.id, { pollInterval: 10, maxWait: 0 });
+check(processed.status === 'processed' && processed.status_details === null &&
+      processed.validation === 'valid', `waitForProcessing: a valid upload is processed (${processed.status})`);
+const broken = await client.files.create({
+  file: await toFile(Buffer.from('{"messages": "not a list"}\nnot json\n'), 'broken.jsonl'),
+  purpose: 'fine-tune' });
+const failed = await client.files.waitForProcessing(broken.id, { pollInterval: 10, maxWait: 0 });
+check(failed.status === 'error' && failed.validation === 'invalid' &&
+      /^invalid dataset: line 1: /.test(failed.status_details) && failed.errors.length === 2,
+      `waitForProcessing: an invalid upload is error, status_details "${failed.status_details}"`);
+check((await client.files.delete(broken.id)).deleted === true, 'the invalid upload deleted');
 
 const grader = {
   type: 'multi', name: 'sum',

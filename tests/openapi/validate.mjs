@@ -309,7 +309,9 @@ function checkExchange(ex) {
     const itemSchema = rb.content[rmt]["x-item-schema"];
     let verdict = null;
     try {
-      verdict = JSON.parse(body.toString("utf8")).status;
+      // a stored file's check is `validation` (its `status` is OpenAI's); a dry run's is `status`
+      const answer = JSON.parse(body.toString("utf8"));
+      verdict = answer.object === "file" ? answer.validation : answer.status;
     } catch (e) {}
     if (itemSchema && verdict === "valid") {
       const rbParts = refParts(op.requestBody, [...opParts, "requestBody"]);

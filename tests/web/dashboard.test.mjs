@@ -184,7 +184,8 @@ async function main() {
     await page.setInputFiles('#upload-input', args.invalid);
     await page.click('#upload-button');
     await page.locator('#upload-result .alert.error li').first().waitFor();
-    const bad = (await apiJson('/v1/files')).data.find((f) => f.status === 'invalid');
+    const bad = (await apiJson('/v1/files')).data.find((f) => f.validation === 'invalid');
+    check(bad && bad.status === 'error', 'an invalid upload has OpenAI\'s status "error" and validation "invalid"');
     const shownErrs = await page.locator('#upload-result .alert.error li').allTextContents();
     check(bad && bad.errors.length > 0 && same(shownErrs, bad.errors.slice(0, 20).map((e) => (e.line ? `line ${e.line}: ${e.message}` : e.message))),
       `an invalid upload lists the API's ${bad ? bad.errors.length : 0} line errors`);
@@ -194,8 +195,8 @@ async function main() {
     await page.click('#upload-button');
     await page.locator('#upload-result .alert.ok').waitFor();
     const files = await apiJson('/v1/files');
-    const valid = files.data.filter((f) => f.status === 'valid');
-    check(files.data.length === 2 && valid.length === 1, 'the upload is stored and valid');
+    const valid = files.data.filter((f) => f.validation === 'valid');
+    check(files.data.length === 2 && valid.length === 1 && valid[0].status === 'processed', 'the upload is stored, valid and processed');
     const fileObj = valid[0];
     check(fileObj.sha256 === sha256(readFileSync(args.data)), 'the stored file has the dataset\'s SHA-256');
     check(await page.inputValue('#f-training-file') === fileObj.id, 'the uploaded file is chosen as training file');
