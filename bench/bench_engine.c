@@ -10,7 +10,8 @@
  *             2*P_blk + 2*V*C + L * 4*NH*HS * t
  * N tokens, R response tokens (rows through the LM head), T_s sequence lengths; embedding
  * lookups, norms, softmax and the optimizer are not counted.
- * Usage: bench_engine --sgemm | --model tiny|small|medium [--serve] [--train-steps N]
+ * Usage: bench_engine --sgemm | --bandwidth [--threads N] | --model tiny|small|medium [--serve]
+ *        [--train-steps N]
  *        [--gen-reps N] [--gen-new N] [--threads N] [--phase train|gen]
  *        [--isa portable|baseline|avx2|avx512] [--vs-isa portable|baseline|avx2]
  * --serve answers commands on stdin (see serve()) so that bench_torch.py --pair can interleave
@@ -127,6 +128,93 @@ static int run_sgemm(void) {
   json_object_set_new(j, "peak_n", json_real(nt > 1 ? peak[1] : peak[0]));
   json_object_set_new(j, "sgemm_m16", json_real(g16));
   json_object_set_new(j, "rows", rows);
+  json_dumpf(j, stdout, JSON_COMPACT);
+  fputc('\n', stdout);
+  json_decref(j);
+  return 0;
+}
+
+/* ---- memory bandwidth ------------------------------------------------------------------------ */
+
+/* Streaming over 512 MiB (far past any cache) on the pool's threads, each its own contiguous
+ * share: "read" sums every float (16 independent lanes, as a decoding step reads weight rows),
+ * "copy" writes a second buffer from the first (bytes read + bytes written). GB/s, best of 5. */
+struct bw_args {
+  const float *src;
+  float *dst;
+  size_t n;
+  double sum[64];
+};
+
+static void bw_read_task(void *ctx, int i, int n) {
+  struct bw_args *a = ctx;
+  int lo, hi;
+  pool_split((int)(a->n / 4096), i, n, &lo, &hi);
+  typedef float v8 __attribute__((vector_size(32)));
+  v8 s[4] = {{0}}; /* four independent 8-float accumulators: the loads, not the adds, bound it */
+  for (size_t k = (size_t)lo * 4096; k < (size_t)hi * 4096; k += 32)
+    for (int l = 0; l < 4; l++) {
+      v8 x;
+      memcpy(&x, a->src + k + 8 * l, sizeof x);
+      s[l] += x;
+    }
+  double t = 0;
+  for (int l = 0; l < 4; l++)
+    for (int q = 0; q < 8; q++) t += s[l][q];
+  a->sum[i % 64] += t;
+}
+
+static void bw_copy_task(void *ctx, int i, int n) {
+  struct bw_args *a = ctx;
+  int lo, hi;
+  pool_split((int)(a->n / 4096), i, n, &lo, &hi);
+  memcpy(a->dst + (size_t)lo * 4096, a->src + (size_t)lo * 4096,
+         (size_t)(hi - lo) * 4096 * sizeof(float));
+}
+
+static double bandwidth(struct pool *p, int copy) {
+  struct bw_args a = {.n = (size_t)128 << 20};
+  float *src = dapo_alloc_floats(a.n), *dst = copy ? dapo_alloc_floats(a.n) : NULL;
+  double best = 0;
+  if (!src || (copy && !dst)) goto out;
+  for (size_t i = 0; i < a.n; i++) src[i] = (float)(i & 7);
+  if (dst) memset(dst, 0, a.n * sizeof(float));
+  a.src = src, a.dst = dst;
+  for (int r = 0; r < 5; r++) {
+    double t0 = now_s();
+    pool_run(p, copy ? bw_copy_task : bw_read_task, &a);
+    double g = (double)a.n * sizeof(float) * (copy ? 2 : 1) / (now_s() - t0) * 1e-9;
+    best = g > best ? g : best;
+  }
+out:
+  free(src);
+  free(dst);
+  return best;
+}
+
+static int run_bandwidth(int threads) {
+  json_t *j = json_object();
+  json_object_set_new(j, "side", json_string("ours"));
+  json_object_set_new(j, "kind", json_string("bandwidth"));
+  json_object_set_new(j, "threads", json_integer(threads));
+  int counts[2] = {1, threads};
+  for (int c = 0; c < (threads > 1 ? 2 : 1); c++) {
+    struct pool *p = pool_new(counts[c]);
+    if (!p) return 1;
+    double rd = bandwidth(p, 0), cp = bandwidth(p, 1);
+    pool_free(p);
+    fprintf(stderr, "memory bandwidth, %d thread(s): read %.1f GB/s, copy %.1f GB/s\n", counts[c],
+            rd, cp);
+    char k[32];
+    snprintf(k, sizeof k, "read_gbs_%s", c ? "n" : "1");
+    json_object_set_new(j, k, json_real(rd));
+    snprintf(k, sizeof k, "copy_gbs_%s", c ? "n" : "1");
+    json_object_set_new(j, k, json_real(cp));
+    if (threads == 1) {
+      json_object_set_new(j, "read_gbs_n", json_real(rd));
+      json_object_set_new(j, "copy_gbs_n", json_real(cp));
+    }
+  }
   json_dumpf(j, stdout, JSON_COMPACT);
   fputc('\n', stdout);
   json_decref(j);
@@ -454,15 +542,16 @@ static int parse_pos(const char *flag, const char *s) {
 int main(int argc, char **argv) {
   const char *model = NULL;
   int pool_n = pool_cpu_count();
-  int sgemm = 0, serve_mode = 0, train_steps = 3, gen_reps = 3, gen_new = 128, phase = 0;
+  int sgemm = 0, bw = 0, serve_mode = 0, train_steps = 3, gen_reps = 3, gen_new = 128, phase = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(a, "--sgemm") || !strcmp(a, "--serve")) {
-      *(!strcmp(a, "--sgemm") ? &sgemm : &serve_mode) = 1;
+    if (!strcmp(a, "--sgemm") || !strcmp(a, "--serve") || !strcmp(a, "--bandwidth")) {
+      *(!strcmp(a, "--sgemm") ? &sgemm : !strcmp(a, "--serve") ? &serve_mode : &bw) = 1;
       continue;
     }
     if (!v) {
-      fprintf(stderr, "usage: bench_engine --sgemm | --model tiny|small|medium [--serve] "
+      fprintf(stderr, "usage: bench_engine --sgemm | --bandwidth [--threads N] | --model "
+                      "tiny|small|medium [--serve] "
                       "[--train-steps N] [--gen-reps N] [--gen-new N] [--threads N | "
                       "--blas-threads N] [--phase train|gen] [--isa NAME] [--vs-isa NAME]\n");
       return 2;
@@ -501,6 +590,7 @@ int main(int argc, char **argv) {
     }
   }
   if (sgemm) return run_sgemm();
+  if (bw) return run_bandwidth(pool_n > 0 ? pool_n : 1);
   if (pool_n > 0) g_pool = pool_new(pool_n); /* OpenBLAS single-threaded inside the pool */
   if (!model) {
     fprintf(stderr, "bench_engine: --sgemm or --model NAME\n");

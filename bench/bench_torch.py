@@ -9,6 +9,11 @@ final report.
                                               measured alternately with PyTorch; JSON lines
   bench_torch.py --report FILE...             the comparison table from those JSON lines (needs
                                               no torch)
+  bench_torch.py --scale FOLDER --rollouts FILE [--lora R,ALPHA] [--micro-seqs N]
+                                              one DAPO step's work at a real model folder's shape
+                                              (bench/scale.py): generation of the rollouts'
+                                              prompts x group, old log-probs and the update on the
+                                              same sequences dapod trained; one JSON line
 
 The model is tests/torch_ref/llama.py's (transformers' eager Llama), the work the same as
 bench_engine's: a training step (response log-probs + entropies of 16 x 256 packed tokens with
@@ -301,6 +306,185 @@ def measure(args):
 
 
 # ---------------------------------------------------------------------------------------------
+# realistic scale (bench/scale.py): one DAPO step's work on a model folder
+
+
+def load_folder(T, folder):
+    """The folder's model in float32, tensor by tensor from a memory map (no second copy of the
+    file in memory: the peak RSS is the model's)."""
+    import numpy as np
+    torch, llama = T.torch, T.llama
+    with open(os.path.join(folder, "config.json")) as f:
+        cfg = llama.Config(json.load(f))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        m = llama.LlamaForCausalLM(cfg)
+    path = os.path.join(folder, "model.safetensors")
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    raw = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n)
+    params = dict(m.named_parameters())
+    with torch.no_grad():
+        for name in m.tensor_names():
+            info = header[name]
+            b, e = info["data_offsets"]
+            a = raw[b:e]
+            if info["dtype"] == "BF16":
+                a = (a.view("<u2").astype(np.uint32) << 16).view(np.float32)
+            else:
+                a = a.view("<f4")
+            params[name].copy_(torch.from_numpy(np.ascontiguousarray(a)).reshape(info["shape"]))
+    del raw
+    m.eval()
+    return m
+
+
+def write_adapter(folder, model, r, alpha, linear):
+    """A PEFT adapter folder for attach_lora: every linear layer but the head, A drawn as PEFT
+    (kaiming-uniform, bound 1/sqrt(in)), B small (not 0: the adapter's work is the same either
+    way, a non-zero B only keeps the update from being trivially zero)."""
+    import math
+    import numpy as np
+    rng = np.random.default_rng(3)
+    tensors = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, linear) and name != "lm_head":
+            fan_in, fan_out = mod.in_features, mod.out_features
+            tensors["base_model.model.%s.lora_A.weight" % name] = rng.uniform(
+                -1 / math.sqrt(fan_in), 1 / math.sqrt(fan_in), (r, fan_in)).astype("<f4")
+            tensors["base_model.model.%s.lora_B.weight" % name] = (
+                rng.standard_normal((fan_out, r)) * 1e-3).astype("<f4")
+    header, off = {}, 0
+    for k, v in tensors.items():
+        header[k] = dict(dtype="F32", shape=list(v.shape), data_offsets=[off, off + v.nbytes])
+        off += v.nbytes
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "adapter_model.safetensors"), "wb") as f:
+        f.write(len(h).to_bytes(8, "little") + h)
+        for v in tensors.values():
+            f.write(v.tobytes())
+    with open(os.path.join(folder, "adapter_config.json"), "w") as f:
+        json.dump(dict(peft_type="LORA", r=r, lora_alpha=alpha, target_modules="all-linear",
+                       use_rslora=False, lora_dropout=0.0, bias="none"), f)
+
+
+def scale(args):
+    """One DAPO step's work as dapod's runner does it, on the rollouts dapod sampled: generation
+    (the step's prompts, group_size continuations each, as many new tokens as dapod's longest
+    response: one batch, each prompt's prefill run once and its cache expanded to its group, then
+    one eager [B, 1] forward a token), the old-log-prob pass (no grad) over every trained response
+    but the first minibatch's, and the update: per minibatch, forward and backward of
+    sum_t w_t logp_t in micro-batches of --micro-seqs sequences (gradients accumulated),
+    clip_grad_norm_ and AdamW. Responses with advantage 0 are left out as dapod leaves them out.
+    Times in seconds; tokens counted as dapod counts them (prompt + response)."""
+    import tempfile
+    T = Torch()
+    torch, llama = T.torch, T.llama
+    T.set_threads(args.torch_threads, args.blas_threads)
+    rows = [json.loads(l) for l in open(args.rollouts) if l.strip()]
+    t0 = time.perf_counter()
+    m = load_folder(T, args.scale)
+    load_s = time.perf_counter() - t0
+    trainable = sum(p.numel() for p in m.parameters())
+    n_params = trainable
+    if args.lora:
+        r, alpha = (int(x) for x in args.lora.split(","))
+        with tempfile.TemporaryDirectory() as d:
+            write_adapter(d, m, r, alpha, torch.nn.Linear)
+            named = llama.attach_lora(m, d)
+        trainable = sum(p.numel() for p in named.values())
+    out = dict(side="torch", kind="scale", lora=bool(args.lora), params=n_params,
+               trainable_parameters=trainable, corename=T.corename(),
+               torch_version=torch.__version__, load_s=load_s,
+               rss_kib_after_import=T.rss_after_import,
+               settings="torch %d / OpenBLAS %d" % T.threads())
+    # generation: the step's prompts, in group order
+    prompts, group = [], 0
+    for row in rows:
+        if row["index"] == 0:
+            prompts.append(row["prompt_token_ids"])
+    group = sum(1 for row in rows if row["group"] == rows[0]["group"])
+    new = max(row["length"] for row in rows)
+    if len(set(len(p) for p in prompts)) != 1:  # one batch needs equal prompt lengths
+        prompts = [prompts[0]] * len(prompts)
+        out["note"] = "prompts of different lengths: the first one used for every group"
+    g = torch.Generator().manual_seed(7)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        past = None
+        lasts = []
+        for p in prompts:  # one prefill a prompt, its cache expanded to its group
+            logits, pp = m(torch.tensor([p], dtype=torch.long))
+            pp = [(k.expand(group, -1, -1, -1), v.expand(group, -1, -1, -1)) for k, v in pp]
+            past = pp if past is None else [(torch.cat((a[0], b[0])), torch.cat((a[1], b[1])))
+                                            for a, b in zip(past, pp)]
+            lasts.append(logits[:, -1, :].expand(group, -1))
+        last = torch.cat(lasts)
+        B = last.shape[0]
+        for t in range(new):
+            logsm = torch.nn.functional.log_softmax(last, dim=-1)
+            tok = torch.multinomial(logsm.exp(), 1, generator=g)
+            if t + 1 == new:
+                break
+            logits, past = m(tok, past=past)
+            last = logits[:, -1, :]
+    gen_s = time.perf_counter() - t0
+    out.update(gen_s=gen_s, gen_tokens=B * new, gen_batch=B, gen_new=new,
+               prompt_tokens=len(prompts[0]))
+    print("torch generate: %d x %d tokens in %.1f s: %.1f tok/s" % (B, new, gen_s, B * new / gen_s),
+          file=sys.stderr, flush=True)
+    del past, logits, last
+    # the update's sequences: dapod's, those with a non-zero advantage, in minibatches
+    seqs = [(r["prompt_token_ids"] + r["response_token_ids"], len(r["prompt_token_ids"]),
+             r["advantage"]) for r in rows if r.get("in_loss", True)]
+    mb = args.minibatch or max(1, len(seqs) // 4)
+    minibatches = [seqs[i:i + mb] for i in range(0, len(seqs), mb)]
+    run = [[s for s in b if s[2] != 0] for b in minibatches]
+    opt = llama.make_adamw(m, 1e-6)
+
+    def micro(b):
+        return [b[i:i + args.micro_seqs] for i in range(0, len(b), args.micro_seqs)]
+
+    t0 = time.perf_counter()
+    old_tokens = 0
+    with torch.no_grad():
+        for b in run[1:]:  # the first minibatch's forward is pi_old's (dapod skips its pass)
+            for mbat in micro(b):  # log-probs only (no entropy), as dapod's pass
+                ids, rr, cc, tg = llama._pad([(s[0], s[1]) for s in mbat])
+                h, _ = m.model(ids)
+                lsm = torch.nn.functional.log_softmax(m.lm_head(h[rr, cc]), dim=-1)
+                lsm.gather(1, tg[:, None])
+                del h, lsm
+                old_tokens += sum(len(s[0]) for s in mbat)
+    old_s = time.perf_counter() - t0
+    print("torch old log-probs: %d tokens in %.1f s" % (old_tokens, old_s), file=sys.stderr,
+          flush=True)
+    m.train()
+    t0 = time.perf_counter()
+    upd_tokens = 0
+    for b in run:
+        m.zero_grad(set_to_none=True)
+        n_tok = sum(len(s[0]) - s[1] for s in b) or 1
+        for mbat in micro(b):
+            logp, _ = llama.response_logprobs(m, [(s[0], s[1]) for s in mbat], 1.0)
+            w = torch.cat([torch.full((len(s[0]) - s[1],), s[2] / n_tok) for s in mbat])
+            (w * logp).sum().backward()
+            upd_tokens += sum(len(s[0]) for s in mbat)
+        torch.nn.utils.clip_grad_norm_([p for p in m.parameters() if p.requires_grad], 1.0)
+        opt.step()
+    upd_s = time.perf_counter() - t0
+    print("torch update: %d tokens in %.1f s" % (upd_tokens, upd_s), file=sys.stderr, flush=True)
+    out.update(old_s=old_s, old_tokens=old_tokens, update_s=upd_s, update_tokens=upd_tokens,
+               micro_seqs=args.micro_seqs, minibatch=mb,
+               step_s=gen_s + old_s + upd_s, peak_rss_kib=rss_kib())
+    print(json.dumps(out))
+
+
+# ---------------------------------------------------------------------------------------------
 # report
 
 
@@ -397,8 +581,17 @@ def main():
     ap.add_argument("--train-steps", type=int, default=3)
     ap.add_argument("--gen-reps", type=int, default=3)
     ap.add_argument("--gen-new", type=int, default=128)
+    ap.add_argument("--scale", metavar="FOLDER", help="a model folder (bench/scale.py)")
+    ap.add_argument("--rollouts", help="--scale: dapod's rollouts file of the step")
+    ap.add_argument("--lora", metavar="R,ALPHA", help="--scale: LoRA on every linear layer")
+    ap.add_argument("--micro-seqs", type=int, default=4, help="--scale: sequences a micro-batch")
+    ap.add_argument("--minibatch", type=int, default=0, help="--scale: default a quarter")
+    ap.add_argument("--torch-threads", type=int, default=1)
+    ap.add_argument("--blas-threads", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
-    if args.report:
+    if args.scale:
+        scale(args)
+    elif args.report:
         report(args.report)
     elif args.probe:
         probe(args)
