@@ -65,7 +65,7 @@ class Daemon:
         self.proc = None
         self.port = None
         self.lines = []
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()  # guards lines; notified for each new line
         self._listening = threading.Event()
         self._reader = None
 
@@ -103,6 +103,7 @@ class Daemon:
             line = raw.decode("utf-8", "replace").rstrip("\n")
             with self._lock:
                 self.lines.append(line)
+                self._lock.notify_all()
             marker = "dapod: listening on "
             if line.startswith(marker) and self.port is None:
                 url = line[len(marker):].strip()  # http://127.0.0.1:PORT, https://[::1]:PORT
@@ -112,6 +113,8 @@ class Daemon:
                 self.port = int(port)
                 self._listening.set()
         self._listening.set()  # EOF: wake start() if it is still waiting
+        with self._lock:
+            self._lock.notify_all()
 
     def stop(self, sig=signal.SIGTERM):
         """Sends sig and returns the exit status (waits at most STOP_TIMEOUT_S)."""
@@ -141,8 +144,29 @@ class Daemon:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def log(self):
+        """What the daemon has written to stderr so far, as far as the reader thread has read it:
+        a line written just before a reply may not be here yet when the reply arrives; wait for
+        it with wait_log."""
         with self._lock:
             return "\n".join(self.lines)
+
+    def wait_log(self, test, what, timeout=60):
+        """Waits until test(log text) is true and returns its value; fails naming what after
+        timeout seconds, or at once when the daemon's stderr has ended without it."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while True:
+                text = "\n".join(self.lines)
+                got = test(text)
+                if got:
+                    return got
+                left = deadline - time.monotonic()
+                ended = self._reader is None or not self._reader.is_alive()
+                if left <= 0 or ended:
+                    raise AssertionError("%s waiting for %s; the log:\n%s"
+                                         % ("stderr ended" if ended else
+                                            "%.0f s passed" % timeout, what, text[-3000:]))
+                self._lock.wait(min(left, 1.0))
 
     def __enter__(self):
         return self.start()

@@ -268,8 +268,10 @@ class QueueAndMemory(DaemonCase):
         b = self.assertJson(small.result(), 200)
         self.assertEqual(len(a["choices"]), 8)
         self.assertEqual(len(b["choices"]), 1)
-        served = [(int(s), int(n)) for s, n in
-                  re.findall(r"completion (\d+) \(tiny\): ok, n (\d+),", self.d.log())]
+        # each logs its end before its reply, but the log is read by a thread of its own
+        pattern = r"completion (\d+) \(tiny\): ok, n (\d+),"
+        self.d.wait_log(lambda log: len(re.findall(pattern, log)) >= 2, "both completions' ends")
+        served = [(int(s), int(n)) for s, n in re.findall(pattern, self.d.log())]
         self.assertEqual([n for _, n in served], [8, 1], served)
         self.assertLess(served[0][0], served[1][0])
 
