@@ -85,6 +85,38 @@ int trainer_log(struct trainer *t, const char *level, const char *fmt, ...) {
   return rc ? trainer_hook_failed(t, "log") : 0;
 }
 
+/* ---- ranks of a data-parallel job ----------------------------------------------------------- */
+
+int trainer_agree(struct trainer *t, int stop) {
+  const struct dist *d = trainer_dist(t);
+  if (dist_size(d) <= 1) return stop;
+  /* the lowest rank that stopped, as a maximum of negatives */
+  int first = -dist_max(d, -(stop ? d->rank : d->size));
+  if (first == d->size) return 0;
+  struct {
+    int failure;
+    char param[sizeof t->res->param];
+    char message[sizeof t->res->message];
+  } f;
+  memset(&f, 0, sizeof f);
+  if (d->rank == first) {
+    f.failure = (int)t->res->failure;
+    memcpy(f.param, t->res->param, sizeof f.param);
+    memcpy(f.message, t->res->message, sizeof f.message);
+  }
+  dist_bcast(d, &f, sizeof f, first);
+  t->res->failure = (enum failure)f.failure;
+  memcpy(t->res->param, f.param, sizeof f.param);
+  memcpy(t->res->message, f.message, sizeof f.message);
+  return 1;
+}
+
+int trainer_requests(struct trainer *t) {
+  int mine = (trainer_cancelled(t) ? TRAINER_CANCEL : 0) |
+             (trainer_pause_requested(t) ? TRAINER_PAUSE : 0);
+  return dist_or(trainer_dist(t), mine);
+}
+
 /* ---- set-up --------------------------------------------------------------------------------- */
 
 static int mkdir_p(const char *path) {
@@ -431,13 +463,15 @@ static int resolve_ckpt_dtype(struct trainer *t) {
  *   5. the judge (under the daemon's policy);
  *   6. the buffers, by the one plan the memory plan counts with (caps, scratch_layout);
  *   7. the sampler's options and stop tokens (model, generation config, chat template).
- * Returns 0, or 1 with res saying why (the failing part's code and field). Allocates everything
- * the run needs: a step allocates only its rollouts. teardown frees it all, after a failure too. */
-static int setup(struct trainer *t) {
+ * Resumes from the checkpoint of step `from` (-1: a fresh run). Returns 0, or 1 with res saying
+ * why (the failing part's code and field). Allocates everything the run needs: a step allocates
+ * only its rollouts. teardown frees it all, after a failure too. */
+static int setup(struct trainer *t, int64_t from) {
   const struct hparams *hp = t->hp;
   struct dapo_err e = {0};
   trainer_phase(t, "loading");
   char sub[PATH_MAX];
+  if (trainer_rank(t) != 0) goto folders_made; /* rank 0 alone writes in the out folder */
   snprintf(sub, sizeof sub, "%s/checkpoints", t->out);
   if (mkdir_p(sub))
     return trainer_fail(t, FAIL_IO_ERROR, NULL, "cannot create %s: %s", sub, strerror(errno));
@@ -450,7 +484,7 @@ static int setup(struct trainer *t) {
   snprintf(sub, sizeof sub, "%s/checkpoints", t->out);
   ckpt_remove_temporaries(sub);
 
-  int64_t from = runner_latest_checkpoint(t->out);
+folders_made:
   t->res->resumed_from = from;
   json_t *state = NULL;
   int with_opt = 0, exact_file = 0;
@@ -628,6 +662,23 @@ static void teardown(struct trainer *t) {
  * step's metrics too, so that recovery can tell them again if the process dies before they are;
  * its metrics; its evaluation (every eval_every and at the end). A pause always stops on a
  * checkpoint of the last completed step. */
+/* A data-parallel job's ranks must hold the same weights after each update (they sum the same
+ * gradients and take the same AdamW step): checked, so that a library whose sum gave different
+ * bits on different ranks fails the job instead of training diverging copies. 0, or 1 (every
+ * rank) with res set. */
+static int weights_differ(struct trainer *t) {
+  const struct dist *d = trainer_dist(t);
+  if (dist_size(d) <= 1) return 0;
+  const struct lora *l = t->lm.model->lora;
+  int same = l ? dist_same(d, l->params, l->n_params * sizeof(float))
+               : dist_same(d, t->lm.model->params, t->lm.model->n_params * sizeof(float));
+  if (same) return 0;
+  return trainer_fail(t, FAIL_INTERNAL, NULL,
+                      "step %" PRId64 ": the ranks' weights differ after the update (the MPI "
+                      "library's sum gave different bits on different ranks)",
+                      t->step);
+}
+
 int runner_run(const struct job_spec *spec, const char *out_dir, const struct runner_hooks *h,
                const struct runner_opts *o, struct runner_result *res) {
   memset(res, 0, sizeof *res);
@@ -647,18 +698,23 @@ int runner_run(const struct job_spec *spec, const char *out_dir, const struct ru
   t->res = res;
   snprintf(t->out, sizeof t->out, "%s", out_dir);
 
-  int stop = setup(t);
+  /* rank 0 alone tells (hooks) and writes; every rank resumes from the checkpoint it found */
+  if (trainer_rank(t) != 0) t->h = NULL;
+  int64_t from = trainer_rank(t) == 0 ? runner_latest_checkpoint(t->out) : 0;
+  dist_bcast(trainer_dist(t), &from, sizeof from, 0);
+  int stop = trainer_agree(t, setup(t, from));
   if (!stop && t->step == 0) {
     /* step 0: the starting weights, and a baseline evaluation */
     if (t->hp->eval_every > 0) stop = trainer_evaluate(t);
-    if (!stop) stop = trainer_checkpoint(t, NULL);
+    if (!stop) stop = trainer_agree(t, trainer_checkpoint(t, NULL));
   }
   while (!stop && t->step < t->hp->total_steps) {
-    if (trainer_cancelled(t)) {
+    int req = trainer_requests(t);
+    if (req & TRAINER_CANCEL) {
       stop = trainer_fail(t, FAIL_CANCELLED, NULL, "cancelled");
       break;
     }
-    if (trainer_pause_requested(t)) {
+    if (req & TRAINER_PAUSE) {
       res->status = RUNNER_PAUSED;
       break;
     }
@@ -675,17 +731,20 @@ int runner_run(const struct job_spec *spec, const char *out_dir, const struct ru
       stop = 1;
       break;
     }
-    if ((stop = trainer_write_rollouts(t))) {
+    if ((stop = weights_differ(t))) {
       json_decref(m);
       break;
     }
     int last = t->step == t->hp->total_steps;
     int paused_now = t->o && t->o->stop_after_step > 0 && t->step == t->o->stop_after_step;
-    if (last || (t->hp->checkpoint_every > 0 && t->step % t->hp->checkpoint_every == 0) ||
-        paused_now || trainer_pause_requested(t))
+    int pausing = trainer_requests(t) & TRAINER_PAUSE;
+    stop = trainer_write_rollouts(t);
+    if (!stop && (last || (t->hp->checkpoint_every > 0 && t->step % t->hp->checkpoint_every == 0) ||
+                  paused_now || pausing))
       stop = trainer_checkpoint(t, m);
     if (!stop) stop = trainer_emit_metrics(t, json_incref(m), 0, gen_tokens, train_tokens);
     json_decref(m);
+    stop = trainer_agree(t, stop);
     if (!stop && t->hp->eval_every > 0 && (t->step % t->hp->eval_every == 0 || last))
       stop = trainer_evaluate(t);
     if (!stop && paused_now && !last) {
@@ -698,7 +757,8 @@ int runner_run(const struct job_spec *spec, const char *out_dir, const struct ru
     char probe[PATH_MAX];
     trainer_ckpt_path(t, t->step, probe, sizeof probe);
     struct stat st;
-    if (stat(probe, &st) != 0) stop = trainer_checkpoint(t, NULL);
+    if (trainer_rank(t) == 0 && stat(probe, &st) != 0) stop = trainer_checkpoint(t, NULL);
+    stop = trainer_agree(t, stop);
   }
   res->step = t->step;
   if (stop) {

@@ -25,6 +25,7 @@
 #include "judge.h"
 
 struct pool;
+struct dist;
 
 /* What the runner tells its caller, typed (all hooks optional; called from the runner's thread;
  * pointers borrowed for the call). A non-zero return from metrics, checkpoint or log fails the
@@ -98,6 +99,9 @@ struct runner_opts {
   int64_t progress_min_work; /* passes of less work (parameter-tokens) report no progress;
                                  0: every pass reports. Callers pass RUNNER_PROGRESS_MIN_WORK
                                  unless they want every pass (tests) */
+  const struct dist *dist;   /* the ranks of a data-parallel job (core/dist.h; borrowed); NULL:
+                                one process. Every rank runs runner_run on the same spec and out
+                                folder; rank 0 alone writes there and calls the hooks */
   struct pool *pool; /* compute threads of this job (borrowed; core/pool.h); NULL: serial kernels
                         with OpenBLAS's own threading. Results are reproducible for a given
                         thread count. */

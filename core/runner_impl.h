@@ -17,6 +17,7 @@
 #include "adamw.h"
 #include "chat.h"
 #include "dataset.h"
+#include "dist.h"
 #include "lm.h"
 #include "rng.h"
 #include "runner.h"
@@ -98,6 +99,14 @@ static inline void trainer_phase(struct trainer *t, const char *p) {
   if (t->h && t->h->phase) t->h->phase(t->h->ctx, p);
 }
 
+/* The job's ranks (runner_opts.dist): NULL alone. */
+static inline const struct dist *trainer_dist(const struct trainer *t) {
+  return t->o ? t->o->dist : NULL;
+}
+static inline int trainer_rank(const struct trainer *t) {
+  return dist_rank(trainer_dist(t));
+}
+
 static inline int trainer_cancelled(const struct trainer *t) {
   /* the flags are set by another thread (the daemon's workers): relaxed atomic loads */
   return t->o && t->o->cancel && __atomic_load_n(t->o->cancel, __ATOMIC_RELAXED);
@@ -121,6 +130,15 @@ int trainer_hook_failed(struct trainer *t, const char *what);
 /* Tells the metrics of step t->step (m stolen; eval: an evaluation's). 0, or 1 with res set. */
 int trainer_emit_metrics(struct trainer *t, json_t *m, int eval, int64_t gen_tokens,
                          int64_t train_tokens);
+/* A data-parallel job's agreement point (collective: every rank calls it at the same place with
+ * its own stop flag): 1 on every rank when any rank stopped, with the failure of the lowest
+ * such rank copied into every rank's res, so that all ranks end the same way. One process:
+ * returns stop. */
+int trainer_agree(struct trainer *t, int stop);
+/* Cancel (bit 1) and pause (bit 2) requests, or-ed over the ranks (collective): every rank
+ * takes the same decision even when a signal reached only some of them. */
+enum { TRAINER_CANCEL = 1, TRAINER_PAUSE = 2 };
+int trainer_requests(struct trainer *t);
 /* A log line at t->step ("info", "warning"). 0, or 1 with res set. */
 int trainer_log(struct trainer *t, const char *level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

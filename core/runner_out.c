@@ -28,6 +28,7 @@ static json_t *int_array(const int *v, int n) {
 
 /* Writes rollouts/step-N.jsonl atomically (temporary file, fsync, rename). */
 int trainer_write_rollouts(struct trainer *t) {
+  if (trainer_rank(t) != 0) return 0; /* rank 0 writes a data-parallel job's files */
   char path[PATH_MAX], tmp[PATH_MAX + 16];
   snprintf(path, sizeof path, "%s/rollouts/step-%" PRId64 ".jsonl", t->out, t->step);
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -160,6 +161,7 @@ static void prune(struct trainer *t) {
 }
 
 int trainer_checkpoint(struct trainer *t, const json_t *metrics) {
+  if (trainer_rank(t) != 0) return 0;
   trainer_phase(t, "checkpointing");
   char dir[PATH_MAX];
   trainer_ckpt_path(t, t->step, dir, sizeof dir);

@@ -123,11 +123,13 @@ static void on_gen_progress(void *ctx, int64_t tokens, int finished) {
 /* ---- generation ----------------------------------------------------------------------------- */
 
 /* Generates k responses for each of n prompts (items[i] indexes ids/lens), appending one ro per
- * response with group numbers group0 + i. Streams are derived from (tag, step, a, slot).
- * Progress is reported as the pass `pass`. */
+ * response with group numbers group0 + i. Streams are derived from (tag, step, a, key0 + i,
+ * sample): key0 + i is the prompt's place in the whole pass, whichever rank generates it, so
+ * that a data-parallel job samples the same tokens for any number of ranks. Progress is
+ * reported as the pass `pass`. */
 static int generate(struct trainer *t, int n, const int *items, int *const *ids, const int *lens,
-                    int k, const struct sampler_opts *so, uint64_t tag, uint64_t a, int group0,
-                    int round, const char *pass, int *n_tokens) {
+                    int k, const struct sampler_opts *so, uint64_t tag, uint64_t a, int key0,
+                    int group0, int round, const char *pass, int *n_tokens) {
   int per_chunk = t->gen_cap / k;
   if (per_chunk < 1) per_chunk = 1;
   int R = so->max_new_tokens;
@@ -144,8 +146,9 @@ static int generate(struct trainer *t, int n, const int *items, int *const *ids,
         int s = q * k + i, it = items[p0 + q];
         t->g_prompts[s] = ids[it];
         t->g_plen[s] = lens[it];
-        rng_seed(&t->g_rng[s], t->spec->seed,
-                 stream_of(tag, (uint64_t)t->step, a, (uint64_t)(p0 + q) * 65536u + (uint64_t)i));
+        rng_seed(
+            &t->g_rng[s], t->spec->seed,
+            stream_of(tag, (uint64_t)t->step, a, (uint64_t)(key0 + p0 + q) * 65536u + (uint64_t)i));
       }
     struct gen_out go = {t->g_tok, t->g_logp, t->g_len, t->g_fin};
     struct dapo_err e = {0};
@@ -178,6 +181,134 @@ static int generate(struct trainer *t, int n, const int *items, int *const *ids,
     }
   }
   return 0;
+}
+
+/* ---- the ranks of a data-parallel job -------------------------------------------------------- */
+
+/* This rank's part [*lo, *hi) of k things (prompts of a round, responses of a minibatch): ranks
+ * take consecutive runs of equal size (the first ones one fewer when k does not divide). */
+static void my_share(const struct trainer *t, int k, int *lo, int *hi) {
+  int64_t r = trainer_rank(t), n = dist_size(trainer_dist(t));
+  *lo = (int)((int64_t)k * r / n);
+  *hi = (int)((int64_t)k * (r + 1) / n);
+}
+
+struct wbuf {
+  char *p;
+  size_t n, cap;
+  int oom;
+};
+
+static void put(struct wbuf *b, const void *x, size_t n) {
+  if (b->oom) return;
+  if (b->n + n > b->cap) {
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->n + n) cap *= 2;
+    char *q = realloc(b->p, cap);
+    if (!q) {
+      b->oom = 1;
+      return;
+    }
+    b->p = q, b->cap = cap;
+  }
+  memcpy(b->p + b->n, x, n);
+  b->n += n;
+}
+
+static void put_str(struct wbuf *b, const char *s) {
+  uint64_t n = s ? strlen(s) : 0;
+  put(b, &n, sizeof n);
+  put(b, s, (size_t)n);
+}
+
+static const char *take(const char **p, size_t n) {
+  const char *q = *p;
+  *p += n;
+  return q;
+}
+
+/* A judged response as bytes, and back (what exchange sends). */
+static void put_ro(struct wbuf *b, const struct ro *r) {
+  int32_t h[10] = {r->item,      r->round,   r->group, r->index,     r->len,
+                   r->truncated, r->correct, r->jmask, r->penalised, r->judged};
+  double v[2] = {r->reward_raw, r->reward};
+  put(b, h, sizeof h);
+  put(b, v, sizeof v);
+  put(b, r->toks, sizeof(int) * (size_t)r->len);
+  put(b, r->slogp, sizeof(float) * (size_t)r->len);
+  put_str(b, r->text);
+  char *info = r->info ? json_dumps(r->info, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+  if (r->info && !info) b->oom = 1;
+  put_str(b, info);
+  free(info);
+}
+
+static int take_ro(const char **p, struct ro *r) {
+  int32_t h[10];
+  double v[2];
+  uint64_t n;
+  memcpy(h, take(p, sizeof h), sizeof h);
+  memcpy(v, take(p, sizeof v), sizeof v);
+  r->item = h[0], r->round = h[1], r->group = h[2], r->index = h[3], r->len = h[4];
+  r->truncated = h[5], r->correct = h[6], r->jmask = h[7], r->penalised = h[8], r->judged = h[9];
+  r->reward_raw = v[0], r->reward = v[1];
+  size_t len = (size_t)r->len;
+  r->toks = malloc(sizeof(int) * (len ? len : 1));
+  r->slogp = malloc(sizeof(float) * (len ? len : 1));
+  if (!r->toks || !r->slogp) return 1;
+  memcpy(r->toks, take(p, sizeof(int) * len), sizeof(int) * len);
+  memcpy(r->slogp, take(p, sizeof(float) * len), sizeof(float) * len);
+  memcpy(&n, take(p, sizeof n), sizeof n);
+  if (!(r->text = strndup(take(p, (size_t)n), (size_t)n))) return 1;
+  memcpy(&n, take(p, sizeof n), sizeof n);
+  if (n) {
+    json_error_t je;
+    r->info = json_loadb(take(p, (size_t)n), (size_t)n, JSON_DECODE_ANY, &je);
+    if (!r->info) return 1;
+  }
+  return 0;
+}
+
+/* A data-parallel round's exchange (collective): each rank generated, judged and shaped the
+ * responses ros[first ..] of its share of the round's prompts; afterwards every rank holds every
+ * rank's, in rank order, which is the order of the prompts: the same array as one process
+ * builds. stop: this rank's; returns 1 on every rank when any stopped (res set). */
+static int exchange(struct trainer *t, int first, int stop) {
+  const struct dist *d = trainer_dist(t);
+  if (dist_size(d) <= 1) return stop;
+  struct wbuf b = {0};
+  for (int i = first; i < t->n_ro && !stop; i++) put_ro(&b, &t->ros[i]);
+  if (!stop && b.oom) stop = trainer_oom(t);
+  if (trainer_agree(t, stop)) {
+    free(b.p);
+    return 1;
+  }
+  void *all = NULL;
+  size_t *lens = calloc((size_t)d->size, sizeof *lens);
+  struct dapo_err e = {0};
+  if (!lens) stop = trainer_oom(t);
+  if (trainer_agree(t, stop)) {
+    free(b.p), free(lens);
+    return 1;
+  }
+  int rc = dist_allgather(d, b.p, b.n, &all, lens, &e); /* fails on every rank alike */
+  free(b.p);
+  if (rc) {
+    free(lens);
+    return trainer_fail_err(t, FAIL_OUT_OF_MEMORY, NULL, &e);
+  }
+  size_t total = 0;
+  for (int r = 0; r < d->size; r++) total += lens[r];
+  free(lens);
+  for (int i = first; i < t->n_ro; i++) ro_clear(&t->ros[i]);
+  t->n_ro = first;
+  const char *p = all, *end = (const char *)all + total;
+  while (p < end && !stop) {
+    struct ro *r = new_ro(t);
+    if (!r || take_ro(&p, r)) stop = trainer_oom(t);
+  }
+  free(all);
+  return trainer_agree(t, stop);
 }
 
 /* Judges responses ros[first .. first+n). Items that the judge could not judge keep judged = 0.
@@ -399,9 +530,10 @@ static int old_logprobs(struct trainer *t, struct ro **loss_ros, int n, const in
   for (int j0 = 0; j0 < n; j0 += mb_size) {
     int nm;
     long tot;
-    int k = minibatch(t, loss_ros, n, order, j0, mb, &nm, &tot);
-    for (int i = 0; i < k;) {
-      int ns = pack(t, mb, i, k);
+    int k = minibatch(t, loss_ros, n, order, j0, mb, &nm, &tot), lo, hi;
+    my_share(t, k, &lo, &hi); /* the micro-batches this rank's update will run */
+    for (int i = lo; i < hi;) {
+      int ns = pack(t, mb, i, hi);
       for (int pass = j0 == 0 && skipping(t) ? 1 : 0; pass < (has_ref(t) ? 2 : 1); pass++) {
         if ((pass ? ref_forward(t, ns) : forward(t, t->lm.model, ns, NULL)) ||
             keep_logprobs(t, ns, pass, us))
@@ -413,6 +545,87 @@ static int old_logprobs(struct trainer *t, struct ro **loss_ros, int n, const in
     }
   }
   return 0;
+}
+
+/* A data-parallel job after its first minibatch (collective): each response's logp_old and
+ * logp_ref were computed by the one rank whose share held it; every rank gets them all (a sum
+ * where the others add zeros: exact), for the later minibatches and epochs, which other ranks
+ * may run, and for the step's metrics. 0, or 1 on every rank with res set. */
+static int share_logprobs(struct trainer *t, struct ro **loss_ros, int n) {
+  const struct dist *d = trainer_dist(t);
+  if (dist_size(d) <= 1) return 0;
+  int passes = has_ref(t) ? 2 : 1;
+  size_t tot = 0;
+  for (int i = 0; i < n; i++)
+    if (runs_through_model(t, loss_ros[i])) tot += (size_t)loss_ros[i]->len;
+  float *buf = calloc(tot * (size_t)passes + 1, sizeof *buf);
+  if (trainer_agree(t, buf ? 0 : trainer_oom(t))) {
+    free(buf);
+    return 1;
+  }
+  for (int pass = 0; pass < passes; pass++) {
+    float *q = buf + tot * (size_t)pass;
+    for (int i = 0; i < n; i++) {
+      struct ro *r = loss_ros[i];
+      if (!runs_through_model(t, r)) continue;
+      float *src = pass ? r->lp_ref : r->lp_old;
+      if (src) memcpy(q, src, sizeof(float) * (size_t)r->len);
+      q += r->len;
+    }
+  }
+  dist_sum_f32(d, buf, tot * (size_t)passes);
+  int stop = 0;
+  for (int pass = 0; pass < passes && !stop; pass++) {
+    const float *q = buf + tot * (size_t)pass;
+    for (int i = 0; i < n && !stop; i++) {
+      struct ro *r = loss_ros[i];
+      if (!runs_through_model(t, r)) continue;
+      float **dst = pass ? &r->lp_ref : &r->lp_old;
+      if (!*dst && !(*dst = malloc(sizeof(float) * (size_t)(r->len ? r->len : 1))))
+        stop = trainer_oom(t);
+      else
+        memcpy(*dst, q, sizeof(float) * (size_t)r->len);
+      q += r->len;
+    }
+  }
+  free(buf);
+  return trainer_agree(t, stop);
+}
+
+/* A data-parallel job's minibatch gradient: the sum of every rank's (collective). */
+static void sum_grads(struct trainer *t) {
+  const struct dist *d = trainer_dist(t);
+  if (dist_size(d) <= 1) return;
+  const struct lora *l = t->lm.model->lora;
+  if (l)
+    dist_sum_f32(d, l->grads, l->n_params);
+  else
+    dist_sum_f32(d, t->lm.model->grads, t->lm.model->n_params);
+}
+
+/* A data-parallel step's statistics, summed over the ranks (collective): the update's (each rank
+ * counted its own micro-batches; the per-minibatch counts, policy/updates, the gradient norms
+ * and the skipped responses, are every rank's alike) and the judge's error counts. */
+static void sum_stats(struct trainer *t, struct upd_stats *us, struct judge_stats *js) {
+  const struct dist *d = trainer_dist(t);
+  if (dist_size(d) <= 1) return;
+  double f[] = {us->pg.loss, us->pg.kl_ref_sum, us->pg.approx_kl_sum, us->pg.p_clip_high_sum,
+                us->ent_sum, us->mismatch_sum};
+  dist_sum_f64(d, f, sizeof f / sizeof f[0]);
+  us->pg.loss = f[0], us->pg.kl_ref_sum = f[1], us->pg.approx_kl_sum = f[2];
+  us->pg.p_clip_high_sum = f[3], us->ent_sum = f[4], us->mismatch_sum = f[5];
+  int64_t c[12 + GE_COUNT] = {us->pg.tokens,    us->pg.clip_low, us->pg.clip_high,
+                              us->pg.clip_dual, us->ent_tokens,  us->mismatch_n,
+                              us->train_tokens, us->old_tokens,  js->n_timeout};
+  int k = 9;
+  c[k++] = js->n_http_error, c[k++] = js->n_parse_error, c[k++] = js->n_out_of_range;
+  for (int g = 0; g < GE_COUNT; g++) c[k++] = js->n_grader[g];
+  dist_sum_i64(d, c, (size_t)k);
+  us->pg.tokens = c[0], us->pg.clip_low = c[1], us->pg.clip_high = c[2], us->pg.clip_dual = c[3];
+  us->ent_tokens = c[4], us->mismatch_n = c[5], us->train_tokens = c[6], us->old_tokens = c[7];
+  js->n_timeout = (int)c[8], js->n_http_error = (int)c[9], js->n_parse_error = (int)c[10];
+  js->n_out_of_range = (int)c[11];
+  for (int g = 0; g < GE_COUNT; g++) js->n_grader[g] = (int)c[12 + g];
 }
 
 static int update(struct trainer *t, struct ro **loss_ros, int n, struct upd_stats *us, double lr) {
@@ -432,10 +645,11 @@ static int update(struct trainer *t, struct ro **loss_ros, int n, struct upd_sta
   for (int ep = hp->epochs - 1; ep >= 0; ep--) {
     epoch_order(t, order, n, ep);
     for (int j0 = 0; j0 < n; j0 += mb_size) {
-      int nm;
+      int nm, lo, hi;
       long tot, tk;
       int k = minibatch(t, loss_ros, n, order, j0, mb, &nm, &tot);
-      int c = count_micro_batches(t, mb, k, &tk);
+      my_share(t, k, &lo, &hi);
+      int c = count_micro_batches(t, mb + lo, hi - lo, &tk);
       upd_total += c, upd_tokens += tk;
       int passes = (has_ref(t) ? 2 : 1) - (j0 == 0 && skipping(t) ? 1 : 0);
       if (ep == 0) old_total += (int64_t)c * passes, old_tokens += (double)tk * passes;
@@ -444,25 +658,23 @@ static int update(struct trainer *t, struct ro **loss_ros, int n, struct upd_sta
   double params = (double)model_param_count(&t->lm.model->cfg);
   struct progress g_old, g_upd;
   progress_begin(&g_old, t, "old_logprob", 0, old_total, params * old_tokens);
-  if ((stop = old_logprobs(t, loss_ros, n, order, mb, us, &g_old))) goto out;
+  if ((stop = trainer_agree(t, old_logprobs(t, loss_ros, n, order, mb, us, &g_old)))) goto out;
   progress_begin(&g_upd, t, "update", 0, upd_total, 3 * params * upd_tokens);
   int64_t upd_done = 0;
   for (int ep = 0; ep < hp->epochs && !stop; ep++) {
     if (ep > 0) epoch_order(t, order, n, ep);
     for (int j0 = 0; j0 < n && !stop; j0 += mb_size) {
-      if (trainer_cancelled(t)) {
-        stop = trainer_fail(t, FAIL_CANCELLED, NULL, "cancelled");
-        break;
-      }
-      int nm;
+      if (trainer_cancelled(t)) stop = trainer_fail(t, FAIL_CANCELLED, NULL, "cancelled");
+      int nm, lo, hi;
       long tot;
       int k = minibatch(t, loss_ros, n, order, j0, mb, &nm, &tot);
       us->skipped += nm - k;
       /* a minibatch whose every response is skipped still takes its AdamW step (zero gradient:
        * the moments decay and the weights move as they would have) */
       model_zero_grads(t->lm.model);
-      for (int i = 0; i < k && !stop;) {
-        int ns = pack(t, mb, i, k);
+      my_share(t, k, &lo, &hi); /* a data-parallel job's rank runs its share */
+      for (int i = lo; i < hi && !stop;) {
+        int ns = pack(t, mb, i, hi);
         if ((stop = forward(t, t->lm.model, ns, ep == 0 ? t->b_ent : NULL))) break;
         /* the first minibatch of epoch 0: this forward is the old policy's (old_logprobs) */
         if (ep == 0 && j0 == 0 && skipping(t) && (stop = keep_logprobs(t, ns, 0, us))) break;
@@ -490,7 +702,10 @@ static int update(struct trainer *t, struct ro **loss_ros, int n, struct upd_sta
         progress_micro(&g_upd, ++upd_done, us->train_tokens);
         i += ns;
       }
-      if (stop) break;
+      /* every rank's gradient summed; every rank then takes the same AdamW step */
+      if ((stop = trainer_agree(t, stop))) break;
+      sum_grads(t);
+      if (ep == 0 && j0 == 0 && (stop = share_logprobs(t, loss_ros, n))) break;
       double gn = 0;
       struct dapo_err e = {0};
       if (adamw_step(&t->opt, t->lm.model, (float)lr, &gn, &e)) {
@@ -522,18 +737,20 @@ int trainer_evaluate(struct trainer *t) {
   struct sampler_opts so = t->so;
   so.temperature = (float)hp->eval_temperature;
   so.top_p = (float)hp->eval_top_p;
-  int first = t->n_ro, ntok = 0;
+  int first = t->n_ro, ntok = 0, lo, hi;
   double t0 = now_s();
-  /* the validation rollouts borrow the step's array after the training ones */
-  int stop =
-      generate(t, n, items, t->vids, t->vids_len, k, &so, TAG_EVAL, 0, 0, -1, "evaluation", &ntok);
+  /* the validation rollouts borrow the step's array after the training ones; a data-parallel
+   * job's rank evaluates its share of the prompts */
+  my_share(t, n, &lo, &hi);
+  int stop = generate(t, hi - lo, items + lo, t->vids, t->vids_len, k, &so, TAG_EVAL, 0, lo, lo, -1,
+                      "evaluation", &ntok);
   free(items);
   struct judge_stats st = {0};
   if (!stop) stop = judge_range(t, t->val, first, t->n_ro - first, &st);
-  if (stop) return stop;
+  if (trainer_agree(t, stop)) return 1;
   shape_rewards(t, first, t->n_ro - first);
   double acc = 0, passk = 0, len = 0;
-  for (int p = 0; p < n; p++) {
+  for (int p = 0; p < hi - lo; p++) {
     int c = 0;
     for (int i = 0; i < k; i++) {
       const struct ro *r = &t->ros[first + p * k + i];
@@ -543,6 +760,9 @@ int trainer_evaluate(struct trainer *t) {
     acc += (double)c / k;
     passk += dapo_pass_at_k(k, c, k);
   }
+  double sums[3] = {acc, passk, len};
+  dist_sum_f64(trainer_dist(t), sums, 3);
+  acc = sums[0], passk = sums[1], len = sums[2];
   char key[64];
   json_t *m =
       json_pack("{s:I,s:f,s:f,s:f,s:i,s:i,s:f}", "step", (json_int_t)t->step, "eval/accuracy",
@@ -553,7 +773,7 @@ int trainer_evaluate(struct trainer *t) {
   /* drop the validation rollouts again */
   for (int i = first; i < t->n_ro; i++) ro_clear(&t->ros[i]);
   t->n_ro = first;
-  return trainer_emit_metrics(t, m, 1, 0, 0);
+  return trainer_agree(t, trainer_emit_metrics(t, m, 1, 0, 0));
 }
 
 /* ---- one step -------------------------------------------------------------------------------- */
@@ -584,11 +804,12 @@ int trainer_step(struct trainer *t, json_t **metrics_out, int64_t *gen_tokens_ou
   if (!items) return trainer_oom(t);
 
   for (int r = 0; r < max_rounds && kept_groups < want; r++) {
-    if (trainer_cancelled(t)) {
+    int req = trainer_requests(t);
+    if (req & TRAINER_CANCEL) {
       free(items);
       return trainer_fail(t, FAIL_CANCELLED, NULL, "cancelled");
     }
-    if (trainer_pause_requested(t)) { /* nothing trained yet this step: abandon it */
+    if (req & TRAINER_PAUSE) { /* nothing trained yet this step: abandon it */
       free(items);
       t->cursor = cur0;
       return STEP_PAUSED;
@@ -596,21 +817,22 @@ int trainer_step(struct trainer *t, json_t **metrics_out, int64_t *gen_tokens_ou
     trainer_phase(t, "sampling");
     double t0 = now_s();
     for (int i = 0; i < n_prompts; i++) items[i] = ds_next(t->train, &t->cursor);
-    int first = t->n_ro;
-    if (generate(t, n_prompts, items, t->ids, t->ids_len, G, &t->so, TAG_GEN, (uint64_t)r,
-                 sampled_groups, r, "generation", &gen_tokens)) {
-      free(items);
-      return STEP_STOP;
-    }
+    int first = t->n_ro, lo, hi, unused = 0;
+    /* a data-parallel job's rank samples, judges and shapes its share of the round's groups */
+    my_share(t, n_prompts, &lo, &hi);
+    int stop = generate(t, hi - lo, items + lo, t->ids, t->ids_len, G, &t->so, TAG_GEN, (uint64_t)r,
+                        lo, sampled_groups + lo, r, "generation", &unused);
     t_gen += now_s() - t0;
     trainer_phase(t, "judging");
     t0 = now_s();
-    if (judge_range(t, t->train, first, t->n_ro - first, &js)) {
+    if (!stop) stop = judge_range(t, t->train, first, t->n_ro - first, &js);
+    t_judge += now_s() - t0;
+    if (!stop) shape_rewards(t, first, t->n_ro - first);
+    if (exchange(t, first, stop)) {
       free(items);
       return STEP_STOP;
     }
-    t_judge += now_s() - t0;
-    shape_rewards(t, first, t->n_ro - first);
+    for (int i = first; i < t->n_ro; i++) gen_tokens += t->ros[i].len;
     for (int g = 0; g < n_prompts; g++) {
       struct ro *grp = &t->ros[first + g * G];
       int judged = 0, correct = 0, incl = 0;
@@ -644,20 +866,22 @@ int trainer_step(struct trainer *t, json_t **metrics_out, int64_t *gen_tokens_ou
     rounds++;
   }
   free(items);
+  int stop = 0;
   if (kept_groups < want) {
     if (hp->on_sampling_shortfall == SHORTFALL_ERROR)
-      return trainer_fail(
-          t, FAIL_SAMPLING_SHORTFALL, "hyperparameters.max_gen_batches",
-          "step %" PRId64 ": dynamic sampling kept %d of %d groups after %d rounds "
-          "(%d groups sampled); raise gen_batch_multiplier or max_gen_batches, or set "
-          "on_sampling_shortfall to \"partial\"",
-          t->step, kept_groups, want, rounds, sampled_groups);
-    if (trainer_log(t, "warning",
-                    "step %" PRId64 ": dynamic sampling kept %d of %d groups after %d rounds (%d "
-                    "sampled); training on what was kept",
-                    t->step, kept_groups, want, rounds, sampled_groups))
-      return STEP_STOP;
+      stop =
+          trainer_fail(t, FAIL_SAMPLING_SHORTFALL, "hyperparameters.max_gen_batches",
+                       "step %" PRId64 ": dynamic sampling kept %d of %d groups after %d rounds "
+                       "(%d groups sampled); raise gen_batch_multiplier or max_gen_batches, or set "
+                       "on_sampling_shortfall to \"partial\"",
+                       t->step, kept_groups, want, rounds, sampled_groups);
+    else
+      stop = trainer_log(t, "warning",
+                         "step %" PRId64 ": dynamic sampling kept %d of %d groups after %d rounds "
+                         "(%d sampled); training on what was kept",
+                         t->step, kept_groups, want, rounds, sampled_groups);
   }
+  if (trainer_agree(t, stop)) return STEP_STOP;
 
   /* the update */
   trainer_phase(t, "updating");
@@ -677,6 +901,7 @@ int trainer_step(struct trainer *t, json_t **metrics_out, int64_t *gen_tokens_ou
   }
   free(loss_ros);
   double t_train = now_s() - t0;
+  sum_stats(t, &us, &js);
 
   /* metrics over every sampled response of the step */
   double rsum = 0, rrsum = 0, psum = 0;

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "dist.h"
 #include "failure.h"
 #include "http.h"
 #include "judge.h"
@@ -224,7 +225,10 @@ static volatile sig_atomic_t g_signals;
 static volatile int g_pause, g_cancel;
 
 static void on_signal(int sig) {
-  (void)sig;
+  if (sig == SIGUSR1) { /* what mpirun forwards to every rank: pause */
+    g_pause = 1;
+    return;
+  }
   g_signals++;
   if (g_signals == 1)
     g_pause = 1; /* first ^C: checkpoint and stop, resumable */
@@ -295,25 +299,27 @@ static int resolve_path(json_t *body, const char *key, const char *base, int may
   return 0;
 }
 
-static int cmd_train(int argc, char **argv) {
-  const char *config = NULL, *out = NULL;
-  int stop_after = 0, threads = pool_cpu_count();
+/* Parses dapod train's command line and job file into spec: 0, or the exit status (2) after
+ * saying why on stderr. */
+static int train_parse(int argc, char **argv, struct job_spec *spec, const char **out, int *threads,
+                       int *stop_after) {
+  const char *config = NULL;
   struct dapo_err e = {0};
   for (int i = 2; i < argc; i++) {
     if (!strcmp(argv[i], "--config") && i + 1 < argc)
       config = argv[++i];
     else if (!strcmp(argv[i], "--out") && i + 1 < argc)
-      out = argv[++i];
+      *out = argv[++i];
     else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
-      if (parse_int(argv[++i], 1, 1024, &threads, "--threads", &e)) return fail(&e);
+      if (parse_int(argv[++i], 1, 1024, threads, "--threads", &e)) return fail(&e);
     } else if (!strcmp(argv[i], "--stop-after-step") && i + 1 < argc) {
-      if (parse_int(argv[++i], 1, 1 << 30, &stop_after, "--stop-after-step", &e)) return fail(&e);
+      if (parse_int(argv[++i], 1, 1 << 30, stop_after, "--stop-after-step", &e)) return fail(&e);
     } else {
       fprintf(stderr, "dapod train: unknown argument '%s'\n", argv[i]);
       return 2;
     }
   }
-  if (!config || !out) {
+  if (!config || !*out) {
     fprintf(stderr, "dapod train: --config JOB.json and --out DIR are required\n");
     return 2;
   }
@@ -334,8 +340,7 @@ static int cmd_train(int argc, char **argv) {
     return 2;
   }
   json_t *errors = json_array();
-  struct job_spec spec;
-  int n = jobspec_parse(body, NULL, &spec, errors);
+  int n = jobspec_parse(body, NULL, spec, errors);
   json_decref(body);
   if (n > 0) {
     fprintf(stderr, "dapod train: %s: %d problem%s\n", config, n, n > 1 ? "s" : "");
@@ -345,25 +350,48 @@ static int cmd_train(int argc, char **argv) {
               json_string_value(json_object_get(x, "message")));
     }
     json_decref(errors);
-    jobspec_deinit(&spec);
+    jobspec_deinit(spec);
     return 2;
   }
   json_decref(errors);
+  return 0;
+}
+
+/* dapod train as rank dist->rank of dist->size (alone: 0 of 1): every rank parses the same
+ * command line and job, trains its share (runner_opts.dist) and returns the same status; rank 0
+ * alone prints the metrics and what happens (the others say only what fails on them alone). */
+static int train_as(const struct dist *dist, int argc, char **argv) {
+  const char *out = NULL;
+  int stop_after = 0, threads = pool_cpu_count() / dist->local_size;
+  if (threads < 1) threads = 1;
+  struct job_spec spec;
+  int rc = train_parse(argc, argv, &spec, &out, &threads, &stop_after);
+  /* every rank reads its own files: one that failed stops them all, before any training */
+  int worst = dist_max(dist, rc);
+  if (worst) {
+    if (!rc) jobspec_deinit(&spec);
+    return worst;
+  }
+  int says = dist->rank == 0;
   /* the job's memory plan (what the daemon shows as the job's "memory"), once, on stderr */
   struct mem_plan plan;
-  errors = json_array();
-  if (errors && runner_check_job(&spec, &plan, errors) == 0) {
+  json_t *errors = json_array();
+  if (says && errors && runner_check_job(&spec, &plan, errors) == 0) {
     json_t *pj = mem_plan_to_json(&plan);
     char *txt = pj ? json_dumps(pj, JSON_COMPACT) : NULL;
-    if (txt) fprintf(stderr, "memory plan: %s\n", txt);
+    if (txt) fprintf(stderr, "memory plan%s: %s\n", dist->size > 1 ? " (each rank)" : "", txt);
     free(txt);
     json_decref(pj);
   }
   json_decref(errors);
+  if (says && dist->size > 1)
+    fprintf(stderr, "data-parallel over %d ranks (%d on this machine), %d threads each\n",
+            dist->size, dist->local_size, threads);
   struct sigaction sa = {0};
   sa.sa_handler = on_signal;
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGUSR1, &sa, NULL);
   struct runner_hooks hooks = {.metrics = train_metrics,
                                .checkpoint = train_checkpoint,
                                .log = train_log,
@@ -373,24 +401,44 @@ static int cmd_train(int argc, char **argv) {
                              .pause = &g_pause,
                              .stop_after_step = stop_after,
                              .progress_min_work = RUNNER_PROGRESS_MIN_WORK,
+                             .dist = dist->size > 1 ? dist : NULL,
                              .pool = pool};
   struct runner_result res;
   runner_run(&spec, out, &hooks, &opts, &res);
   pool_free(pool);
   jobspec_deinit(&spec);
+  const struct failure_info *f = failure_info(res.failure);
   switch (res.status) {
-  case RUNNER_SUCCEEDED: fprintf(stderr, "succeeded at step %lld\n", (long long)res.step); return 0;
+  case RUNNER_SUCCEEDED:
+    if (says) fprintf(stderr, "succeeded at step %lld\n", (long long)res.step);
+    return 0;
   case RUNNER_PAUSED:
-    fprintf(stderr, "paused after step %lld; run the same command again to resume\n",
-            (long long)res.step);
+    if (says)
+      fprintf(stderr, "paused after step %lld; run the same command again to resume\n",
+              (long long)res.step);
     return 3;
-  case RUNNER_CANCELLED: fprintf(stderr, "cancelled at step %lld\n", (long long)res.step); return 4;
+  case RUNNER_CANCELLED:
+    if (says) fprintf(stderr, "cancelled at step %lld\n", (long long)res.step);
+    return 4;
   case RUNNER_FAILED: break;
   }
-  const struct failure_info *f = failure_info(res.failure);
-  fprintf(stderr, "dapod train: failed (%s, %s%s%s): %s\n", f->name, f->category,
-          res.param[0] ? ", " : "", res.param, res.message);
+  if (says)
+    fprintf(stderr, "dapod train: failed (%s, %s%s%s): %s\n", f->name, f->category,
+            res.param[0] ? ", " : "", res.param, res.message);
   return 1;
+}
+
+static int cmd_train(int argc, char **argv) {
+  /* one rank of a data-parallel job when an MPI launcher started us (core/dist.h) */
+  struct dist dist;
+  struct dapo_err e = {0};
+  if (dist_init(&dist, &argc, &argv, &e)) {
+    fprintf(stderr, "dapod train: %s\n", e.msg);
+    return 2;
+  }
+  int rc = train_as(&dist, argc, argv);
+  dist_finalize(&dist);
+  return rc;
 }
 
 /* ---- dapod serve ---- */

@@ -12,7 +12,8 @@ PKGS=(build-essential cmake pkg-config git
       clang libclang-rt-14-dev wrk
       chromium
       systemd
-      bubblewrap python3-nltk)
+      bubblewrap python3-nltk
+      openmpi-bin libopenmpi-dev)
 
 missing=()
 for p in "${PKGS[@]}"; do
