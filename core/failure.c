@@ -27,6 +27,9 @@ static const struct failure_info ROWS[FAIL_COUNT] = {
     {FAIL_IO_ERROR, "io_error", "system", "reading or writing the job's files failed"},
     {FAIL_EVENT_STORE_FAILED, "event_store_failed", "system",
      "the daemon could not record the job's events"},
+    {FAIL_LAUNCH_FAILED, "launch_failed", "system",
+     "a multi-process job's launcher or one of its ranks exited before the job ended, as many "
+     "times as launch_retries allows"},
     {FAIL_INTERNAL, "internal", "system", "an impossible state (a bug; logged)"},
 };
 

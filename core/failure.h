@@ -24,6 +24,7 @@ enum failure {
   FAIL_OUT_OF_MEMORY,         /* an allocation failed */
   FAIL_IO_ERROR,              /* reading or writing the job's files failed */
   FAIL_EVENT_STORE_FAILED,    /* the daemon could not record the job's events */
+  FAIL_LAUNCH_FAILED,         /* a multi-process job's launcher or a rank ended it, retries spent */
   FAIL_INTERNAL,              /* a bug: an impossible state, logged */
   FAIL_COUNT
 };

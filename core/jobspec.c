@@ -43,7 +43,8 @@ int jobspec_parse(const json_t *body, const struct judge_policy *pol, struct job
   static const char *const known[] = {"model",         "training_file",    "validation_file",
                                       "judge",         "hyperparameters",  "seed",
                                       "metadata",      "suffix",           "job_id",
-                                      "chat_template", "checkpoint_dtype", "adapter"};
+                                      "chat_template", "checkpoint_dtype", "adapter",
+                                      "resources"};
   const char *key;
   json_t *v;
   json_object_foreach((json_t *)body, key, v) {
@@ -130,6 +131,25 @@ int jobspec_parse(const json_t *body, const struct judge_policy *pol, struct job
   if (ad && !json_is_null(ad)) {
     s->has_adapter = 1;
     lora_config_parse(&s->adapter, ad, errors); /* checked against the model by runner_check */
+  }
+  s->processes = 1;
+  json_t *res = json_object_get(body, "resources");
+  if (res && !json_is_null(res)) {
+    if (!json_is_object(res))
+      dapo_errors_add(errors, "resources", "expected an object such as {\"processes\": 2}");
+    else
+      json_object_foreach(res, key, v) {
+        if (strcmp(key, "processes")) {
+          char f[160];
+          snprintf(f, sizeof f, "resources.%.100s", key);
+          dapo_errors_add(errors, f, "unknown field");
+        } else if (!json_is_integer(v) || json_integer_value(v) < 1 ||
+                   json_integer_value(v) > JOBSPEC_PROCESSES_MAX)
+          dapo_errors_add(errors, "resources.processes",
+                          "expected an integer from 1 to 4096: the job's processes (MPI ranks)");
+        else
+          s->processes = (int)json_integer_value(v);
+      }
   }
   hparams_parse(&s->hp, json_object_get(body, "hyperparameters"), errors);
   if (!s->model || !s->training_file || !s->job_id || !s->judge) {

@@ -33,7 +33,12 @@ struct job_spec {
   int has_adapter;            /* the body's `adapter`: train a LoRA adapter (lora.h) on the
                                  frozen model instead of every weight */
   struct lora_config adapter;
+  int processes; /* the body's resources.processes: ranks of a data-parallel job (1: this
+                    process). Not part of jobspec_to_json: where a job runs is not what it
+                    computes, so a job may resume under another count */
 };
+
+#define JOBSPEC_PROCESSES_MAX 4096
 
 /* The name of d as the job body writes it ("auto", "float32", "bfloat16"). */
 const char *jobspec_dtype_name(enum ckpt_dtype d);

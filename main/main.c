@@ -39,6 +39,9 @@ static void usage(FILE *f) {
   fprintf(f, "usage: dapod [serve] [--config FILE] [--listen HOST:PORT] [--data-dir DIR] "
              "[--models-dir DIR] [flags]\n"
              "       dapod train --config JOB.json --out DIR [--threads N] [--stop-after-step N]\n"
+             "                   [--events]   also as `mpirun -np N dapod train ...`: one job,\n"
+             "                                data-parallel over N processes (docs/SCALE.md);\n"
+             "                                --events: every event as a JSON line on stdout\n"
              "       dapod presets\n"
              "       dapod failures [--json]     the codes a failed job's error.code may show\n"
              "       dapod save-preset NAME DIR [--seed N] [--bf16]\n"
@@ -225,8 +228,11 @@ static volatile sig_atomic_t g_signals;
 static volatile int g_pause, g_cancel;
 
 static void on_signal(int sig) {
-  if (sig == SIGUSR1) { /* what mpirun forwards to every rank: pause */
-    g_pause = 1;
+  if (sig == SIGUSR1 || sig == SIGUSR2) { /* what mpirun forwards to every rank */
+    if (sig == SIGUSR1)
+      g_pause = 1; /* pause at the next safe point, with a checkpoint */
+    else
+      g_cancel = 1;
     return;
   }
   g_signals++;
@@ -287,6 +293,58 @@ static void train_progress(void *ctx, const struct runner_progress *p) {
           (long long)p->tokens);
 }
 
+/* dapod train --events (what the daemon's launcher runs, server/launch.c): every hook as one
+ * JSON line on stdout, {"event": TYPE, ...}, flushed at once, then {"event": "result", ...}. */
+static int emit(json_t *o) {
+  char *line = o ? json_dumps(o, JSON_COMPACT) : NULL;
+  json_decref(o);
+  if (!line) return -1;
+  int rc = printf("%s\n", line) < 0 || fflush(stdout) ? -1 : 0;
+  free(line);
+  return rc;
+}
+
+static int ev_metrics(void *ctx, const struct runner_metrics *m) {
+  (void)ctx;
+  return emit(json_pack("{s:s, s:I, s:b, s:I, s:I, s:O}", "event", "metrics", "step",
+                        (json_int_t)m->step, "eval", m->eval, "tokens_generated",
+                        (json_int_t)m->tokens_generated, "tokens_trained",
+                        (json_int_t)m->tokens_trained, "data", m->data));
+}
+
+static int ev_checkpoint(void *ctx, const struct runner_checkpoint *c) {
+  (void)ctx;
+  return emit(json_pack("{s:s, s:I, s:s, s:O?}", "event", "checkpoint", "step", (json_int_t)c->step,
+                        "path", c->path, "metrics", c->metrics));
+}
+
+static int ev_log(void *ctx, const char *level, int64_t step, const char *message) {
+  (void)ctx;
+  return emit(json_pack("{s:s, s:s, s:I, s:s}", "event", "log", "level", level, "step",
+                        (json_int_t)step, "message", message));
+}
+
+static void ev_phase(void *ctx, const char *phase) {
+  (void)ctx;
+  emit(json_pack("{s:s, s:s}", "event", "phase", "phase", phase));
+}
+
+static void ev_progress(void *ctx, const struct runner_progress *p) {
+  (void)ctx;
+  emit(json_pack("{s:s, s:I, s:s, s:i, s:I, s:I, s:I}", "event", "progress", "step",
+                 (json_int_t)p->step, "pass", p->pass, "round", p->round, "done",
+                 (json_int_t)p->done, "total", (json_int_t)p->total, "tokens",
+                 (json_int_t)p->tokens));
+}
+
+static void ev_result(const struct runner_result *res) {
+  static const char *const names[] = {"succeeded", "paused", "cancelled", "failed"};
+  emit(json_pack("{s:s, s:s, s:I, s:I, s:s, s:s, s:s}", "event", "result", "status",
+                 names[res->status], "step", (json_int_t)res->step, "resumed_from",
+                 (json_int_t)res->resumed_from, "failure", failure_info(res->failure)->name,
+                 "param", res->param, "message", res->message));
+}
+
 /* Relative file paths in a job file are relative to the job file's folder. */
 static int resolve_path(json_t *body, const char *key, const char *base, int maybe_preset) {
   const char *v = json_string_value(json_object_get(body, key));
@@ -302,7 +360,7 @@ static int resolve_path(json_t *body, const char *key, const char *base, int may
 /* Parses dapod train's command line and job file into spec: 0, or the exit status (2) after
  * saying why on stderr. */
 static int train_parse(int argc, char **argv, struct job_spec *spec, const char **out, int *threads,
-                       int *stop_after) {
+                       int *stop_after, int *events) {
   const char *config = NULL;
   struct dapo_err e = {0};
   for (int i = 2; i < argc; i++) {
@@ -310,6 +368,8 @@ static int train_parse(int argc, char **argv, struct job_spec *spec, const char 
       config = argv[++i];
     else if (!strcmp(argv[i], "--out") && i + 1 < argc)
       *out = argv[++i];
+    else if (!strcmp(argv[i], "--events"))
+      *events = 1;
     else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
       if (parse_int(argv[++i], 1, 1024, threads, "--threads", &e)) return fail(&e);
     } else if (!strcmp(argv[i], "--stop-after-step") && i + 1 < argc) {
@@ -362,10 +422,18 @@ static int train_parse(int argc, char **argv, struct job_spec *spec, const char 
  * alone prints the metrics and what happens (the others say only what fails on them alone). */
 static int train_as(const struct dist *dist, int argc, char **argv) {
   const char *out = NULL;
-  int stop_after = 0, threads = pool_cpu_count() / dist->local_size;
+  int stop_after = 0, threads = pool_cpu_count() / dist->local_size, events = 0;
   if (threads < 1) threads = 1;
   struct job_spec spec;
-  int rc = train_parse(argc, argv, &spec, &out, &threads, &stop_after);
+  int rc = train_parse(argc, argv, &spec, &out, &threads, &stop_after, &events);
+  /* pause and cancel signals are honoured from here (before the collective below: once rank 0
+   * says anything, every rank has its handlers; the daemon's launcher relies on that) */
+  struct sigaction sa = {0};
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGUSR1, &sa, NULL);
+  sigaction(SIGUSR2, &sa, NULL);
   /* every rank reads its own files: one that failed stops them all, before any training */
   int worst = dist_max(dist, rc);
   if (worst) {
@@ -387,15 +455,16 @@ static int train_as(const struct dist *dist, int argc, char **argv) {
   if (says && dist->size > 1)
     fprintf(stderr, "data-parallel over %d ranks (%d on this machine), %d threads each\n",
             dist->size, dist->local_size, threads);
-  struct sigaction sa = {0};
-  sa.sa_handler = on_signal;
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
-  sigaction(SIGUSR1, &sa, NULL);
   struct runner_hooks hooks = {.metrics = train_metrics,
                                .checkpoint = train_checkpoint,
                                .log = train_log,
                                .progress = train_progress};
+  if (events)
+    hooks = (struct runner_hooks){.metrics = ev_metrics,
+                                  .checkpoint = ev_checkpoint,
+                                  .log = ev_log,
+                                  .phase = ev_phase,
+                                  .progress = ev_progress};
   struct pool *pool = pool_new(threads);
   struct runner_opts opts = {.cancel = &g_cancel,
                              .pause = &g_pause,
@@ -407,6 +476,7 @@ static int train_as(const struct dist *dist, int argc, char **argv) {
   runner_run(&spec, out, &hooks, &opts, &res);
   pool_free(pool);
   jobspec_deinit(&spec);
+  if (events && says) ev_result(&res);
   const struct failure_info *f = failure_info(res.failure);
   switch (res.status) {
   case RUNNER_SUCCEEDED:

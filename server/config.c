@@ -115,6 +115,19 @@ static const struct crow ROWS[] = {
      "only passes of at least 2e11 parameter-tokens (the model's parameters times the pass's "
      "tokens: a few seconds of work), so that a small model's job does not pay a store write "
      "many times a second"},
+    {"launcher", C_STR, F(launcher), 0, 4096, "", NULL,
+     "command that starts the ranks of a job asking for \"resources\": {\"processes\": N}, "
+     "words separated by spaces, {processes} replaced by N, e.g. \"mpirun -np {processes} "
+     "--hostfile /etc/dapod/hosts\" or \"srun -n {processes}\"; the daemon appends its own "
+     "`dapod train` command line, runs it with the job's folder as working directory and "
+     "relays its events. Every machine must see the job's folder, model and data at the same "
+     "paths. Empty: jobs run in the daemon's process only (processes 1)"},
+    {"max_processes", C_INT, F(max_processes), 1, 4096, "64", NULL,
+     "most processes (ranks) a job may ask for in resources.processes"},
+    {"launch_retries", C_INT, F(launch_retries), 0, 1000, "2", NULL,
+     "times a multi-process job is started again from its last checkpoint after its launcher "
+     "exited before the job ended (a rank died, a machine went away); then the job fails "
+     "with launch_failed"},
     {"max_body_bytes", C_SIZE, F(max_body_bytes), KiB, GiB, "1M", NULL,
      "largest JSON request body"},
     {"max_upload_bytes", C_SIZE, F(max_upload_bytes), KiB, TiB, "1G", NULL,

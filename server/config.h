@@ -73,6 +73,9 @@ struct config {
   int max_queued_jobs;             /* queued jobs in total */
   uint64_t job_check_inline_bytes; /* datasets checked on the request's thread up to this size */
   int progress_every_pass;         /* every pass reports progress events, not only long ones */
+  char *launcher;                  /* command template starting a multi-process job's ranks; "" */
+  int max_processes;               /* most processes (ranks) a job may ask for */
+  int launch_retries;              /* restarts of a multi-process job after its launcher failed */
   uint64_t max_body_bytes;         /* JSON request bodies */
   uint64_t max_upload_bytes;       /* one uploaded file */
   int max_json_depth;              /* nesting of request bodies */

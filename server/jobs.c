@@ -89,20 +89,34 @@ static int parse_run(struct server *srv, const json_t *run, struct job_spec *spe
   server_judge_policy(srv, &pol);
   size_t before = json_array_size(errors);
   if (jobspec_parse(run, &pol, spec, errors) < 0) return -1;
+  /* a multi-process job needs the configured launcher (docs/SCALE.md) */
+  char msg[200];
+  if (spec->processes > 1 && !srv->cfg.launcher[0])
+    dapo_errors_add(errors, "resources.processes",
+                    "this daemon runs every job in one process: no launcher is configured (the "
+                    "launcher setting); ask for 1 process or leave resources out");
+  else if (spec->processes > srv->cfg.max_processes) {
+    snprintf(msg, sizeof msg, "at most %d processes on this daemon (max_processes)",
+             srv->cfg.max_processes);
+    dapo_errors_add(errors, "resources.processes", msg);
+  }
   return (int)(json_array_size(errors) - before);
 }
 
-/* The memory-limit refusal, naming every part of the plan. */
-static int refuse_memory(json_t *errors, const struct mem_plan *plan, uint64_t limit) {
-  char msg[512];
+/* The memory-limit refusal, naming every part of the plan (of each of the job's processes). */
+static int refuse_memory(json_t *errors, const struct mem_plan *plan, int processes,
+                         uint64_t limit) {
+  char msg[600], each[64] = "";
+  if (processes > 1) snprintf(each, sizeof each, " in %d processes, each", processes);
   snprintf(msg, sizeof msg,
-           "the job needs %.1f MiB (weights %.1f, gradients %.1f, optimizer %.1f, reference "
+           "the job needs %.1f MiB%s (weights %.1f, gradients %.1f, optimizer %.1f, reference "
            "model %.1f, activations %.1f, generation %.1f, buffers %.1f) but the memory limit "
            "is %.1f MiB (memory_limit_bytes); lower micro_batch_tokens, gen_batch_size or "
            "max_new_tokens, or pick a smaller model",
-           plan->total / 1048576.0, plan->weights / 1048576.0, plan->gradients / 1048576.0,
-           plan->optimizer / 1048576.0, plan->reference / 1048576.0, plan->activations / 1048576.0,
-           plan->generation / 1048576.0, plan->buffers / 1048576.0, limit / 1048576.0);
+           plan->total / 1048576.0 * processes, each, plan->weights / 1048576.0,
+           plan->gradients / 1048576.0, plan->optimizer / 1048576.0, plan->reference / 1048576.0,
+           plan->activations / 1048576.0, plan->generation / 1048576.0, plan->buffers / 1048576.0,
+           limit / 1048576.0);
   return dapo_errors_add(errors, "hyperparameters", msg);
 }
 
@@ -110,13 +124,23 @@ static int refuse_memory(json_t *errors, const struct mem_plan *plan, uint64_t l
  * what the worker runs ("run": the resolved body). NULL out of memory. */
 static json_t *resolved_of(const struct job_spec *spec, const struct mem_plan *plan,
                            const json_t *run) {
-  json_t *all = jobspec_to_json(spec);
-  json_t *o =
-      all ? json_pack("{s:O, s:O, s:O, s:o, s:O, s:O*}", "judge", json_object_get(all, "judge"),
-                      "hyperparameters", json_object_get(all, "hyperparameters"), "seed",
-                      json_object_get(all, "seed"), "memory", mem_plan_to_json(plan), "run", run,
-                      "adapter", json_object_get(all, "adapter"))
-          : NULL;
+  json_t *all = jobspec_to_json(spec), *mem = mem_plan_to_json(plan);
+  /* a multi-process job: every process holds the plan; the total (what admission reserves)
+   * counts them all */
+  if (mem && spec->processes > 1 &&
+      (json_object_set_new(mem, "processes", json_integer(spec->processes)) ||
+       json_object_set_new(mem, "per_process_bytes", json_integer((json_int_t)plan->total)) ||
+       json_object_set_new(mem, "total_bytes",
+                           json_integer((json_int_t)(plan->total * (uint64_t)spec->processes))))) {
+    json_decref(mem);
+    mem = NULL;
+  }
+  json_t *o = all && mem ? json_pack("{s:O, s:O, s:O, s:o, s:O, s:O*}", "judge",
+                                     json_object_get(all, "judge"), "hyperparameters",
+                                     json_object_get(all, "hyperparameters"), "seed",
+                                     json_object_get(all, "seed"), "memory", mem, "run", run,
+                                     "adapter", json_object_get(all, "adapter"))
+                         : (json_decref(mem), NULL);
   json_decref(all);
   return o;
 }
@@ -356,7 +380,8 @@ static int finish_admission(struct server *srv, const json_t *body, const char *
   if (json_array_size(errors) == base && f->model_ok) {
     runner_memory_plan(&f->cfg, spec->has_adapter ? &spec->adapter : NULL, &spec->hp,
                        f->max_prompt_tokens, spec->validation_file != NULL, &plan);
-    if (plan.total > limit && refuse_memory(errors, &plan, limit))
+    if (plan.total * (uint64_t)spec->processes > limit &&
+        refuse_memory(errors, &plan, spec->processes, limit))
       return dapo_errf(e, DAPO_ENOMEM, "out of memory validating the job");
   }
   if (json_array_size(errors) != base) return DAPO_EINVAL;

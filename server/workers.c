@@ -22,6 +22,7 @@
 #include "admit.h"
 #include "bus.h"
 #include "jobs.h"
+#include "launch.h"
 #include "log.h"
 #include "parse.h"
 #include "pool.h"
@@ -541,7 +542,10 @@ static void run_job(struct worker *wk, struct store_job *job) {
                                .pool = wk->pool};
     LOG(INFO, "job %s: running (worker %d, step %" PRId64 " of %" PRId64 ")", job->id, wk->idx,
         job->step, job->total_steps);
-    runner_run(&spec, jr.out, &hooks, &opts, &res);
+    if (spec.processes > 1) /* ranks started by the configured launcher (launch.h) */
+      launch_run(&srv->cfg, &spec, jr.out, &hooks, &opts, &res);
+    else
+      runner_run(&spec, jr.out, &hooks, &opts, &res);
   }
   jobspec_deinit(&spec);
   json_decref(errors);
