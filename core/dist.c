@@ -203,7 +203,7 @@ int dist_allgather(const struct dist *d, const void *mine, size_t n, void **all,
   /* each rank's bytes broadcast from it in turn (counts are ints: buckets) */
   size_t off = 0;
   for (int r = 0; r < size; r++) {
-    if (r == dist_rank(d)) memcpy(buf + off, mine, n);
+    if (r == dist_rank(d) && n) memcpy(buf + off, mine, n);
     dist_bcast(d, buf + off, (size_t)l[r], r);
     lens[r] = (size_t)l[r];
     off += (size_t)l[r];

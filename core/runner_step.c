@@ -200,7 +200,7 @@ struct wbuf {
 };
 
 static void put(struct wbuf *b, const void *x, size_t n) {
-  if (b->oom) return;
+  if (b->oom || !n) return; /* x may be NULL when n is 0 */
   if (b->n + n > b->cap) {
     size_t cap = b->cap ? b->cap : 4096;
     while (cap < b->n + n) cap *= 2;
