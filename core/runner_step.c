@@ -457,9 +457,12 @@ struct upd_stats {
   long ent_tokens, n_upd;
   double mismatch_sum; /* |sampler logp - trainer logp_old| summed over tokens */
   long mismatch_n;
-  long train_tokens; /* tokens through the model in update passes (prompt + response) */
-  long old_tokens;   /* tokens through the model in the old-log-prob and reference passes */
-  long skipped;      /* responses of update passes not run through the model */
+  long train_tokens;    /* tokens through the model in update passes (prompt + response) */
+  long old_tokens;      /* tokens through the model in the old-log-prob and reference passes */
+  long skipped;         /* responses of update passes not run through the model */
+  double reduce_s;      /* a data-parallel job: time in the gradient sums (waits for the slowest
+                           rank included) */
+  int64_t reduce_bytes; /* and the bytes each rank contributed to them */
 };
 
 /* Minibatch order of epoch e: a permutation of 0..n-1 from the step's stream. */
@@ -592,15 +595,16 @@ static int share_logprobs(struct trainer *t, struct ro **loss_ros, int n) {
   return trainer_agree(t, stop);
 }
 
-/* A data-parallel job's minibatch gradient: the sum of every rank's (collective). */
-static void sum_grads(struct trainer *t) {
+/* A data-parallel job's minibatch gradient: the sum of every rank's (collective). Returns the
+ * bytes summed. */
+static int64_t sum_grads(struct trainer *t) {
   const struct dist *d = trainer_dist(t);
-  if (dist_size(d) <= 1) return;
+  if (dist_size(d) <= 1) return 0;
   const struct lora *l = t->lm.model->lora;
-  if (l)
-    dist_sum_f32(d, l->grads, l->n_params);
-  else
-    dist_sum_f32(d, t->lm.model->grads, t->lm.model->n_params);
+  float *g = l ? l->grads : t->lm.model->grads;
+  size_t n = l ? l->n_params : t->lm.model->n_params;
+  dist_sum_f32(d, g, n);
+  return (int64_t)(n * sizeof *g);
 }
 
 /* A data-parallel step's statistics, summed over the ranks (collective): the update's (each rank
@@ -703,8 +707,10 @@ static int update(struct trainer *t, struct ro **loss_ros, int n, struct upd_sta
         i += ns;
       }
       /* every rank's gradient summed; every rank then takes the same AdamW step */
+      double r0 = now_s();
       if ((stop = trainer_agree(t, stop))) break;
-      sum_grads(t);
+      us->reduce_bytes += sum_grads(t);
+      us->reduce_s += now_s() - r0;
       if (ep == 0 && j0 == 0 && (stop = share_logprobs(t, loss_ros, n))) break;
       double gn = 0;
       struct dapo_err e = {0};
@@ -976,6 +982,11 @@ int trainer_step(struct trainer *t, json_t **metrics_out, int64_t *gen_tokens_ou
   PUT_R("time/generation_s", t_gen);
   PUT_R("time/training_s", t_train);
   PUT_R("time/step_s", step_s);
+  if (dist_size(trainer_dist(t)) > 1) { /* a data-parallel job's (docs/SCALE.md) */
+    PUT_I("dist/ranks", dist_size(trainer_dist(t)));
+    PUT_I("dist/allreduce_bytes", us.reduce_bytes);
+    PUT_R("time/allreduce_s", us.reduce_s);
+  }
 #undef PUT_R
 #undef PUT_I
   *metrics_out = m;
