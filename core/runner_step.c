@@ -460,10 +460,34 @@ struct upd_stats {
   long train_tokens;    /* tokens through the model in update passes (prompt + response) */
   long old_tokens;      /* tokens through the model in the old-log-prob and reference passes */
   long skipped;         /* responses of update passes not run through the model */
-  double reduce_s;      /* a data-parallel job: time in the gradient sums (waits for the slowest
-                           rank included) */
+  double reduce_s; /* a data-parallel job: time in the gradient sums */
+  double wait_s;   /* and waiting for the slowest rank before them (the agreement point) */
   int64_t reduce_bytes; /* and the bytes each rank contributed to them */
 };
+
+/* This rank's share [*lo, *hi) of a minibatch's k responses mb: consecutive runs with about
+ * equal tokens (prompt and response: what a forward and backward cost), so that no rank waits
+ * long for another at the gradient sum. Rank r's share starts at the first response before
+ * which at least r / N of the tokens lie. */
+static void token_share(const struct trainer *t, struct ro *const *mb, int k, int *lo, int *hi) {
+  int64_t r = trainer_rank(t), n = dist_size(trainer_dist(t)), total = 0, seen = 0;
+  if (n <= 1) {
+    *lo = 0, *hi = k;
+    return;
+  }
+  for (int i = 0; i < k; i++) total += t->ids_len[mb[i]->item] + mb[i]->len;
+  *lo = *hi = k;
+  for (int i = 0, at = 0; i <= k; i++) {
+    /* the shares that start before response i: those whose start mark seen reaches */
+    while (at <= n && seen * n >= at * total) {
+      if (at == r) *lo = i;
+      if (at == r + 1) *hi = i;
+      at++;
+    }
+    if (i < k) seen += t->ids_len[mb[i]->item] + mb[i]->len;
+  }
+  if (*hi < *lo) *hi = *lo;
+}
 
 /* Minibatch order of epoch e: a permutation of 0..n-1 from the step's stream. */
 static void epoch_order(const struct trainer *t, int *order, int n, int e) {
@@ -534,7 +558,7 @@ static int old_logprobs(struct trainer *t, struct ro **loss_ros, int n, const in
     int nm;
     long tot;
     int k = minibatch(t, loss_ros, n, order, j0, mb, &nm, &tot), lo, hi;
-    my_share(t, k, &lo, &hi); /* the micro-batches this rank's update will run */
+    token_share(t, mb, k, &lo, &hi); /* the responses this rank's update will run */
     for (int i = lo; i < hi;) {
       int ns = pack(t, mb, i, hi);
       for (int pass = j0 == 0 && skipping(t) ? 1 : 0; pass < (has_ref(t) ? 2 : 1); pass++) {
@@ -652,7 +676,7 @@ static int update(struct trainer *t, struct ro **loss_ros, int n, struct upd_sta
       int nm, lo, hi;
       long tot, tk;
       int k = minibatch(t, loss_ros, n, order, j0, mb, &nm, &tot);
-      my_share(t, k, &lo, &hi);
+      token_share(t, mb, k, &lo, &hi);
       int c = count_micro_batches(t, mb + lo, hi - lo, &tk);
       upd_total += c, upd_tokens += tk;
       int passes = (has_ref(t) ? 2 : 1) - (j0 == 0 && skipping(t) ? 1 : 0);
@@ -676,7 +700,7 @@ static int update(struct trainer *t, struct ro **loss_ros, int n, struct upd_sta
       /* a minibatch whose every response is skipped still takes its AdamW step (zero gradient:
        * the moments decay and the weights move as they would have) */
       model_zero_grads(t->lm.model);
-      my_share(t, k, &lo, &hi); /* a data-parallel job's rank runs its share */
+      token_share(t, mb, k, &lo, &hi); /* a data-parallel job's rank runs its share */
       for (int i = lo; i < hi && !stop;) {
         int ns = pack(t, mb, i, hi);
         if ((stop = forward(t, t->lm.model, ns, ep == 0 ? t->b_ent : NULL))) break;
@@ -709,8 +733,10 @@ static int update(struct trainer *t, struct ro **loss_ros, int n, struct upd_sta
       /* every rank's gradient summed; every rank then takes the same AdamW step */
       double r0 = now_s();
       if ((stop = trainer_agree(t, stop))) break;
+      double r1 = now_s();
       us->reduce_bytes += sum_grads(t);
-      us->reduce_s += now_s() - r0;
+      us->wait_s += r1 - r0;
+      us->reduce_s += now_s() - r1;
       if (ep == 0 && j0 == 0 && (stop = share_logprobs(t, loss_ros, n))) break;
       double gn = 0;
       struct dapo_err e = {0};
@@ -986,6 +1012,7 @@ int trainer_step(struct trainer *t, json_t **metrics_out, int64_t *gen_tokens_ou
     PUT_I("dist/ranks", dist_size(trainer_dist(t)));
     PUT_I("dist/allreduce_bytes", us.reduce_bytes);
     PUT_R("time/allreduce_s", us.reduce_s);
+    PUT_R("time/rank_wait_s", us.wait_s);
   }
 #undef PUT_R
 #undef PUT_I

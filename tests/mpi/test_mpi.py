@@ -46,7 +46,7 @@ ELEMENT_FLOOR = 1e-5
 METRIC_BOUND = 1e-6  # relative, and absolute: log-probs are float32 (a difference of two
 # nearly equal sums such as policy/approx_kl or policy/logp_mismatch is float32 noise, ~1e-8)
 NOT_COMPARED = ("time/", "throughput/", "judge/seconds", "eval/seconds")
-ONLY_DISTRIBUTED = ("dist/", "time/allreduce_s")  # a data-parallel run's own metrics
+ONLY_DISTRIBUTED = ("dist/", "time/allreduce_s", "time/rank_wait_s")  # a data-parallel run's own metrics
 
 
 def read_safetensors(path):
