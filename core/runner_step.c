@@ -460,8 +460,8 @@ struct upd_stats {
   long train_tokens;    /* tokens through the model in update passes (prompt + response) */
   long old_tokens;      /* tokens through the model in the old-log-prob and reference passes */
   long skipped;         /* responses of update passes not run through the model */
-  double reduce_s; /* a data-parallel job: time in the gradient sums */
-  double wait_s;   /* and waiting for the slowest rank before them (the agreement point) */
+  double reduce_s;      /* a data-parallel job: time in the gradient sums */
+  double wait_s;        /* and waiting for the slowest rank before them (the agreement point) */
   int64_t reduce_bytes; /* and the bytes each rank contributed to them */
 };
 
