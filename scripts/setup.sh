@@ -13,7 +13,7 @@ PKGS=(build-essential cmake pkg-config git
       chromium
       systemd
       bubblewrap python3-nltk
-      openmpi-bin libopenmpi-dev)
+      openmpi-bin libopenmpi-dev mpich libmpich-dev)
 
 missing=()
 for p in "${PKGS[@]}"; do

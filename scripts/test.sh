@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test: installs missing Debian packages, builds with CMake, runs the whole suite with
 # ctest, then builds again with AddressSanitizer + UndefinedBehaviorSanitizer and runs the suite
-# there too, then the server/worker tests under ThreadSanitizer (build-tsan), then a short fuzz
-# run. This is the README's test command and exactly what .ci/run calls.
+# there too, then the server/worker tests under ThreadSanitizer (build-tsan), then the MPI tests
+# against MPICH (build-mpich), then a short fuzz run. This is the README's test command and
+# exactly what .ci/run calls.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -41,6 +42,14 @@ if [ -n "$(ls -A build-tsan/tsan)" ]; then
 fi
 unset TSAN_OPTIONS
 [ "$tsan_rc" -eq 0 ] || exit 1
+
+echo "== build (MPICH) and the MPI tests against it"
+# The default build uses Open MPI (the mpicc alternative); dapod uses only standard MPI calls, so
+# the data-parallel tests run once more against MPICH (docs/SCALE.md). Only what they need.
+cmake -S . -B build-mpich -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMPI_C_COMPILER=/usr/bin/mpicc.mpich \
+  -DMPIEXEC_EXECUTABLE=/usr/bin/mpiexec.mpich >/dev/null
+cmake --build build-mpich -j"$jobs" --target dapod
+(cd build-mpich && ctest --output-on-failure --timeout 900 -j"$jobs" -L mpi)
 
 echo "== fuzzing (libFuzzer, clang; ~30 s per target)"
 # scripts/fuzz.sh builds tests/fuzz's targets in build-fuzz (clang, -DDAPO_FUZZ=ON) and runs each
