@@ -661,9 +661,9 @@ static int update(struct trainer *t, struct ro **loss_ros, int n, struct upd_sta
   int mb_size = hp->minibatch_size;
   int *order = malloc(sizeof(int) * (size_t)n);
   struct ro **mb = malloc(sizeof *mb * (size_t)(mb_size < n ? mb_size : n));
-  if (!order || !mb) {
+  if (trainer_agree(t, order && mb ? 0 : trainer_oom(t))) {
     free(order), free(mb);
-    return trainer_oom(t);
+    return 1;
   }
   int stop = 0;
   /* progress totals: each pass's micro-batches counted ahead, one count per epoch's order (the
@@ -764,7 +764,10 @@ int trainer_evaluate(struct trainer *t) {
   if (hp->eval_max_prompts > 0 && hp->eval_max_prompts < n) n = hp->eval_max_prompts;
   int k = hp->eval_samples;
   int *items = malloc(sizeof(int) * (size_t)n);
-  if (!items) return trainer_oom(t);
+  if (trainer_agree(t, items ? 0 : trainer_oom(t))) {
+    free(items);
+    return 1;
+  }
   for (int i = 0; i < n; i++) items[i] = i;
   struct sampler_opts so = t->so;
   so.temperature = (float)hp->eval_temperature;
@@ -833,7 +836,11 @@ int trainer_step(struct trainer *t, json_t **metrics_out, int64_t *gen_tokens_ou
   int n_prompts = hp->dynamic_sampling ? want * hp->gen_batch_multiplier : want;
   int max_rounds = hp->dynamic_sampling ? hp->max_gen_batches : 1;
   int *items = malloc(sizeof(int) * (size_t)n_prompts);
-  if (!items) return trainer_oom(t);
+  /* a rank that fails alone tells the others at the next collective: here, before any */
+  if (trainer_agree(t, items ? 0 : trainer_oom(t))) {
+    free(items);
+    return STEP_STOP;
+  }
 
   for (int r = 0; r < max_rounds && kept_groups < want; r++) {
     int req = trainer_requests(t);
@@ -921,7 +928,10 @@ int trainer_step(struct trainer *t, json_t **metrics_out, int64_t *gen_tokens_ou
   int n_loss = 0;
   for (int i = 0; i < t->n_ro; i++) n_loss += t->ros[i].in_loss;
   struct ro **loss_ros = malloc(sizeof *loss_ros * (size_t)(n_loss ? n_loss : 1));
-  if (!loss_ros) return trainer_oom(t);
+  if (trainer_agree(t, loss_ros ? 0 : trainer_oom(t))) {
+    free(loss_ros);
+    return STEP_STOP;
+  }
   for (int i = 0, k = 0; i < t->n_ro; i++)
     if (t->ros[i].in_loss) loss_ros[k++] = &t->ros[i];
   qsort(loss_ros, (size_t)n_loss, sizeof *loss_ros, cmp_ro_ptr);

@@ -275,6 +275,7 @@ static void attempt(struct words *w, const char *log_path, struct relay *r,
     dup2(nullfd, 0);
     dup2(fds[1], 1);
     dup2(logfd, 2);
+    close_range(3, ~0U, 0); /* none of the daemon's files (database, sockets) in the ranks */
     execv(w->v[0], w->v);
     _exit(127);
   }
