@@ -246,6 +246,33 @@ class Mpi(unittest.TestCase):
         self.check_ranks("few-prompts", hp={"dynamic_sampling": False, "prompt_batch_size": 2,
                                             "group_size": 8})
 
+    def test_http_judge_sees_each_response_once(self):
+        # the reference HTTP judge (clients/judges/math_judge.py) logs what each request held
+        script = os.path.join(HERE, "..", "..", "clients", "judges", "math_judge.py")
+        judge = subprocess.Popen(["/usr/bin/python3", script, "--port", "0"],
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            port = int(judge.stdout.readline())
+            job = self.job(judge={"type": "http", "url": "http://127.0.0.1:%d/score" % port},
+                           hp={"total_steps": 2, "checkpoint_every": 0})
+            seen = {}
+            for n in (None, 2):
+                before = len(self.judge_log(port))
+                metrics, _ = self.train(job, self.out("http-judge-%s" % n), n)
+                new = self.judge_log(port)[before:]
+                sampled = sum(m["groups/sampled"] for m in metrics if "groups/sampled" in m)
+                self.assertEqual(sum(r["n"] for r in new), sampled * 4)  # group_size 4
+                seen[n] = sorted(g for r in new for g in r["groups"])
+            self.assertEqual(seen[None], seen[2])  # the same groups, each judged once
+        finally:
+            judge.kill()
+            judge.wait()
+
+    def judge_log(self, port):
+        import urllib.request
+        with urllib.request.urlopen("http://127.0.0.1:%d/log" % port, timeout=30) as r:
+            return json.loads(r.read())["requests"]
+
     def test_pause_under_2_resume_under_3(self):
         job = self.job(hp={"total_steps": 5, "checkpoint_every": 0})
         whole, split = self.out("whole"), self.out("split")
