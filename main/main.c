@@ -434,6 +434,12 @@ static int train_as(const struct dist *dist, int argc, char **argv) {
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGUSR1, &sa, NULL);
   sigaction(SIGUSR2, &sa, NULL);
+  if (events) { /* the daemon's launcher: pause and cancel come as SIGUSR1 and SIGUSR2, and a
+                   SIGTERM means the daemon is gone (PR_SET_PDEATHSIG): stop at once, so that
+                   no step runs that nobody records */
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+  }
   /* every rank reads its own files: one that failed stops them all, before any training */
   int worst = dist_max(dist, rc);
   if (worst) {

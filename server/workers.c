@@ -379,11 +379,44 @@ static void on_progress(void *ctx, const struct runner_progress *p) {
   pthread_mutex_unlock(&w->mu);
 }
 
+/* Removes folder dir and the files in it (a checkpoint's folder holds files only). */
+static int remove_folder(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return -1;
+  struct dirent *de;
+  char p[PATH_MAX + 320];
+  while ((de = readdir(d)))
+    if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
+      snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+      unlink(p);
+    }
+  closedir(d);
+  return rmdir(dir);
+}
+
 /* Before a (re)start: the runner resumes from the newest complete checkpoint N without telling
  * of it again. A previous process may have died after writing it but before its checkpoint or
  * its step's metrics event was stored; those are recorded now from the folder. */
 static int fill_gaps(struct jobrun *jr) {
-  int64_t n = runner_latest_checkpoint(jr->out);
+  /* A multi-process job's ranks can outlive a daemon that died (until the launcher's
+   * PR_SET_PDEATHSIG reaches them) and write checkpoints of steps whose metrics nobody recorded.
+   * A checkpoint more than one step past the last recorded step is set aside, so that its steps
+   * are computed again (bit-identically) and each is told once. An in-process job never leaves
+   * one: it dies with the daemon. */
+  int64_t told = jr->train.n ? jr->train.v[jr->train.n - 1] : 0, n;
+  while ((n = runner_latest_checkpoint(jr->out)) > told + 1 && n > 0) {
+    char dir[PATH_MAX + 64];
+    snprintf(dir, sizeof dir, "%s/checkpoints/step-%" PRId64, jr->out, n);
+    if (remove_folder(dir)) {
+      LOG(ERROR, "job %s: cannot remove %s: %s", jr->id, dir, strerror(errno));
+      break;
+    }
+    log_event(jr->srv, jr->id, "warning", told,
+              "the checkpoint of step %" PRId64 " was written after the last step this daemon "
+              "recorded (%" PRId64 "): removed, its steps are computed again",
+              n, told);
+  }
+  n = runner_latest_checkpoint(jr->out);
   if (n < 0 || (steps_has(&jr->ckpt, n) && (n == 0 || steps_has(&jr->train, n)))) return 0;
   char dir[PATH_MAX + 64], p[PATH_MAX + 96];
   snprintf(dir, sizeof dir, "%s/checkpoints/step-%" PRId64, jr->out, n);
