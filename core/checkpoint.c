@@ -715,3 +715,17 @@ out:
   st_close(f);
   return rc;
 }
+
+int ckpt_remove_folder(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return -1;
+  struct dirent *de;
+  char p[PATH_MAX + 320];
+  while ((de = readdir(d)))
+    if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
+      snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+      unlink(p);
+    }
+  closedir(d);
+  return rmdir(dir);
+}

@@ -51,6 +51,9 @@ int ckpt_save_adapter(const char *dir, const struct model *m, const json_t *base
  * rollouts file being written). Only for a folder nobody is writing into (the runner calls it
  * before it resumes). Returns how many entries were removed (0 when dir does not exist). */
 int ckpt_remove_temporaries(const char *dir);
+/* Removes a checkpoint folder and the files in it (a checkpoint holds files only): 0, or -1 with
+ * errno set when the folder could not be removed. */
+int ckpt_remove_folder(const char *dir);
 
 /* The files a checkpoint folder may hold, in listing order: ckpt_save_with's four (an adapter
  * checkpoint's three of ckpt_save_adapter instead of config.json and model.safetensors), the

@@ -118,21 +118,6 @@ static int ckpt_extra(void *ctx, const char *tmp_dir, struct dapo_err *e) {
   return rc;
 }
 
-static void remove_tree_files(const char *dir) {
-  DIR *d = opendir(dir);
-  if (d) {
-    struct dirent *de;
-    char p[PATH_MAX + 320];
-    while ((de = readdir(d)))
-      if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
-        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-        unlink(p);
-      }
-    closedir(d);
-  }
-  rmdir(dir);
-}
-
 /* Deletes the oldest checkpoints beyond keep_checkpoints (never the newest one). */
 static void prune(struct trainer *t) {
   int keep = t->hp->keep_checkpoints;
@@ -156,7 +141,7 @@ static void prune(struct trainer *t) {
     if (count <= keep || oldest == t->step) return;
     char p[PATH_MAX];
     trainer_ckpt_path(t, oldest, p, sizeof p);
-    remove_tree_files(p);
+    ckpt_remove_folder(p);
   }
 }
 
@@ -169,7 +154,7 @@ int trainer_checkpoint(struct trainer *t, const json_t *metrics) {
   char probe[PATH_MAX + 32];
   snprintf(probe, sizeof probe, "%s/trainer_state.json", dir);
   if (stat(probe, &st) == 0) return 0; /* already there (a resumed run passing it again) */
-  if (stat(dir, &st) == 0) remove_tree_files(dir); /* incomplete leftovers cannot exist, but */
+  if (stat(dir, &st) == 0) ckpt_remove_folder(dir); /* incomplete leftovers cannot exist, but */
   json_t *tj = tok_to_json(t->lm.tok);
   char *text = tj ? json_dumps(tj, JSON_INDENT(2) | JSON_ENSURE_ASCII) : NULL;
   json_decref(tj);

@@ -379,21 +379,6 @@ static void on_progress(void *ctx, const struct runner_progress *p) {
   pthread_mutex_unlock(&w->mu);
 }
 
-/* Removes folder dir and the files in it (a checkpoint's folder holds files only). */
-static int remove_folder(const char *dir) {
-  DIR *d = opendir(dir);
-  if (!d) return -1;
-  struct dirent *de;
-  char p[PATH_MAX + 320];
-  while ((de = readdir(d)))
-    if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
-      snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-      unlink(p);
-    }
-  closedir(d);
-  return rmdir(dir);
-}
-
 /* Before a (re)start: the runner resumes from the newest complete checkpoint N without telling
  * of it again. A previous process may have died after writing it but before its checkpoint or
  * its step's metrics event was stored; those are recorded now from the folder. */
@@ -407,7 +392,7 @@ static int fill_gaps(struct jobrun *jr) {
   while ((n = runner_latest_checkpoint(jr->out)) > told + 1 && n > 0) {
     char dir[PATH_MAX + 64];
     snprintf(dir, sizeof dir, "%s/checkpoints/step-%" PRId64, jr->out, n);
-    if (remove_folder(dir)) {
+    if (ckpt_remove_folder(dir)) {
       LOG(ERROR, "job %s: cannot remove %s: %s", jr->id, dir, strerror(errno));
       break;
     }
