@@ -301,14 +301,33 @@ int runner_check_data(const struct job_spec *s, struct runner_data_facts *f, jso
   return (int)(json_array_size(errors) - before);
 }
 
+int runner_plan_job(const struct model_config *c, const struct lora_config *adapter,
+                    const struct hparams *hp, int max_prompt_tokens, int with_validation,
+                    struct mem_plan *plan, json_t *errors) {
+  int n = adapter ? lora_config_check(adapter, c, errors) : 0;
+  runner_memory_plan(c, adapter, hp, max_prompt_tokens, with_validation, plan);
+  return n;
+}
+
+int runner_plan_model(const char *model, const struct lora_config *adapter,
+                      const struct hparams *hp, int max_prompt_tokens, struct mem_plan *plan,
+                      json_t *errors, struct dapo_err *e) {
+  memset(plan, 0, sizeof *plan);
+  struct lm lm;
+  int rc = lm_open_meta(model, &lm, e);
+  if (rc) return rc < 0 ? rc : DAPO_EINVAL;
+  rc = runner_plan_job(&lm.cfg, adapter, hp, max_prompt_tokens, 0, plan, errors);
+  lm_close(&lm);
+  return rc;
+}
+
 int runner_check_job(const struct job_spec *s, struct mem_plan *plan, json_t *errors) {
   struct runner_data_facts f;
   int n = runner_check_data(s, &f, errors);
   memset(plan, 0, sizeof *plan);
-  if (f.model_ok && s->has_adapter) n += lora_config_check(&s->adapter, &f.cfg, errors);
   if (f.model_ok)
-    runner_memory_plan(&f.cfg, s->has_adapter ? &s->adapter : NULL, &s->hp, f.max_prompt_tokens,
-                       s->validation_file != NULL, plan);
+    n += runner_plan_job(&f.cfg, s->has_adapter ? &s->adapter : NULL, &s->hp, f.max_prompt_tokens,
+                         s->validation_file != NULL, plan, errors);
   return n;
 }
 

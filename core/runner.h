@@ -149,6 +149,26 @@ void runner_memory_plan(const struct model_config *c, const struct lora_config *
                         const struct hparams *hp, int max_prompt_tokens, int with_validation,
                         struct mem_plan *p);
 
+/* A job's plan once its model's config is known (runner_check_data's cfg: config.json as
+ * lm_open_meta reads it, vocab_used from the tokenizer): the adapter (NULL: a full fine-tune)
+ * checked against it as lora_config_check does (problems appended to errors), then
+ * runner_memory_plan. The one sequence that runner_check_job, the daemon's admission and GET
+ * /v1/models/{id} (through runner_plan_model) follow, so that they plan alike. *plan is filled
+ * in any case; returns the adapter's problem count. */
+int runner_plan_job(const struct model_config *c, const struct lora_config *adapter,
+                    const struct hparams *hp, int max_prompt_tokens, int with_validation,
+                    struct mem_plan *plan, json_t *errors);
+
+/* The plan of a job on model (what lm_open takes: a preset name or a folder) whose longest
+ * prompt has max_prompt_tokens tokens and which has no validation file: the model's config and
+ * tokenizer opened as runner_check_data opens them (lm_open_meta: no weights), then
+ * runner_plan_job. Returns 0 with *plan; the adapter's problem count (> 0, in errors); or a
+ * negative DAPO_E... code with e set when the model does not open (a job on it is refused with
+ * field "model"). Reads the tokenizer on every call. */
+int runner_plan_model(const char *model, const struct lora_config *adapter,
+                      const struct hparams *hp, int max_prompt_tokens, struct mem_plan *plan,
+                      json_t *errors, struct dapo_err *e);
+
 /* A plan as the job object and GET /v1/models/{id} show it: bytes by part ("weights_bytes",
  * ..., "total_bytes") and the capacities under "for". New reference; NULL out of memory. */
 json_t *mem_plan_to_json(const struct mem_plan *p);

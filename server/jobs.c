@@ -375,15 +375,15 @@ static int finish_admission(struct server *srv, const json_t *body, const char *
                             int *existed, json_t *errors, struct dapo_err *e) {
   struct mem_plan plan = {0};
   uint64_t limit = server_memory_limit(srv);
-  /* the adapter against the model (not part of the kept data check: it is the job's own) */
-  if (f->model_ok && spec->has_adapter) lora_config_check(&spec->adapter, &f->cfg, errors);
-  if (json_array_size(errors) == base && f->model_ok) {
-    runner_memory_plan(&f->cfg, spec->has_adapter ? &spec->adapter : NULL, &spec->hp,
-                       f->max_prompt_tokens, spec->validation_file != NULL, &plan);
-    if (plan.total * (uint64_t)spec->processes > limit &&
-        refuse_memory(errors, &plan, spec->processes, limit))
-      return dapo_errf(e, DAPO_ENOMEM, "out of memory validating the job");
-  }
+  /* the adapter against the model (not part of the kept data check: it is the job's own), then
+   * the plan, as GET /v1/models/{id} makes it (runner_plan_job) */
+  if (f->model_ok)
+    runner_plan_job(&f->cfg, spec->has_adapter ? &spec->adapter : NULL, &spec->hp,
+                    f->max_prompt_tokens, spec->validation_file != NULL, &plan, errors);
+  if (json_array_size(errors) == base && f->model_ok &&
+      plan.total * (uint64_t)spec->processes > limit &&
+      refuse_memory(errors, &plan, spec->processes, limit))
+    return dapo_errf(e, DAPO_ENOMEM, "out of memory validating the job");
   if (json_array_size(errors) != base) return DAPO_EINVAL;
   json_t *resolved = resolved_of(spec, &plan, run);
   if (!resolved) return dapo_errf(e, DAPO_ENOMEM, "out of memory");

@@ -3,6 +3,11 @@
 - GET /v1/models/{id} reports parameters and the memory plan of a job with the default
   hyperparameters (weights, gradients, Adam moments, activations, KV cache; they add up) and
   whether it fits the limit; max_prompt_tokens changes it; a bad value is a 400;
+- with adapter=lora (r, alpha, target_modules, use_rslora) it is a LoRA job's plan: gradients and
+  moments of the adapter only, the total below the full plan's, and the very plan a LoRA job with
+  the default hyperparameters records, also on a BF16 folder with a padded vocabulary (the frozen
+  base at 2 bytes a matrix parameter, logits over the tokenizer's ids); bad adapter parameters,
+  an unknown adapter type and adapter parameters without adapter=lora are 400s naming them;
 - job creation refuses a job whose plan exceeds memory_limit_bytes (422 naming the limit), and a
   `messages` dataset without a usable chat template, before anything is queued;
 - with a limit that holds one job but not two, the second waits queued at the head while the
@@ -15,6 +20,8 @@ Run: /usr/bin/python3 tests/api/test_models.py --dapod build/server/dapod
 
 import json
 import os
+import struct
+import subprocess
 import sys
 import unittest
 
@@ -26,6 +33,74 @@ from test_jobs import SMALL_HP, DaemonCase, long_hp  # noqa: E402
 
 PARTS = ("weights_bytes", "gradients_bytes", "optimizer_bytes", "reference_model_bytes",
          "activations_bytes", "generation_bytes", "buffers_bytes")
+
+
+ADAPTER = {"type": "lora", "r": 4, "alpha": 16, "target_modules": ["q_proj", "v_proj", "down_proj"]}
+ADAPTER_QUERY = "adapter=lora&r=4&alpha=16&target_modules=q_proj,v_proj,down_proj"
+PADDED_ROWS = 128  # embedding rows of the BF16 folder, past the tiny tokenizer's 99 ids
+
+
+def layer_dims(cfg):
+    """[out, in] of every linear layer an adapter may target (core/lora.c target_dims)."""
+    C, FF = cfg["hidden_size"], cfg["intermediate_size"]
+    CQ = cfg["num_attention_heads"] * cfg["head_dim"]
+    CKV = cfg["num_key_value_heads"] * cfg["head_dim"]
+    return {"q_proj": (CQ, C), "k_proj": (CKV, C), "v_proj": (CKV, C), "o_proj": (C, CQ),
+            "gate_proj": (FF, C), "up_proj": (FF, C), "down_proj": (C, FF)}
+
+
+def lora_parameters(cfg, r, targets):
+    """PEFT's count: r (in + out) per targeted layer and decoder layer."""
+    dims = layer_dims(cfg)
+    return cfg["num_hidden_layers"] * sum(r * sum(dims[t]) for t in targets)
+
+
+def matrix_parameters(cfg):
+    """The model's matrices (what a frozen BF16 base holds in 2 bytes each)."""
+    C, L = cfg["hidden_size"], cfg["num_hidden_layers"]
+    per_layer = sum(o * i for o, i in layer_dims(cfg).values())
+    return cfg["vocab_size"] * C * (1 if cfg["tie_word_embeddings"] else 2) + L * per_layer
+
+
+def bf16_padded_folder(path, rows):
+    """The tiny preset saved as a model folder, then made what a BF16 model with a padded
+    vocabulary is: every tensor in BF16 (the upper halves of the float32 values, so exactly BF16),
+    `rows` embedding rows (zero past the tokenizer's ids) and config.json saying bfloat16."""
+    subprocess.run([test_jobs.DAPOD, "save-preset", "tiny", path], check=True,
+                   stdout=subprocess.DEVNULL)
+    st = os.path.join(path, "model.safetensors")
+    with open(st, "rb") as f:
+        blob = f.read()
+    (n,) = struct.unpack("<Q", blob[:8])
+    head, data = json.loads(blob[8:8 + n]), blob[8 + n:]
+    head.pop("__metadata__", None)
+    out, parts, off = {}, [], 0
+    for name, t in sorted(head.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+        assert t["dtype"] == "F32", t
+        raw = data[t["data_offsets"][0]:t["data_offsets"][1]]
+        half = b"".join(raw[i + 2:i + 4] for i in range(0, len(raw), 4))  # little-endian
+        shape = list(t["shape"])
+        if name == "model.embed_tokens.weight":
+            half += bytes(2 * (rows - shape[0]) * shape[1])
+            shape[0] = rows
+        out[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [off, off + len(half)]}
+        parts.append(half)
+        off += len(half)
+    hj = json.dumps(out).encode()
+    hj += b" " * (-len(hj) % 8)
+    with open(st, "wb") as f:
+        f.write(struct.pack("<Q", len(hj)) + hj + b"".join(parts))
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    cfg.update(vocab_size=rows, torch_dtype="bfloat16")
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+
+
+def longest_prompt():
+    """Tokens of addition.jsonl's longest prompt (one per character on the tiny tokenizer)."""
+    rows = [json.loads(x) for x in test_jobs.read("addition.jsonl").decode().splitlines()]
+    return max(len(x["prompt"]) for x in rows)
 
 
 def messages_data(n=12):
@@ -63,10 +138,95 @@ class ModelMemory(DaemonCase):
         mem = j["memory"]
         self.assertEqual(mem["parameters"], 98816)
         # the longest prompt of addition.jsonl (one token per character) + max_new_tokens 4
-        rows = [json.loads(x) for x in test_jobs.read("addition.jsonl").decode().splitlines()]
-        longest = max(len(x["prompt"]) for x in rows)
-        self.assertEqual(mem["for"]["max_sequence_tokens"], longest + 4)
+        self.assertEqual(mem["for"]["max_sequence_tokens"], longest_prompt() + 4)
         self.wait_status(j["id"], "succeeded")
+
+    def job_plan(self, model, **body):
+        """The plan a job on model with the default hyperparameters records (then cancelled)."""
+        j = self.create_ok({}, model=model, **body)
+        self.assertJson(self.d.post_json("/v1/jobs/%s/cancel" % j["id"], {}), 200)
+        self.wait_status(j["id"], "cancelled")
+        return j["memory"]
+
+    def assertSamePlan(self, route, job):
+        """GET /v1/models/{id}'s memory (route) is the job's, part by part."""
+        extra = ("limit_bytes", "fits", "assumes")
+        self.assertEqual({k: v for k, v in route.items() if k not in extra}, job)
+
+    def test_lora_plan_of_a_preset(self):
+        full = self.assertJson(self.d.get("/v1/models/tiny"), 200)
+        cfg, full = full["config"], full["memory"]
+        self.assertIsNone(full["assumes"]["adapter"])
+        m = self.assertJson(self.d.get("/v1/models/tiny?" + ADAPTER_QUERY), 200)["memory"]
+        self.assertEqual(m["assumes"], {"hyperparameters": "defaults", "max_prompt_tokens": 256,
+                                        "adapter": {"type": "lora", "r": 4, "alpha": 16.0,
+                                                    "target_modules": ADAPTER["target_modules"],
+                                                    "dropout": 0.0, "use_rslora": False}})
+        # gradients and AdamW moments of the adapter only; the float32 base and the adapter
+        trained = lora_parameters(cfg, 4, ADAPTER["target_modules"])
+        self.assertEqual((m["parameters"], m["trainable_parameters"]), (98816, trained))
+        self.assertEqual(m["gradients_bytes"], 4 * trained)
+        self.assertEqual(m["optimizer_bytes"], 8 * trained)
+        self.assertEqual(m["weights_bytes"], 4 * (98816 + trained))
+        self.assertEqual(m["total_bytes"], sum(m[p] for p in PARTS))
+        self.assertLess(m["total_bytes"], full["total_bytes"])
+        # PEFT's defaults (r 8 on q_proj and v_proj), all-linear, rsLoRA
+        d = self.assertJson(self.d.get("/v1/models/tiny?adapter=lora"), 200)["memory"]
+        self.assertEqual(d["trainable_parameters"], lora_parameters(cfg, 8, ["q_proj", "v_proj"]))
+        self.assertEqual(d["assumes"]["adapter"]["alpha"], 8.0)
+        a = self.assertJson(self.d.get("/v1/models/tiny?adapter=lora&target_modules=all-linear"
+                                       "&use_rslora=true"), 200)["memory"]
+        self.assertEqual(a["trainable_parameters"], lora_parameters(cfg, 8, layer_dims(cfg)))
+        self.assertTrue(a["assumes"]["adapter"]["use_rslora"])
+        # what a LoRA job records: the same adapter parts, and for its longest prompt all of it
+        job = self.job_plan("tiny", adapter=ADAPTER)
+        self.assertEqual((job["gradients_bytes"], job["optimizer_bytes"]),
+                         (m["gradients_bytes"], m["optimizer_bytes"]))
+        same = self.assertJson(self.d.get("/v1/models/tiny?max_prompt_tokens=%d&%s"
+                                          % (longest_prompt(), ADAPTER_QUERY)), 200)["memory"]
+        self.assertSamePlan(same, job)
+
+    def test_plans_of_a_bf16_folder_are_the_jobs(self):
+        """A BF16 folder whose embedding has rows past the tokenizer's ids: a LoRA job holds the
+        frozen matrices in BF16 and computes logits over the tokenizer's ids only; the route
+        plans both as the job does (a full job stays float32)."""
+        bf16_padded_folder(os.path.join(self.d.models_dir, "tiny-bf16"), PADDED_ROWS)
+        q = "/v1/models/tiny-bf16?max_prompt_tokens=%d" % longest_prompt()
+        model = self.assertJson(self.d.get(q + "&" + ADAPTER_QUERY), 200)
+        cfg, m = model["config"], model["memory"]
+        self.assertEqual(cfg["vocab_size"], PADDED_ROWS)
+        n = m["parameters"]
+        trained = lora_parameters(cfg, 4, ADAPTER["target_modules"])
+        self.assertEqual(m["trainable_parameters"], trained)
+        self.assertEqual(m["weights_bytes"], 4 * (n + trained) - 2 * matrix_parameters(cfg))
+        self.assertSamePlan(m, self.job_plan("tiny-bf16", adapter=ADAPTER))
+        full = self.assertJson(self.d.get(q), 200)["memory"]
+        self.assertEqual(full["weights_bytes"], 4 * n)
+        self.assertLess(m["total_bytes"], full["total_bytes"])
+        self.assertSamePlan(full, self.job_plan("tiny-bf16"))
+
+    def test_bad_adapter_parameters(self):
+        cfg = self.assertJson(self.d.get("/v1/models/tiny"), 200)["config"]
+        smallest = min(min(layer_dims(cfg)[t]) for t in ("q_proj", "v_proj"))  # PEFT's targets
+        for query, param in (("adapter=lora&r=0", "r"), ("adapter=lora&r=x", "r"),
+                             ("adapter=lora&r=%d" % (smallest + 1), "r"),
+                             ("adapter=lora&alpha=0", "alpha"),
+                             ("adapter=lora&use_rslora=yes", "use_rslora"),
+                             ("adapter=lora&target_modules=q_proj,lm_head", "target_modules")):
+            p = self.assertProblem(self.d.get("/v1/models/tiny?" + query), 400,
+                                   "invalid_request", param + ": ")
+            self.assertFields(p, param)
+        p = self.assertProblem(self.d.get("/v1/models/tiny?adapter=lora&r=%d" % (smallest + 1)),
+                               400, "invalid_request", "exceeds the smaller dimension")
+        p = self.assertProblem(self.d.get("/v1/models/tiny?adapter=lora&target_modules=nope"),
+                               400, "invalid_request", "'nope' is not a linear layer")
+        self.assertProblem(self.d.get("/v1/models/tiny?adapter=ia3"), 400, "invalid_request",
+                           "adapter: ")
+        # an adapter's parameter without the adapter
+        p = self.assertProblem(self.d.get("/v1/models/tiny?r=4"), 400, "invalid_request", "r: ")
+        self.assertIn("adapter=lora", p["detail"])
+        self.assertProblem(self.d.get("/v1/models/tiny?target_modules=all-linear"), 400,
+                           "invalid_request", "target_modules: ")
 
 
 class MemoryLimit(DaemonCase):

@@ -203,6 +203,16 @@ def scenario(c):
     problem(c.call("list models limit 101", "GET", "/v1/models?limit=101", 400),
             "invalid_request")
     c.call("get model", "GET", "/v1/models/tiny", 200)
+    c.call("get model lora plan", "GET", "/v1/models/tiny?max_prompt_tokens=64&adapter=lora&r=4"
+           "&alpha=16&target_modules=q_proj,v_proj,down_proj&use_rslora=true", 200)
+    c.call("get model lora plan all-linear", "GET",
+           "/v1/models/tiny?adapter=lora&target_modules=all-linear", 200)
+    problem(c.call("get model lora bad r", "GET", "/v1/models/tiny?adapter=lora&r=x", 400),
+            "invalid_request")
+    problem(c.call("get model lora r too large", "GET", "/v1/models/tiny?adapter=lora&r=4096",
+                   400), "invalid_request")
+    problem(c.call("get model unknown adapter", "GET", "/v1/models/tiny?adapter=ia3", 400),
+            "invalid_request")
     problem(c.call("get no model", "GET", "/v1/models/nope", 404), "not_found")
 
     # ---- judges ----
