@@ -21,6 +21,7 @@
 #include "completions.h"
 #include "handlers.h"
 #include "http.h"
+#include "outbuf.h"
 #include "registry.h"
 #include "sampler.h"
 #include "server.h"
@@ -30,6 +31,9 @@
 #define PROMPT_MAX_BYTES (16 * 1024)
 /* Once sampling started, the longest the request waits for it (as the longest long-poll). */
 #define RUN_WAIT_MAX_S 600
+/* The most framed bytes a stream holds at once: all the chunks of a whole completion (N_MAX
+ * choices of MAX_TOKENS_MAX tokens, each well under 1 KiB framed) need under 8 MiB. */
+#define CSTREAM_BUF_MAX (64 << 20)
 
 struct creq {
   const char *model, *prompt;
@@ -252,8 +256,7 @@ struct cstream {
   int k, i;            /* the next token to send: round k, choice i */
   int opened, ended;
   int64_t deadline_ms;
-  char *buf; /* pending bytes [off, len) */
-  size_t len, off, cap;
+  struct api_outbuf out; /* framed bytes not yet handed to libmicrohttpd */
 };
 
 static void cstream_free(void *cls) {
@@ -262,21 +265,8 @@ static void cstream_free(void *cls) {
   completion_release(s->t);
   if (s->arg_free) s->arg_free(s->arg);
   free(s->over);
-  free(s->buf);
+  api_outbuf_deinit(&s->out);
   free(s);
-}
-
-static int cstream_add(struct cstream *s, const char *p, size_t n) {
-  if (s->len + n > s->cap) {
-    size_t cap = s->cap ? s->cap : 4096;
-    while (cap < s->len + n) cap *= 2;
-    char *nb = realloc(s->buf, cap);
-    if (!nb) return -1;
-    s->buf = nb, s->cap = cap;
-  }
-  memcpy(s->buf + s->len, p, n);
-  s->len += n;
-  return 0;
 }
 
 /* Frames each chunk of frames (stolen) as `data: {json}`. */
@@ -286,8 +276,8 @@ static int cstream_frames(struct cstream *s, json_t *frames) {
   int rc = frames ? 0 : -1;
   json_array_foreach(frames, i, f) {
     char *d = json_dumps(f, JSON_COMPACT);
-    rc |= !d || cstream_add(s, "data: ", 6) || cstream_add(s, d, strlen(d)) ||
-          cstream_add(s, "\n\n", 2);
+    rc |= !d || api_outbuf_add(&s->out, "data: ", 6) || api_outbuf_add(&s->out, d, strlen(d)) ||
+          api_outbuf_add(&s->out, "\n\n", 2);
     free(d);
   }
   json_decref(frames);
@@ -325,13 +315,8 @@ static ssize_t cstream_read(void *cls, uint64_t pos, char *out, size_t max) {
   struct cstream *s = cls;
   (void)pos;
   for (;;) {
-    if (s->off < s->len) {
-      size_t n = s->len - s->off < max ? s->len - s->off : max;
-      memcpy(out, s->buf + s->off, n);
-      s->off += n;
-      if (s->off == s->len) s->off = s->len = 0;
-      return (ssize_t)n;
-    }
+    size_t taken = api_outbuf_take(&s->out, out, max);
+    if (taken) return (ssize_t)taken;
     if (s->ended) return MHD_CONTENT_READER_END_OF_STREAM;
     if (api_hub_closing(s->hub)) {
       cstream_error(s, "the daemon is stopping");
@@ -352,7 +337,7 @@ static ssize_t cstream_read(void *cls, uint64_t pos, char *out, size_t max) {
     if (end) rc = s->fmt->close ? s->fmt->close(s->arg, res, frames) : 0;
     if (rc || cstream_frames(s, frames)) return MHD_CONTENT_READER_END_WITH_ERROR;
     if (end) {
-      if (cstream_add(s, "data: [DONE]\n\n", 14)) return MHD_CONTENT_READER_END_WITH_ERROR;
+      if (api_outbuf_add(&s->out, "data: [DONE]\n\n", 14)) return MHD_CONTENT_READER_END_WITH_ERROR;
       s->ended = 1;
       continue;
     }
@@ -362,7 +347,7 @@ static ssize_t cstream_read(void *cls, uint64_t pos, char *out, size_t max) {
       cstream_error(s, msg);
       continue;
     }
-    if (s->off < s->len) continue;
+    if (api_outbuf_pending(&s->out)) continue;
     if (api_now_ms() >= s->deadline_ms) {
       char msg[96];
       snprintf(msg, sizeof msg, "the completion did not finish within %d s", RUN_WAIT_MAX_S);
@@ -391,6 +376,7 @@ static int reply_stream(struct api_req *r, struct wait *w) {
   s->arg_free = w->arg_free, w->arg_free = NULL;
   s->n = w->n;
   s->deadline_ms = api_now_ms() + (int64_t)RUN_WAIT_MAX_S * 1000;
+  api_outbuf_init(&s->out, CSTREAM_BUF_MAX);
   struct MHD_Response *resp =
       MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, cstream_read, s, cstream_free);
   if (!resp) {

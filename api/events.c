@@ -27,6 +27,7 @@
 #include "handlers.h"
 #include "http.h"
 #include "log.h"
+#include "outbuf.h"
 #include "parse.h"
 #include "server.h"
 #include "store.h"
@@ -82,34 +83,19 @@ struct stream {
   struct api_frames *frames; /* borrowed: the framed events of every stream (api_caches) */
   struct MHD_Connection *conn;
   char job_id[STORE_ID_MAX];
-  int64_t last_id;      /* the last event id written to buf */
-  int live;             /* the replay reached the newest event once */
-  int ended;            /* `end` is in buf: close after it */
-  int64_t heartbeat_ms; /* when the next heartbeat is due (api_now_ms clock) */
-  char *buf;            /* pending bytes [off, len) */
-  size_t len, off, cap;
+  int64_t last_id;       /* the last event id written to out */
+  int live;              /* the replay reached the newest event once */
+  int ended;             /* `end` is in out: close after it */
+  int64_t heartbeat_ms;  /* when the next heartbeat is due (api_now_ms clock) */
+  struct api_outbuf out; /* framed bytes not yet handed to libmicrohttpd */
 };
 
 static void stream_free(void *cls) {
   struct stream *s = cls;
   if (!s) return;
   api_hub_stream_leave(s->hub);
-  free(s->buf);
+  api_outbuf_deinit(&s->out);
   free(s);
-}
-
-static int buf_add(struct stream *s, const char *p, size_t n) {
-  if (s->len + n > s->cap) {
-    size_t cap = s->cap ? s->cap : 4096;
-    while (cap < s->len + n) cap *= 2;
-    if (cap > STREAM_BUF_MAX) return -1;
-    char *nb = realloc(s->buf, cap);
-    if (!nb) return -1;
-    s->buf = nb, s->cap = cap;
-  }
-  memcpy(s->buf + s->len, p, n);
-  s->len += n;
-  return 0;
 }
 
 /* ---- framed events shared by the streams of a job ---- */
@@ -152,7 +138,7 @@ static int frame_from_cache(struct stream *s, int64_t id) {
   pthread_mutex_lock(&s->frames->mu);
   struct frame_slot *f = frame_slot(s->frames, s->job_id, id);
   if (f->id == id && !strcmp(f->job, s->job_id)) {
-    rc = buf_add(s, f->text, f->len) ? -1 : 1;
+    rc = api_outbuf_add(&s->out, f->text, f->len) ? -1 : 1;
     if (rc == 1) {
       s->last_id = id;
       if (f->end) s->ended = 1;
@@ -185,16 +171,18 @@ static int frame(struct stream *s, const struct store_event *ev) {
   int h = snprintf(head, sizeof head, "id: %lld\nevent: %s\ndata: ", (long long)ev->id, ev->type);
   char *data = json_dumps(ev->data ? ev->data : json_object(), JSON_COMPACT | JSON_ENCODE_ANY);
   if (!data) return -1;
-  size_t start = s->len;
-  int rc = buf_add(s, head, (size_t)h) || buf_add(s, data, strlen(data)) || buf_add(s, "\n\n", 2);
+  struct api_outbuf *b = &s->out;
+  size_t start = b->len;
+  int rc = api_outbuf_add(b, head, (size_t)h) || api_outbuf_add(b, data, strlen(data)) ||
+           api_outbuf_add(b, "\n\n", 2);
   free(data);
-  if (!rc) frame_to_cache(s->frames, s->job_id, ev, s->buf + start, s->len - start);
+  if (!rc) frame_to_cache(s->frames, s->job_id, ev, b->buf + start, b->len - start);
   return rc ? -1 : 0;
 }
 
 static void heartbeat(struct stream *s) {
   static const char hb[] = "event: heartbeat\ndata: {}\n\n";
-  buf_add(s, hb, sizeof hb - 1);
+  api_outbuf_add(&s->out, hb, sizeof hb - 1);
 }
 
 static int64_t heartbeat_due(const struct stream *s) {
@@ -251,13 +239,8 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max) {
   struct stream *s = cls;
   (void)pos;
   for (;;) {
-    if (s->off < s->len) {
-      size_t n = s->len - s->off < max ? s->len - s->off : max;
-      memcpy(out, s->buf + s->off, n);
-      s->off += n;
-      if (s->off == s->len) s->off = s->len = 0;
-      return (ssize_t)n;
-    }
+    size_t taken = api_outbuf_take(&s->out, out, max);
+    if (taken) return (ssize_t)taken;
     if (s->ended || api_hub_closing(s->hub)) return MHD_CONTENT_READER_END_OF_STREAM;
     if (s->live) {
       /* A client this far behind is let go: it reconnects with its Last-Event-ID. */
@@ -280,12 +263,12 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max) {
       s->live = 1;
       int d = over_and_drained(s); /* e.g. replay after `end` */
       if (d) return d < 0 ? MHD_CONTENT_READER_END_WITH_ERROR : MHD_CONTENT_READER_END_OF_STREAM;
-      if (s->off < s->len) continue;
+      if (api_outbuf_pending(&s->out)) continue;
     }
     if (api_now_ms() >= s->heartbeat_ms) {
       int d = over_and_drained(s); /* e.g. a deleted job */
       if (d) return d < 0 ? MHD_CONTENT_READER_END_WITH_ERROR : MHD_CONTENT_READER_END_OF_STREAM;
-      if (s->off < s->len) continue;
+      if (api_outbuf_pending(&s->out)) continue;
       heartbeat(s);
       s->heartbeat_ms = heartbeat_due(s);
       continue;
@@ -329,8 +312,9 @@ int api_events_stream(struct api_req *r) {
   snprintf(s->job_id, sizeof s->job_id, "%s", id);
   s->last_id = last;
   s->heartbeat_ms = heartbeat_due(s);
+  api_outbuf_init(&s->out, STREAM_BUF_MAX);
   /* An immediate comment line: the client sees the headers and a first byte at once. */
-  buf_add(s, ": stream\n\n", 10);
+  api_outbuf_add(&s->out, ": stream\n\n", 10);
   struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK,
                                                                 stream_read, s, stream_free);
   if (!resp) {

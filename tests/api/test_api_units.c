@@ -1,10 +1,12 @@
 /* Unit checks of api/ pieces that the HTTP tests see only indirectly: the error registry (rows in
- * enum order, unique stable names, statuses in their class) and the streaming SHA-256 (FIPS
- * 180-4 test vectors, fed in every chunking). */
+ * enum order, unique stable names, statuses in their class), the streaming SHA-256 (FIPS
+ * 180-4 test vectors, fed in every chunking) and the streamed replies' output buffer (bytes out
+ * in order in any piece size, appends between takes, the cap). */
 #include <string.h>
 
 #include "../check.h"
 #include "errors.h"
+#include "outbuf.h"
 #include "sha256.h"
 
 static void check_registry(void) {
@@ -58,8 +60,47 @@ static void check_sha256(void) {
   }
 }
 
+static void check_outbuf(void) {
+  static char text[10000], got[sizeof text];
+  for (size_t i = 0; i < sizeof text; i++) text[i] = (char)('a' + i % 26);
+  for (size_t piece = 1; piece <= 9000; piece = piece * 3 + 1) {
+    struct api_outbuf b;
+    api_outbuf_init(&b, 1 << 20);
+    char none[4];
+    CHECK(api_outbuf_take(&b, none, sizeof none) == 0); /* empty, nothing allocated */
+    size_t in = 0, out = 0;
+    /* appends of 700 bytes interleaved with takes of `piece` bytes */
+    while (out < sizeof text) {
+      if (in < sizeof text) {
+        size_t n = sizeof text - in < 700 ? sizeof text - in : 700;
+        CHECK(api_outbuf_add(&b, text + in, n) == 0);
+        in += n;
+      }
+      size_t n = api_outbuf_take(&b, got + out, piece);
+      CHECK(n == (in - out < piece ? in - out : piece));
+      out += n;
+      CHECK(api_outbuf_pending(&b) == in - out);
+    }
+    CHECK_MSG(!memcmp(got, text, sizeof text), "pieces of %zu", piece);
+    CHECK(b.off == 0 && b.len == 0); /* drained: starts again at the beginning */
+    api_outbuf_deinit(&b);
+  }
+  /* the cap: 4 KiB doubled up to max, no further; a refused append leaves the buffer as it was */
+  struct api_outbuf b;
+  api_outbuf_init(&b, 8192);
+  CHECK(api_outbuf_add(&b, text, 8000) == 0);
+  CHECK(api_outbuf_add(&b, text, 192) == 0);
+  CHECK(api_outbuf_add(&b, text, 1) == -1);
+  CHECK(api_outbuf_pending(&b) == 8192);
+  CHECK(api_outbuf_take(&b, got, sizeof got) == 8192);
+  CHECK(api_outbuf_add(&b, text, 8192) == 0); /* room again once taken */
+  api_outbuf_deinit(&b);
+  CHECK(b.buf == NULL && api_outbuf_pending(&b) == 0);
+}
+
 int main(void) {
   check_registry();
   check_sha256();
+  check_outbuf();
   return check_done("test_api_units");
 }
