@@ -4,8 +4,11 @@
 # our engine and PyTorch measured alternately, and prints one comparison table. Reports, never fails on a
 # time. JSON lines of every measurement land in bench/out/. About 5-7 minutes on 2 cores.
 # Usage: bench/run.sh [MODEL...]     (default: tiny small medium)
-# OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are left as the environment sets them; the OpenBLAS kernel
-# that ran is printed. OPENBLAS_NUM_THREADS (default: all cores) sets our thread count.
+# OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are left as the environment sets them; where the
+# environment sets no kernel, every part (ours and PyTorch) runs the kernel dapod chose by
+# measuring here (`dapod kernels`, docs/ENGINE.md), so both sides use the one dapod would use.
+# The OpenBLAS kernel that ran is printed. OPENBLAS_NUM_THREADS (default: all cores) sets our
+# thread count.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=bench/out
@@ -13,8 +16,14 @@ mkdir -p "$out"
 rm -f "$out"/*.json
 
 if [ ! -f build/CMakeCache.txt ]; then cmake -S . -B build >/dev/null; fi
-cmake --build build -j"$(nproc)" --target bench_engine >/dev/null
+cmake --build build -j"$(nproc)" --target bench_engine dapod >/dev/null
 engine=build/bench/bench_engine
+if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
+  echo "== OpenBLAS kernel: the environment names none; dapod measures (dapod kernels)"
+  build/server/dapod kernels | sed 's/^/   /'
+  chosen=$(build/server/dapod kernels --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["kernel"])')
+  if [ -n "$chosen" ]; then export OPENBLAS_CORETYPE="$chosen"; fi
+fi
 
 models=("$@")
 [ ${#models[@]} -gt 0 ] || models=(tiny small medium)

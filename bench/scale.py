@@ -572,11 +572,20 @@ def main():
     ap.add_argument("--max-wait", type=float, default=1800)
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--coretype", default="",
-                    help="OPENBLAS_CORETYPE for every part (default: the environment's)")
+                    help="OPENBLAS_CORETYPE for every part (default: the environment's, "
+                         "else the kernel dapod chooses by measuring)")
     args = ap.parse_args()
+    args.dapod = os.path.join(args.build, "server", "dapod")
     if args.coretype:
         os.environ["OPENBLAS_CORETYPE"] = args.coretype
-    args.dapod = os.path.join(args.build, "server", "dapod")
+    elif not os.environ.get("OPENBLAS_CORETYPE") and not args.report_only:
+        # the environment names no kernel: every part runs the one dapod chose by measuring
+        # here (docs/ENGINE.md), PyTorch included, so both sides use the same kernel
+        k = json.loads(subprocess.run([args.dapod, "kernels", "--json"], check=True,
+                                      capture_output=True, text=True).stdout)
+        print("== OpenBLAS kernel: %s" % k["chosen"], file=sys.stderr)
+        if k["kernel"]:
+            os.environ["OPENBLAS_CORETYPE"] = k["kernel"]
     args.bench_engine = os.path.join(args.build, "bench", "bench_engine")
     models = args.models.split(",")
     res_dir = os.path.join(args.cache, "results")
