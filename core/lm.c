@@ -182,16 +182,21 @@ out:
   return rc;
 }
 
+int lm_is_adapter_folder(const char *spec) {
+  struct stat st;
+  char ap[4096];
+  int apn = snprintf(ap, sizeof ap, "%s/adapter_config.json", spec);
+  return apn > 0 && (size_t)apn < sizeof ap && stat(spec, &st) == 0 && S_ISDIR(st.st_mode) &&
+         stat(ap, &st) == 0;
+}
+
 /* Opens spec with (with_weights) or without its weights; see lm_open and lm_open_meta. */
 static int open_lm(const char *spec, uint64_t seed, int with_weights, struct lm *out,
                    struct dapo_err *e) {
   memset(out, 0, sizeof *out);
   struct stat st;
   int rc = 0;
-  char ap[4096];
-  int apn = snprintf(ap, sizeof ap, "%s/adapter_config.json", spec);
-  if (apn > 0 && (size_t)apn < sizeof ap && stat(spec, &st) == 0 && S_ISDIR(st.st_mode) &&
-      stat(ap, &st) == 0) {
+  if (lm_is_adapter_folder(spec)) {
     if ((rc = open_adapter(spec, with_weights, out, e))) {
       dapo_err_prefix(e, "%s: ", spec);
       lm_close(out);

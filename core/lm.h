@@ -35,6 +35,9 @@ struct lm {
  * base in LORA_BASE_FILE ({"model": spec, "seed": n}; else adapter_config.json's
  * base_model_name_or_path with seed 0). Opening it opens the base and attaches the adapter. */
 
+/* 1 when spec names an adapter folder (a folder holding adapter_config.json). */
+int lm_is_adapter_folder(const char *spec);
+
 /* Opens spec: a preset name (initialised from seed) or, when spec names an existing folder, a
  * checkpoint folder (its tokenizer.json is required; seed unused). Checks that the tokenizer's
  * vocabulary fits the embedding rows. On failure out is left empty and e names the problem. */

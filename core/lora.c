@@ -163,6 +163,11 @@ static json_t *targets_json(unsigned targets) {
   return a;
 }
 
+int lora_config_same(const struct lora_config *a, const struct lora_config *b) {
+  return a->r == b->r && a->alpha == b->alpha && a->targets == b->targets &&
+         !a->use_rslora == !b->use_rslora;
+}
+
 json_t *lora_config_to_json(const struct lora_config *c) {
   return json_pack("{s:s, s:i, s:f, s:o, s:f, s:b}", "type", "lora", "r", c->r, "alpha", c->alpha,
                    "target_modules", targets_json(c->targets), "dropout", 0.0, "use_rslora",

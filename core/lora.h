@@ -39,6 +39,9 @@ int lora_config_parse(struct lora_config *c, const json_t *j, json_t *errors);
  * problems as lora_config_parse. */
 int lora_config_check(const struct lora_config *c, const struct model_config *m, json_t *errors);
 
+/* 1 when a and b describe the same adapter (rank, alpha, targets, scaling rule). */
+int lora_config_same(const struct lora_config *a, const struct lora_config *b);
+
 /* {"type": "lora", "r", "alpha", "target_modules", "dropout": 0, "use_rslora"}: the resolved
  * form the job object shows (new reference). */
 json_t *lora_config_to_json(const struct lora_config *c);

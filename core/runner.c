@@ -288,6 +288,7 @@ int runner_check_data(const struct job_spec *s, struct runner_data_facts *f, jso
   }
   f->model_ok = 1;
   f->cfg = lm.cfg;
+  if (lm.lora) f->model_adapter = 1, f->adapter_cfg = lm.lora->cfg;
   struct chat_template *chat = NULL;
   int id, max_prompt = 0;
   if (s->chat_template && build_chat(s, &lm, &chat, &id, &e))
@@ -316,18 +317,45 @@ int runner_plan_model(const char *model, const struct lora_config *adapter,
   struct lm lm;
   int rc = lm_open_meta(model, &lm, e);
   if (rc) return rc < 0 ? rc : DAPO_EINVAL;
-  rc = runner_plan_job(&lm.cfg, adapter, hp, max_prompt_tokens, 0, plan, errors);
+  /* an adapter checkpoint is planned with its own adapter unless asked about another */
+  rc = runner_plan_job(&lm.cfg,
+                       adapter   ? adapter
+                       : lm.lora ? &lm.lora->cfg
+                                 : NULL,
+                       hp, max_prompt_tokens, 0, plan, errors);
   lm_close(&lm);
   return rc;
+}
+
+const struct lora_config *runner_job_adapter(const struct job_spec *s,
+                                             const struct runner_data_facts *f, json_t *errors) {
+  if (!f->model_adapter) return s->has_adapter ? &s->adapter : NULL;
+  if (s->has_adapter && !lora_config_same(&s->adapter, &f->adapter_cfg)) {
+    json_t *has = lora_config_to_json(&f->adapter_cfg);
+    char *want = has ? json_dumps(has, JSON_COMPACT) : NULL, msg[1024];
+    snprintf(msg, sizeof msg,
+             "the model is an adapter checkpoint, whose adapter %s this job would continue; "
+             "leave `adapter` out or give that one (a new adapter needs a full model: merge this "
+             "one first with `dapod merge`)",
+             want ? want : "");
+    dapo_errors_add(errors, "adapter", msg);
+    free(want);
+    json_decref(has);
+  }
+  return &f->adapter_cfg;
 }
 
 int runner_check_job(const struct job_spec *s, struct mem_plan *plan, json_t *errors) {
   struct runner_data_facts f;
   int n = runner_check_data(s, &f, errors);
   memset(plan, 0, sizeof *plan);
-  if (f.model_ok)
-    n += runner_plan_job(&f.cfg, s->has_adapter ? &s->adapter : NULL, &s->hp, f.max_prompt_tokens,
-                         s->validation_file != NULL, plan, errors);
+  if (f.model_ok) {
+    size_t before = json_array_size(errors);
+    const struct lora_config *ad = runner_job_adapter(s, &f, errors);
+    n += (int)(json_array_size(errors) - before);
+    n += runner_plan_job(&f.cfg, ad, &s->hp, f.max_prompt_tokens, s->validation_file != NULL, plan,
+                         errors);
+  }
   return n;
 }
 
@@ -542,7 +570,12 @@ folders_made:
       return trainer_fail_err(t, FAIL_INVALID_MODEL, "model", &e);
     t->step = 0;
     t->cursor.seed = t->spec->seed;
-    if (t->spec->has_adapter) { /* a fresh adapter: PEFT's initialisation, the base unchanged */
+    if (t->lm.lora) { /* an adapter checkpoint: the job continues its adapter */
+      if (t->spec->has_adapter && !lora_config_same(&t->spec->adapter, &t->lm.lora->cfg))
+        return trainer_fail(t, FAIL_INVALID_MODEL, "adapter",
+                            "the model is an adapter checkpoint whose adapter differs from the "
+                            "job's `adapter` (a new adapter needs a full model: `dapod merge`)");
+    } else if (t->spec->has_adapter) { /* a fresh adapter: PEFT's initialisation */
       json_t *errs = json_array();
       int bad = lora_config_check(&t->spec->adapter, &t->lm.cfg, errs);
       const char *msg = json_string_value(json_object_get(json_array_get(errs, 0), "message"));
@@ -557,10 +590,12 @@ folders_made:
       t->lm.base_seed = t->spec->seed;
     }
   }
-  if (!t->spec->has_adapter != !t->lm.lora)
-    return trainer_fail(
-        t, FAIL_CHECKPOINT_MISMATCH, NULL, "the checkpoint %s an adapter but the job %s one",
-        t->lm.lora ? "holds" : "lacks", t->spec->has_adapter ? "asks for" : "has no");
+  /* the job trains an adapter when it asks for one or its model is an adapter checkpoint */
+  int trains_adapter = t->spec->has_adapter || lm_is_adapter_folder(t->spec->model);
+  if (!trains_adapter != !t->lm.lora)
+    return trainer_fail(t, FAIL_CHECKPOINT_MISMATCH, NULL,
+                        "the checkpoint %s an adapter but the job %s one",
+                        t->lm.lora ? "holds" : "lacks", trains_adapter ? "trains" : "has no");
   /* a frozen base whose weights BF16 holds exactly (a BF16 folder's) is held in BF16: half the
    * memory, the same function */
   if (t->lm.lora && model_freeze_bf16(t->lm.model, &e) > 1)

@@ -179,7 +179,16 @@ struct runner_data_facts {
   int model_ok;
   struct model_config cfg;
   int max_prompt_tokens;
+  int model_adapter;              /* the model is an adapter checkpoint ... */
+  struct lora_config adapter_cfg; /* ... whose adapter this is */
 };
+
+/* The adapter a job trains: its own `adapter`, or on an adapter checkpoint that checkpoint's
+ * adapter, which the job continues (its weights loaded, a fresh optimizer); NULL for a full
+ * fine-tune. A job's `adapter` that differs from its adapter checkpoint's is a problem under
+ * "adapter" (a new adapter needs a full model: `dapod merge` first). */
+const struct lora_config *runner_job_adapter(const struct job_spec *s,
+                                             const struct runner_data_facts *f, json_t *errors);
 
 /* The part of runner_check_job that reads the model's config and tokenizer and every prompt of
  * the datasets (rendered, tokenized, checked against the context with max_new_tokens): what it

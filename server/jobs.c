@@ -377,15 +377,20 @@ static int finish_admission(struct server *srv, const json_t *body, const char *
   uint64_t limit = server_memory_limit(srv);
   /* the adapter against the model (not part of the kept data check: it is the job's own), then
    * the plan, as GET /v1/models/{id} makes it (runner_plan_job) */
-  if (f->model_ok)
-    runner_plan_job(&f->cfg, spec->has_adapter ? &spec->adapter : NULL, &spec->hp,
-                    f->max_prompt_tokens, spec->validation_file != NULL, &plan, errors);
+  /* on an adapter checkpoint the job continues its adapter: planned and shown with it */
+  struct job_spec shown = *spec;
+  if (f->model_ok) {
+    const struct lora_config *ad = runner_job_adapter(spec, f, errors);
+    if (ad) shown.has_adapter = 1, shown.adapter = *ad;
+    runner_plan_job(&f->cfg, ad, &spec->hp, f->max_prompt_tokens, spec->validation_file != NULL,
+                    &plan, errors);
+  }
   if (json_array_size(errors) == base && f->model_ok &&
       plan.total * (uint64_t)spec->processes > limit &&
       refuse_memory(errors, &plan, spec->processes, limit))
     return dapo_errf(e, DAPO_ENOMEM, "out of memory validating the job");
   if (json_array_size(errors) != base) return DAPO_EINVAL;
-  json_t *resolved = resolved_of(spec, &plan, run);
+  json_t *resolved = resolved_of(&shown, &plan, run);
   if (!resolved) return dapo_errf(e, DAPO_ENOMEM, "out of memory");
   const json_t *md = json_object_get(body, "metadata");
   struct store_job_new nj = {

@@ -7,6 +7,8 @@
   tensor names and shapes ([r, in] for lora_A, [out, r] for lora_B) and adapter_config.json
   with PEFT's keys;
 - GET /v1/models lists the checkpoint, and POST /v1/completions samples from it;
+- a job on an adapter checkpoint continues its adapter (shown and planned with it, started from
+  its weights, its checkpoints naming the real base); another adapter on it is refused by name;
 - refusals name the field: r 0, r larger than a layer, an unknown layer, dropout, an unknown key.
 
 Run: /usr/bin/python3 tests/api/test_lora_jobs.py --dapod build/server/dapod
@@ -94,6 +96,42 @@ class LoraJobs(test_jobs.DaemonCase):
             "model": mid, "prompt": "1+2=", "max_tokens": 4, "seed": 1, "logprobs": True}), 200)
         self.assertEqual(len(c["choices"][0]["logprobs"]["token_ids"]),
                          len(c["choices"][0]["logprobs"]["token_logprobs"]))
+
+        # a job on the adapter checkpoint continues its adapter: shown and planned with it,
+        # started from its weights, and its checkpoints name the real base
+        p = self.assertProblem(self.create(model=mid, adapter=dict(ADAPTER, r=8)), 422,
+                               "validation_failed")
+        self.assertFields(p, "adapter")
+        self.assertIn("dapod merge", json.dumps(p))
+        hp2 = dict(test_jobs.SMALL_HP, total_steps=1, checkpoint_every=1, learning_rate=0.0)
+        c2 = self.create_ok(hp2, model=mid)
+        self.assertEqual(c2["adapter"], j["adapter"])
+        self.assertEqual(c2["memory"]["trainable_parameters"], mem["trainable_parameters"])
+        self.assertEqual(c2["memory"]["total_bytes"], mem["total_bytes"])
+        c3 = self.create_ok(hp2, model=mid, adapter=ADAPTER)  # the same adapter, given again
+        self.assertEqual(c3["adapter"], j["adapter"])
+        for c in (c2, c3):
+            c = self.wait_status(c["id"], ("succeeded", "failed"))
+            self.assertEqual(c["status"], "succeeded", c)
+            ck2 = self.assertJson(self.d.get("/v1/jobs/%s/checkpoints" % c["id"]), 200)["data"]
+            last = ck2[-1]["step"]
+
+            def get2(name):
+                r = self.d.get("/v1/jobs/%s/checkpoints/%d/%s" % (c["id"], last, name))
+                self.assertEqual(r.status, 200, r)
+                return r.body
+
+            self.assertEqual(json.loads(get2("base_model.json")), {"model": "tiny", "seed": 0})
+            # learning rate 0: the continued adapter is the source's, tensor for tensor
+            a, b = get2("adapter_model.safetensors"), get("adapter_model.safetensors")
+            ha, hb = safetensors_header(a), safetensors_header(b)
+            self.assertEqual({k: v["shape"] for k, v in ha.items()},
+                             {k: v["shape"] for k, v in hb.items()})
+            oa, ob = 8 + struct.unpack("<Q", a[:8])[0], 8 + struct.unpack("<Q", b[:8])[0]
+            for k in ha:
+                x0, x1 = ha[k]["data_offsets"]
+                y0, y1 = hb[k]["data_offsets"]
+                self.assertEqual(a[oa + x0:oa + x1], b[ob + y0:ob + y1], k)
 
     def test_refusals_name_the_field(self):
         cases = [({"type": "lora", "r": 0}, "adapter.r"),
