@@ -40,6 +40,8 @@ static void usage(FILE *f) {
   fprintf(f, "usage: dapod [serve] [--config FILE] [--listen HOST:PORT] [--data-dir DIR] "
              "[--models-dir DIR] [flags]\n"
              "       dapod train --config JOB.json --out DIR [--threads N] [--stop-after-step N]\n"
+             "       dapod train --config JOB.json --plan   the job checked and its memory plan\n"
+             "                                (JSON on stdout), nothing trained\n"
              "                   [--events]   also as `mpirun -np N dapod train ...`: one job,\n"
              "                                data-parallel over N processes (docs/SCALE.md);\n"
              "                                --events: every event as a JSON line on stdout\n"
@@ -508,7 +510,39 @@ static int train_as(const struct dist *dist, int argc, char **argv) {
   return 1;
 }
 
+/* dapod train --config JOB.json --plan: the job checked against its model and data, and its
+ * memory plan (the daemon's job "memory") printed as JSON on stdout, without loading weights or
+ * training: 0, 1 when the job has problems (listed on stderr), 2 on a bad command line. */
+static int train_plan(int argc, char **argv) {
+  const char *out = "-";
+  int threads = 1, stop_after = 0, events = 0;
+  struct job_spec spec;
+  int rc = train_parse(argc, argv, &spec, &out, &threads, &stop_after, &events);
+  if (rc) return rc;
+  struct mem_plan plan;
+  json_t *errors = json_array();
+  int n = errors ? runner_check_job(&spec, &plan, errors) : -1;
+  if (n == 0) {
+    json_t *pj = mem_plan_to_json(&plan);
+    if (pj) json_dumpf(pj, stdout, JSON_INDENT(2)), fputc('\n', stdout);
+    json_decref(pj);
+  }
+  for (size_t i = 0; i < json_array_size(errors); i++) {
+    json_t *x = json_array_get(errors, i);
+    fprintf(stderr, "  %s: %s\n", json_string_value(json_object_get(x, "field")),
+            json_string_value(json_object_get(x, "message")));
+  }
+  json_decref(errors);
+  jobspec_deinit(&spec);
+  return n == 0 ? 0 : 1;
+}
+
 static int cmd_train(int argc, char **argv) {
+  for (int i = 2; i < argc; i++)
+    if (!strcmp(argv[i], "--plan")) {
+      memmove(argv + i, argv + i + 1, sizeof *argv * (size_t)(argc - i)); /* argv[argc] NULL */
+      return train_plan(argc - 1, argv);
+    }
   /* one rank of a data-parallel job when an MPI launcher started us (core/dist.h) */
   struct dist dist;
   struct dapo_err e = {0};

@@ -153,6 +153,19 @@ class ModelMemory(DaemonCase):
         extra = ("limit_bytes", "fits", "assumes")
         self.assertEqual({k: v for k, v in route.items() if k not in extra}, job)
 
+    def cli_plan(self, model, **body):
+        """`dapod train --config JOB --plan` of the job body (addition.jsonl, default
+        hyperparameters): the plan it prints, without training."""
+        job = dict(body, model=model,
+                   training_file=os.path.join(test_jobs.DATA, "addition.jsonl"))
+        path = os.path.join(self.d.models_dir, "..", "plan-job.json")
+        with open(path, "w") as f:
+            json.dump(job, f)
+        p = subprocess.run([test_jobs.DAPOD, "train", "--config", path, "--plan"],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        return json.loads(p.stdout)
+
     def test_lora_plan_of_a_preset(self):
         full = self.assertJson(self.d.get("/v1/models/tiny"), 200)
         cfg, full = full["config"], full["memory"]
@@ -199,11 +212,32 @@ class ModelMemory(DaemonCase):
         trained = lora_parameters(cfg, 4, ADAPTER["target_modules"])
         self.assertEqual(m["trainable_parameters"], trained)
         self.assertEqual(m["weights_bytes"], 4 * (n + trained) - 2 * matrix_parameters(cfg))
-        self.assertSamePlan(m, self.job_plan("tiny-bf16", adapter=ADAPTER))
+        folder = os.path.join(self.d.models_dir, "tiny-bf16")
+        job = self.job_plan("tiny-bf16", adapter=ADAPTER)
+        self.assertSamePlan(m, job)
+        self.assertEqual(self.cli_plan(folder, adapter=ADAPTER), job)  # dapod train --plan
         full = self.assertJson(self.d.get(q), 200)["memory"]
         self.assertEqual(full["weights_bytes"], 4 * n)
         self.assertLess(m["total_bytes"], full["total_bytes"])
-        self.assertSamePlan(full, self.job_plan("tiny-bf16"))
+        job = self.job_plan("tiny-bf16")
+        self.assertSamePlan(full, job)
+        self.assertEqual(self.cli_plan(folder), job)
+        # a job's problems instead of a plan: listed on stderr, exit status 1
+        path = os.path.join(self.d.models_dir, "..", "plan-bad.json")
+        with open(path, "w") as f:
+            json.dump({"model": folder, "adapter": dict(ADAPTER, r=100000),
+                       "training_file": os.path.join(test_jobs.DATA, "addition.jsonl")}, f)
+        p = subprocess.run([test_jobs.DAPOD, "train", "--config", path, "--plan"],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual((p.returncode, p.stdout), (2, ""), p.stderr)
+        self.assertIn("adapter.r", p.stderr)
+        with open(path, "w") as f:
+            json.dump({"model": folder, "adapter": dict(ADAPTER, r=512),
+                       "training_file": os.path.join(test_jobs.DATA, "addition.jsonl")}, f)
+        p = subprocess.run([test_jobs.DAPOD, "train", "--config", path, "--plan"],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual((p.returncode, p.stdout), (1, ""), p.stderr)
+        self.assertIn("adapter.r", p.stderr)
 
     def test_bad_adapter_parameters(self):
         cfg = self.assertJson(self.d.get("/v1/models/tiny"), 200)["config"]
