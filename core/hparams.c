@@ -97,7 +97,7 @@ static const struct hrow ROWS[] = {
      "0: every validation prompt"},
     {"eval_temperature", H_NUM, F(eval_temperature), 0, 10, 1.0, SAME, NULL, ""},
     {"eval_top_p", H_NUM, F(eval_top_p), 1e-6, 1, 0.7, SAME, NULL, ""},
-    {"micro_batch_tokens", H_INT, F(micro_batch_tokens), 16, 1 << 24, 4096, SAME, NULL,
+    {"micro_batch_tokens", H_INT, F(micro_batch_tokens), 16, 1 << 24, 1024, SAME, NULL,
      "tokens per forward/backward pass (memory); never changes the result's maths"},
     {"gen_batch_size", H_INT, F(gen_batch_size), 1, 1 << 16, 64, SAME, NULL,
      "sequences generated together (KV cache memory)"},

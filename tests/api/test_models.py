@@ -126,7 +126,7 @@ class ModelMemory(DaemonCase):
         self.assertEqual(mem["assumes"]["max_prompt_tokens"], 256)
         self.assertEqual(mem["for"]["max_sequence_tokens"], 256 + 64)
         self.assertTrue(mem["fits"])
-        # longer than micro_batch_tokens (4096): the micro-batch grows to one whole sequence
+        # longer than micro_batch_tokens (1024): the micro-batch grows to one whole sequence
         longer = self.assertJson(self.d.get("/v1/models/tiny?max_prompt_tokens=8000"), 200)
         self.assertGreater(longer["memory"]["activations_bytes"], mem["activations_bytes"])
         self.assertGreater(longer["memory"]["generation_bytes"], mem["generation_bytes"])
