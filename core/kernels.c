@@ -924,6 +924,7 @@ struct cls_args {
   const int *targets;
   int V;
   float inv_temp;
+  int probs; /* write the softmax back (and the entropy) */
 };
 
 static void cls_fwd_rows(void *a_, int lo, int hi) {
@@ -942,6 +943,7 @@ static void cls_fwd_rows(void *a_, int lo, int hi) {
     for (int j = 0; j < V; j++) sum += expf(z[j] - mx);
     float lse = mx + (float)log(sum);
     if (logp) logp[r] = z[targets[r]] - lse;
+    if (!a->probs) continue;
     double pz = 0;
     for (int j = 0; j < V; j++) {
       float p = expf(z[j] - lse);
@@ -960,8 +962,16 @@ void classifier_forward(float *logits, float *logp, float *entropy, const int *t
                        .entropy = entropy,
                        .targets = targets,
                        .V = V,
-                       .inv_temp = inv_temp};
+                       .inv_temp = inv_temp,
+                       .probs = 1};
   parallel_for(R, (long)R * V * 8, cls_fwd_rows, &a);
+}
+
+void classifier_logprobs(float *logits, float *logp, const int *targets, int R, int V,
+                         float inv_temp) {
+  struct cls_args a = {
+      .logits = logits, .logp = logp, .targets = targets, .V = V, .inv_temp = inv_temp};
+  parallel_for(R, (long)R * V * 4, cls_fwd_rows, &a);
 }
 
 static void cls_bwd_rows(void *a_, int lo, int hi) {

@@ -147,6 +147,11 @@ void attention_backward(float *dq, float *dk, float *dv, const float *dout, cons
  * logp/entropy may be NULL. */
 void classifier_forward(float *logits, float *logp, float *entropy, const int *targets, int R,
                         int V, float inv_temp);
+/* classifier_forward's log-probs alone, for a pass no backward follows (old and reference
+ * log-probs): the same arithmetic up to the log-sum-exp, so logp has the same bits, without the
+ * second pass over the row (no softmax written back, no entropy). logits are left scaled. */
+void classifier_logprobs(float *logits, float *logp, const int *targets, int R, int V,
+                         float inv_temp);
 /* probs [R,V] in place -> dlogits: w[r] * inv_temp * (onehot(y_r) - p). */
 void classifier_backward(float *probs, const float *w, const int *targets, int R, int V,
                          float inv_temp);

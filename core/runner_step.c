@@ -434,6 +434,16 @@ static int forward(struct trainer *t, struct model *m, int ns, float *ent) {
   return 0;
 }
 
+/* The log-probs of the packed micro-batch alone (b_logp), for a pass no backward follows: the
+ * bits forward() gives, without the classifier's softmax pass (train_logprobs). */
+static int logprobs(struct trainer *t, struct model *m, int ns) {
+  struct fwd_batch b = {ns, t->b_tok, t->b_off, t->b_plen};
+  struct dapo_err e = {0};
+  if (train_logprobs(t->ts, m, &b, 1.0f / (float)t->hp->temperature, t->b_logp, &e))
+    return trainer_fail_err(t, FAIL_INTERNAL, NULL, &e);
+  return 0;
+}
+
 /* Whether the step computes log-probs under a KL reference (kl_coef > 0). */
 static int has_ref(const struct trainer *t) {
   return t->ref || t->ref_base;
@@ -442,11 +452,11 @@ static int has_ref(const struct trainer *t) {
 /* The KL reference's forward: the frozen copy of the starting weights, or for an adapter job the
  * base itself with the adapter switched off (the same weights, no second copy). */
 static int ref_forward(struct trainer *t, int ns) {
-  if (t->ref) return forward(t, t->ref, ns, NULL);
+  if (t->ref) return logprobs(t, t->ref, ns);
   struct model *m = t->lm.model;
   struct lora *l = m->lora;
   m->lora = NULL;
-  int rc = forward(t, m, ns, NULL);
+  int rc = logprobs(t, m, ns);
   m->lora = l;
   return rc;
 }
@@ -562,7 +572,7 @@ static int old_logprobs(struct trainer *t, struct ro **loss_ros, int n, const in
     for (int i = lo; i < hi;) {
       int ns = pack(t, mb, i, hi);
       for (int pass = j0 == 0 && skipping(t) ? 1 : 0; pass < (has_ref(t) ? 2 : 1); pass++) {
-        if ((pass ? ref_forward(t, ns) : forward(t, t->lm.model, ns, NULL)) ||
+        if ((pass ? ref_forward(t, ns) : logprobs(t, t->lm.model, ns)) ||
             keep_logprobs(t, ns, pass, us))
           return 1;
         us->old_tokens += t->b_off[ns];

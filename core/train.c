@@ -230,8 +230,9 @@ int fwd_batch_validate(const struct train_state *s, const struct model *m,
   return 0;
 }
 
-int train_forward(struct train_state *s, const struct model *m, const struct fwd_batch *b,
-                  float inv_temp, float *logp, float *entropy, struct dapo_err *e) {
+/* train_forward, and with !grad train_logprobs: the classifier stops at the log-prob. */
+static int forward(struct train_state *s, const struct model *m, const struct fwd_batch *b,
+                   float inv_temp, float *logp, float *entropy, int grad, struct dapo_err *e) {
   int rc = fwd_batch_validate(s, m, b, e);
   if (rc) return rc;
   /* a state sized for an adapter also runs the model without it (the KL reference's pass) */
@@ -275,10 +276,13 @@ int train_forward(struct train_state *s, const struct model *m, const struct fwd
   if (R > 0) {
     rmsnorm_forward(s->sel_xn, s->sel_rstd, s->sel_in, m->w.final_norm, R, C, c->rms_norm_eps);
     rc |= block_linear(s->probs, s->sel_xn, m->w.lm_head, m->w.lm_head16, NULL, R, C, V, 0.0f);
-    classifier_forward(s->probs, logp, entropy, s->targets, R, V, inv_temp);
+    if (grad)
+      classifier_forward(s->probs, logp, entropy, s->targets, R, V, inv_temp);
+    else
+      classifier_logprobs(s->probs, logp, s->targets, R, V, inv_temp);
   }
 
-  s->have_fwd = 1;
+  s->have_fwd = grad;
   s->N = N;
   s->R = R;
   s->n_seq = b->n_seq;
@@ -290,6 +294,16 @@ int train_forward(struct train_state *s, const struct model *m, const struct fwd
     return dapo_errf(e, DAPO_ENOMEM, "train_forward: out of memory for a BF16 weight tile");
   }
   return 0;
+}
+
+int train_forward(struct train_state *s, const struct model *m, const struct fwd_batch *b,
+                  float inv_temp, float *logp, float *entropy, struct dapo_err *e) {
+  return forward(s, m, b, inv_temp, logp, entropy, 1, e);
+}
+
+int train_logprobs(struct train_state *s, const struct model *m, const struct fwd_batch *b,
+                   float inv_temp, float *logp, struct dapo_err *e) {
+  return forward(s, m, b, inv_temp, logp, NULL, 0, e);
 }
 
 /* Attention backward of every (sequence, KV head) pair over the pool, interleaved, each thread

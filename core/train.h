@@ -57,6 +57,12 @@ int fwd_batch_validate(const struct train_state *s, const struct model *m,
 int train_forward(struct train_state *s, const struct model *m, const struct fwd_batch *b,
                   float inv_temp, float *logp, float *entropy, struct dapo_err *e);
 
+/* train_forward's log-probs alone, for a pass that no backward follows (old and reference
+ * log-probs): the same bits in logp, without the classifier's softmax pass
+ * (classifier_logprobs). train_backward cannot follow it. */
+int train_logprobs(struct train_state *s, const struct model *m, const struct fwd_batch *b,
+                   float inv_temp, float *logp, struct dapo_err *e);
+
 /* Backward of sum_t dlogp[t] * logp[t] for the batch of the last train_forward: accumulates
  * (+=) into m->grads (model_alloc_grads first). Consumes the saved state: call once per forward. */
 int train_backward(struct train_state *s, struct model *m, const float *dlogp, struct dapo_err *e);

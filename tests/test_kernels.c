@@ -363,6 +363,14 @@ static void test_classifier(void) {
     CHECK_NEAR(lp[r], zc[r * V + tg[r]] * it - lse, 1e-5);
     CHECK_NEAR(ent[r], lse - pz, 1e-5);
   }
+  /* the log-probs alone (no backward follows): the same bits, the row left scaled */
+  float lp2[Rr];
+  memcpy(z, zc, sizeof(float) * Rr * V);
+  classifier_logprobs(z, lp2, tg, Rr, V, it);
+  for (int r = 0; r < Rr; r++) {
+    CHECK(memcmp(&lp2[r], &lp[r], sizeof(float)) == 0);
+    CHECK(z[r * V + 3] == zc[r * V + 3] * it);
+  }
   free(z), free(zc);
 }
 

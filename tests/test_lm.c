@@ -42,6 +42,15 @@ static float *logprobs(struct lm *lm, int *n_out) {
   struct train_state *s = train_state_new(lm->model, 13, 13, 7, &e);
   float *lp = calloc((size_t)nr, sizeof *lp);
   CHECK_MSG(s && !train_forward(s, lm->model, &b, 1.0f, lp, NULL, &e), "%s", e.msg);
+  /* the log-probs alone (old and reference passes): the same bits, and no backward after them */
+  float *lp2 = calloc((size_t)nr, sizeof *lp2), *dl = calloc((size_t)nr, sizeof *dl);
+  CHECK_MSG(s && !train_logprobs(s, lm->model, &b, 0.7f, lp2, &e), "%s", e.msg);
+  CHECK_MSG(s && !train_forward(s, lm->model, &b, 0.7f, dl, NULL, &e), "%s", e.msg);
+  CHECK(!memcmp(lp2, dl, sizeof(float) * (size_t)nr));
+  CHECK_MSG(s && !train_logprobs(s, lm->model, &b, 1.0f, lp2, &e), "%s", e.msg);
+  CHECK(!memcmp(lp2, lp, sizeof(float) * (size_t)nr));
+  CHECK(s && train_backward(s, lm->model, dl, &e) == DAPO_EINVAL);
+  free(lp2), free(dl);
   train_state_free(s);
   *n_out = nr;
   return lp;
