@@ -153,16 +153,20 @@ class ModelMemory(DaemonCase):
         extra = ("limit_bytes", "fits", "assumes")
         self.assertEqual({k: v for k, v in route.items() if k not in extra}, job)
 
-    def cli_plan(self, model, **body):
+    def run_plan(self, model, **body):
         """`dapod train --config JOB --plan` of the job body (addition.jsonl, default
-        hyperparameters): the plan it prints, without training."""
+        hyperparameters): the finished process, nothing trained."""
         job = dict(body, model=model,
                    training_file=os.path.join(test_jobs.DATA, "addition.jsonl"))
         path = os.path.join(self.d.models_dir, "..", "plan-job.json")
         with open(path, "w") as f:
             json.dump(job, f)
-        p = subprocess.run([test_jobs.DAPOD, "train", "--config", path, "--plan"],
-                           capture_output=True, text=True, timeout=120)
+        return subprocess.run([test_jobs.DAPOD, "train", "--config", path, "--plan"],
+                              capture_output=True, text=True, timeout=120)
+
+    def cli_plan(self, model, **body):
+        """The plan `dapod train --plan` prints for the job body."""
+        p = self.run_plan(model, **body)
         self.assertEqual(p.returncode, 0, p.stderr)
         return json.loads(p.stdout)
 
@@ -222,22 +226,12 @@ class ModelMemory(DaemonCase):
         job = self.job_plan("tiny-bf16")
         self.assertSamePlan(full, job)
         self.assertEqual(self.cli_plan(folder), job)
-        # a job's problems instead of a plan: listed on stderr, exit status 1
-        path = os.path.join(self.d.models_dir, "..", "plan-bad.json")
-        with open(path, "w") as f:
-            json.dump({"model": folder, "adapter": dict(ADAPTER, r=100000),
-                       "training_file": os.path.join(test_jobs.DATA, "addition.jsonl")}, f)
-        p = subprocess.run([test_jobs.DAPOD, "train", "--config", path, "--plan"],
-                           capture_output=True, text=True, timeout=120)
-        self.assertEqual((p.returncode, p.stdout), (2, ""), p.stderr)
-        self.assertIn("adapter.r", p.stderr)
-        with open(path, "w") as f:
-            json.dump({"model": folder, "adapter": dict(ADAPTER, r=512),
-                       "training_file": os.path.join(test_jobs.DATA, "addition.jsonl")}, f)
-        p = subprocess.run([test_jobs.DAPOD, "train", "--config", path, "--plan"],
-                           capture_output=True, text=True, timeout=120)
-        self.assertEqual((p.returncode, p.stdout), (1, ""), p.stderr)
-        self.assertIn("adapter.r", p.stderr)
+        # a job's problems instead of a plan, listed on stderr: an invalid job file (exit 2), an
+        # r larger than the model's layers (exit 1)
+        for r, status in ((100000, 2), (512, 1)):
+            p = self.run_plan(folder, adapter=dict(ADAPTER, r=r))
+            self.assertEqual((p.returncode, p.stdout), (status, ""), p.stderr)
+            self.assertIn("adapter.r", p.stderr)
 
     def test_bad_adapter_parameters(self):
         cfg = self.assertJson(self.d.get("/v1/models/tiny"), 200)["config"]
