@@ -29,6 +29,10 @@ struct train_state {
   int *tokens;                       /* [N] copy of the last batch's tokens */
   float *sel_in, *sel_rstd, *sel_xn; /* [R,C], [R], [R,C] */
   float *probs;                      /* [R,V] */
+  /* recomputed, not saved: every layer's xn1, xn2 [N,C] and h [N,FF] live in these (the forward
+   * uses them within the layer; the backward recomputes them from x_in, x_mid, g and u with the
+   * forward's own kernels, so the same bits), rstd_tmp [N] takes the recomputed statistics */
+  float *xn, *h, *rstd_tmp;
   /* backward scratch */
   float *dres, *dxn, *dq, *dk, *dv, *datt, *dff_a, *dff_b, *dsel, *dsel_in;
   float *dk_pre;             /* [N,CKV] with qk_norm (dq_pre reuses datt) */
@@ -55,13 +59,13 @@ static void plan(const struct model_config *c, const struct lora_config *lc, int
          CKV = (size_t)c->num_kv_heads * c->head_dim, FF = c->intermediate_size, NH = c->num_heads,
          L = c->num_layers, V = model_vocab_used(c), NKV = c->num_kv_heads;
   p->res = (L + 1) * N * C;
-  /* xn1, rstd1, q, k, v, att, lse, x_mid, xn2, rstd2, g, u, h; qk_norm: q_pre, k_pre, rstd_q,
-   * rstd_k */
-  p->per_layer = N * (C + 1 + CQ + 2 * CKV + CQ + NH + C + C + 1 + 3 * FF);
+  /* rstd1, q, k, v, att, lse, x_mid, rstd2, g, u; qk_norm: q_pre, k_pre, rstd_q, rstd_k (xn1,
+   * xn2 and h are recomputed in the backward: one shared set, in bwd) */
+  p->per_layer = N * (1 + CQ + 2 * CKV + CQ + NH + C + 1 + 2 * FF);
   if (c->qk_norm) p->per_layer += N * (CQ + CKV + NH + NKV);
   p->sel = (size_t)R * (2 * C + 1);
   p->probs = (size_t)R * V;
-  p->bwd = N * (2 * C + 2 * CQ + 2 * CKV + 2 * FF) + (size_t)R * 2 * C;
+  p->bwd = N * (2 * C + 2 * CQ + 2 * CKV + 2 * FF) + (size_t)R * 2 * C + N * (C + FF + 1);
   if (c->qk_norm) p->bwd += N * CKV;
   if (lc) { /* s x A^T of each targeted layer, and its gradient */
     int nt = 0;
@@ -134,7 +138,6 @@ struct train_state *train_state_new(const struct model *m, int cap_tokens, int c
     struct block_acts *a = &s->acts[l];
     a->x_in = s->res + (size_t)l * N * C;
     a->x_out = s->res + (size_t)(l + 1) * N * C;
-    a->xn1 = TAKE(N * C);
     a->rstd1 = TAKE(N);
     a->q = TAKE(N * CQ);
     a->k = TAKE(N * CKV);
@@ -142,11 +145,9 @@ struct train_state *train_state_new(const struct model *m, int cap_tokens, int c
     a->att = TAKE(N * CQ);
     a->lse = TAKE(N * c->num_heads);
     a->x_mid = TAKE(N * C);
-    a->xn2 = TAKE(N * C);
     a->rstd2 = TAKE(N);
     a->g = TAKE(N * FF);
     a->u = TAKE(N * FF);
-    a->h = TAKE(N * FF);
     if (c->qk_norm) {
       a->q_pre = TAKE(N * CQ);
       a->k_pre = TAKE(N * CKV);
@@ -171,6 +172,13 @@ struct train_state *train_state_new(const struct model *m, int cap_tokens, int c
   s->dsel = TAKE(R * C);
   s->dsel_in = TAKE(R * C);
   if (c->qk_norm) s->dk_pre = TAKE(N * CKV);
+  s->xn = TAKE(N * C);
+  s->h = TAKE(N * FF);
+  s->rstd_tmp = TAKE(N);
+  for (int l = 0; l < c->num_layers; l++) {
+    s->acts[l].xn1 = s->acts[l].xn2 = s->xn;
+    s->acts[l].h = s->h;
+  }
   if (lc) {
     s->dlora = TAKE(N * (size_t)lc->r);
     s->lora_r = lc->r;
@@ -392,7 +400,9 @@ int train_backward(struct train_state *s, struct model *m, const float *dlogp, s
     const struct block_acts *a = &s->acts[l];
     const struct layer_views *w = &m->w.layers[l];
     const struct layer_views *g = lo ? &frozen_layer : &m->g.layers[l];
-    /* MLP: x_out = x_mid + down(silu(gate(xn2)) * up(xn2)) */
+    /* MLP: x_out = x_mid + down(silu(gate(xn2)) * up(xn2)); xn2 and h recomputed */
+    rmsnorm_forward(a->xn2, s->rstd_tmp, a->x_mid, w->ffn_norm, N, C, c->rms_norm_eps);
+    swiglu_forward(a->h, a->g, a->u, (size_t)N * FF);
     rc |=
         lin_back(s->dff_a, g->w_down, NULL, s->dres, a->h, w->w_down, w->w_down16, N, FF, C, 0.0f);
     lora_backward(s, lo, l, LT_DOWN, s->dres, a->h, a->lora_u[LT_DOWN], s->dff_a, N, FF, C);
@@ -426,6 +436,7 @@ int train_backward(struct train_state *s, struct model *m, const float *dlogp, s
       dq_pre = s->datt;
       dk_pre = s->dk_pre;
     }
+    rmsnorm_forward(a->xn1, s->rstd_tmp, a->x_in, w->attn_norm, N, C, c->rms_norm_eps);
     rc |= lin_back(s->dxn, g->wq, g->bq, dq_pre, a->xn1, w->wq, w->wq16, N, C, CQ, 0.0f);
     rc |= lin_back(s->dxn, g->wk, g->bk, dk_pre, a->xn1, w->wk, w->wk16, N, C, CKV, 1.0f);
     rc |= lin_back(s->dxn, g->wv, g->bv, s->dv, a->xn1, w->wv, w->wv16, N, C, CKV, 1.0f);
