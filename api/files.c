@@ -71,7 +71,7 @@ struct upload {
   int in_purpose;               /* multipart: bytes of `purpose` so far */
   struct ds_stream *ds;
   int ds_failed; /* ds_stream_feed failed for good (too many items/lines): stop validating */
-  struct sha256_ctx sha;
+  struct dapo_sha256 sha;
   uint64_t bytes; /* of the file (not of the multipart framing) */
   int fd;         /* the temporary file, or -1 */
   char id[STORE_ID_MAX];
@@ -148,7 +148,7 @@ static int feed(struct upload *up, const char *data, size_t n) {
                             (unsigned long long)cap),
            -1;
   up->bytes += n;
-  sha256_feed(&up->sha, data, n);
+  dapo_sha256_feed(&up->sha, data, n);
   if (!up->ds_failed) {
     struct dapo_err e = {0};
     int rc = ds_stream_feed(up->ds, data, n, &e);
@@ -262,7 +262,7 @@ static int upload_begin(struct api_req *r, int keep) {
                             PURPOSE_MAX);
   snprintf(up->purpose, sizeof up->purpose, "%s", purpose ? purpose : "");
   if (filename && set_filename(up, filename)) return 0;
-  sha256_begin(&up->sha);
+  dapo_sha256_begin(&up->sha);
   if (!(up->ds = ds_stream_new(NULL, 0)))
     return api_reply_error(r, API_ERR_UNAVAILABLE, "out of memory", NULL);
   if (multipart) {
@@ -351,7 +351,7 @@ int api_files_upload_end(struct api_req *r) {
   f.filename = up->filename;
   f.purpose = up->purpose;
   f.bytes = (int64_t)up->bytes;
-  sha256_end_hex(&up->sha, f.sha256);
+  dapo_sha256_end_hex(&up->sha, f.sha256);
   f.valid = errors == NULL;
   f.n_lines = rep.n_lines;
   f.n_items = rep.n_items;
@@ -398,7 +398,7 @@ int api_files_validate_end(struct api_req *r) {
     return 0;
   }
   char sha[65];
-  sha256_end_hex(&up->sha, sha);
+  dapo_sha256_end_hex(&up->sha, sha);
   json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:I, s:s, s:I, s:I, s:I}", "object",
                         "file.validation", "status", errors ? "invalid" : "valid", "filename",
                         up->filename, "purpose", up->purpose, "bytes", (json_int_t)up->bytes,

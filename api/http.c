@@ -174,10 +174,10 @@ const char *api_auth(struct api_req *r) {
   if (h && !strncasecmp(h, "Bearer ", 7)) {
     const char *key = h + 7;
     while (*key == ' ') key++;
-    struct sha256_ctx c;
-    sha256_begin(&c);
-    sha256_feed(&c, key, strlen(key));
-    sha256_end_hex(&c, hex);
+    struct dapo_sha256 c;
+    dapo_sha256_begin(&c);
+    dapo_sha256_feed(&c, key, strlen(key));
+    dapo_sha256_end_hex(&c, hex);
   }
   pthread_rwlock_rdlock(&r->srv->keys_lock);
   const struct config_api_keys *ks = &r->srv->cfg.api_keys;

@@ -389,8 +389,8 @@ int ckpt_manifest_read(const char *dir, struct ckpt_manifest *m, struct dapo_err
       rc = dapo_errf(e, DAPO_EIO, "%s: %s", p, strerror(errno));
       break;
     }
-    struct sha256_ctx c;
-    sha256_begin(&c);
+    struct dapo_sha256 c;
+    dapo_sha256_begin(&c);
     int64_t n = 0;
     for (;;) {
       ssize_t k = read(fd, buf, CHUNK);
@@ -400,7 +400,7 @@ int ckpt_manifest_read(const char *dir, struct ckpt_manifest *m, struct dapo_err
         break;
       }
       if (k == 0) break;
-      sha256_feed(&c, buf, (size_t)k);
+      dapo_sha256_feed(&c, buf, (size_t)k);
       n += k;
     }
     close(fd);
@@ -408,7 +408,7 @@ int ckpt_manifest_read(const char *dir, struct ckpt_manifest *m, struct dapo_err
     struct ckpt_file *f = &m->files[m->n++];
     f->name = ckpt_file_names[i];
     f->bytes = n;
-    sha256_end_hex(&c, f->sha256);
+    dapo_sha256_end_hex(&c, f->sha256);
   }
   free(buf);
   return rc;

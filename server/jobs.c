@@ -189,11 +189,11 @@ struct jobs_service {
  * config, tokenizer and tokenizer_config by size and modification time), the datasets (paths of
  * immutable uploads), the chat template and max_new_tokens. SHA-256 hex into out. */
 static void check_key(const struct job_spec *spec, char out[65]) {
-  struct sha256_ctx c;
-  sha256_begin(&c);
+  struct dapo_sha256 c;
+  dapo_sha256_begin(&c);
   char line[PATH_MAX + 128];
   int n = snprintf(line, sizeof line, "model=%s\n", spec->model);
-  sha256_feed(&c, line, (size_t)(n < (int)sizeof line ? n : (int)sizeof line - 1));
+  dapo_sha256_feed(&c, line, (size_t)(n < (int)sizeof line ? n : (int)sizeof line - 1));
   static const char *const files[] = {"config.json", "tokenizer.json", "tokenizer_config.json"};
   for (int i = 0; i < 3; i++) {
     char p[PATH_MAX + 64];
@@ -202,18 +202,18 @@ static void check_key(const struct job_spec *spec, char out[65]) {
     if (stat(p, &st)) continue;
     n = snprintf(line, sizeof line, "%s %lld %lld.%09ld\n", files[i], (long long)st.st_size,
                  (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
-    sha256_feed(&c, line, (size_t)n);
+    dapo_sha256_feed(&c, line, (size_t)n);
   }
   n = snprintf(line, sizeof line, "train=%s\nval=%s\nmax_new=%d\ntemplate=",
                spec->training_file ? spec->training_file : "",
                spec->validation_file ? spec->validation_file : "", spec->hp.max_new_tokens);
-  sha256_feed(&c, line, (size_t)(n < (int)sizeof line ? n : (int)sizeof line - 1));
+  dapo_sha256_feed(&c, line, (size_t)(n < (int)sizeof line ? n : (int)sizeof line - 1));
   char *tpl = spec->chat_template
                   ? json_dumps(spec->chat_template, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY)
                   : NULL;
-  sha256_feed(&c, tpl ? tpl : "auto", strlen(tpl ? tpl : "auto"));
+  dapo_sha256_feed(&c, tpl ? tpl : "auto", strlen(tpl ? tpl : "auto"));
   free(tpl);
-  sha256_end_hex(&c, out);
+  dapo_sha256_end_hex(&c, out);
 }
 
 /* The kept check of key: facts into *f and its problems appended to errors. 1 when kept. */

@@ -410,10 +410,10 @@ int store_new_id(const char *prefix, char out[STORE_ID_MAX]) {
 int store_body_hash(const json_t *body, char out[65], struct dapo_err *e) {
   char *txt = json_dumps(body, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
   if (!txt) return dapo_errf(e, DAPO_ENOMEM, "encoding the job body");
-  struct sha256_ctx c;
-  sha256_begin(&c);
-  sha256_feed(&c, txt, strlen(txt));
-  sha256_end_hex(&c, out);
+  struct dapo_sha256 c;
+  dapo_sha256_begin(&c);
+  dapo_sha256_feed(&c, txt, strlen(txt));
+  dapo_sha256_end_hex(&c, out);
   free(txt);
   return 0;
 }

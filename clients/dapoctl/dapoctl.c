@@ -991,18 +991,18 @@ static size_t write_dl(char *d, size_t sz, size_t nm, void *ud) {
 static int file_sha256(const char *path, char hex[65], uint64_t *size) {
   FILE *f = fopen(path, "rb");
   if (!f) return -1;
-  struct sha256_ctx s;
-  sha256_begin(&s);
+  struct dapo_sha256 s;
+  dapo_sha256_begin(&s);
   char b[65536];
   size_t n;
   *size = 0;
   while ((n = fread(b, 1, sizeof b, f)) > 0) {
-    sha256_feed(&s, b, n);
+    dapo_sha256_feed(&s, b, n);
     *size += n;
   }
   int bad = ferror(f);
   fclose(f);
-  sha256_end_hex(&s, hex);
+  dapo_sha256_end_hex(&s, hex);
   return bad ? -1 : 0;
 }
 

@@ -28,11 +28,11 @@ static void check_registry(void) {
 }
 
 static void hash_chunks(const char *msg, size_t len, size_t chunk, char out[65]) {
-  struct sha256_ctx c;
-  sha256_begin(&c);
+  struct dapo_sha256 c;
+  dapo_sha256_begin(&c);
   for (size_t i = 0; i < len; i += chunk)
-    sha256_feed(&c, msg + i, len - i < chunk ? len - i : chunk);
-  sha256_end_hex(&c, out);
+    dapo_sha256_feed(&c, msg + i, len - i < chunk ? len - i : chunk);
+  dapo_sha256_end_hex(&c, out);
 }
 
 static void check_sha256(void) {
