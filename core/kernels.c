@@ -927,31 +927,115 @@ struct cls_args {
   int probs; /* write the softmax back (and the entropy) */
 };
 
+/* One row of logits z[V]: scaled by inv_temp in place, log p of the target, and with probs the
+ * softmax written back and the entropy. Vectorised in 16 lanes (simd.h), the same bits on every
+ * instruction set (the dispatch below, as the attention's):
+ * - the exponentials are att_exp4 (Cephes' expf, within 2 ulp of expf);
+ * - the sums go in chunks of CLS_CHUNK logits: 16 float lanes (logit j in lane j mod 16), reduced
+ *   by simd_tree, the chunks' sums added in double;
+ * - a NaN or an infinity among the logits makes the log-sum-exp NaN, as expf's sum would (the
+ *   sum of z - z is then not 0): att_exp4 alone would clamp it away. */
+enum { CLS_CHUNK = 256 };
+
+SIMD_INLINE struct simd16 cls_exp16(struct simd16 x, float sub, const int hw) {
+  struct simd16 r = {att_exp4(x.q0 - sub, hw), att_exp4(x.q1 - sub, hw), att_exp4(x.q2 - sub, hw),
+                     att_exp4(x.q3 - sub, hw)};
+  return r;
+}
+
+SIMD_INLINE simd_v4 cls_max4(simd_v4 m, simd_v4 v) { /* v where v > m (never a NaN) */
+  simd_i4 gt = v > m;
+  return (simd_v4)(((simd_i4)v & gt) | ((simd_i4)m & ~gt));
+}
+
+/* One pass over z[V] in chunks (above), exp(z - sub) in each lane: !probs, the sum of the
+ * exponentials (NaN when a logit is not finite); probs, writes them back as the probabilities
+ * (sub: the log-sum-exp) and returns the entropy, the sum of p (lse - z), terms >= 0. */
+SIMD_INLINE double cls_pass(float *z, int V, float sub, int probs, const int hw) {
+  double sum = 0;
+  struct simd16 bad = simd_zero();
+  for (int j = 0; j < V; j += CLS_CHUNK) {
+    int end = V - j < CLS_CHUNK ? V : j + CLS_CHUNK;
+    struct simd16 acc = simd_zero();
+    for (int k = j; k < end; k += 16) {
+      int n = end - k < 16 ? end - k : 16;
+      struct simd16 v = n == 16 ? simd_load(z + k) : simd_load_n(z + k, n);
+      struct simd16 e = cls_exp16(v, sub, hw);
+      if (n < 16) e = simd_keep_n(e, n);
+      if (probs) {
+        struct simd16 nlp = {sub - v.q0, sub - v.q1, sub - v.q2, sub - v.q3}; /* -log p */
+        acc = simd_fma(e, nlp, acc, hw);
+        simd_store_n(z + k, e, n);
+      } else {
+        struct simd16 zero = {v.q0 - v.q0, v.q1 - v.q1, v.q2 - v.q2, v.q3 - v.q3};
+        bad = simd_add(bad, zero);
+        acc = simd_add(acc, e);
+      }
+    }
+    sum += simd_tree(acc);
+  }
+  return !probs && simd_tree(bad) != 0.0f ? NAN : sum;
+}
+
+SIMD_INLINE void cls_row_gen(float *z, int V, float inv_temp, int target, float *logp,
+                             float *entropy, int probs, const int hw) {
+  struct simd16 mv = simd_splat(-INFINITY);
+  int j = 0;
+  for (; j + 16 <= V; j += 16) {
+    struct simd16 v = simd_scale(simd_load(z + j), inv_temp);
+    simd_store(z + j, v);
+    mv.q0 = cls_max4(mv.q0, v.q0), mv.q1 = cls_max4(mv.q1, v.q1);
+    mv.q2 = cls_max4(mv.q2, v.q2), mv.q3 = cls_max4(mv.q3, v.q3);
+  }
+  float lanes[16], mx = -INFINITY;
+  simd_store(lanes, mv);
+  for (int l = 0; l < 16; l++) mx = lanes[l] > mx ? lanes[l] : mx;
+  for (; j < V; j++) {
+    z[j] *= inv_temp;
+    mx = z[j] > mx ? z[j] : mx;
+  }
+  float lse = mx + (float)log(cls_pass(z, V, mx, 0, hw));
+  if (logp) *logp = z[target] - lse;
+  if (!probs) return;
+  double h = cls_pass(z, V, lse, 1, hw); /* writes the probabilities */
+  if (entropy) *entropy = (float)h;
+}
+
+typedef void cls_row_fn(float *, int, float, int, float *, float *, int);
+
+static void cls_row_portable(float *z, int V, float inv_temp, int target, float *logp,
+                             float *entropy, int probs) {
+  cls_row_gen(z, V, inv_temp, target, logp, entropy, probs, SIMD_HW_FMA);
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("fma"))) static void cls_row_fma(float *z, int V, float inv_temp, int target,
+                                                       float *logp, float *entropy, int probs) {
+  cls_row_gen(z, V, inv_temp, target, logp, entropy, probs, 1);
+}
+__attribute__((target("avx2,fma"))) static void
+cls_row_avx2(float *z, int V, float inv_temp, int target, float *logp, float *entropy, int probs) {
+  cls_row_gen(z, V, inv_temp, target, logp, entropy, probs, 1);
+}
+#endif
+
+static cls_row_fn *cls_row_pick(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  int isa = kernels_isa();
+  /* not compiled for AVX-512: GCC 12 then keeps values in zmm16-31, which vzeroupper does not
+   * clear, and the libm expf calls that follow elsewhere ran 50x slower (measured) */
+  if (isa == KERNELS_ISA_AVX512 || isa == KERNELS_ISA_AVX2) return cls_row_avx2;
+  if (isa == KERNELS_ISA_PORTABLE && kernels_cpu_fma()) return cls_row_fma;
+#endif
+  return cls_row_portable;
+}
+
 static void cls_fwd_rows(void *a_, int lo, int hi) {
   struct cls_args *a = a_;
-  float *logits = a->logits, *logp = a->logp, *entropy = a->entropy, inv_temp = a->inv_temp;
-  const int *targets = a->targets;
-  int V = a->V;
-  for (int r = lo; r < hi; r++) {
-    float *z = logits + (size_t)r * V;
-    float mx = -INFINITY;
-    for (int j = 0; j < V; j++) {
-      z[j] *= inv_temp;
-      mx = z[j] > mx ? z[j] : mx;
-    }
-    double sum = 0;
-    for (int j = 0; j < V; j++) sum += expf(z[j] - mx);
-    float lse = mx + (float)log(sum);
-    if (logp) logp[r] = z[targets[r]] - lse;
-    if (!a->probs) continue;
-    double pz = 0;
-    for (int j = 0; j < V; j++) {
-      float p = expf(z[j] - lse);
-      pz += (double)p * z[j];
-      z[j] = p;
-    }
-    if (entropy) entropy[r] = (float)((double)lse - pz);
-  }
+  cls_row_fn *row = cls_row_pick();
+  for (int r = lo; r < hi; r++)
+    row(a->logits + (size_t)r * a->V, a->V, a->inv_temp, a->targets[r],
+        a->logp ? a->logp + r : NULL, a->entropy ? a->entropy + r : NULL, a->probs);
 }
 
 void classifier_forward(float *logits, float *logp, float *entropy, const int *targets, int R,

@@ -343,11 +343,14 @@ static void test_rmsnorm_swiglu(void) {
   free(x), free(w), free(dy);
 }
 
-static void test_classifier(void) {
-  enum { Rr = 4, V = 50 };
-  float *z = rnd(Rr * V, 3), *zc = malloc(sizeof(float) * Rr * V);
+/* The classifier against a double-precision log-softmax, for row widths inside one chunk of its
+ * sums and across several with a partial vector at the end; the same bits on every instruction
+ * set; a NaN or an infinity among a row's logits gives a NaN log-prob (never a finite one). */
+static void test_classifier(int V) {
+  enum { Rr = 4 };
+  float *z = rnd((size_t)Rr * V, 3), *zc = malloc(sizeof(float) * Rr * V);
   memcpy(zc, z, sizeof(float) * Rr * V);
-  int tg[Rr] = {0, 7, 49, 13};
+  int tg[Rr] = {0, 7 % V, V - 1, 13 % V};
   float lp[Rr], ent[Rr], it = 1.0f / 0.6f;
   classifier_forward(z, lp, ent, tg, Rr, V, it);
   for (int r = 0; r < Rr; r++) {
@@ -371,7 +374,29 @@ static void test_classifier(void) {
     CHECK(memcmp(&lp2[r], &lp[r], sizeof(float)) == 0);
     CHECK(z[r * V + 3] == zc[r * V + 3] * it);
   }
-  free(z), free(zc);
+  /* every instruction set: the same log-probs, entropies and probabilities */
+  float *z0 = malloc(sizeof(float) * Rr * V);
+  memcpy(z0, zc, sizeof(float) * Rr * V);
+  classifier_forward(z0, lp, ent, tg, Rr, V, it);
+  int isas[4], n_isa = isa_list(isas);
+  for (int ii = 0; ii < n_isa; ii++) {
+    kernels_force_isa(isas[ii]);
+    float lpi[Rr], enti[Rr];
+    memcpy(z, zc, sizeof(float) * Rr * V);
+    classifier_forward(z, lpi, enti, tg, Rr, V, it);
+    CHECK_MSG(!memcmp(lpi, lp, sizeof lp) && !memcmp(enti, ent, sizeof ent) &&
+                  !memcmp(z, z0, sizeof(float) * Rr * V),
+              "classifier isa %d differs (V=%d)", isas[ii], V);
+  }
+  kernels_force_isa(0);
+  /* a NaN (row 1) or an infinity (row 2) away from the target */
+  memcpy(z, zc, sizeof(float) * Rr * V);
+  z[1 * V + (V > 1 ? (tg[1] + 1) % V : 0)] = NAN;
+  z[2 * V + V / 2] = INFINITY;
+  classifier_logprobs(z, lp2, tg, Rr, V, it);
+  CHECK_MSG(isnan(lp2[1]) && isnan(lp2[2]) && !isnan(lp2[0]) && !isnan(lp2[3]),
+            "classifier V=%d: NaN/infinity rows give %g %g", V, (double)lp2[1], (double)lp2[2]);
+  free(z), free(zc), free(z0);
 }
 
 int main(void) {
@@ -391,6 +416,11 @@ int main(void) {
   test_linear_few_bf16(1, 8, 5);
   test_linear_few_bf16(3, 1500, 9);  /* 4 rows a block, on the heap */
   test_linear_few_bf16(2, 16400, 6); /* on the heap */
+  /* AVX-512: converted in registers, 16 row tiles reading the kept block; one row tile (nothing
+   * kept); a block on the heap */
+  test_linear_few_bf16(64, 896, 14);
+  test_linear_few_bf16(3, 4864, 7);
+  test_linear_few_bf16(5, 4864, 7);
   struct pool *pool = pool_new(3);
   for (int p = 0; p < 2; p++) {
     struct pool *use = p ? pool : NULL;
@@ -414,6 +444,8 @@ int main(void) {
   test_attention_decode(33, 2, 2, 256);
   test_rope();
   test_rmsnorm_swiglu();
-  test_classifier();
+  test_classifier(50);
+  test_classifier(16);
+  test_classifier(1203); /* several chunks of sums, a partial vector at the end */
   return check_done("test_kernels");
 }
