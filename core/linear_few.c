@@ -19,6 +19,7 @@
 
 #include <stdint.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "simd.h"
@@ -164,96 +165,143 @@ LF_AVX512 static void lf_tile512(float acc[16], const float *const xr[4], const 
   lf_reduce512(acc, a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33);
 }
 
-/* The first row tile of a block of 4 BF16 weight rows, IN a multiple of 16: each weight vector is
- * converted in registers (exactly: a BF16 is the high half of its float32), used, and stored into
- * st (4 rows of IN floats; NULL: no other row tile) for the block's other row tiles, which
- * lf_tile512 then runs from the cache. So the weights are read once, converted once, and the
- * conversion overlaps the products and the prefetch of the next block (pf: its 4 BF16 rows, or
- * NULL). The same arithmetic as lf_tile512 on st. */
-LF_AVX512 static void lf_tile512_bf16(float acc[16], const float *const xr[4],
-                                      const uint16_t *const wr[4], int IN, float *st,
-                                      const uint16_t *pf) {
-  __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00,
-         a12 = a00, a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00,
-         a32 = a00, a33 = a00;
-  const float *x0 = xr[0], *x1 = xr[1], *x2 = xr[2], *x3 = xr[3];
-  const uint16_t *w0 = wr[0], *w1 = wr[1], *w2 = wr[2], *w3 = wr[3];
-  float *s0 = st, *s1 = s0 + (st ? IN : 0), *s2 = s1 + (st ? IN : 0), *s3 = s2 + (st ? IN : 0);
-#define LF_LOAD(p) _mm512_loadu_ps((p) + k)
-#define LF_CVT(p)                                                                                  \
-  _mm512_castsi512_ps(_mm512_slli_epi32(                                                           \
-      _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((p) + k))), 16))
-  for (int k = 0; k < IN; k += 16) {
-    if (pf && !(k & 31)) { /* 32 BF16s: a cache line */
-      _mm_prefetch((const char *)(pf + k), _MM_HINT_T0);
-      _mm_prefetch((const char *)(pf + IN + k), _MM_HINT_T0);
-      _mm_prefetch((const char *)(pf + 2 * (size_t)IN + k), _MM_HINT_T0);
-      _mm_prefetch((const char *)(pf + 3 * (size_t)IN + k), _MM_HINT_T0);
-    }
-    __m512 b0 = LF_CVT(w0), b1 = LF_CVT(w1), b2 = LF_CVT(w2), b3 = LF_CVT(w3);
-    if (st) {
-      _mm512_storeu_ps(s0 + k, b0);
-      _mm512_storeu_ps(s1 + k, b1);
-      _mm512_storeu_ps(s2 + k, b2);
-      _mm512_storeu_ps(s3 + k, b3);
-    }
-    LF_ROW(x0, 0);
-    LF_ROW(x1, 1);
-    LF_ROW(x2, 2);
-    LF_ROW(x3, 3);
-  }
-#undef LF_CVT
-#undef LF_LOAD
-  lf_reduce512(acc, a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33);
-}
 #undef LF_ROW
 
+/* A 4x6 tile (4 rows of inp, 6 weight rows), for many rows: each x vector, read from L2 (the rows
+ * do not all fit L1), feeds 6 products instead of 4x4's 4 (measured 1.13x faster at M = 64, one
+ * thread, Qwen2.5-0.5B's MLP shapes). 24 sums + 6 weight vectors + 1 input vector: 31 of the 32
+ * zmm registers. Weights in float32 (wr), or (bf16, a constant) BF16 rows w16r converted in
+ * registers and, when st is not NULL, stored there (6 rows of IN floats) for the other row tiles;
+ * BF16 needs IN a multiple of 16. pf: the next block's 6 weight rows to prefetch (floats or
+ * BF16s), or NULL. acc[4 * c + r] receives output (r, c). The same arithmetic per output as
+ * lf_tile512. */
+LF_AVX512 static inline __attribute__((always_inline)) void
+lf_tile6_gen(float acc[24], const float *const xr[4], const float *const wr[6],
+             const uint16_t *const w16r[6], int IN, float *st, const void *pf, const int bf16) {
+  __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a04 = a00, a05 = a00,
+         a10 = a00, a11 = a00, a12 = a00, a13 = a00, a14 = a00, a15 = a00, a20 = a00, a21 = a00,
+         a22 = a00, a23 = a00, a24 = a00, a25 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00,
+         a34 = a00, a35 = a00;
+  const float *x0 = xr[0], *x1 = xr[1], *x2 = xr[2], *x3 = xr[3];
+  __mmask16 mk = 0xffff;
+  size_t pf_row = (size_t)IN * (bf16 ? sizeof(uint16_t) : sizeof(float)); /* bytes */
+#define LF_LOAD(p) _mm512_maskz_loadu_ps(mk, (p) + k)
+#define LF_W(c)                                                                                    \
+  (bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(                                                   \
+              _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(w16r[c] + k))), 16))      \
+        : LF_LOAD(wr[c]))
+#define LF_ROW6(x, r)                                                                              \
+  do {                                                                                             \
+    __m512 xv = LF_LOAD(x);                                                                        \
+    a##r##0 = _mm512_fmadd_ps(xv, b0, a##r##0);                                                    \
+    a##r##1 = _mm512_fmadd_ps(xv, b1, a##r##1);                                                    \
+    a##r##2 = _mm512_fmadd_ps(xv, b2, a##r##2);                                                    \
+    a##r##3 = _mm512_fmadd_ps(xv, b3, a##r##3);                                                    \
+    a##r##4 = _mm512_fmadd_ps(xv, b4, a##r##4);                                                    \
+    a##r##5 = _mm512_fmadd_ps(xv, b5, a##r##5);                                                    \
+  } while (0)
+  for (int k = 0; k < IN; k += 16) {
+    if (IN - k < 16) mk = (__mmask16)((1u << (IN - k)) - 1); /* the tail: zero products */
+    /* a cache line each: 16 floats, or every other step 32 BF16s */
+    if (pf && (!bf16 || !(k & 31)))
+      for (int c = 0; c < 6; c++)
+        _mm_prefetch((const char *)pf + c * pf_row + k * (bf16 ? 2 : 4), _MM_HINT_T0);
+    __m512 b0 = LF_W(0), b1 = LF_W(1), b2 = LF_W(2), b3 = LF_W(3), b4 = LF_W(4), b5 = LF_W(5);
+    if (bf16 && st) {
+      _mm512_storeu_ps(st + k, b0);
+      _mm512_storeu_ps(st + IN + k, b1);
+      _mm512_storeu_ps(st + 2 * (size_t)IN + k, b2);
+      _mm512_storeu_ps(st + 3 * (size_t)IN + k, b3);
+      _mm512_storeu_ps(st + 4 * (size_t)IN + k, b4);
+      _mm512_storeu_ps(st + 5 * (size_t)IN + k, b5);
+    }
+    LF_ROW6(x0, 0);
+    LF_ROW6(x1, 1);
+    LF_ROW6(x2, 2);
+    LF_ROW6(x3, 3);
+  }
+#undef LF_ROW6
+#undef LF_W
+#undef LF_LOAD
+  lf_reduce512(acc, a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33);
+  float hi[16]; /* columns 4 and 5, each reduced twice */
+  lf_reduce512(hi, a04, a05, a04, a05, a14, a15, a14, a15, a24, a25, a24, a25, a34, a35, a34, a35);
+  memcpy(acc + 16, hi, sizeof(float) * 8);
+}
+
+LF_AVX512 static void lf_tile512x6(float acc[24], const float *const xr[4],
+                                   const float *const wr[6], int IN, const float *pf) {
+  lf_tile6_gen(acc, xr, wr, NULL, IN, NULL, pf, 0);
+}
+
+LF_AVX512 static void lf_tile512x6_bf16(float acc[24], const float *const xr[4],
+                                        const uint16_t *const w16r[6], int IN, float *st,
+                                        const uint16_t *pf) {
+  lf_tile6_gen(acc, xr, NULL, w16r, IN, st, pf, 1);
+}
+
+/* Output tile rows [m, m + 4) x columns [j, j + nc) of lf_avx512 and lf_avx512_bf16: acc holds
+ * (r, c) at [4 * c + r]. */
+static inline void lf_store_tile(float *out, const float *acc, const float *bias, int m, int nr,
+                                 int j, int nc, int OUT, float beta) {
+  for (int r = 0; r < nr; r++)
+    for (int c = 0; c < nc; c++)
+      lf_store(out + (size_t)(m + r) * OUT + j + c, acc[4 * c + r], bias, j + c, beta);
+}
+
+/* Input rows xr[0..3] of tile row m (repeated pointers pad a partial tile). */
+static inline void lf_rows(const float *xr[4], const float *inp, int m, int M, int IN) {
+  int nr = M - m < 4 ? M - m : 4;
+  for (int r = 0; r < 4; r++) xr[r] = inp + (size_t)(m + (r < nr ? r : nr - 1)) * IN;
+}
+
+/* Blocks of 6 weight rows (4x6 tiles) for M > 4, of 4 (one 4x4 tile each) for M <= 4. */
 LF_AVX512 static void lf_avx512(float *out, const float *inp, const float *w, const float *bias,
                                 int M, int IN, int OUT, int j0, int j1, float beta) {
-  for (int j = j0; j < j1; j += 4) {
-    int nc = j1 - j < 4 ? j1 - j : 4;
-    const float *wr[4];
-    for (int c = 0; c < 4; c++) wr[c] = w + (size_t)(j + (c < nc ? c : nc - 1)) * IN;
-    const float *next = j + 8 <= j1 ? w + (size_t)(j + 4) * IN : NULL;
+  int nb = M > 4 ? 6 : 4;
+  for (int j = j0; j < j1; j += nb) {
+    int nc = j1 - j < nb ? j1 - j : nb;
+    const float *wr[6];
+    for (int c = 0; c < nb; c++) wr[c] = w + (size_t)(j + (c < nc ? c : nc - 1)) * IN;
+    const float *next = j + 2 * nb <= j1 ? w + (size_t)(j + nb) * IN : NULL;
     for (int m = 0; m < M; m += 4) {
-      int nr = M - m < 4 ? M - m : 4;
       const float *xr[4];
-      for (int r = 0; r < 4; r++) xr[r] = inp + (size_t)(m + (r < nr ? r : nr - 1)) * IN;
-      float acc[16];
-      lf_tile512(acc, xr, wr, IN, m == 0 ? next : NULL);
-      for (int r = 0; r < nr; r++)
-        for (int c = 0; c < nc; c++)
-          lf_store(out + (size_t)(m + r) * OUT + j + c, acc[4 * c + r], bias, j + c, beta);
+      lf_rows(xr, inp, m, M, IN);
+      float acc[24];
+      if (nb == 6)
+        lf_tile512x6(acc, xr, wr, IN, m == 0 ? next : NULL);
+      else
+        lf_tile512(acc, xr, wr, IN, next);
+      lf_store_tile(out, acc, bias, m, M - m < 4 ? M - m : 4, j, nc, OUT, beta);
     }
   }
 }
 
-/* linear_few_bf16 on AVX-512 for IN a multiple of 16: blocks of 4 weight rows, the first row tile
- * converting them into st (4 * IN floats), the others reading st. */
+/* linear_few_bf16 on AVX-512 for IN a multiple of 16: blocks of 6 weight rows converted in
+ * registers by the first row tile, which keeps them in st (6 * IN floats) for the other row tiles
+ * when there are others (M > 4). So the weights are read once, at half float32's bytes, converted
+ * once, and the conversion overlaps the products and the prefetch of the next block. */
 LF_AVX512 static void lf_avx512_bf16(float *out, const float *inp, const uint16_t *w,
                                      const float *bias, int M, int IN, int OUT, int j0, int j1,
                                      float beta, float *st) {
-  for (int j = j0; j < j1; j += 4) {
-    int nc = j1 - j < 4 ? j1 - j : 4;
-    const uint16_t *wr[4];
-    const float *sr[4];
-    for (int c = 0; c < 4; c++) {
+  for (int j = j0; j < j1; j += 6) {
+    int nc = j1 - j < 6 ? j1 - j : 6;
+    const uint16_t *wr[6];
+    const float *sr[6];
+    for (int c = 0; c < 6; c++) {
       wr[c] = w + (size_t)(j + (c < nc ? c : nc - 1)) * IN;
       sr[c] = st + (size_t)c * IN;
     }
-    const uint16_t *next = j + 8 <= j1 ? w + (size_t)(j + 4) * IN : NULL;
+    const uint16_t *next = j + 12 <= j1 ? w + (size_t)(j + 6) * IN : NULL;
     for (int m = 0; m < M; m += 4) {
-      int nr = M - m < 4 ? M - m : 4;
       const float *xr[4];
-      for (int r = 0; r < 4; r++) xr[r] = inp + (size_t)(m + (r < nr ? r : nr - 1)) * IN;
-      float acc[16];
+      lf_rows(xr, inp, m, M, IN);
+      float acc[24];
       if (m == 0)
-        lf_tile512_bf16(acc, xr, wr, IN, M > 4 ? st : NULL, next);
+        lf_tile512x6_bf16(acc, xr, wr, IN, M > 4 ? st : NULL, next);
       else
-        lf_tile512(acc, xr, sr, IN, NULL);
-      for (int r = 0; r < nr; r++)
-        for (int c = 0; c < nc; c++)
-          lf_store(out + (size_t)(m + r) * OUT + j + c, acc[4 * c + r], bias, j + c, beta);
+        lf_tile512x6(acc, xr, sr, IN, NULL);
+      lf_store_tile(out, acc, bias, m, M - m < 4 ? M - m : 4, j, nc, OUT, beta);
     }
   }
 }
@@ -359,9 +407,9 @@ void linear_few(float *out, const float *inp, const float *w, const float *bias,
 /* ---- BF16 weights -------------------------------------------------------------------------- */
 
 /* AVX-512 with IN a multiple of 16 (every real model's widths): lf_avx512_bf16, converting each
- * block of 4 weight rows in registers during its first row tile. Measured on a Xeon with AVX-512,
- * one thread, against converting the block first (below): at 896 x 4864 and 4864 x 896 2.4x
- * faster for M = 1, 1.2-1.5x for M = 16, 1.1-1.35x for M = 64 (and then faster than float32
+ * block of weight rows in registers during its first row tile. Measured on a Xeon with AVX-512,
+ * one thread, against converting a block of 4 rows first (below): at 896 x 4864 and 4864 x 896
+ * 2.4x faster for M = 1, 1.2-1.5x for M = 16, 1.1-1.35x for M = 64 (and then faster than float32
  * weights: half the bytes to read). Otherwise converted weight rows go into a block of about
  * LF_BF16_ROWS_FLOATS floats (whole rows, a multiple of 4 and at least 4: the AVX-512 tile's
  * width, which a narrower block would pad with repeated rows), so that it stays in L1 while
@@ -399,12 +447,12 @@ void linear_few_bf16(float *out, const float *inp, const uint16_t *w, const floa
 #else
   int fused = 0;
 #endif
-  int rows = fused ? 4 : (LF_BF16_ROWS_FLOATS / IN) & ~3;
+  int rows = (LF_BF16_ROWS_FLOATS / IN) & ~3;
   rows = rows < 4 ? 4 : rows;
+  size_t need = (size_t)(fused ? 6 : rows) * IN; /* floats */
   float stack[LF_BF16_STACK] __attribute__((aligned(64)));
-  float *buf = (size_t)rows * IN <= LF_BF16_STACK
-                   ? stack
-                   : aligned_alloc(64, (sizeof(float) * 4 * (size_t)IN + 63) & ~(size_t)63);
+  float *buf =
+      need <= LF_BF16_STACK ? stack : aligned_alloc(64, (sizeof(float) * need + 63) & ~(size_t)63);
   if (!buf) { /* out of memory: the same arithmetic, unvectorised */
     lf_scalar_bf16(out, inp, w, bias, M, IN, OUT, j0, j1, beta);
     return;

@@ -409,6 +409,7 @@ int main(void) {
   test_linear_few(1, 8, 5);     /* shorter than one vector */
   test_linear_few(5, 100, 9);
   test_linear_few(3, 896, 37); /* Qwen2.5-0.5B's hidden size */
+  test_linear_few(66, 40, 23); /* 4x6 tiles: partial in rows, columns and the k tail */
   test_fma_midpoint();
   test_bf16_convert();
   test_linear_few_bf16(16, 288, 40);
