@@ -123,15 +123,19 @@ lf_reduce512(float acc[16], __m512 a00, __m512 a01, __m512 a02, __m512 a03, __m5
                    _mm512_add_ps(_mm512_shuffle_ps(z0, z1, 0x88), _mm512_shuffle_ps(z0, z1, 0xDD)));
 }
 
-/* One row of a 4x4 tile: x's 16 values (LF_LOAD) times the 4 weight vectors b0..b3 into the sums
- * a<r>0..a<r>3 */
-#define LF_ROW(x, r)                                                                               \
+/* x's 16 values xv times the weight vectors b0..b3 into the sums a<r>0..a<r>3 */
+#define LF_FMA4(xv, r)                                                                             \
   do {                                                                                             \
-    __m512 xv = LF_LOAD(x);                                                                        \
     a##r##0 = _mm512_fmadd_ps(xv, b0, a##r##0);                                                    \
     a##r##1 = _mm512_fmadd_ps(xv, b1, a##r##1);                                                    \
     a##r##2 = _mm512_fmadd_ps(xv, b2, a##r##2);                                                    \
     a##r##3 = _mm512_fmadd_ps(xv, b3, a##r##3);                                                    \
+  } while (0)
+/* One row of a 4x4 tile: row x's 16 values (LF_LOAD) */
+#define LF_ROW(x, r)                                                                               \
+  do {                                                                                             \
+    __m512 xv = LF_LOAD(x);                                                                        \
+    LF_FMA4(xv, r);                                                                                \
   } while (0)
 
 /* One 4x4 tile: rows xr[0..3] of inp, weight rows wr[0..3] (repeated pointers pad a partial
@@ -193,10 +197,7 @@ lf_tile6_gen(float acc[24], const float *const xr[4], const float *const wr[6],
 #define LF_ROW6(x, r)                                                                              \
   do {                                                                                             \
     __m512 xv = LF_LOAD(x);                                                                        \
-    a##r##0 = _mm512_fmadd_ps(xv, b0, a##r##0);                                                    \
-    a##r##1 = _mm512_fmadd_ps(xv, b1, a##r##1);                                                    \
-    a##r##2 = _mm512_fmadd_ps(xv, b2, a##r##2);                                                    \
-    a##r##3 = _mm512_fmadd_ps(xv, b3, a##r##3);                                                    \
+    LF_FMA4(xv, r);                                                                                \
     a##r##4 = _mm512_fmadd_ps(xv, b4, a##r##4);                                                    \
     a##r##5 = _mm512_fmadd_ps(xv, b5, a##r##5);                                                    \
   } while (0)
@@ -221,6 +222,7 @@ lf_tile6_gen(float acc[24], const float *const xr[4], const float *const wr[6],
     LF_ROW6(x3, 3);
   }
 #undef LF_ROW6
+#undef LF_FMA4
 #undef LF_W
 #undef LF_LOAD
   lf_reduce512(acc, a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33);
@@ -449,7 +451,8 @@ void linear_few_bf16(float *out, const float *inp, const uint16_t *w, const floa
 #endif
   int rows = (LF_BF16_ROWS_FLOATS / IN) & ~3;
   rows = rows < 4 ? 4 : rows;
-  size_t need = (size_t)(fused ? 6 : rows) * IN; /* floats */
+  /* floats; the fused path keeps its blocks only for more than one row tile */
+  size_t need = (size_t)(fused ? (M > 4 ? 6 : 0) : rows) * IN;
   float stack[LF_BF16_STACK] __attribute__((aligned(64)));
   float *buf =
       need <= LF_BF16_STACK ? stack : aligned_alloc(64, (sizeof(float) * need + 63) & ~(size_t)63);
