@@ -92,6 +92,14 @@ int matmul_forward_bf16(float *out, const float *inp, const uint16_t *w, const f
  * within float rounding (tested at 2e-6 of sum |dout| |w|). 0, or -1 out of memory. */
 int matmul_backward_dinp_bf16(float *dinp, const float *dout, const uint16_t *w, int N, int IN,
                               int OUT, float dinp_beta);
+/* Columns [j0, j1) of out[M,OUT] (+)= inp[M,IN] . w[OUT,IN]^T for a small IN (a LoRA adapter's B
+ * in decoding, IN = r), on the calling thread: each output is one chain of fused multiply-adds in
+ * increasing k from +0, then added to out (beta 1) or stored (beta 0). 16 columns share the
+ * vector lanes, so an output costs IN / 16 vector operations, where linear_few would spend a whole
+ * 16-lane reduction on it. The same bits for any M, column range or instruction set (tested). */
+void linear_few_narrow(float *out, const float *inp, const float *w, int M, int IN, int OUT, int j0,
+                       int j1, float beta);
+
 /* linear_few (decoding) with BF16 weights: columns [j0, j1) on the calling thread. Blocks of 4 or
  * more weight rows are converted into a float32 buffer (on the stack up to 16,384 floats, else
  * on the heap) and multiplied by linear_few's own code, so every element has exactly the bits

@@ -406,6 +406,141 @@ void linear_few(float *out, const float *inp, const float *w, const float *bias,
   fn(out, inp, w, bias, M, IN, OUT, j0, j1, beta);
 }
 
+/* ---- narrow products (linear_few_narrow): few inputs per output ------------------------------ */
+
+/* Columns [j, j + n) of w, n <= 16, transposed into wt: wt[k] holds w[j + l, k] in lane l (+0 in
+ * lanes [n, 16)). Moves, so exact. */
+static void lfn_transpose(float *wt, const float *w, int IN, int j, int n) {
+  for (int k = 0; k < IN; k++) {
+    float *d = wt + (size_t)k * 16;
+    for (int l = 0; l < 16; l++) d[l] = l < n ? w[(size_t)(j + l) * IN + k] : 0.0f;
+  }
+}
+
+/* The definition (kernels.h): lane l of a row's 16 sums is output column j + l; one fused
+ * multiply-add per k, in increasing k, starting from +0. */
+SIMD_INLINE void lfn_gen(float *out, const float *inp, const float *w, int M, int IN, int OUT,
+                         int j0, int j1, float beta, float *wt, const int hw) {
+  for (int j = j0; j < j1; j += 16) {
+    int n = j1 - j < 16 ? j1 - j : 16;
+    lfn_transpose(wt, w, IN, j, n);
+    for (int m = 0; m < M; m++) {
+      const float *x = inp + (size_t)m * IN;
+      struct simd16 acc = simd_zero();
+      for (int k = 0; k < IN; k++)
+        acc = simd_fma(simd_splat(x[k]), simd_load(wt + 16 * k), acc, hw);
+      float *o = out + (size_t)m * OUT + j;
+      if (beta != 0.0f) acc = simd_add(simd_load_n(o, n), acc);
+      simd_store_n(o, acc, n);
+    }
+  }
+}
+
+static void lfn_portable(float *out, const float *inp, const float *w, int M, int IN, int OUT,
+                         int j0, int j1, float beta, float *wt) {
+  lfn_gen(out, inp, w, M, IN, OUT, j0, j1, beta, wt, SIMD_HW_FMA);
+}
+
+#ifdef LF_X86
+__attribute__((target("fma"))) static void lfn_portable_fma(float *out, const float *inp,
+                                                            const float *w, int M, int IN, int OUT,
+                                                            int j0, int j1, float beta, float *wt) {
+  lfn_gen(out, inp, w, M, IN, OUT, j0, j1, beta, wt, 1);
+}
+
+/* AVX-512: a zmm of 16 sums per row, the same lanes and order as lfn_gen; 4 rows at a time, so
+ * that 4 chains of dependent fused multiply-adds overlap (one alone waits on each one's latency) */
+LF_AVX512 static void lfn_avx512(float *out, const float *inp, const float *w, int M, int IN,
+                                 int OUT, int j0, int j1, float beta, float *wt) {
+  for (int j = j0; j < j1; j += 16) {
+    int n = j1 - j < 16 ? j1 - j : 16;
+    __mmask16 mask = (__mmask16)((1u << n) - 1);
+    lfn_transpose(wt, w, IN, j, n);
+    for (int m = 0; m < M; m += 4) {
+      int nr = M - m < 4 ? M - m : 4; /* a partial group repeats its last row */
+      const float *x0 = inp + (size_t)m * IN, *x1 = inp + (size_t)(m + (nr > 1)) * IN,
+                  *x2 = inp + (size_t)(m + (nr > 2 ? 2 : nr - 1)) * IN,
+                  *x3 = inp + (size_t)(m + nr - 1) * IN;
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (int k = 0; k < IN; k++) {
+        __m512 b = _mm512_loadu_ps(wt + 16 * k);
+        a0 = _mm512_fmadd_ps(_mm512_set1_ps(x0[k]), b, a0);
+        a1 = _mm512_fmadd_ps(_mm512_set1_ps(x1[k]), b, a1);
+        a2 = _mm512_fmadd_ps(_mm512_set1_ps(x2[k]), b, a2);
+        a3 = _mm512_fmadd_ps(_mm512_set1_ps(x3[k]), b, a3);
+      }
+      __m512 acc[4] = {a0, a1, a2, a3};
+      for (int r = 0; r < nr; r++) {
+        float *o = out + (size_t)(m + r) * OUT + j;
+        __m512 v = beta != 0.0f ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask, o), acc[r]) : acc[r];
+        _mm512_mask_storeu_ps(o, mask, v);
+      }
+    }
+  }
+}
+
+/* AVX2: two ymm of 8 sums per row, 2 rows at a time (4 chains) */
+LF_AVX2 static void lfn_avx2(float *out, const float *inp, const float *w, int M, int IN, int OUT,
+                             int j0, int j1, float beta, float *wt) {
+  for (int j = j0; j < j1; j += 16) {
+    int n = j1 - j < 16 ? j1 - j : 16;
+    lfn_transpose(wt, w, IN, j, n);
+    for (int m = 0; m < M; m += 2) {
+      int nr = M - m < 2 ? M - m : 2;
+      const float *x0 = inp + (size_t)m * IN, *x1 = inp + (size_t)(m + nr - 1) * IN;
+      __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;
+      for (int k = 0; k < IN; k++) {
+        __m256 b0 = _mm256_loadu_ps(wt + 16 * k), b1 = _mm256_loadu_ps(wt + 16 * k + 8);
+        __m256 v0 = _mm256_set1_ps(x0[k]), v1 = _mm256_set1_ps(x1[k]);
+        a00 = _mm256_fmadd_ps(v0, b0, a00), a01 = _mm256_fmadd_ps(v0, b1, a01);
+        a10 = _mm256_fmadd_ps(v1, b0, a10), a11 = _mm256_fmadd_ps(v1, b1, a11);
+      }
+      float acc[2][16];
+      _mm256_storeu_ps(acc[0], a00), _mm256_storeu_ps(acc[0] + 8, a01);
+      _mm256_storeu_ps(acc[1], a10), _mm256_storeu_ps(acc[1] + 8, a11);
+      for (int r = 0; r < nr; r++) {
+        float *o = out + (size_t)(m + r) * OUT + j;
+        for (int l = 0; l < n; l++) o[l] = beta != 0.0f ? o[l] + acc[r][l] : acc[r][l];
+      }
+    }
+  }
+}
+#endif
+
+/* The transposed block: on the stack up to this many k (4 KiB), else on the heap. */
+enum { LFN_STACK_K = 64 };
+
+typedef void lfn_fn(float *, const float *, const float *, int, int, int, int, int, float, float *);
+
+void linear_few_narrow(float *out, const float *inp, const float *w, int M, int IN, int OUT, int j0,
+                       int j1, float beta) {
+  if (M < 1 || j0 >= j1) return;
+  float stack[LFN_STACK_K * 16], *wt = stack;
+  if (IN > LFN_STACK_K && !(wt = malloc(sizeof(float) * 16 * (size_t)IN))) {
+    /* no memory: the same arithmetic, one output at a time */
+    for (int m = 0; m < M; m++)
+      for (int j = j0; j < j1; j++) {
+        float acc = 0.0f, *o = out + (size_t)m * OUT + j;
+        for (int k = 0; k < IN; k++)
+          acc = fmaf(inp[(size_t)m * IN + k], w[(size_t)j * IN + k], acc);
+        *o = beta != 0.0f ? *o + acc : acc;
+      }
+    return;
+  }
+  lfn_fn *fn = lfn_portable;
+#ifdef LF_X86
+  int isa = kernels_isa();
+  if (isa == KERNELS_ISA_AVX512)
+    fn = lfn_avx512;
+  else if (isa == KERNELS_ISA_AVX2)
+    fn = lfn_avx2;
+  else if (isa == KERNELS_ISA_PORTABLE && kernels_cpu_fma())
+    fn = lfn_portable_fma;
+#endif
+  fn(out, inp, w, M, IN, OUT, j0, j1, beta, wt);
+  if (wt != stack) free(wt);
+}
+
 /* ---- BF16 weights -------------------------------------------------------------------------- */
 
 /* AVX-512 with IN a multiple of 16 (every real model's widths): lf_avx512_bf16, converting each

@@ -330,14 +330,16 @@ static void col_share(int n, int ti, int nt, int *lo, int *hi) {
 
 /* Decoding with an adapter: columns [lo, hi) of y[n,OUT] += s (x A^T) B^T for target t of layer
  * l; every thread computes x A^T whole into its own tbuf [n,r] (r is small), so the arithmetic
- * is the same for any split. */
+ * is the same for any split, and then its columns of tbuf B^T with linear_few_narrow (16 columns
+ * in the lanes, one fused multiply-add per k: at r = 16, 64 sequences and 0.5B's widths, one
+ * thread, 3.3-3.6x faster than linear_few, whose every output ended in a 16-lane reduction). */
 static void lora_few(const struct lora *lo, int l, int t, float *y, const float *x, int n, int IN,
                      int OUT, int c_lo, int c_hi, float *tbuf) {
   if (!lo || !lo->w[l].a[t]) return;
   int r = lo->cfg.r;
   linear_few(tbuf, x, lo->w[l].a[t], NULL, n, IN, r, 0, r, 0.0f);
   for (size_t i = 0; i < (size_t)n * r; i++) tbuf[i] *= lo->scale;
-  linear_few(y, tbuf, lo->w[l].b[t], NULL, n, r, OUT, c_lo, c_hi, 1.0f);
+  linear_few_narrow(y, tbuf, lo->w[l].b[t], n, r, OUT, c_lo, c_hi, 1.0f);
 }
 
 static void decode_step(void *ctx, int ti, int nt) {

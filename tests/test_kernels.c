@@ -94,6 +94,51 @@ static void test_linear_few(int M, int IN, int OUT) {
   free(x), free(w), free(b), free(y0), free(yr), free(y), free(ya);
 }
 
+/* linear_few_narrow: exactly a chain of fmaf in increasing k from +0 per output (the
+ * definition, computed here one output at a time), on every instruction set, for every column
+ * split and for each row alone; beta 1 adds it to what out held, beta 0 overwrites. IN above 64
+ * takes the heap block. And near the double reference, so that the definition itself is right. */
+static void test_linear_few_narrow(int M, int IN, int OUT) {
+  float *x = rnd((size_t)M * IN, 1), *w = rnd((size_t)OUT * IN, 0.2f);
+  float *y0 = rnd((size_t)M * OUT, 1), *want = malloc((size_t)M * OUT * sizeof(float));
+  float *y = malloc((size_t)M * OUT * sizeof(float)), *yr = calloc((size_t)M * OUT, sizeof(float));
+  for (int m = 0; m < M; m++)
+    for (int j = 0; j < OUT; j++) {
+      volatile float acc = 0.0f; /* one fmaf at a time, as written */
+      for (int k = 0; k < IN; k++) acc = fmaf(x[(size_t)m * IN + k], w[(size_t)j * IN + k], acc);
+      want[(size_t)m * OUT + j] = y0[(size_t)m * OUT + j] + acc;
+    }
+  matmul_forward_ref(yr, x, w, NULL, M, IN, OUT);
+  for (size_t i = 0; i < (size_t)M * OUT; i++) yr[i] += y0[i];
+  CHECK_MSG(maxdiff(want, yr, (size_t)M * OUT) < 1e-4f, "narrow reference M=%d IN=%d OUT=%d", M, IN,
+            OUT);
+  int isas[4], n_isa = isa_list(isas);
+  for (int ii = 0; ii < n_isa; ii++) {
+    kernels_force_isa(isas[ii]);
+    memcpy(y, y0, (size_t)M * OUT * sizeof(float));
+    linear_few_narrow(y, x, w, M, IN, OUT, 0, OUT, 1.0f);
+    CHECK_MSG(!memcmp(y, want, (size_t)M * OUT * sizeof(float)),
+              "linear_few_narrow isa %d differs from fmaf's chain (M=%d IN=%d OUT=%d)", isas[ii], M,
+              IN, OUT);
+    int cut1 = OUT / 3 + 1, cut2 = OUT - OUT / 5;
+    memcpy(y, y0, (size_t)M * OUT * sizeof(float));
+    for (int m = 0; m < M; m++) {
+      float *row = y + (size_t)m * OUT, *r0 = y0 + (size_t)m * OUT;
+      const float *xm = x + (size_t)m * IN;
+      linear_few_narrow(row, xm, w, 1, IN, OUT, 0, cut1, 1.0f);
+      linear_few_narrow(row, xm, w, 1, IN, OUT, cut1, cut2, 0.0f);
+      for (int j = cut1; j < cut2; j++) row[j] += r0[j];
+      linear_few_narrow(row, xm, w, 1, IN, OUT, cut2, OUT, 1.0f);
+    }
+    CHECK_MSG(!memcmp(y, want, (size_t)M * OUT * sizeof(float)),
+              "linear_few_narrow isa %d: rows alone or split columns differ (M=%d IN=%d OUT=%d)",
+              isas[ii], M, IN, OUT);
+  }
+  kernels_force_isa(0);
+  CHECK_MSG(n_isa >= 1, "linear_few_narrow: no instruction set ran");
+  free(x), free(w), free(y0), free(want), free(y), free(yr);
+}
+
 static void test_attention(int t_new, int n_past, int NH, int NKV, int HS) {
   int n_ctx = n_past + t_new, CQ = NH * HS, CKV = NKV * HS, rep = NH / NKV;
   float *q = rnd((size_t)t_new * CQ, 1), *k = rnd((size_t)n_ctx * CKV, 1),
@@ -408,8 +453,12 @@ int main(void) {
   test_linear_few(7, 61, 13);   /* partial tiles and a 13-element tail */
   test_linear_few(1, 8, 5);     /* shorter than one vector */
   test_linear_few(5, 100, 9);
-  test_linear_few(3, 896, 37); /* Qwen2.5-0.5B's hidden size */
-  test_linear_few(66, 40, 23); /* 4x6 tiles: partial in rows, columns and the k tail */
+  test_linear_few(3, 896, 37);         /* Qwen2.5-0.5B's hidden size */
+  test_linear_few(66, 40, 23);         /* 4x6 tiles: partial in rows, columns and the k tail */
+  test_linear_few_narrow(1, 16, 5);    /* fewer columns than lanes */
+  test_linear_few_narrow(64, 16, 896); /* LoRA r = 16 at Qwen2.5-0.5B's width, 64 sequences */
+  test_linear_few_narrow(7, 3, 37);    /* partial blocks of 16 */
+  test_linear_few_narrow(5, 70, 40);   /* more than 64 inputs: the block on the heap */
   test_fma_midpoint();
   test_bf16_convert();
   test_linear_few_bf16(16, 288, 40);
