@@ -492,13 +492,17 @@ out:
   return rc;
 }
 
-int ckpt_load(const char *dir, struct model **out, char **tokenizer_json, struct dapo_err *e) {
+/* ckpt_load, or with frozen ckpt_load_frozen. */
+static int load(const char *dir, int frozen, struct model **out, char **tokenizer_json,
+                struct dapo_err *e) {
   int rc = 0, n_shards = 0;
   char p[PATH_MAX];
   json_t *cfg_j = NULL, *index = NULL;
   struct model *m = NULL;
   struct shard *shards = NULL;
   const char **names = NULL;
+  const struct st_info **found = NULL;
+  const struct shard **in = NULL;
   char *tok = NULL;
   size_t tok_len = 0;
   *out = NULL;
@@ -509,7 +513,9 @@ int ckpt_load(const char *dir, struct model **out, char **tokenizer_json, struct
       (rc = load_json(p, "config.json", &cfg_j, e)) ||
       (rc = model_config_from_json(&cfg, cfg_j, e)))
     goto out;
-  if (!(m = model_new(&cfg, e))) {
+  /* the frozen layout allocates without touching: it costs nothing to drop if the file's
+   * matrices turn out not to be BF16 */
+  if (!(m = frozen && cfg.bf16_weights ? model_new_frozen_bf16(&cfg, e) : model_new(&cfg, e))) {
     rc = e ? e->code : DAPO_ENOMEM;
     goto out;
   }
@@ -551,6 +557,13 @@ int ckpt_load(const char *dir, struct model **out, char **tokenizer_json, struct
     for (int i = 0; i < st_count(shards[s].f); i++)
       if ((rc = check_expected(m, names, shards[s].name, st_at(shards[s].f, i)->name, e))) goto out;
 
+  found = calloc((size_t)m->n_tensors, sizeof *found);
+  in = calloc((size_t)m->n_tensors, sizeof *in);
+  if (!found || !in) {
+    rc = dapo_errf(e, DAPO_ENOMEM, "out of memory");
+    goto out;
+  }
+  int all_bf16 = 1; /* every matrix stored in BF16 */
   for (int i = 0; i < m->n_tensors; i++) {
     const struct param_info *r = &m->tensors[i];
     const struct shard *sh = &shards[0];
@@ -569,9 +582,25 @@ int ckpt_load(const char *dir, struct model **out, char **tokenizer_json, struct
       rc = dapo_errf(e, DAPO_EFORMAT, "%s: missing tensor '%.200s'", sh->name, r->name);
       goto out;
     }
-    if ((rc = check_shape(sh->name, t, r, e)) ||
-        (rc = st_read_f32(sh->f, t, m->params + r->offset, r->numel, e)))
+    if ((rc = check_shape(sh->name, t, r, e))) goto out;
+    found[i] = t;
+    in[i] = sh;
+    if (r->ndim == 2 && t->dtype != ST_BF16) all_bf16 = 0;
+  }
+  if (m->w16 && !all_bf16) { /* float32 after all (the caller may still freeze exact values) */
+    model_free(m);
+    if (!(m = model_new(&cfg, e))) {
+      rc = e ? e->code : DAPO_ENOMEM;
       goto out;
+    }
+  }
+  for (int i = 0; i < m->n_tensors; i++) {
+    const struct param_info *r = &m->tensors[i];
+    if (m->w16 && r->ndim == 2) /* the file's bits are the BF16 values */
+      rc = st_read_raw(in[i]->f, found[i], m->w16 + r->offset, r->numel * sizeof *m->w16, e);
+    else
+      rc = st_read_f32(in[i]->f, found[i], m->params + r->offset, r->numel, e);
+    if (rc) goto out;
   }
 
   if (tokenizer_json) {
@@ -584,6 +613,8 @@ out:
   for (int s = 0; s < n_shards; s++) st_close(shards[s].f);
   free(shards);
   free(names);
+  free(found);
+  free(in);
   json_decref(index);
   json_decref(cfg_j);
   if (rc) {
@@ -594,6 +625,15 @@ out:
   *out = m;
   if (tokenizer_json) *tokenizer_json = tok;
   return 0;
+}
+
+int ckpt_load(const char *dir, struct model **out, char **tokenizer_json, struct dapo_err *e) {
+  return load(dir, 0, out, tokenizer_json, e);
+}
+
+int ckpt_load_frozen(const char *dir, struct model **out, char **tokenizer_json,
+                     struct dapo_err *e) {
+  return load(dir, 1, out, tokenizer_json, e);
 }
 
 /* ---- flat buffers (optimizer state) ---- */

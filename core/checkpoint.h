@@ -96,6 +96,13 @@ int ckpt_write_json(const char *path, const json_t *j, struct dapo_err *e);
  * On failure both are NULL. Reentrant. */
 int ckpt_load(const char *dir, struct model **out, char **tokenizer_json, struct dapo_err *e);
 
+/* ckpt_load for a base that is only read (an adapter trains on it): when config.json says
+ * bfloat16 and every matrix is stored in BF16, the model comes in model_new_frozen_bf16's
+ * layout, each matrix's bits read straight into it, so that the load never holds a float32 copy
+ * (a 1.5B model peaked at 3x its BF16 size converting one); otherwise exactly ckpt_load. */
+int ckpt_load_frozen(const char *dir, struct model **out, char **tokenizer_json,
+                     struct dapo_err *e);
+
 /* Writes nbuf flat buffers laid out like m->params (m->n_params floats each, borrowed) as one F32
  * safetensors file at path: the tensor of row r of buffer b is named prefixes[b] + r's name and
  * holds bufs[b][r.offset .. r.offset + r.numel) bit for bit. metadata (borrowed, NULL or a

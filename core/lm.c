@@ -117,10 +117,15 @@ static int open_folder_meta(const char *spec, struct lm *out, struct dapo_err *e
   return out->tok ? 0 : e && e->code ? e->code : DAPO_ENOMEM;
 }
 
-/* A folder with its weights (ckpt_load) and tokenizer. */
-static int open_folder(const char *spec, struct lm *out, struct dapo_err *e) {
+/* What open_lm reads: the config and tokenizer only, the weights as well, or the weights of a
+ * base that is only read (ckpt_load_frozen). */
+enum { META, WEIGHTS, FROZEN };
+
+/* A folder with its weights (ckpt_load, ckpt_load_frozen) and tokenizer. */
+static int open_folder(const char *spec, int what, struct lm *out, struct dapo_err *e) {
   char *tj = NULL;
-  int rc = ckpt_load(spec, &out->model, &tj, e);
+  int rc = what == FROZEN ? ckpt_load_frozen(spec, &out->model, &tj, e)
+                          : ckpt_load(spec, &out->model, &tj, e);
   if (rc) return rc;
   out->cfg = out->model->cfg;
   if (!tj) return dapo_errf(e, DAPO_EINVAL, "no tokenizer.json in the model folder");
@@ -129,12 +134,11 @@ static int open_folder(const char *spec, struct lm *out, struct dapo_err *e) {
   return out->tok ? 0 : e && e->code ? e->code : DAPO_ENOMEM;
 }
 
-static int open_lm(const char *spec, uint64_t seed, int with_weights, struct lm *out,
-                   struct dapo_err *e);
+static int open_lm(const char *spec, uint64_t seed, int what, struct lm *out, struct dapo_err *e);
 
 /* An adapter folder: its base (LORA_BASE_FILE, else adapter_config.json's base_model_name_or_path)
  * opened as usual, then the adapter loaded and attached; the folder's own side files win. */
-static int open_adapter(const char *spec, int with_weights, struct lm *out, struct dapo_err *e) {
+static int open_adapter(const char *spec, int what, struct lm *out, struct dapo_err *e) {
   json_t *bj = NULL, *ac = NULL;
   char base[sizeof out->base];
   uint64_t seed = 0;
@@ -157,7 +161,7 @@ static int open_adapter(const char *spec, int with_weights, struct lm *out, stru
     rc = dapo_errf(e, DAPO_EFORMAT, "the base model '%s' is itself an adapter", base);
     goto out;
   }
-  if ((rc = open_lm(base, seed, with_weights, out, e))) {
+  if ((rc = open_lm(base, seed, what, out, e))) {
     dapo_err_prefix(e, "the adapter's base: ");
     goto out;
   }
@@ -190,21 +194,20 @@ int lm_is_adapter_folder(const char *spec) {
          stat(ap, &st) == 0;
 }
 
-/* Opens spec with (with_weights) or without its weights; see lm_open and lm_open_meta. */
-static int open_lm(const char *spec, uint64_t seed, int with_weights, struct lm *out,
-                   struct dapo_err *e) {
+/* Opens spec with what (META, WEIGHTS, FROZEN); see lm_open, lm_open_meta, lm_open_frozen. */
+static int open_lm(const char *spec, uint64_t seed, int what, struct lm *out, struct dapo_err *e) {
   memset(out, 0, sizeof *out);
   struct stat st;
   int rc = 0;
   if (lm_is_adapter_folder(spec)) {
-    if ((rc = open_adapter(spec, with_weights, out, e))) {
+    if ((rc = open_adapter(spec, what, out, e))) {
       dapo_err_prefix(e, "%s: ", spec);
       lm_close(out);
     }
     return rc;
   }
   if (stat(spec, &st) == 0 && S_ISDIR(st.st_mode)) {
-    if ((rc = with_weights ? open_folder(spec, out, e) : open_folder_meta(spec, out, e)) ||
+    if ((rc = what != META ? open_folder(spec, what, out, e) : open_folder_meta(spec, out, e)) ||
         (rc = lm_read_json(spec, "tokenizer_config.json", &out->tok_config, e)) ||
         (rc = lm_read_json(spec, "generation_config.json", &out->gen_config, e)) ||
         (rc = gen_stops(out, e))) {
@@ -222,7 +225,7 @@ static int open_lm(const char *spec, uint64_t seed, int with_weights, struct lm 
     }
     out->cfg = p->cfg;
     struct chartok *ct = NULL;
-    if ((rc = preset_build(spec, seed, with_weights ? &out->model : NULL, &ct, e))) return rc;
+    if ((rc = preset_build(spec, seed, what != META ? &out->model : NULL, &ct, e))) return rc;
     json_t *j = chartok_to_json(ct);
     chartok_free(ct);
     out->tok = j ? tok_from_json(j, e) : NULL;
@@ -250,11 +253,15 @@ fail:
 }
 
 int lm_open(const char *spec, uint64_t seed, struct lm *out, struct dapo_err *e) {
-  return open_lm(spec, seed, 1, out, e);
+  return open_lm(spec, seed, WEIGHTS, out, e);
+}
+
+int lm_open_frozen(const char *spec, uint64_t seed, struct lm *out, struct dapo_err *e) {
+  return open_lm(spec, seed, FROZEN, out, e);
 }
 
 int lm_open_meta(const char *spec, struct lm *out, struct dapo_err *e) {
-  return open_lm(spec, 0, 0, out, e);
+  return open_lm(spec, 0, META, out, e);
 }
 
 int lm_save(const struct lm *lm, const char *dir, int bf16, struct dapo_err *e) {

@@ -43,6 +43,12 @@ int lm_is_adapter_folder(const char *spec);
  * vocabulary fits the embedding rows. On failure out is left empty and e names the problem. */
 int lm_open(const char *spec, uint64_t seed, struct lm *out, struct dapo_err *e);
 
+/* As lm_open for a base model that is only read, as an adapter trains on it: a BF16 folder's
+ * matrices are read straight into BF16 (ckpt_load_frozen), never held in float32. The model then
+ * has no float32 matrices and cannot be trained or saved as a whole; for an adapter folder, its
+ * base is opened so. */
+int lm_open_frozen(const char *spec, uint64_t seed, struct lm *out, struct dapo_err *e);
+
 /* As lm_open without the weights: the config, the tokenizer and the side files (job checks and
  * memory planning before a job starts). out->model stays NULL. */
 int lm_open_meta(const char *spec, struct lm *out, struct dapo_err *e);

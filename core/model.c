@@ -494,7 +494,8 @@ static void add_tensor(struct model *m, const char *name, enum param_kind kind, 
   *off += (p->numel + 15) & ~(size_t)15;
 }
 
-struct model *model_new(const struct model_config *c, struct dapo_err *e) {
+/* The table and the views' arrays of a model, without its parameters. */
+static struct model *model_layout(const struct model_config *c, struct dapo_err *e) {
   if (model_config_validate(c, e)) return NULL;
   struct model *m = calloc(1, sizeof *m);
   if (!m) goto oom;
@@ -539,14 +540,83 @@ struct model *model_new(const struct model_config *c, struct dapo_err *e) {
   add_tensor(m, "model.norm.weight", PK_FINAL_NORM, -1, C, 0, &off);
   if (!c->tie_word_embeddings) add_tensor(m, "lm_head.weight", PK_LM_HEAD, -1, V, C, &off);
   m->n_params = off;
-  m->params = dapo_alloc_floats(off);
-  if (!m->params) goto oom;
-  model_bind_views(m, m->params, &m->w);
   return m;
 oom:
   model_free(m);
   dapo_errf(e, DAPO_ENOMEM, "out of memory allocating the model");
   return NULL;
+}
+
+struct model *model_new(const struct model_config *c, struct dapo_err *e) {
+  struct model *m = model_layout(c, e);
+  if (!m) return NULL;
+  m->params = dapo_alloc_floats(m->n_params);
+  if (!m->params) {
+    model_free(m);
+    dapo_errf(e, DAPO_ENOMEM, "out of memory allocating the model");
+    return NULL;
+  }
+  model_bind_views(m, m->params, &m->w);
+  return m;
+}
+
+/* The frozen layout: params a sparse zero mapping (only the 1-D tensors' pages are ever
+ * written), w16 every matrix in BF16 at its offset (allocated, not touched), the matrices'
+ * views on w16. 0 or DAPO_ENOMEM (m unchanged). */
+static int hold_bf16(struct model *m, struct dapo_err *e) {
+  size_t bytes = (m->n_params * sizeof(float) + 4095) & ~(size_t)4095;
+  uint16_t *w16 = malloc(m->n_params * sizeof(uint16_t));
+  float *sparse = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (!w16 || sparse == MAP_FAILED) {
+    free(w16);
+    if (sparse != MAP_FAILED) munmap(sparse, bytes);
+    return dapo_errf(e, DAPO_ENOMEM, "out of memory holding the model in BF16");
+  }
+  if (m->params) { /* the 1-D tensors move over; the matrices are converted by the caller */
+    for (int i = 0; i < m->n_tensors; i++) {
+      const struct param_info *p = &m->tensors[i];
+      if (p->ndim == 2)
+        f32_to_bf16(w16 + p->offset, m->params + p->offset, p->numel);
+      else
+        memcpy(sparse + p->offset, m->params + p->offset, p->numel * sizeof(float));
+    }
+    if (m->params_map_bytes)
+      munmap(m->params, m->params_map_bytes);
+    else
+      free(m->params);
+  }
+  m->params = sparse;
+  m->params_map_bytes = bytes;
+  m->w16 = w16;
+  model_bind_views(m, m->params, &m->w);
+  struct views *v = &m->w;
+  v->tok_emb16 = w16 + (v->tok_emb - m->params);
+  v->lm_head16 = w16 + (v->lm_head - m->params);
+  v->tok_emb = v->lm_head = NULL;
+  for (int l = 0; l < m->cfg.num_layers; l++) {
+    struct layer_views *lv = &v->layers[l];
+#define B16(x)                                                                                     \
+  lv->x##16 = w16 + (lv->x - m->params);                                                           \
+  lv->x = NULL
+    B16(wq);
+    B16(wk);
+    B16(wv);
+    B16(wo);
+    B16(w_gate);
+    B16(w_up);
+    B16(w_down);
+#undef B16
+  }
+  return 0;
+}
+
+struct model *model_new_frozen_bf16(const struct model_config *c, struct dapo_err *e) {
+  struct model *m = model_layout(c, e);
+  if (m && hold_bf16(m, e)) {
+    model_free(m);
+    return NULL;
+  }
+  return m;
 }
 
 void model_free(struct model *m) {
@@ -578,48 +648,7 @@ int model_freeze_bf16(struct model *m, struct dapo_err *e) {
     }
     if (low) return 1;
   }
-  size_t bytes = (m->n_params * sizeof(float) + 4095) & ~(size_t)4095;
-  uint16_t *w16 = malloc(m->n_params * sizeof(uint16_t));
-  float *sparse = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (!w16 || sparse == MAP_FAILED) {
-    free(w16);
-    if (sparse != MAP_FAILED) munmap(sparse, bytes);
-    return dapo_errf(e, DAPO_ENOMEM, "out of memory holding the model in BF16");
-  }
-  for (int i = 0; i < m->n_tensors; i++) {
-    const struct param_info *p = &m->tensors[i];
-    if (p->ndim == 2)
-      f32_to_bf16(w16 + p->offset, m->params + p->offset, p->numel);
-    else
-      memcpy(sparse + p->offset, m->params + p->offset, p->numel * sizeof(float));
-  }
-  if (m->params_map_bytes)
-    munmap(m->params, m->params_map_bytes);
-  else
-    free(m->params);
-  m->params = sparse;
-  m->params_map_bytes = bytes;
-  m->w16 = w16;
-  model_bind_views(m, m->params, &m->w);
-  struct views *v = &m->w;
-  v->tok_emb16 = w16 + (v->tok_emb - m->params);
-  v->lm_head16 = w16 + (v->lm_head - m->params);
-  v->tok_emb = v->lm_head = NULL;
-  for (int l = 0; l < m->cfg.num_layers; l++) {
-    struct layer_views *lv = &v->layers[l];
-#define B16(x)                                                                                     \
-  lv->x##16 = w16 + (lv->x - m->params);                                                           \
-  lv->x = NULL
-    B16(wq);
-    B16(wk);
-    B16(wv);
-    B16(wo);
-    B16(w_gate);
-    B16(w_up);
-    B16(w_down);
-#undef B16
-  }
-  return 0;
+  return hold_bf16(m, e);
 }
 
 int model_alloc_grads(struct model *m, struct dapo_err *e) {

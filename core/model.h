@@ -176,6 +176,11 @@ int model_freeze_bf16(struct model *m, struct dapo_err *e);
 /* Builds the table and allocates zeroed parameters. Returns NULL and fills e on a bad config
  * or out of memory. The caller owns the result (model_free). */
 struct model *model_new(const struct model_config *c, struct dapo_err *e);
+/* model_new for a base that is only read (an adapter trains on it): the layout that
+ * model_freeze_bf16 leaves, with nothing in it yet. The caller writes every matrix's BF16 bits
+ * into w16 and every 1-D tensor into params, at their offsets; no float32 copy of a matrix is
+ * ever made, so loading a BF16 checkpoint peaks at its own size. */
+struct model *model_new_frozen_bf16(const struct model_config *c, struct dapo_err *e);
 void model_free(struct model *m);
 
 /* Allocates the zeroed gradient buffer (idempotent). */

@@ -536,10 +536,15 @@ folders_made:
   json_t *state = NULL;
   int with_opt = 0, exact_file = 0;
   if (resolve_ckpt_dtype(t)) return 1;
+  /* the job trains an adapter when it asks for one or its model is an adapter checkpoint; its
+   * base is then only read, and a BF16 base is loaded straight into BF16 */
+  int trains_adapter = t->spec->has_adapter || lm_is_adapter_folder(t->spec->model);
+  int (*open_model)(const char *, uint64_t, struct lm *, struct dapo_err *) =
+      trains_adapter ? lm_open_frozen : lm_open;
   if (from >= 0) {
     char dir[PATH_MAX];
     trainer_ckpt_path(t, from, dir, sizeof dir);
-    if (lm_open(dir, 0, &t->lm, &e))
+    if (open_model(dir, 0, &t->lm, &e))
       return trainer_fail_err(t, FAIL_INVALID_CHECKPOINT, "model", &e);
     char p[PATH_MAX + 32];
     snprintf(p, sizeof p, "%s/trainer_state.json", dir);
@@ -566,7 +571,7 @@ folders_made:
     t->cursor.pos = json_integer_value(json_object_get(cur, "pos"));
     json_decref(state);
   } else {
-    if (lm_open(t->spec->model, t->spec->seed, &t->lm, &e))
+    if (open_model(t->spec->model, t->spec->seed, &t->lm, &e))
       return trainer_fail_err(t, FAIL_INVALID_MODEL, "model", &e);
     t->step = 0;
     t->cursor.seed = t->spec->seed;
@@ -590,14 +595,12 @@ folders_made:
       t->lm.base_seed = t->spec->seed;
     }
   }
-  /* the job trains an adapter when it asks for one or its model is an adapter checkpoint */
-  int trains_adapter = t->spec->has_adapter || lm_is_adapter_folder(t->spec->model);
   if (!trains_adapter != !t->lm.lora)
     return trainer_fail(t, FAIL_CHECKPOINT_MISMATCH, NULL,
                         "the checkpoint %s an adapter but the job %s one",
                         t->lm.lora ? "holds" : "lacks", trains_adapter ? "trains" : "has no");
-  /* a frozen base whose weights BF16 holds exactly (a BF16 folder's) is held in BF16: half the
-   * memory, the same function */
+  /* a frozen base whose weights BF16 holds exactly (a BF16 folder's, already so from
+   * lm_open_frozen) is held in BF16: half the memory, the same function */
   if (t->lm.lora && model_freeze_bf16(t->lm.model, &e) > 1)
     return trainer_fail_err(t, FAIL_OUT_OF_MEMORY, NULL, &e);
   /* with an adapter the KL reference is the base itself, the adapter switched off */
