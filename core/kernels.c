@@ -381,6 +381,14 @@ static void mmb_bwd_dinp_cols(void *a_, int lo, int hi) {
   free(buf);
 }
 
+size_t matmul_bf16_tile_bytes(int IN, int OUT) {
+  /* mmb_fwd_cols: rows of IN floats, BF16_TILE_FLOATS / IN of them but at least 16, at most the
+   * thread's OUT; mmb_bwd_dinp_cols: the same with the thread's width <= IN */
+  size_t tile = BF16_TILE_FLOATS, least = 16 * (size_t)IN, all = (size_t)IN * (size_t)OUT;
+  if (tile < least) tile = least;
+  return sizeof(float) * (tile < all ? tile : all);
+}
+
 int matmul_backward_dinp_bf16(float *dinp, const float *dout, const uint16_t *w, int N, int IN,
                               int OUT, float dinp_beta) {
   /* dinp[N,IN] (+)= dout[N,OUT] . w[OUT,IN], w in BF16 */

@@ -79,7 +79,7 @@ void f32_to_bf16(uint16_t *dst, const float *src, size_t n);
 
 /* out[N,OUT] = inp[N,IN] . w[OUT,IN]^T + bias[OUT] (bias may be NULL; beta 1 accumulates into
  * out, 0 overwrites), w in BF16. Few rows (N < 8 per thread) go through linear_few_bf16 (its
- * bits); more through OpenBLAS SGEMM on float32 tiles of about 1 MiB of converted weight rows,
+ * bits); more through OpenBLAS SGEMM on float32 tiles of about 16 MiB of converted weight rows,
  * each thread its own output columns: the result equals matmul_forward on the float32 of w to
  * within float rounding (the tiles change the order of OpenBLAS's sums, not the terms; tested at
  * 2e-6 of sum |inp| |w| per element). Returns 0, or -1 when a tile buffer could not be allocated
@@ -92,6 +92,11 @@ int matmul_forward_bf16(float *out, const float *inp, const uint16_t *w, const f
  * within float rounding (tested at 2e-6 of sum |dout| |w|). 0, or -1 out of memory. */
 int matmul_backward_dinp_bf16(float *dinp, const float *dout, const uint16_t *w, int N, int IN,
                               int OUT, float dinp_beta);
+/* The most bytes one thread's converted tile takes in matmul_forward_bf16 or
+ * matmul_backward_dinp_bf16 with an OUT x IN BF16 matrix: 16 MiB, or 16 rows when they are
+ * longer, or the whole matrix when smaller. Allocated inside the call and freed before it
+ * returns; each compute thread holds one at a time (the memory plan counts one). */
+size_t matmul_bf16_tile_bytes(int IN, int OUT);
 /* Columns [j0, j1) of out[M,OUT] (+)= inp[M,IN] . w[OUT,IN]^T for a small IN (a LoRA adapter's B
  * in decoding, IN = r), on the calling thread: each output is one chain of fused multiply-adds in
  * increasing k from +0, then added to out (beta 1) or stored (beta 0). 16 columns share the

@@ -387,23 +387,30 @@ LF_AVX2 static void lf_avx2(float *out, const float *inp, const float *w, const 
 
 /* ---- dispatch ---------------------------------------------------------------------------- */
 
+/* The form of a kernel this processor runs, as an index into the kernel's table of forms:
+ * 0 portable, 1 portable with FMA, 2 AVX2, 3 AVX-512 (kernels_isa; always 0 off x86). */
+static int lf_form(void) {
+#ifdef LF_X86
+  int isa = kernels_isa();
+  if (isa == KERNELS_ISA_AVX512) return 3;
+  if (isa == KERNELS_ISA_AVX2) return 2;
+  if (isa == KERNELS_ISA_PORTABLE && kernels_cpu_fma()) return 1;
+#endif
+  return 0;
+}
+
 typedef void lf_fn(float *, const float *, const float *, const float *, int, int, int, int, int,
                    float);
 
 void linear_few(float *out, const float *inp, const float *w, const float *bias, int M, int IN,
                 int OUT, int j0, int j1, float beta) {
   if (M < 1 || j0 >= j1) return;
-  lf_fn *fn = lf_portable;
 #ifdef LF_X86
-  int isa = kernels_isa();
-  if (isa == KERNELS_ISA_AVX512)
-    fn = lf_avx512;
-  else if (isa == KERNELS_ISA_AVX2)
-    fn = lf_avx2;
-  else if (isa == KERNELS_ISA_PORTABLE && kernels_cpu_fma())
-    fn = lf_portable_fma;
+  static lf_fn *const forms[] = {lf_portable, lf_portable_fma, lf_avx2, lf_avx512};
+#else
+  static lf_fn *const forms[] = {lf_portable};
 #endif
-  fn(out, inp, w, bias, M, IN, OUT, j0, j1, beta);
+  forms[lf_form()](out, inp, w, bias, M, IN, OUT, j0, j1, beta);
 }
 
 /* ---- narrow products (linear_few_narrow): few inputs per output ------------------------------ */
@@ -527,17 +534,12 @@ void linear_few_narrow(float *out, const float *inp, const float *w, int M, int 
       }
     return;
   }
-  lfn_fn *fn = lfn_portable;
 #ifdef LF_X86
-  int isa = kernels_isa();
-  if (isa == KERNELS_ISA_AVX512)
-    fn = lfn_avx512;
-  else if (isa == KERNELS_ISA_AVX2)
-    fn = lfn_avx2;
-  else if (isa == KERNELS_ISA_PORTABLE && kernels_cpu_fma())
-    fn = lfn_portable_fma;
+  static lfn_fn *const forms[] = {lfn_portable, lfn_portable_fma, lfn_avx2, lfn_avx512};
+#else
+  static lfn_fn *const forms[] = {lfn_portable};
 #endif
-  fn(out, inp, w, M, IN, OUT, j0, j1, beta, wt);
+  forms[lf_form()](out, inp, w, M, IN, OUT, j0, j1, beta, wt);
   if (wt != stack) free(wt);
 }
 

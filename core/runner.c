@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "kernels.h"
 #include "parse.h"
 #include "runner_impl.h"
 
@@ -213,12 +214,20 @@ void runner_memory_plan(const struct model_config *c, const struct lora_config *
   p->parameters = n;
   p->trainable = (uint64_t)trained;
   p->weights = (uint64_t)(n + (adapter ? trained : 0)) * sizeof(float);
+  size_t tile = 0;
   if (adapter && cc.bf16_weights) { /* the frozen matrices in BF16 (model_freeze_bf16) */
     int64_t C = cc.hidden_size, V = cc.vocab_size, FF = cc.intermediate_size,
             CQ = (int64_t)cc.num_heads * cc.head_dim, CKV = (int64_t)cc.num_kv_heads * cc.head_dim;
     int64_t matrices = V * C * (cc.tie_word_embeddings ? 1 : 2) +
                        cc.num_layers * (2 * C * CQ + 2 * C * CKV + 3 * C * FF);
     p->weights -= (uint64_t)matrices * 2;
+    /* the products over many rows convert a tile of a frozen matrix to float32 at a time: one
+     * thread's largest (each further compute thread holds one more while it works) */
+    int64_t shapes[][2] = {{C, CQ}, {C, CKV}, {CQ, C}, {C, FF}, {FF, C}, {C, V}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+      size_t b = matmul_bf16_tile_bytes((int)shapes[i][0], (int)shapes[i][1]);
+      if (b > tile) tile = b;
+    }
   }
   p->gradients = (uint64_t)trained * sizeof(float);
   p->optimizer = 2 * p->gradients;
@@ -226,7 +235,8 @@ void runner_memory_plan(const struct model_config *c, const struct lora_config *
   p->activations = train_state_bytes(&cc, adapter, cap_tokens, cap_resp, cap_t);
   p->generation = gen_state_bytes(&cc, adapter, gen_cap, cap_t);
   p->buffers =
-      scratch_layout(NULL, NULL, (size_t)cap_tokens, (size_t)gen_cap, (size_t)hp->max_new_tokens);
+      scratch_layout(NULL, NULL, (size_t)cap_tokens, (size_t)gen_cap, (size_t)hp->max_new_tokens) +
+      tile;
   p->total = p->weights + p->gradients + p->optimizer + p->reference + p->activations +
              p->generation + p->buffers;
   p->cap_seq_len = cap_t;
