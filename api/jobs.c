@@ -232,10 +232,19 @@ struct long_poll {
   int64_t deadline_ms;
 };
 
+/* The newest event of the job that the bus has announced (0 without a bus). Read before the job
+ * itself: a status committed after the read is announced with a newer id, so waiting for one
+ * newer than this cannot miss it (the store's last id, read after the job, could already hold
+ * that status's event while the job read showed the old status: the wait then slept past it). */
+static int64_t announced(struct api_req *r, const char *id) {
+  return r->srv->bus ? bus_last_id(r->srv->bus, id) : 0;
+}
+
 int api_jobs_get(struct api_req *r) {
   const char *id = r->params[0];
   struct long_poll *lp = r->ctx;
   struct store_job job;
+  int64_t seen = announced(r, id);
   if (!lp) {
     const char *w = api_query(r, "wait");
     int wait = 0;
@@ -259,16 +268,14 @@ int api_jobs_get(struct api_req *r) {
   /* A few rounds at most: each is a status read, then a wait for the next event. */
   for (int round = 0; lp && round < 8; round++) {
     if (job.status != lp->status0 || api_now_ms() >= lp->deadline_ms) break;
-    int64_t last = 0;
-    struct dapo_err e = {0};
-    if (store_event_last_id(r->srv->store, id, &last, &e)) break;
-    int rc = api_wait_event(r, id, last, lp->deadline_ms);
+    int rc = api_wait_event(r, id, seen, lp->deadline_ms);
     if (rc == 0) {
       store_job_deinit(&job);
       return 0; /* suspended: this handler runs again on the next event or the deadline */
     }
     if (rc < 0) break;
     store_job_deinit(&job);
+    seen = announced(r, id);
     if (api_job_load(r, id, &job)) return 0;
   }
   int rc = reply_job(r, 200, &job);

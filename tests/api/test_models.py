@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import harness  # noqa: E402
 import test_jobs  # noqa: E402
-from test_jobs import SMALL_HP, DaemonCase, long_hp  # noqa: E402
+from test_jobs import SMALL_HP, UNENDING, DaemonCase, long_hp  # noqa: E402
 
 PARTS = ("weights_bytes", "gradients_bytes", "optimizer_bytes", "reference_model_bytes",
          "activations_bytes", "generation_bytes", "buffers_bytes")
@@ -281,7 +281,7 @@ class Admission(DaemonCase):
     def prepare(cls):
         # learn the plan of the jobs below on an unlimited daemon, then restart with 1.5 plans
         j = cls.d.post_json("/v1/jobs", {"model": "tiny", "training_file": cls.file_id,
-                                         "hyperparameters": long_hp(400)}).json()
+                                         "hyperparameters": long_hp(UNENDING)}).json()
         cls.plan = j["memory"]["total_bytes"]
         cls.d.post_json("/v1/jobs/%s/cancel" % j["id"], {})
         cls.d.stop()
@@ -292,7 +292,7 @@ class Admission(DaemonCase):
         cls.file_id = cls.upload(test_jobs.read("addition.jsonl"))["id"]
 
     def test_second_job_waits_for_memory(self):
-        first = self.create_ok(long_hp(400))
+        first = self.create_ok(long_hp(UNENDING))
         self.assertEqual(first["memory"]["total_bytes"], self.plan)
         self.wait_until(first["id"], lambda j: j["status"] == "running" and j["step"] >= 2,
                         "two steps of the first job")
