@@ -45,7 +45,7 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 
 TINY_HP = {"total_steps": 2, "max_new_tokens": 4, "group_size": 4, "prompt_batch_size": 2}
 # long enough to be caught running, paused and resumed (it is cancelled long before its end)
-LONG_HP = {"total_steps": 1000, "max_new_tokens": 16, "group_size": 8, "prompt_batch_size": 4,
+LONG_HP = {"total_steps": 1 << 20, "max_new_tokens": 16, "group_size": 8, "prompt_batch_size": 4,
            "max_gen_batches": 2}
 
 

@@ -23,8 +23,9 @@ DEADLINE_S = 120.0  # any single wait (generous: the ASan build and a loaded mac
 # A few tiny steps: seconds per job.
 SMALL_HP = {"total_steps": 3, "checkpoint_every": 1, "max_new_tokens": 4, "group_size": 4,
             "prompt_batch_size": 2}
-# A job that runs long enough to be caught running, then cancelled.
-LONG_HP = {"total_steps": 500, "checkpoint_every": 0, "max_new_tokens": 16, "group_size": 8,
+# A job that only a cancel ends (caught running, paused, resumed, cancelled): 2^20 steps, never a
+# count a fast machine could finish before the test acts.
+LONG_HP = {"total_steps": 1 << 20, "checkpoint_every": 0, "max_new_tokens": 16, "group_size": 8,
            "prompt_batch_size": 4}
 
 

@@ -145,7 +145,7 @@ class DapoctlCase(unittest.TestCase):
         p = subprocess.Popen([DAPOCTL, "submit", "--wait", path], stdout=subprocess.PIPE,
                              stderr=errf, env=env)
         try:
-            first = p.stdout.readline().decode()  # "job ID queued (500 steps)"
+            first = p.stdout.readline().decode()  # "job ID queued (1048576 steps)"
             job_id = re.match(r"job (job-[0-9a-f-]+) ", first).group(1)
             while True:  # wait until a step has been reported: the job is running
                 line = p.stdout.readline().decode()
