@@ -399,8 +399,22 @@ static void test_frozen_open(void) {
   float *la = logprobs(&a, &n), *lb = logprobs(&b, &n), *lc = logprobs(&c, &n),
         *ld = logprobs(&d, &n);
   CHECK(!memcmp(la, lb, sizeof(float) * (size_t)n) && !memcmp(lc, ld, sizeof(float) * (size_t)n));
+  lm_close(&b), lm_close(&d);
+  /* a config that says bfloat16 over float32 tensors: the float32 layout after all, the model
+   * lm_open gives */
+  char mixed[300], cmd[1400];
+  snprintf(mixed, sizeof mixed, "%s/q-mixed", tmpdir);
+  snprintf(cmd, sizeof cmd,
+           "cp -r %s %s && sed -i 's/\"torch_dtype\": *\"float32\"/\"torch_dtype\": "
+           "\"bfloat16\"/' %s/config.json && grep -q bfloat16 %s/config.json",
+           f32, mixed, mixed, mixed);
+  CHECK(system(cmd) == 0);
+  CHECK_MSG(!lm_open_frozen(mixed, 0, &d, &e), "%s", e.msg);
+  CHECK(d.cfg.bf16_weights && !d.model->w16);
+  ld = logprobs(&d, &n);
+  CHECK(!memcmp(lc, ld, sizeof(float) * (size_t)n));
   free(la), free(lb), free(lc), free(ld);
-  lm_close(&a), lm_close(&b), lm_close(&c), lm_close(&d);
+  lm_close(&a), lm_close(&c), lm_close(&d);
 }
 
 /* The peak RSS of opening a BF16 folder for an adapter: the BF16 weights (2 bytes a parameter)
