@@ -411,6 +411,7 @@ static void test_frozen_open(void) {
   CHECK(system(cmd) == 0);
   CHECK_MSG(!lm_open_frozen(mixed, 0, &d, &e), "%s", e.msg);
   CHECK(d.cfg.bf16_weights && !d.model->w16);
+  free(ld);
   ld = logprobs(&d, &n);
   CHECK(!memcmp(lc, ld, sizeof(float) * (size_t)n));
   free(la), free(lb), free(lc), free(ld);
