@@ -244,13 +244,14 @@ int api_jobs_get(struct api_req *r) {
   const char *id = r->params[0];
   struct long_poll *lp = r->ctx;
   struct store_job job;
-  int64_t seen = announced(r, id);
+  int64_t seen = 0;
   if (!lp) {
     const char *w = api_query(r, "wait");
     int wait = 0;
     if (w && parse_int(w, 0, WAIT_MAX_S, &wait, "wait", NULL))
       return api_reply_errorf(r, API_ERR_INVALID_REQUEST,
                               "wait: '%.32s' is not a number of seconds in [0, %d]", w, WAIT_MAX_S);
+    if (wait > 0) seen = announced(r, id);
     if (api_job_load(r, id, &job)) return 0;
     if (wait > 0 && !store_job_status_terminal(job.status)) {
       if (!(lp = calloc(1, sizeof *lp))) {
@@ -262,8 +263,9 @@ int api_jobs_get(struct api_req *r) {
       r->ctx = lp;
       r->ctx_free = free;
     }
-  } else if (api_job_load(r, id, &job)) {
-    return 0;
+  } else { /* resumed */
+    seen = announced(r, id);
+    if (api_job_load(r, id, &job)) return 0;
   }
   /* A few rounds at most: each is a status read, then a wait for the next event. */
   for (int round = 0; lp && round < 8; round++) {

@@ -501,8 +501,10 @@ static int load(const char *dir, int frozen, struct model **out, char **tokenize
   struct model *m = NULL;
   struct shard *shards = NULL;
   const char **names = NULL;
-  const struct st_info **found = NULL;
-  const struct shard **in = NULL;
+  struct src {
+    const struct st_info *t;
+    const struct shard *sh;
+  } *src = NULL; /* where each row of the table is stored */
   char *tok = NULL;
   size_t tok_len = 0;
   *out = NULL;
@@ -557,9 +559,7 @@ static int load(const char *dir, int frozen, struct model **out, char **tokenize
     for (int i = 0; i < st_count(shards[s].f); i++)
       if ((rc = check_expected(m, names, shards[s].name, st_at(shards[s].f, i)->name, e))) goto out;
 
-  found = calloc((size_t)m->n_tensors, sizeof *found);
-  in = calloc((size_t)m->n_tensors, sizeof *in);
-  if (!found || !in) {
+  if (!(src = calloc((size_t)m->n_tensors, sizeof *src))) {
     rc = dapo_errf(e, DAPO_ENOMEM, "out of memory");
     goto out;
   }
@@ -583,8 +583,7 @@ static int load(const char *dir, int frozen, struct model **out, char **tokenize
       goto out;
     }
     if ((rc = check_shape(sh->name, t, r, e))) goto out;
-    found[i] = t;
-    in[i] = sh;
+    src[i] = (struct src){t, sh};
     if (r->ndim == 2 && t->dtype != ST_BF16) all_bf16 = 0;
   }
   if (m->w16 && !all_bf16) { /* float32 after all (the caller may still freeze exact values) */
@@ -597,9 +596,9 @@ static int load(const char *dir, int frozen, struct model **out, char **tokenize
   for (int i = 0; i < m->n_tensors; i++) {
     const struct param_info *r = &m->tensors[i];
     if (m->w16 && r->ndim == 2) /* the file's bits are the BF16 values */
-      rc = st_read_raw(in[i]->f, found[i], m->w16 + r->offset, r->numel * sizeof *m->w16, e);
+      rc = st_read_raw(src[i].sh->f, src[i].t, m->w16 + r->offset, r->numel * sizeof *m->w16, e);
     else
-      rc = st_read_f32(in[i]->f, found[i], m->params + r->offset, r->numel, e);
+      rc = st_read_f32(src[i].sh->f, src[i].t, m->params + r->offset, r->numel, e);
     if (rc) goto out;
   }
 
@@ -613,8 +612,7 @@ out:
   for (int s = 0; s < n_shards; s++) st_close(shards[s].f);
   free(shards);
   free(names);
-  free(found);
-  free(in);
+  free(src);
   json_decref(index);
   json_decref(cfg_j);
   if (rc) {

@@ -216,16 +216,18 @@ void runner_memory_plan(const struct model_config *c, const struct lora_config *
   p->weights = (uint64_t)(n + (adapter ? trained : 0)) * sizeof(float);
   size_t tile = 0;
   if (adapter && cc.bf16_weights) { /* the frozen matrices in BF16 (model_freeze_bf16) */
-    int64_t C = cc.hidden_size, V = cc.vocab_size, FF = cc.intermediate_size,
+    int64_t C = cc.hidden_size, V = cc.vocab_size, FF = cc.intermediate_size, L = cc.num_layers,
             CQ = (int64_t)cc.num_heads * cc.head_dim, CKV = (int64_t)cc.num_kv_heads * cc.head_dim;
-    int64_t matrices = V * C * (cc.tie_word_embeddings ? 1 : 2) +
-                       cc.num_layers * (2 * C * CQ + 2 * C * CKV + 3 * C * FF);
-    p->weights -= (uint64_t)matrices * 2;
-    /* the products over many rows convert a tile of a frozen matrix to float32 at a time: one
-     * thread's largest (each further compute thread holds one more while it works) */
-    int64_t shapes[][2] = {{C, CQ}, {C, CKV}, {CQ, C}, {C, FF}, {FF, C}, {C, V}};
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-      size_t b = matmul_bf16_tile_bytes((int)shapes[i][0], (int)shapes[i][1]);
+    /* every matrix shape {IN, OUT, how many}: q, k and v, o, gate and up, down, the embedding
+     * (and an untied head) */
+    const int64_t mats[][3] = {{C, CQ, L}, {C, CKV, 2 * L},
+                               {CQ, C, L}, {C, FF, 2 * L},
+                               {FF, C, L}, {C, V, cc.tie_word_embeddings ? 1 : 2}};
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+      p->weights -= (uint64_t)(mats[i][0] * mats[i][1] * mats[i][2]) * 2;
+      /* the products over many rows convert a tile of a frozen matrix to float32 at a time: one
+       * thread's largest (each further compute thread holds one more while it works) */
+      size_t b = matmul_bf16_tile_bytes((int)mats[i][0], (int)mats[i][1]);
       if (b > tile) tile = b;
     }
   }

@@ -319,8 +319,9 @@ static int peak_restart(void) {
 
 /* The peak RSS of a whole step (generation, old log-probs, the update, two checkpoints) of the
  * job in body (plan.jsonl, max_new_tokens 48, group_size 8, one step, more keys in hp) against
- * its plan, within 10%; out names its output folder. Returns the plan's total. */
-static size_t step_peak(const char *model, json_t *hp, json_t *adapter, const char *out_name) {
+ * its plan, within 10%; out names its output folder. Returns the plan. */
+static struct mem_plan step_peak(const char *model, json_t *hp, json_t *adapter,
+                                 const char *out_name) {
   char data[256], out[256];
   snprintf(data, sizeof data, "%s/plan.jsonl", tmpdir);
   snprintf(out, sizeof out, "%s/%s", tmpdir, out_name);
@@ -360,7 +361,7 @@ static size_t step_peak(const char *model, json_t *hp, json_t *adapter, const ch
   jobspec_deinit(&s);
   json_decref(body);
   json_decref(errs);
-  return plan.total;
+  return plan;
 }
 
 /* A full job with micro_batch_tokens far above what a minibatch can hold (4,096 asked, 16
@@ -369,7 +370,7 @@ static size_t step_peak(const char *model, json_t *hp, json_t *adapter, const ch
  * 297) nor leave out what a step adds. */
 static __attribute__((unused)) void test_memory_peak(void) {
   json_t *hp = json_pack("{s:i}", "micro_batch_tokens", 4096);
-  step_peak("small", hp, NULL, "peak-out");
+  CHECK(step_peak("small", hp, NULL, "peak-out").cap_tokens == 16 * 54);
   json_decref(hp);
 }
 
@@ -454,8 +455,7 @@ static __attribute__((unused)) void test_frozen_peak(void) {
    * float32 load alone (54 MiB) was above this whole plan */
   json_t *hp = json_pack("{s:i,s:i}", "micro_batch_tokens", 108, "gen_batch_size", 16),
          *ad = json_pack("{s:s,s:i,s:s}", "type", "lora", "r", 8, "target_modules", "all-linear");
-  size_t total = step_peak(dir, hp, ad, "peak-lora-out");
-  CHECK(total < 3 * bytes16);
+  CHECK(step_peak(dir, hp, ad, "peak-lora-out").total < 3 * bytes16);
   json_decref(hp);
   json_decref(ad);
 }
