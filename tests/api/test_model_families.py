@@ -33,7 +33,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "chat"))
+sys.path.insert(0, os.path.join(HERE, "..", "text", "chat"))
 sys.path.insert(0, os.path.join(HERE, "..", "torch_ref"))
 try:
     import numpy as np

@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../check.h"
+#include "check.h"
 #include "sse.h"
 
 struct got {

@@ -15,7 +15,7 @@
 
 #include <jansson.h>
 
-#include "../check.h"
+#include "check.h"
 #include "judge.h"
 #include "netaddr.h"
 

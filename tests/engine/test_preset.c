@@ -129,12 +129,14 @@ int main(void) {
   CHECK(preset_find("tiny") && preset_find("small") && preset_find("tiny-qwen2"));
   CHECK(preset_find("nope") == NULL && preset_find(NULL) == NULL);
 
-  /* The alphabet: "\n" then printable ASCII. */
+  /* Every preset's alphabet: "\n" then printable ASCII (the alphabet tests/text/test_chartok.c
+   * tests as ASCII). */
   char want[97];
   want[0] = '\n';
   for (int c = 0x20; c < 0x7F; c++) want[c - 0x1F] = (char)c;
   want[96] = '\0';
-  CHECK(!strcmp(preset_find("tiny")->alphabet, want));
+  for (int i = 0; i < preset_count(); i++)
+    CHECK_MSG(!strcmp(preset_get(i)->alphabet, want), "preset %s", preset_get(i)->name);
 
   /* Names for error messages, and their truncation. */
   char names[64];

@@ -4,6 +4,7 @@
  * per epoch, seeded orders, exact resumption mid-epoch and at an epoch boundary). Scratch files
  * live under a mkdtemp folder in /tmp. */
 #include "check.h"
+#include "files.h"
 
 #include <ftw.h>
 #include <stdint.h>
@@ -39,14 +40,6 @@ static void write_bytes(const char *name, const char *data, size_t n) {
 
 static void write_text(const char *name, const char *text) {
   write_bytes(name, text, strlen(text));
-}
-
-/* Path of a file in tests/data, found beside this source file. */
-static void data_path(char *buf, size_t cap, const char *name) {
-  const char *src = __FILE__;
-  const char *slash = strrchr(src, '/');
-  int dir = slash ? (int)(slash - src) : 1;
-  snprintf(buf, cap, "%.*s/data/%s", dir, slash ? src : ".", name);
 }
 
 /* ds_check_line on a C string: returns its code, message in e. */

@@ -5,7 +5,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../check.h"
+#include "check.h"
 #include "bus.h"
 
 static double now_s(void) {

@@ -11,5 +11,5 @@ work=$2
 n=${3:-3500}
 src=$(cd "$(dirname "$0")" && pwd)
 
-sh "$src/../npm_ci.sh" "$src" "$work" gen_corpus.mjs bpe_ref.mjs
+sh "$src/../../npm_ci.sh" "$src" "$work" gen_corpus.mjs bpe_ref.mjs
 exec node "$work/bpe_ref.mjs" "$dump" "$work" "$n"

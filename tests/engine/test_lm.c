@@ -1,13 +1,10 @@
-/* Model folders (core/lm.h) and job planning (runner_check_job, runner_memory_plan):
+/* Model folders (core/engine/lm.h):
  * - a BF16 folder and an F32 folder of the same random model give the same log-probs to BF16
  *   precision, and the BF16 weights written back as F32 give bit-identical log-probs;
  * - tokenizer_config.json and generation_config.json travel: eos_token_id lists become stop ids,
  *   lm_save keeps both files; lm_open_meta agrees with lm_open without reading weights;
- * - the memory plan equals what the runner really allocates (mallinfo2 at the first sampling
- *   phase of a real job, cancelled there) within 3%, and the peak RSS of a whole step within 10%
- *   when micro_batch_tokens exceeds what a minibatch can hold;
- * - runner_check_job: messages without a template, a bad custom template, a prompt too long,
- *   each refused with the field and line named; a custom template renders and is accepted;
+ * - lm_open_frozen: a BF16 folder comes in BF16 with lm_open + model_freeze_bf16's bits and
+ *   log-probs, peaking at its BF16 size (within 10%, not 3x); any other folder as lm_open;
  * - lm_encode_prompt on a folder with a Llama-3-style tokenizer (tests/data: a TemplateProcessing
  *   post-processor that puts <|begin_of_text|> first): a prompt text gets the BOS once, a rendered
  *   chat none added, an empty prompt the BOS, a too long one DAPO_ERANGE; the presets add nothing;
@@ -19,9 +16,10 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "files.h"
+#include "memory.h"
 #include "checkpoint.h"
 #include "lm.h"
-#include "runner.h"
 #include "train.h"
 
 static char tmpdir[] = "/tmp/dapo-lm-XXXXXX";
@@ -126,13 +124,6 @@ static void test_side_files(void) {
 
 /* ---- one prompt encoder ---- */
 
-/* Path of a file in tests/data, found beside this source file. */
-static void data_path(char *buf, size_t cap, const char *name) {
-  const char *slash = strrchr(__FILE__, '/');
-  snprintf(buf, cap, "%.*s/data/%s", slash ? (int)(slash - __FILE__) : 1, slash ? __FILE__ : ".",
-           name);
-}
-
 /* The tiny preset saved to dir with tests/data/llama3_style_tokenizer.json (99 ids: printable
  * ASCII byte-level, "th", <|begin_of_text|> 97, <|end_of_text|> 98) and config.json's BOS/EOS
  * set to bos/eos (-1: none). */
@@ -232,148 +223,6 @@ static void test_encode_prompt(void) {
   lm_close(&lm), lm_close(&nb), lm_close(&tiny);
 }
 
-/* ---- memory plan vs what a real job allocates ---- */
-
-struct probe {
-  size_t base, at_sampling;
-  volatile int cancel;
-};
-
-static size_t heap_now(void) {
-  struct mallinfo2 mi = mallinfo2();
-  return mi.uordblks + mi.hblkhd;
-}
-
-static void on_phase(void *ctx, const char *phase) {
-  struct probe *p = ctx;
-  if (!strcmp(phase, "sampling") && !p->at_sampling) {
-    p->at_sampling = heap_now();
-    p->cancel = 1;
-  }
-}
-
-static __attribute__((unused)) void test_memory_plan(void) {
-  char data[256], out[256];
-  snprintf(data, sizeof data, "%s/plan.jsonl", tmpdir);
-  snprintf(out, sizeof out, "%s/plan-out", tmpdir);
-  FILE *f = fopen(data, "w");
-  for (int i = 0; i < 20; i++)
-    fprintf(f, "{\"prompt\": \"%d+%d=\", \"answer\": \"%d\"}\n", i, i, 2 * i);
-  fclose(f);
-  json_t *body = json_pack("{s:s,s:s,s:{s:i,s:i,s:i,s:i,s:f}}", "model", "small", "training_file",
-                           data, "hyperparameters", "max_new_tokens", 48, "group_size", 8,
-                           "gen_batch_size", 32, "micro_batch_tokens", 2048, "kl_coef", 0.01);
-  json_t *errs = json_array();
-  struct job_spec s;
-  CHECK(jobspec_parse(body, NULL, &s, errs) == 0);
-  struct mem_plan plan;
-  CHECK(runner_check_job(&s, &plan, errs) == 0);
-  CHECK(plan.parameters == 9480192);
-  CHECK(plan.weights == 4 * 9480192ull && plan.gradients == plan.weights &&
-        plan.optimizer == 2 * plan.weights && plan.reference == plan.weights);
-  /* micro-batches of 2,048 tokens asked, but a minibatch (a quarter of 8 x 8 responses) holds
-   * at most 16 sequences of 54 tokens: the plan and the runner size them for 864 */
-  CHECK(plan.cap_seq_len == 6 + 48 && plan.cap_tokens == 16 * 54 && plan.gen_batch == 32);
-  struct probe p = {0};
-  struct runner_hooks h = {.ctx = &p, .phase = on_phase};
-  struct runner_opts o = {.cancel = &p.cancel};
-  struct runner_result res;
-  malloc_trim(0);
-  p.base = heap_now();
-  runner_run(&s, out, &h, &o, &res);
-  CHECK(p.at_sampling > p.base);
-  double used = (double)(p.at_sampling - p.base);
-  printf("memory plan %.1f MiB (weights %.1f, grads %.1f, adam %.1f, reference %.1f, "
-         "activations %.1f, generation %.1f, buffers %.2f); allocated at the first step %.1f MiB "
-         "(%+.2f%%)\n",
-         plan.total / 1048576.0, plan.weights / 1048576.0, plan.gradients / 1048576.0,
-         plan.optimizer / 1048576.0, plan.reference / 1048576.0, plan.activations / 1048576.0,
-         plan.generation / 1048576.0, plan.buffers / 1048576.0, used / 1048576.0,
-         100.0 * (used - (double)plan.total) / (double)plan.total);
-  CHECK(fabs(used - (double)plan.total) < 0.03 * (double)plan.total);
-  jobspec_deinit(&s);
-  json_decref(body);
-  json_decref(errs);
-}
-
-/* Resident set size now and its peak since the last reset (/proc/self/status), in bytes. */
-static void rss(size_t *now, size_t *peak) {
-  FILE *f = fopen("/proc/self/status", "r");
-  char line[256];
-  *now = *peak = 0;
-  while (f && fgets(line, sizeof line, f)) {
-    unsigned long kb;
-    if (sscanf(line, "VmRSS: %lu kB", &kb) == 1) *now = (size_t)kb * 1024;
-    if (sscanf(line, "VmHWM: %lu kB", &kb) == 1) *peak = (size_t)kb * 1024;
-  }
-  if (f) fclose(f);
-}
-
-/* Starts a new peak (/proc/self/clear_refs "5"); 0 when the kernel does not allow it. */
-static int peak_restart(void) {
-  FILE *f = fopen("/proc/self/clear_refs", "w");
-  int reset = f && fputs("5", f) >= 0;
-  if (f) reset &= fclose(f) == 0;
-  return reset;
-}
-
-/* The peak RSS of a whole step (generation, old log-probs, the update, two checkpoints) of the
- * job in body (plan.jsonl, max_new_tokens 48, group_size 8, one step, more keys in hp) against
- * its plan, within 10%; out names its output folder. Returns the plan. */
-static struct mem_plan step_peak(const char *model, json_t *hp, json_t *adapter,
-                                 const char *out_name) {
-  char data[256], out[256];
-  snprintf(data, sizeof data, "%s/plan.jsonl", tmpdir);
-  snprintf(out, sizeof out, "%s/%s", tmpdir, out_name);
-  json_t *body = json_pack("{s:s,s:s,s:{s:i,s:i,s:i,s:b}}", "model", model, "training_file", data,
-                           "hyperparameters", "max_new_tokens", 48, "group_size", 8, "total_steps",
-                           1, "dynamic_sampling", 0);
-  json_object_update(json_object_get(body, "hyperparameters"), hp);
-  if (adapter) json_object_set(body, "adapter", adapter);
-  json_t *errs = json_array();
-  struct job_spec s;
-  CHECK(jobspec_parse(body, NULL, &s, errs) == 0);
-  struct mem_plan plan;
-  CHECK(runner_check_job(&s, &plan, errs) == 0);
-  malloc_trim(0);
-  int reset = peak_restart();
-  size_t before, peak, after;
-  rss(&before, &peak);
-  struct runner_result res;
-  struct runner_opts o = {0};
-  runner_run(&s, out, NULL, &o, &res);
-  CHECK(res.status == RUNNER_SUCCEEDED);
-  rss(&after, &peak);
-  if (!reset) {
-    printf("memory peak: /proc/self/clear_refs not writable, skipped\n");
-  } else {
-    double used = (double)peak - (double)before;
-    printf("%s%s: memory plan %.1f MiB (weights %.1f, gradients %.1f, moments %.1f, activations "
-           "%.1f for %d tokens, generation %.1f for %d sequences); peak RSS of a whole step %.1f "
-           "MiB above the start (%+.2f%%)\n",
-           model, adapter ? " with an adapter" : "", plan.total / 1048576.0,
-           plan.weights / 1048576.0, plan.gradients / 1048576.0, plan.optimizer / 1048576.0,
-           plan.activations / 1048576.0, plan.cap_tokens, plan.generation / 1048576.0,
-           plan.gen_batch, used / 1048576.0,
-           100.0 * (used - (double)plan.total) / (double)plan.total);
-    CHECK(fabs(used - (double)plan.total) < 0.10 * (double)plan.total);
-  }
-  jobspec_deinit(&s);
-  json_decref(body);
-  json_decref(errs);
-  return plan;
-}
-
-/* A full job with micro_batch_tokens far above what a minibatch can hold (4,096 asked, 16
- * sequences of 54 tokens a minibatch): the plan must neither count what cannot be used (the
- * runner allocated and zeroed activations for 4,096 tokens: a plan of 787 MiB where a step needs
- * 297) nor leave out what a step adds. */
-static __attribute__((unused)) void test_memory_peak(void) {
-  json_t *hp = json_pack("{s:i}", "micro_batch_tokens", 4096);
-  CHECK(step_peak("small", hp, NULL, "peak-out").cap_tokens == 16 * 54);
-  json_decref(hp);
-}
-
 /* lm_open_frozen on the folders of test_bf16_folder: the BF16 folder comes in BF16 with the
  * bits and log-probs of lm_open + model_freeze_bf16, the F32 folder exactly as lm_open. */
 static void test_frozen_open(void) {
@@ -421,7 +270,8 @@ static void test_frozen_open(void) {
 
 /* The peak RSS of opening a BF16 folder for an adapter: the BF16 weights (2 bytes a parameter)
  * within 10%. lm_open + model_freeze_bf16 peaked at 6 bytes a parameter (float32 weights, then
- * the BF16 copy beside them): a 1.5B model's LoRA job peaked 23% above its plan. */
+ * the BF16 copy beside them): a 1.5B model's LoRA job peaked 23% above its plan (the whole
+ * job's peak on such a folder: tests/rl/test_plan.c). */
 static __attribute__((unused)) void test_frozen_peak(void) {
   char dir[256];
   snprintf(dir, sizeof dir, "%s/small-bf16", tmpdir);
@@ -451,76 +301,6 @@ static __attribute__((unused)) void test_frozen_peak(void) {
            used[k] / 1048576.0, bytes16 / 1048576.0, used[k] / bytes16);
   }
   CHECK(fabs(used[0] - bytes16) < 0.10 * bytes16);
-  /* a LoRA job on that folder, with micro-batches small enough that the weights weigh: the
-   * float32 load alone (54 MiB) was above this whole plan */
-  json_t *hp = json_pack("{s:i,s:i}", "micro_batch_tokens", 108, "gen_batch_size", 16),
-         *ad = json_pack("{s:s,s:i,s:s}", "type", "lora", "r", 8, "target_modules", "all-linear");
-  CHECK(step_peak(dir, hp, ad, "peak-lora-out").total < 3 * bytes16);
-  json_decref(hp);
-  json_decref(ad);
-}
-
-/* ---- runner_check_job refusals ---- */
-
-static json_t *check(const char *data_lines, json_t *chat, int max_new, struct mem_plan *plan) {
-  char data[256];
-  snprintf(data, sizeof data, "%s/check.jsonl", tmpdir);
-  write_text(data, data_lines);
-  json_t *body = json_pack("{s:s,s:s,s:{s:i}}", "model", "tiny", "training_file", data,
-                           "hyperparameters", "max_new_tokens", max_new);
-  if (chat) json_object_set_new(body, "chat_template", chat);
-  json_t *errs = json_array();
-  struct job_spec s;
-  if (jobspec_parse(body, NULL, &s, errs) == 0) runner_check_job(&s, plan, errs);
-  jobspec_deinit(&s);
-  json_decref(body);
-  return errs;
-}
-
-static int has_error(json_t *errs, const char *field, const char *text) {
-  size_t i;
-  json_t *x;
-  json_array_foreach(errs, i, x) {
-    if (!strcmp(json_string_value(json_object_get(x, "field")), field) &&
-        strstr(json_string_value(json_object_get(x, "message")), text))
-      return 1;
-  }
-  char *d = json_dumps(errs, 0);
-  fprintf(stderr, "no %s error with '%s' in %s\n", field, text, d);
-  free(d);
-  return 0;
-}
-
-static void test_check_job(void) {
-  struct mem_plan plan;
-  const char *msgs = "{\"prompt\": \"1+1=\", \"answer\": \"2\"}\n"
-                     "{\"messages\": [{\"role\": \"user\", \"content\": \"2+2=\"}], "
-                     "\"answer\": \"4\"}\n";
-  json_t *e = check(msgs, NULL, 8, &plan);
-  CHECK(has_error(e, "chat_template", "no tokenizer_config.json"));
-  json_decref(e);
-  e = check(msgs, json_pack("{s:s}", "user", "{question}"), 8, &plan);
-  CHECK(has_error(e, "chat_template.user", "unknown placeholder"));
-  json_decref(e);
-  e = check(msgs, json_pack("{s:s,s:s}", "user", "Q: {content}\n", "generation_prompt", "A: "), 8,
-            &plan);
-  CHECK(json_array_size(e) == 0);
-  /* "Q: 2+2=\nA: " is 11 characters: the longest prompt */
-  CHECK(plan.cap_seq_len == 11 + 8);
-  json_decref(e);
-  e = check(msgs, json_string("chatml"), 8, &plan);
-  CHECK(has_error(e, "chat_template", "not one token of this model's tokenizer"));
-  json_decref(e);
-  e = check("{\"prompt\": \"1+1=\", \"answer\": \"2\"}\n{\"prompt\": \"1+1+1+1+1+1=\", "
-            "\"answer\": \"6\"}\n",
-            NULL, 505, &plan);
-  CHECK(has_error(e, "training_file", "line 2: the prompt has 12 tokens"));
-  json_decref(e);
-  e = check("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}, {\"role\": \"assistant\", "
-            "\"content\": \"y\"}], \"answer\": \"4\"}\n",
-            json_pack("{s:s,s:s}", "user", "{content}", "assistant", "{content}"), 8, &plan);
-  CHECK(has_error(e, "training_file", "line 1: messages[1].role: the last message must be"));
-  json_decref(e);
 }
 
 int main(void) {
@@ -528,13 +308,10 @@ int main(void) {
   test_bf16_folder();
   test_frozen_open();
   test_side_files();
-  test_check_job();
   test_encode_prompt();
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  printf("memory plan vs mallinfo2: skipped under a sanitizer (its allocator is not malloc's)\n");
+  printf("frozen load peak: skipped under a sanitizer (its allocator is not malloc's)\n");
 #else
-  test_memory_plan();
-  test_memory_peak();
   test_frozen_peak();
 #endif
   char cmd[300];

@@ -38,7 +38,7 @@ except ImportError as exc:  # pragma: no cover
     print("skipped: cannot import torch/numpy (%s)" % exc)
     sys.exit(77)
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_ref"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "torch_ref"))
 import llama  # noqa: E402
 
 TOL_LOGP = 1e-4

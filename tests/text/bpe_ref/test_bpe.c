@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../check.h"
+#include "check.h"
 #include "tokenizer.h"
 
 /* Encodes (no specials) into a static buffer; returns the count or -1. */

@@ -11,7 +11,7 @@ work=$2
 src=$(cd "$(dirname "$0")" && pwd)
 
 rc=0
-sh "$src/../npm_ci.sh" "$src" "$work" chartok_ref.mjs || rc=$?
+sh "$src/../../npm_ci.sh" "$src" "$work" chartok_ref.mjs || rc=$?
 if [ "$rc" -ne 0 ]; then
   [ "$rc" -eq 77 ] || echo "run.sh: installing @anush008/tokenizers failed (offline?); skipping" >&2
   exit 77
