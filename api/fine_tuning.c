@@ -583,8 +583,8 @@ static double num(const json_t *o, const char *k) {
 }
 
 /* RFT's errors.graders of a step's native metrics d: one entry with the count of the step's
- * samples that hit each error of the grader taxonomy (judge/errors/<kind>, core/grader.h); an
- * empty list when the job's judge is not a grader. */
+ * samples that hit each error of the grader taxonomy (judge/errors/<kind>, core/reward/grader.h);
+ * an empty list when the job's judge is not a grader. */
 static json_t *grader_errors(const json_t *d) {
   json_t *g = json_object(), *list = json_array();
   int any = 0;

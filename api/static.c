@@ -43,7 +43,7 @@ static const struct {
   "frame-ancestors 'none'; base-uri 'none'; form-action 'none'; object-src 'none'"
 
 /* Generated at request time from the daemon's own table, so the form's defaults and bounds are
- * always those of this build (core/hparams.c). */
+ * always those of this build (core/rl/hparams.c). */
 #define HPARAMS_FILE "hyperparameters.json"
 
 #define NAME_MAX_LEN 128

@@ -35,7 +35,7 @@
 #include "sampler.h"
 #include "train.h"
 
-static struct pool *g_pool; /* the engine's compute pool (core/pool.h), or NULL */
+static struct pool *g_pool; /* the engine's compute pool (core/engine/pool.h), or NULL */
 static int g_isa;           /* --isa: the forced instruction set, or 0 (the best) */
 static int g_vs_isa;        /* --vs-isa: the instruction set measured against g_isa, or 0 */
 

@@ -1,7 +1,7 @@
-/* bench_tokenizer: encoding speed of our tokenizer (core/bpe.c through tokenizer.h) on a corpus,
- * single-threaded and in a batch over threads, as one JSON line. Run by bench/tokenizer.sh beside
- * the reference library (bench_tokenizer.mjs). Never a pass/fail on time.
- * Usage: bench_tokenizer TOKENIZER.json CORPUS.json [THREADS]   (corpus: a JSON array of strings)
+/* bench_tokenizer: encoding speed of our tokenizer (core/text/bpe.c through tokenizer.h) on a
+ * corpus, single-threaded and in a batch over threads, as one JSON line. Run by bench/tokenizer.sh
+ * beside the reference library (bench_tokenizer.mjs). Never a pass/fail on time. Usage:
+ * bench_tokenizer TOKENIZER.json CORPUS.json [THREADS]   (corpus: a JSON array of strings)
  */
 #include <pthread.h>
 #include <stdio.h>

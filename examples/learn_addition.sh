@@ -3,7 +3,7 @@
 #
 # The "tiny" preset (Llama, ~99k parameters, character tokenizer, random weights) is trained by
 # `dapod train` with the built-in exact judge, one response token (max_new_tokens 1), G 16,
-# 16 prompt groups per step, learning rate 5e-4: the configuration of tests/test_learn.c.
+# 16 prompt groups per step, learning rate 5e-4: the configuration of tests/rl/test_learn.c.
 # Greedy accuracy (eval_samples 1, eval_temperature 0) on the prompts is measured every
 # --eval-every steps; the script prints it per step per seed and the first step at which each
 # seed reached --threshold.

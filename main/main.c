@@ -65,7 +65,7 @@ static int fail(const struct dapo_err *e) {
   return 1;
 }
 
-/* The registry of failure codes (core/failure.h): "name  category  meaning" lines, or a JSON
+/* The registry of failure codes (core/rl/failure.h): "name  category  meaning" lines, or a JSON
  * array of {code, category, meaning} with --json (what openapi.yaml's JobError.code lists). */
 static int cmd_failures(int argc, char **argv) {
   int as_json = argc > 2 && !strcmp(argv[2], "--json");
@@ -543,7 +543,7 @@ static int cmd_train(int argc, char **argv) {
       memmove(argv + i, argv + i + 1, sizeof *argv * (size_t)(argc - i)); /* argv[argc] NULL */
       return train_plan(argc - 1, argv);
     }
-  /* one rank of a data-parallel job when an MPI launcher started us (core/dist.h) */
+  /* one rank of a data-parallel job when an MPI launcher started us (core/rl/dist.h) */
   struct dist dist;
   struct dapo_err e = {0};
   if (dist_init(&dist, &argc, &argv, &e)) {

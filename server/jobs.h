@@ -1,8 +1,8 @@
 /* Job creation and admission, the daemon's service behind POST /v1/jobs: a job body is resolved
  * once (model id -> preset name, folder or checkpoint path through the registry; file ids ->
  * their paths, visible to the owner and valid), parsed into a job spec, checked against its model
- * and data (core/runner.h runner_check_data) and against the memory limit, and stored queued with
- * the resolved body, which the worker runs as it is (jobs_run_spec): the model id is not
+ * and data (core/rl/runner.h runner_check_data) and against the memory limit, and stored queued
+ * with the resolved body, which the worker runs as it is (jobs_run_spec): the model id is not
  * resolved a second time, so the job trains what was admitted.
  *
  * Thread-safety: every function may be called from any thread. */

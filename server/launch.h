@@ -1,6 +1,6 @@
 /* Multi-process jobs (resources.processes > 1): the configured launcher (an `mpirun`/`srun`
  * command template, config `launcher`) starts `dapod train --events` as the job's ranks
- * (core/dist.h), and their events, JSON lines on the launcher's stdout, are relayed to the same
+ * (core/rl/dist.h), and their events, JSON lines on the launcher's stdout, are relayed to the same
  * runner hooks an in-process job calls, so that the store, SSE, the dashboard and downloads see
  * no difference. docs/SCALE.md has the decisions.
  *

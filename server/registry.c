@@ -101,8 +101,8 @@ static void folder_entry(const char *models_dir, const char *name, struct regist
   if (rc) snprintf(out->error, sizeof out->error, "%s", e.msg);
 }
 
-/* The config of an adapter checkpoint's base (core/lm.h LORA_BASE_FILE: a preset or a folder),
- * without opening it: the registry reads config files only. */
+/* The config of an adapter checkpoint's base (core/engine/lm.h LORA_BASE_FILE: a preset or a
+ * folder), without opening it: the registry reads config files only. */
 static int read_adapter_base(const char *dir, struct model_config *c, struct dapo_err *e) {
   char p[PATH_MAX + 64];
   if ((size_t)snprintf(p, sizeof p, "%s/" LORA_BASE_FILE, dir) >= sizeof p)

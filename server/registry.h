@@ -1,5 +1,5 @@
-/* The model registry: what a model id names. An id is a preset (core/preset.h), a sub-folder of
- * models_dir in the Hugging Face layout, or a fine-tuned checkpoint "{job_id}:step-{n}" (a
+/* The model registry: what a model id names. An id is a preset (core/engine/preset.h), a sub-folder
+ * of models_dir in the Hugging Face layout, or a fine-tuned checkpoint "{job_id}:step-{n}" (a
  * complete checkpoint in the store's index). Folders are inspected without loading weights:
  * config.json is parsed and validated, and the weight and tokenizer files must exist; the
  * weights themselves are checked when a job or a completion opens the model. Used by job

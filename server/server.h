@@ -118,7 +118,7 @@ void server_count_request(struct server *s, const char *method, int status, doub
 const char *server_method_name(enum server_http_method m);
 
 struct judge_policy;
-/* The memory running jobs and completions may use together, by their plans (core/runner.h
+/* The memory running jobs and completions may use together, by their plans (core/rl/runner.h
  * mem_plan; server/completions.h): memory_limit_bytes, or the machine's physical memory when that
  * is 0. It is the limit of the server's memory ledger (admit.h), where a worker reserves a job's
  * plan as it claims it: the next queued job starts only when its plan fits what running jobs and

@@ -5,7 +5,7 @@
  *
  * Thread-safety: one connection guarded by a mutex inside struct store; every function may be
  * called from any thread, and each call is atomic (one transaction where it writes).
- * Errors: 0 or a negative code, DAPO_E* (core/error.h) or STORE_E* below, with a message in e.
+ * Errors: 0 or a negative code, DAPO_E* (core/base/error.h) or STORE_E* below, with a message in e.
  * SQLite failures are DAPO_EIO with sqlite3_errmsg's text. Ownership: records returned in
  * caller-placed structs own their strings and JSON references; release them with the matching
  * _deinit (which accepts a zeroed struct). JSON arguments are borrowed (the store keeps text).
@@ -34,7 +34,7 @@
 
 #include "error.h"
 
-/* Store-specific codes, below -100 so they never meet core/error.h's. */
+/* Store-specific codes, below -100 so they never meet core/base/error.h's. */
 enum {
   STORE_ENOTFOUND = -100,   /* no such row (or not visible to this owner; queue empty) */
   STORE_ECONFLICT = -101,   /* Idempotency-Key reused with a different body */

@@ -1,6 +1,6 @@
 /* The job threads: cfg.workers threads, each with its own compute pool of cfg.blas_threads
- * threads (core/pool.h), so jobs side by side use disjoint core budgets. A free worker claims the
- * oldest queued job (store_job_claim_next), takes the spec admitted at its creation
+ * threads (core/engine/pool.h), so jobs side by side use disjoint core budgets. A free worker
+ * claims the oldest queued job (store_job_claim_next), takes the spec admitted at its creation
  * (jobs_run_spec: ids already resolved), and runs it with runner_run into data_dir/jobs/<id>/; the
  * runner's events go to the store and then the bus, metrics and checkpoints also to their tables;
  * its phase and latest progress report stay in memory (workers_phase, workers_progress). Cancel and

@@ -57,7 +57,7 @@ int ckpt_remove_folder(const char *dir);
 
 /* The files a checkpoint folder may hold, in listing order: ckpt_save_with's four (an adapter
  * checkpoint's three of ckpt_save_adapter instead of config.json and model.safetensors), the
- * tokenizer_config.json a model brings (core/lm.h lm_write_extra), and the trainer's
+ * tokenizer_config.json a model brings (core/engine/lm.h lm_write_extra), and the trainer's
  * optimizer.safetensors (absent at step 0: AdamW has no state yet), trainer_weights.safetensors
  * (the exact float32 weights, only when model.safetensors is narrower and would lose bits) and
  * trainer_state.json. The one list that the writers, the daemon's index and its downloads go by. */

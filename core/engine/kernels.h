@@ -30,7 +30,7 @@ void matmul_forward(float *out, const float *inp, const float *w, const float *b
                     int OUT, float beta);
 void matmul_forward_ref(float *out, const float *inp, const float *w, const float *bias, int N,
                         int IN, int OUT);
-/* Few rows (decoding, core/linear_few.c): columns [j0, j1) of out[M,OUT] = inp[M,IN] . w[OUT,IN]^T
+/* Few rows (decoding, linear_few.c): columns [j0, j1) of out[M,OUT] = inp[M,IN] . w[OUT,IN]^T
  * (+ bias[OUT], may be NULL; beta 1 adds to out, 0 overwrites), on the calling thread. Each
  * element's arithmetic is fixed (16 FMA lanes, a fixed reduction tree), so it does not depend on
  * M, the column range or the instruction set used. */
@@ -39,7 +39,7 @@ void linear_few(float *out, const float *inp, const float *w, const float *bias,
 
 /* The instruction set of the hand-vectorised decoding kernels (linear_few, decoding attention):
  * the best this CPU has, unless a test forced one. PORTABLE is their GCC/Clang vector-extension
- * code (core/simd.h), what a CPU without AVX2 runs (an ARM server: NEON or SVE with fused
+ * code (simd.h), what a CPU without AVX2 runs (an ARM server: NEON or SVE with fused
  * multiply-adds); on an x86 CPU that has FMA3 but not AVX2 it is compiled with FMA3. BASELINE is
  * the same code compiled for the baseline target only: on x86-64, SSE2 with every fused
  * multiply-add computed exactly in double (an x86 CPU without FMA); elsewhere it is PORTABLE.

@@ -12,8 +12,8 @@
  * instruction set: 16 partial sums, lane l holding the products of k = l (mod 16) accumulated in
  * increasing k with fused multiply-adds, then added in a fixed tree (l + 8, then + 4, + 2, + 1).
  * So a sequence decodes to the same bits alone or in a batch, with 1 or n threads, and the
- * AVX-512, AVX2 and portable versions agree exactly (tests/test_kernels.c checks them all). The
- * portable version is GCC/Clang vector extensions (simd.h), which the compiler maps onto NEON,
+ * AVX-512, AVX2 and portable versions agree exactly (tests/engine/test_kernels.c checks them all).
+ * The portable version is GCC/Clang vector extensions (simd.h), which the compiler maps onto NEON,
  * SSE2 or whatever the target has. */
 #include "kernels.h"
 

@@ -87,7 +87,7 @@ void lora_init(struct lora *l, uint64_t seed);
 void lora_merge(const struct lora *l, struct model *m);
 
 /* The file of a dapod adapter folder that names its base: {"model": a preset name or model
- * folder, "seed": the seed a preset is built from} (core/lm.h opens such folders). */
+ * folder, "seed": the seed a preset is built from} (core/engine/lm.h opens such folders). */
 #define LORA_BASE_FILE "base_model.json"
 
 /* Writes a PEFT adapter folder's two files into dir (which must exist): adapter_config.json

@@ -1,5 +1,5 @@
 /* The static table of named presets and their construction (preset.h). Parameter counts
- * (tests/test_preset.c prints and checks them): tiny 98,816; small 9,480,192; tiny-qwen2
+ * (tests/engine/test_preset.c prints and checks them): tiny 98,816; small 9,480,192; tiny-qwen2
  * 105,408. */
 #include "preset.h"
 

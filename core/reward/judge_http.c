@@ -2,7 +2,7 @@
  * splitting a group, keeps `concurrency` requests in flight on one curl multi handle, retries
  * timeouts, connection errors, 429/5xx and malformed replies with exponential backoff, validates
  * every reply, and refuses hosts outside the allowlist and, in CURLOPT_OPENSOCKETFUNCTION before
- * each connect, addresses in special ranges that the policy does not allow (core/netaddr.h). */
+ * each connect, addresses in special ranges that the policy does not allow (netaddr.h). */
 #include <arpa/inet.h>
 #include <curl/curl.h>
 #include <math.h>

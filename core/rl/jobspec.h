@@ -25,7 +25,7 @@ struct job_spec {
   struct hparams hp;     /* resolved */
   uint64_t seed;
   char *job_id;          /* name used in judge requests; "job-local" by default (owned) */
-  json_t *chat_template; /* how `messages` prompts are rendered (core/chat.h): NULL when the
+  json_t *chat_template; /* how `messages` prompts are rendered (core/text/chat.h): NULL when the
                             body has none ("auto": the model's own template), else the given
                             value (owned reference) */
   enum ckpt_dtype checkpoint_dtype;

@@ -54,7 +54,7 @@ struct runner_metrics {
 struct runner_checkpoint {
   int64_t step;
   const char *path;                     /* the folder, renamed into place */
-  const struct ckpt_manifest *manifest; /* its files (core/checkpoint.h) */
+  const struct ckpt_manifest *manifest; /* its files (core/engine/checkpoint.h) */
   const json_t *metrics;                /* the step's training metrics; NULL at step 0 */
 };
 /* pass: "generation" (a round of dynamic sampling; done/total count its sequences finished,
@@ -99,11 +99,11 @@ struct runner_opts {
   int64_t progress_min_work; /* passes of less work (parameter-tokens) report no progress;
                                  0: every pass reports. Callers pass RUNNER_PROGRESS_MIN_WORK
                                  unless they want every pass (tests) */
-  const struct dist *dist;   /* the ranks of a data-parallel job (core/dist.h; borrowed); NULL:
+  const struct dist *dist;   /* the ranks of a data-parallel job (core/rl/dist.h; borrowed); NULL:
                                 one process. Every rank runs runner_run on the same spec and out
                                 folder; rank 0 alone writes there and calls the hooks */
-  struct pool *pool; /* compute threads of this job (borrowed; core/pool.h); NULL: serial kernels
-                        with OpenBLAS's own threading. Results are reproducible for a given
+  struct pool *pool; /* compute threads of this job (borrowed; core/engine/pool.h); NULL: serial
+                        kernels with OpenBLAS's own threading. Results are reproducible for a given
                         thread count. */
 };
 
@@ -113,7 +113,7 @@ struct runner_result {
   enum runner_status status;
   int64_t step;         /* last completed step */
   int64_t resumed_from; /* step of the checkpoint the run started from (-1: fresh) */
-  /* RUNNER_FAILED: why (core/failure.h: name and category), the field at fault or "", and a
+  /* RUNNER_FAILED: why (core/rl/failure.h: name and category), the field at fault or "", and a
    * message naming the line, tensor or file */
   enum failure failure;
   char param[96];

@@ -4,8 +4,8 @@
  *   runner_step.c  one DAPO step (DAPO.md steps 1-7): generation, judging, reward shaping,
  *                  dynamic sampling, the update's minibatch epochs, its metrics; evaluation
  *   runner_out.c   what a run leaves: rollouts files, atomic checkpoints and their pruning
- * Dimension letters follow the kernels' legend (core/kernels.h): T tokens of a sequence, N tokens
- * of a packed batch; G group_size; plus the runner's own: P prompts of a step, S sequences
+ * Dimension letters follow the kernels' legend (core/engine/kernels.h): T tokens of a sequence, N
+ * tokens of a packed batch; G group_size; plus the runner's own: P prompts of a step, S sequences
  * generated at once (gen_cap), R response tokens per sequence (max_new_tokens). */
 #ifndef DAPO_RUNNER_IMPL_H
 #define DAPO_RUNNER_IMPL_H
@@ -117,7 +117,7 @@ static inline int trainer_pause_requested(const struct trainer *t) {
 
 /* ---- runner.c: failures and what the hooks are told ---- */
 
-/* Records a failure in res (code from core/failure.h, param the field at fault or NULL); returns
+/* Records a failure in res (code from core/rl/failure.h, param the field at fault or NULL); returns
  * 1, the "stop" signal of the step functions. */
 int trainer_fail(struct trainer *t, enum failure code, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

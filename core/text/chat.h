@@ -48,7 +48,7 @@ json_t *chat_to_json(const struct chat_template *t);
  * NULL when the template has none. */
 const char *chat_stop_text(const struct chat_template *t);
 
-/* Renders messages (borrowed; an array of {"role", "content"} objects as core/dataset.c checks
+/* Renders messages (borrowed; an array of {"role", "content"} objects as core/rl/dataset.c checks
  * them) into a new malloc'd NUL-terminated string (*out, free()). The result already holds the
  * template's special tokens (BOS included), so it is tokenized without adding special tokens. */
 int chat_render(const struct chat_template *t, const json_t *messages, char **out,

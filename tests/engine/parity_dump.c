@@ -1,10 +1,10 @@
-/* Helper of tests/test_torch_parity.py (label torch): for several small model configs, builds a
- * random model, saves it with ckpt_save (F32, and BF16 for some), and writes OUTDIR/parity.json
- * with the packed batch, our log-probs and entropies (train_forward), every gradient tensor of
- * sum_t w_t * logp_t (train_backward), tokens sampled by gen_run with their log-probs, and the
- * parameters after 3 AdamW steps, for the PyTorch reference (tests/torch_ref/llama.py) to
- * recompute independently.
- * Usage: parity_dump OUTDIR (OUTDIR must exist; the checkpoint folders must not). */
+/* Helper of tests/engine/test_torch_parity.py (label torch): for several small model configs,
+ * builds a random model, saves it with ckpt_save (F32, and BF16 for some), and writes
+ * OUTDIR/parity.json with the packed batch, our log-probs and entropies (train_forward), every
+ * gradient tensor of sum_t w_t * logp_t (train_backward), tokens sampled by gen_run with their
+ * log-probs, and the parameters after 3 AdamW steps, for the PyTorch reference
+ * (tests/torch_ref/llama.py) to recompute independently. Usage: parity_dump OUTDIR (OUTDIR must
+ * exist; the checkpoint folders must not). */
 #include <stdio.h>
 #include <sys/stat.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-/* LoRA adapters (core/lora.c): the job's adapter object and its field errors, PEFT's
+/* LoRA adapters (core/engine/lora.c): the job's adapter object and its field errors, PEFT's
  * adapter_config.json keys and tensor names, the save/load round trip, PEFT's initialisation
  * (the adapted model starts equal to the base), and the merged export (W + s B A gives the
  * adapter path's log-probs). Gradients are checked in test_grad.c (finite differences) and

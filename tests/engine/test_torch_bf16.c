@@ -1,9 +1,9 @@
-/* PyTorch cross-check of the dtype conversions: runs tests/torch_bf16.py with /usr/bin/python3
- * (Debian's python3-torch), then checks bit for bit that our BF16 and F16 readers equal torch's
- * .float(), and that our float32 -> bfloat16 rounding (direct and through st_write) equals
- * torch's .to(torch.bfloat16) (any NaN for a NaN: torch's vector and scalar paths disagree on
- * the NaN pattern). Exit 77 (skip) when torch is unavailable.
- * Usage: test_torch_bf16 [path/to/torch_bf16.py] */
+/* PyTorch cross-check of the dtype conversions: runs tests/engine/torch_bf16.py with
+ * /usr/bin/python3 (Debian's python3-torch), then checks bit for bit that our BF16 and F16 readers
+ * equal torch's .float(), and that our float32 -> bfloat16 rounding (direct and through st_write)
+ * equals torch's .to(torch.bfloat16) (any NaN for a NaN: torch's vector and scalar paths disagree
+ * on the NaN pattern). Exit 77 (skip) when torch is unavailable. Usage: test_torch_bf16
+ * [path/to/torch_bf16.py] */
 #include "check.h"
 
 #include <errno.h>

@@ -1,4 +1,4 @@
-/* libFuzzer target: the graders' parsers (core/formula.c, core/grader.c, core/similarity.c).
+/* libFuzzer target: the graders' parsers (core/reward: formula.c, grader.c, similarity.c).
  * Byte 0 picks what the rest is:
  *   0  a calculate_output formula over the names a, b, c: it compiles, or fails with a message;
  *      a compiled one evaluates (any double) and uses only its three names

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The text_similarity grader's BLEU, GLEU and METEOR (core/similarity.c) against the reference
+"""The text_similarity grader's BLEU, GLEU and METEOR (core/reward/similarity.c) against the reference
 implementation, Debian's python3-nltk, on sentence pairs (label unit). Exit 77 (skipped) only
 when nltk is not installed (scripts/setup.sh installs it).
 

@@ -1,4 +1,4 @@
-/* The text_similarity metrics (core/similarity.c) for tests/grader_nltk.py: each stdin line
+/* The text_similarity metrics (core/reward/similarity.c) for grader_nltk.py: each stdin line
  * "METRIC\tOUTPUT\tREFERENCE" is answered with one line, the score (%.17g), or "error". */
 #include <stdio.h>
 #include <string.h>

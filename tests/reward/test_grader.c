@@ -1,7 +1,7 @@
-/* OpenAI-style graders (core/grader.h), the calculate_output formula parser (core/formula.h) and
- * the text_similarity metrics (core/similarity.h): hand-computed cases from each metric's
- * definition (nltk's and rouge_score's formulas; rapidfuzz's documented examples), every
- * operation and error kind, and the python sandbox when bubblewrap is there. */
+/* OpenAI-style graders (core/reward/grader.h), the calculate_output formula parser
+ * (core/reward/formula.h) and the text_similarity metrics (core/reward/similarity.h): hand-computed
+ * cases from each metric's definition (nltk's and rouge_score's formulas; rapidfuzz's documented
+ * examples), every operation and error kind, and the python sandbox when bubblewrap is there. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,6 +1,6 @@
-/* core/dist.c built without MPI (what -DDAPO_MPI=OFF builds): alone, every collective is the
+/* core/rl/dist.c built without MPI (what -DDAPO_MPI=OFF builds): alone, every collective is the
  * identity; started by an MPI launcher, dist_init refuses with a message that says how to build
- * with MPI. Compiled here from core/dist.c without DAPO_HAVE_MPI, whatever the main build has. */
+ * with MPI. Compiled here from dist.c without DAPO_HAVE_MPI, whatever the main build has. */
 #include <stdlib.h>
 #include <string.h>
 

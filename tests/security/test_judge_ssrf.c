@@ -1,5 +1,5 @@
-/* SSRF defences of the http judge (label security): the address classifier (core/netaddr.h) on
- * both sides of every special range and on the IPv6 forms that embed IPv4, and end-to-end judges
+/* SSRF defences of the http judge (label security): the address classifier (core/reward/netaddr.h)
+ * on both sides of every special range and on the IPv6 forms that embed IPv4, and end-to-end judges
  * whose host name resolves (CURLOPT_RESOLVE: no DNS, no /etc/hosts) to loopback, link-local,
  * private and IPv4-mapped addresses, checked at connect time; a judge answering 302 is not
  * followed. The judge server is a small responder thread on 127.0.0.1 that counts requests. */

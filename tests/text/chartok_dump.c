@@ -1,7 +1,7 @@
-/* Test helper for the reference-tokenizer check (tests/node/run.sh, label node): writes the
- * tokenizer.json of the presets' alphabet and of a non-ASCII alphabet, and cases.json, a list of
- * {tokenizer, text, ids, decoded, decoded_skip} from chartok_encode/chartok_decode, for
- * tests/node/chartok_ref.mjs to replay through Hugging Face `tokenizers`.
+/* Test helper for the reference-tokenizer check (tests/text/chartok_ref/run.sh, label node): writes
+ * the tokenizer.json of the presets' alphabet and of a non-ASCII alphabet, and cases.json, a list
+ * of {tokenizer, text, ids, decoded, decoded_skip} from chartok_encode/chartok_decode, for
+ * tests/text/chartok_ref/chartok_ref.mjs to replay through Hugging Face `tokenizers`.
  * Usage: chartok_dump OUTDIR */
 #include <stdio.h>
 #include <string.h>

@@ -13,7 +13,7 @@ Checkpoint folders (config.json + model.safetensors) are read (and test folders 
 length, JSON header, raw little-endian bytes; F32, F16 and BF16 become float32. A missing,
 unexpected or misshapen tensor is an error.
 
-Helpers used by tests/test_torch_parity.py and bench/bench_torch.py:
+Helpers used by tests/engine/test_torch_parity.py and bench/bench_torch.py:
   load_checkpoint(dir)               -> LlamaForCausalLM
   response_logprobs(model, seqs, t)  -> per-response-token log-probs and entropies
   train_step(model, seqs, w, ...)    -> loss = sum_t w_t * logp_t, backward, clip, AdamW step

