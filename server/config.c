@@ -575,6 +575,26 @@ static int keys_from_text(const char *s, struct config_api_keys *k, const char *
   return 0;
 }
 
+/* A list or key setting, from a flag's text (json NULL) or from the file's JSON: parsed into a
+ * new value that store_list or store_keys takes over, or that is freed when it is refused. */
+static int set_list(struct config *c, const struct crow *r, const char *text, const json_t *json,
+                    const char *what, struct dapo_err *e) {
+  struct config_list l = {0};
+  int rc = json ? list_from_json(json, &l, what, e) : list_from_text(text, &l, what, e);
+  if (!rc) rc = store_list(c, r, &l, what, e);
+  list_free(&l);
+  return rc;
+}
+
+static int set_keys(struct config *c, const struct crow *r, const char *text, const json_t *json,
+                    const char *what, struct dapo_err *e) {
+  struct config_api_keys k = {0};
+  int rc = json ? keys_from_json(json, &k, what, e) : keys_from_text(text, &k, what, e);
+  if (!rc) rc = store_keys(c, r, &k, what, e);
+  free(k.v);
+  return rc;
+}
+
 static int set_text(struct config *c, const struct crow *r, const char *s, const char *what,
                     struct dapo_err *e) {
   switch (r->type) {
@@ -605,20 +625,8 @@ static int set_text(struct config *c, const struct crow *r, const char *s, const
   }
   case C_ADDR: return parse_addr(s, field(c, r), what, e);
   case C_ENUM: return store_enum(c, r, s, what, e);
-  case C_LIST: {
-    struct config_list l = {0};
-    int rc = list_from_text(s, &l, what, e);
-    if (!rc) rc = store_list(c, r, &l, what, e);
-    list_free(&l);
-    return rc;
-  }
-  case C_KEYS: {
-    struct config_api_keys k = {0};
-    int rc = keys_from_text(s, &k, what, e);
-    if (!rc) rc = store_keys(c, r, &k, what, e);
-    free(k.v);
-    return rc;
-  }
+  case C_LIST: return set_list(c, r, s, NULL, what, e);
+  case C_KEYS: return set_keys(c, r, s, NULL, what, e);
   }
   return dapo_errf(e, DAPO_EINVAL, "%s: unknown type", what);
 }
@@ -732,20 +740,8 @@ static int set_json(struct config *c, const struct crow *r, const json_t *v, con
   case C_ENUM:
     if (!json_is_string(v)) return dapo_errf(e, DAPO_EINVAL, "%s: expected a string", what);
     return store_enum(c, r, json_string_value(v), what, e);
-  case C_LIST: {
-    struct config_list l = {0};
-    int rc = list_from_json(v, &l, what, e);
-    if (!rc) rc = store_list(c, r, &l, what, e);
-    list_free(&l);
-    return rc;
-  }
-  case C_KEYS: {
-    struct config_api_keys k = {0};
-    int rc = keys_from_json(v, &k, what, e);
-    if (!rc) rc = store_keys(c, r, &k, what, e);
-    free(k.v);
-    return rc;
-  }
+  case C_LIST: return set_list(c, r, NULL, v, what, e);
+  case C_KEYS: return set_keys(c, r, NULL, v, what, e);
   }
   return dapo_errf(e, DAPO_EINVAL, "%s: unknown type", what);
 }

@@ -78,40 +78,42 @@ static int many(const struct dist *d) {
   return d && d->size > 1;
 }
 
-#ifdef DAPO_HAVE_MPI
-static void sum(void *v, size_t n, size_t elem, MPI_Datatype t) {
-  for (size_t i = 0; i < n; i += BUCKET) {
-    size_t k = n - i < BUCKET ? n - i : BUCKET;
-    MPI_Allreduce(MPI_IN_PLACE, (char *)v + i * elem, (int)k, t, MPI_SUM, MPI_COMM_WORLD);
-  }
-}
-#endif
+/* The element types of dist_sum_*, one row each: its size and, with MPI, its datatype. The three
+ * typed entry points stay (the compiler checks each call's pointer type); sum() is their one
+ * body. */
+enum elem { ELEM_F32, ELEM_F64, ELEM_I64 };
 
-void dist_sum_f32(const struct dist *d, float *v, size_t n) {
+static void sum(const struct dist *d, void *v, size_t n, enum elem t) {
   if (!many(d)) return;
 #ifdef DAPO_HAVE_MPI
-  sum(v, n, sizeof *v, MPI_FLOAT);
+  static const struct {
+    size_t size;
+    MPI_Datatype type;
+  } rows[] = {
+      [ELEM_F32] = {sizeof(float), MPI_FLOAT},
+      [ELEM_F64] = {sizeof(double), MPI_DOUBLE},
+      [ELEM_I64] = {sizeof(int64_t), MPI_INT64_T},
+  };
+  for (size_t i = 0; i < n; i += BUCKET) {
+    size_t k = n - i < BUCKET ? n - i : BUCKET;
+    MPI_Allreduce(MPI_IN_PLACE, (char *)v + i * rows[t].size, (int)k, rows[t].type, MPI_SUM,
+                  MPI_COMM_WORLD);
+  }
 #else
-  (void)v, (void)n;
+  (void)v, (void)n, (void)t;
 #endif
+}
+
+void dist_sum_f32(const struct dist *d, float *v, size_t n) {
+  sum(d, v, n, ELEM_F32);
 }
 
 void dist_sum_f64(const struct dist *d, double *v, size_t n) {
-  if (!many(d)) return;
-#ifdef DAPO_HAVE_MPI
-  sum(v, n, sizeof *v, MPI_DOUBLE);
-#else
-  (void)v, (void)n;
-#endif
+  sum(d, v, n, ELEM_F64);
 }
 
 void dist_sum_i64(const struct dist *d, int64_t *v, size_t n) {
-  if (!many(d)) return;
-#ifdef DAPO_HAVE_MPI
-  sum(v, n, sizeof *v, MPI_INT64_T);
-#else
-  (void)v, (void)n;
-#endif
+  sum(d, v, n, ELEM_I64);
 }
 
 static int reduce_int(const struct dist *d, int v, int max) {
