@@ -1,4 +1,4 @@
-/* The job runner's insides, shared by its three files (not a public header):
+/* Internal: the job runner's insides, shared by its three files (not a public header):
  *   runner.c       set-up from the spec (model, datasets, judge, buffers by one plan), teardown,
  *                  the memory plan and the pre-queue check, and runner_run's loop
  *   runner_step.c  one DAPO step (DAPO.md steps 1-7): generation, judging, reward shaping,

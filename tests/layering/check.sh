@@ -3,7 +3,9 @@
 #   base <- text <- engine <- rl,   base <- reward <- rl   (reward may use text)
 # (ARCHITECTURE.md, core/README.md). Two checks of each:
 # 1. By name: no file of a layer or part includes a header that lives only in one it may not
-#    use, and none reaches around with a path ("../x.h", "engine/x.h"). Only main/ sees all.
+#    use, none reaches around with a path ("../x.h", "engine/x.h"), a part's internal headers
+#    ("/* Internal...") are included in that part (and its tests) only, and no header name is in
+#    two parts. Only main/ sees all.
 # 2. By the compiler, with the include folders CMake gives each library: a probe that includes
 #    a header of every layer or part it may use compiles, and a probe that includes one header of
 #    a layer or part it may not use fails, naming that header (so the first kind of probe fails
@@ -57,6 +59,15 @@ for p in "${parts[@]}"; do
     out=$(includes_of "$(headers "$src/core/$q")" "$src/core/$p"/*.[ch])
     [ -z "$out" ] || bad "core/$p includes a header of core/$q, which it may not use:" "$out"
   done
+done
+# a part's internal headers (the ones that say so on their first line) are included inside
+# the part only, and by its own tests
+for h in $(cd "$src/core" && grep -l '^/\* Internal' */*.h); do
+  p=${h%%/*} n=${h#*/}
+  checks=$((checks + 1))
+  out=$(grep -rnE "#include \"$n\"" "$src"/core "$src"/server "$src"/api "$src"/main "$src"/tests \
+    --include='*.[ch]' | grep -vE "^$src/(core|tests)/$p/|^$src/tests/fuzz/")
+  [ -z "$out" ] || bad "$h is internal to core/$p, but is included outside it:" "$out"
 done
 # a header name in two parts would make the by-name check (and the reader) guess
 checks=$((checks + 1))
