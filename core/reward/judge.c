@@ -12,6 +12,7 @@
 
 #include "grader.h"
 #include "judge_impl.h"
+#include "utf8.h"
 
 #define REGEX_MAX_PATTERN 4096
 #define REGEX_MATCH_LIMIT                                                                          \
@@ -51,37 +52,13 @@ const char *judge_type(const struct judge *j) {
   return j ? names[j->kind] : NULL;
 }
 
-/* ---- UTF-8 ---- */
-
-size_t judge_utf8_len(const unsigned char *p, size_t avail) {
-  if (avail == 0) return 0;
-  unsigned c = p[0];
-  if (c < 0x80) return 1;
-  size_t n;
-  unsigned min;
-  if (c >= 0xC2 && c <= 0xDF)
-    n = 2, min = 0x80;
-  else if (c >= 0xE0 && c <= 0xEF)
-    n = 3, min = 0x800;
-  else if (c >= 0xF0 && c <= 0xF4)
-    n = 4, min = 0x10000;
-  else
-    return 0;
-  if (avail < n) return 0;
-  unsigned cp = c & (0x3F >> (n - 1));
-  for (size_t i = 1; i < n; i++) {
-    if ((p[i] & 0xC0) != 0x80) return 0;
-    cp = (cp << 6) | (p[i] & 0x3F);
-  }
-  if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-  return n;
-}
+/* ---- JSON strings of outside text ---- */
 
 json_t *judge_json_string(const char *s) {
   if (!s) s = "";
   size_t n = strlen(s), i = 0;
   while (i < n) {
-    size_t l = judge_utf8_len((const unsigned char *)s + i, n - i);
+    size_t l = utf8_next((const unsigned char *)s + i, n - i, NULL);
     if (!l) break;
     i += l;
   }
@@ -92,7 +69,7 @@ json_t *judge_json_string(const char *s) {
   if (!buf) return NULL;
   size_t w = 0;
   for (i = 0; i < n;) {
-    size_t l = judge_utf8_len((const unsigned char *)s + i, n - i);
+    size_t l = utf8_next((const unsigned char *)s + i, n - i, NULL);
     if (l) {
       memcpy(buf + w, s + i, l);
       w += l;

@@ -17,6 +17,7 @@
 
 #include "judge_impl.h"
 #include "netaddr.h"
+#include "utf8.h"
 
 #define HTTP_MAX_REPLY ((size_t)64 << 20) /* bigger replies are parse errors */
 #define HTTP_QUOTE_BYTES 200              /* of a reply body, in error messages */
@@ -562,7 +563,7 @@ static void quote_body(const char *p, size_t n, char *out, size_t cap) {
       tmp[0] = (char)c;
       tl = 1;
     } else {
-      size_t l = judge_utf8_len((const unsigned char *)p + i, n - i);
+      size_t l = utf8_next((const unsigned char *)p + i, n - i, NULL);
       if (l) {
         if (w + l + 5 > cap) {
           cut = 1;

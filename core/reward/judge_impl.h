@@ -1,5 +1,6 @@
 /* Internal to the judge module (judge.c, judge_http.c): the http judge behind judge_new /
- * judge_run, and the UTF-8 helpers both use. Not part of libdapo's interface. */
+ * judge_run, and the JSON string of outside text they both write. Not part of libdapo's
+ * interface. */
 #ifndef DAPO_JUDGE_IMPL_H
 #define DAPO_JUDGE_IMPL_H
 
@@ -28,10 +29,6 @@ int judge_http_run(const struct judge_http *h, const char *job_id, int64_t step,
  * run would report ("" on success). Thread-safe. */
 int judge_http_parse_reply(const char *body, size_t len, int openrlhf, const char *const *ids,
                            int n, double *rewards, char *what, size_t cap);
-
-/* Length of the valid UTF-8 sequence at p (at most avail bytes), 0 when it is not one (overlong
- * forms, surrogates and code points above U+10FFFF are not). */
-size_t judge_utf8_len(const unsigned char *p, size_t avail);
 
 /* A new JSON string of s; invalid UTF-8 bytes become U+FFFD (jansson refuses them). NULL on
  * OOM. */

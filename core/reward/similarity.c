@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "judge_impl.h"
+#include "utf8.h"
 
 #define FUZZY_MAX_CHARS 256 /* fuzzy_match reads the first 256 code points of each text */
 
@@ -307,16 +307,11 @@ static void decode(const char *s, struct cps *o) {
   o->n = 0;
   size_t len = strlen(s);
   for (size_t i = 0; i < len && o->n < FUZZY_MAX_CHARS;) {
-    size_t l = judge_utf8_len((const unsigned char *)s + i, len - i);
     uint32_t cp;
+    size_t l = utf8_next((const unsigned char *)s + i, len - i, &cp);
     if (!l) {
       cp = 0xDC00u + (unsigned char)s[i]; /* a lone byte: its own character */
       l = 1;
-    } else if (l == 1) {
-      cp = (unsigned char)s[i];
-    } else {
-      cp = (unsigned char)s[i] & (0x3Fu >> (l - 1));
-      for (size_t k = 1; k < l; k++) cp = (cp << 6) | ((unsigned char)s[i + k] & 0x3Fu);
     }
     o->c[o->n++] = cp;
     i += l;

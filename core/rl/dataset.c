@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "rng.h"
+#include "utf8.h"
 
 #define READ_CHUNK (64 * 1024)
 
@@ -49,26 +50,10 @@ struct ds_stream {
  * (which may quote input bytes, or be cut inside a character) is always a valid JSON string. */
 static void utf8_sanitize(char *s) {
   unsigned char *p = (unsigned char *)s;
-  while (*p) {
-    unsigned c = *p;
-    int n = c < 0x80             ? 0
-            : (c & 0xE0) == 0xC0 ? 1
-            : (c & 0xF0) == 0xE0 ? 2
-            : (c & 0xF8) == 0xF0 ? 3
-                                 : -1;
-    int ok = n >= 0;
-    for (int i = 1; ok && i <= n; i++) ok = (p[i] & 0xC0) == 0x80;
-    if (ok && n >= 1) {
-      uint32_t cp = c & (0x3Fu >> n);
-      for (int i = 1; i <= n; i++) cp = (cp << 6) | (p[i] & 0x3Fu);
-      static const uint32_t min_cp[4] = {0, 0x80, 0x800, 0x10000};
-      ok = cp >= min_cp[n] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
-    }
-    if (!ok) {
-      *p++ = '?';
-      continue;
-    }
-    p += n + 1;
+  for (size_t left = strlen(s); left;) {
+    size_t n = utf8_next(p, left, NULL);
+    if (!n) *p = '?', n = 1;
+    p += n, left -= n;
   }
 }
 

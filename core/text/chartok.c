@@ -9,6 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <utf8proc.h>
+
+#include "utf8.h"
+
 /* Texts of the specials, indexed by id. */
 static const char *const special_text[CHARTOK_N_SPECIAL] = {"<unk>", "<s>", "</s>"};
 
@@ -31,60 +35,6 @@ struct chartok {
   struct cp_id *wide;    /* non-ASCII code points sorted by cp, owned */
   int n_wide;
 };
-
-/* Decodes one code point at s[0..len) strictly (no overlong forms, surrogates or values past
- * U+10FFFF). Returns the bytes consumed, or 0 when the bytes there are not valid UTF-8. */
-static size_t utf8_next(const unsigned char *s, size_t len, uint32_t *cp) {
-  if (len == 0) return 0;
-  unsigned c = s[0];
-  if (c < 0x80) {
-    *cp = c;
-    return 1;
-  }
-  size_t n;
-  uint32_t v, min;
-  if (c >= 0xC2 && c <= 0xDF) {
-    n = 2, v = c & 0x1F, min = 0x80;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    n = 3, v = c & 0x0F, min = 0x800;
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    n = 4, v = c & 0x07, min = 0x10000;
-  } else {
-    return 0; /* continuation byte, C0/C1 overlong lead, or F5..FF */
-  }
-  if (len < n) return 0;
-  for (size_t k = 1; k < n; k++) {
-    if ((s[k] & 0xC0) != 0x80) return 0;
-    v = (v << 6) | (s[k] & 0x3F);
-  }
-  if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
-  *cp = v;
-  return n;
-}
-
-/* Writes the UTF-8 form of a valid code point; returns its length (1..4). */
-static size_t utf8_put(uint32_t cp, char *out) {
-  if (cp < 0x80) {
-    out[0] = (char)cp;
-    return 1;
-  }
-  if (cp < 0x800) {
-    out[0] = (char)(0xC0 | (cp >> 6));
-    out[1] = (char)(0x80 | (cp & 0x3F));
-    return 2;
-  }
-  if (cp < 0x10000) {
-    out[0] = (char)(0xE0 | (cp >> 12));
-    out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    out[2] = (char)(0x80 | (cp & 0x3F));
-    return 3;
-  }
-  out[0] = (char)(0xF0 | (cp >> 18));
-  out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-  out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-  out[3] = (char)(0x80 | (cp & 0x3F));
-  return 4;
-}
 
 /* A code point for messages: 'a' (U+0061) when printable ASCII, else U+XXXX alone. */
 static const char *cp_show(uint32_t cp, char *buf, size_t cap) {
@@ -145,7 +95,8 @@ struct chartok *chartok_new(const char *alphabet, struct dapo_err *e) {
   }
   for (int k = 0; k < n; k++) {
     struct tok_text *tt = &t->text[all[k].id];
-    tt->len = (unsigned char)utf8_put(all[k].cp, tt->s);
+    tt->len =
+        (unsigned char)utf8proc_encode_char((utf8proc_int32_t)all[k].cp, (utf8proc_uint8_t *)tt->s);
   }
 
   /* Pass 2: sort by code point; equal neighbours are duplicates. Report the duplicate that

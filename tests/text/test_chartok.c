@@ -6,6 +6,7 @@
 
 #include "chartok.h"
 #include "check.h"
+#include "utf8.h"
 #include "rng.h"
 
 #define ASCII                                                                                      \
@@ -395,7 +396,52 @@ static void test_json_refusals(void) {
   chartok_free(t);
 }
 
+/* utf8_next at the edges of UTF-8 (RFC 3629, Unicode's table 3-7 of well-formed sequences):
+ * the shortest and longest of each length, and each way to be malformed. */
+static void test_utf8(void) {
+  static const struct {
+    const char *bytes;
+    size_t n, len; /* bytes given, the character's length (0: none) */
+    uint32_t cp;
+  } V[] = {
+      {"", 0, 0, 0},
+      {"\0", 1, 1, 0}, /* NUL is a character */
+      {"A", 1, 1, 'A'},
+      {"\x7f", 1, 1, 0x7F},
+      {"\xc2\x80", 2, 2, 0x80},
+      {"\xdf\xbf", 2, 2, 0x7FF},
+      {"\xe0\xa0\x80", 3, 3, 0x800},
+      {"\xed\x9f\xbf", 3, 3, 0xD7FF},
+      {"\xee\x80\x80", 3, 3, 0xE000},
+      {"\xef\xbf\xbf", 3, 3, 0xFFFF},
+      {"\xf0\x90\x80\x80", 4, 4, 0x10000},
+      {"\xf4\x8f\xbf\xbf", 4, 4, 0x10FFFF},
+      {"\xe2\x82\xacZ", 4, 3, 0x20AC}, /* only the first character */
+      {"\x80", 1, 0, 0},               /* a lone continuation byte */
+      {"\xc0\x80", 2, 0, 0},           /* overlong NUL */
+      {"\xc1\xbf", 2, 0, 0},           /* overlong */
+      {"\xe0\x9f\xbf", 3, 0, 0},       /* overlong */
+      {"\xf0\x8f\xbf\xbf", 4, 0, 0},   /* overlong */
+      {"\xed\xa0\x80", 3, 0, 0},       /* a surrogate, U+D800 */
+      {"\xed\xbf\xbf", 3, 0, 0},       /* U+DFFF */
+      {"\xf4\x90\x80\x80", 4, 0, 0},   /* past U+10FFFF */
+      {"\xf5\x80\x80\x80", 4, 0, 0},
+      {"\xff", 1, 0, 0},
+      {"\xe2\x82", 2, 0, 0},     /* cut short */
+      {"\xe2\x82\xac", 2, 0, 0}, /* cut short by n */
+      {"\xe2\x28\xa1", 3, 0, 0}, /* a bad continuation byte */
+  };
+  for (size_t i = 0; i < sizeof V / sizeof V[0]; i++) {
+    uint32_t cp = 0xFFFFFFFF;
+    size_t len = utf8_next((const unsigned char *)V[i].bytes, V[i].n, &cp);
+    CHECK_MSG(len == V[i].len, "case %zu: length %zu, want %zu", i, len, V[i].len);
+    if (V[i].len) CHECK_MSG(cp == V[i].cp, "case %zu: U+%04X, want U+%04X", i, cp, V[i].cp);
+    CHECK(utf8_next((const unsigned char *)V[i].bytes, V[i].n, NULL) == V[i].len);
+  }
+}
+
 int main(void) {
+  test_utf8();
   test_ascii();
   test_wide();
   test_bad_alphabets();
