@@ -26,6 +26,10 @@ struct gen_state {
   float *pick_p;             /* [V] */
   int *ints;                 /* pos, row0, t_new, n_past, slot: cap_rows each; idx[V]; misc */
   int *pos, *row0, *t_new, *n_past, *slot, *pick_idx, *active, *src, *last_row;
+  /* gen_advance: [cap_batch] each: tokens each slot's cache holds; per feed, whether it is a
+   * prefill and its decoded tokens (0 or 1, gen_out's len for decode_step); per decoding row,
+   * whether its sample is skipped (a token fed that is not the feed's last) */
+  int *slot_len, *feed_pre, *feed_len, *row_skip;
   enum gen_split split;
   int64_t weight_bytes;     /* what one decoding step reads */
   struct pool_barrier bar;  /* between decode_step's phases; its spin budget persists */
@@ -56,7 +60,7 @@ static void gplan(const struct model_config *c, const struct lora_config *lc, in
   p->scratch = (size_t)T * T > dec ? (size_t)T * T : dec;
   p->pick = V;
   p->total = p->cache + p->acts + p->sel + p->logits + p->pick;
-  p->ints = rows * 5 + V + 3 * (size_t)B + rows;
+  p->ints = rows * 5 + V + 7 * (size_t)B + rows;
 }
 
 size_t gen_state_bytes(const struct model_config *c, const struct lora_config *lc, int cap_batch,
@@ -138,6 +142,10 @@ struct gen_state *gen_state_new(const struct model *m, int cap_batch, int cap_se
   s->active = s->pick_idx + model_vocab_used(c);
   s->src = s->active + cap_batch;
   s->last_row = s->src + cap_batch;
+  s->slot_len = s->last_row + rows;
+  s->feed_pre = s->slot_len + cap_batch;
+  s->feed_len = s->feed_pre + cap_batch;
+  s->row_skip = s->feed_len + cap_batch;
   return s;
 oom:
   gen_state_free(s);
@@ -318,7 +326,8 @@ struct decode_args {
   const struct sampler_opts *o;
   struct rng *rngs;
   struct gen_out *out;
-  int by_rows; /* each thread decodes its own rows alone (no barriers) */
+  int by_rows;     /* each thread decodes its own rows alone (no barriers) */
+  const int *skip; /* NULL, or per row: 1 when its token is not sampled (gen_advance) */
 };
 
 /* Columns of this thread's share of [0, n), in whole tiles of 4 (linear_few's AVX-512 tile). */
@@ -426,12 +435,19 @@ static void decode_step(void *ctx, int ti, int nt) {
   few(logits, xn, m->w.lm_head, m->w.lm_head16, NULL, n, C, V, v_lo, v_hi, 0.0f);
   pool_barrier_wait(&s->bar, gn);
   for (int i = r_lo; i < r_hi; i++) {
+    if (x->skip && x->skip[g_lo + i]) continue;
     int qq = s->active[g_lo + i];
     float lp;
     int tok = sampler_pick(logits + (size_t)i * V, V, x->o, &x->rngs[qq], &lp, pick_idx, pick_p);
     append_token(x->out, qq, x->maxn, tok, lp, x->o);
   }
   pool_set_current(saved);
+}
+
+/* Whether decode_step splits a step by rows (gen_state_set_split; AUTO: small weights). */
+static int decode_by_rows(const struct gen_state *s) {
+  return s->split == GEN_SPLIT_ROWS ||
+         (s->split == GEN_SPLIT_AUTO && s->weight_bytes < DECODE_COLUMNS_MIN_BYTES);
 }
 
 static void embed(struct gen_state *s, const struct model *m, int row, int tok) {
@@ -467,6 +483,7 @@ static int gen_run_impl(struct gen_state *s, const struct model *m, int n,
   }
   int CKV = c->num_kv_heads * c->head_dim;
   size_t layer_cache = (size_t)s->cap_batch * s->cap_t * CKV;
+  for (int i = 0; i < n; i++) s->slot_len[i] = 0; /* gen_advance finds them empty */
 
   /* prefill: each distinct prompt once; src[i] = the sequence whose cache i copies */
   for (int i = 0; i < n; i++) {
@@ -522,8 +539,7 @@ static int gen_run_impl(struct gen_state *s, const struct model *m, int n,
   }
 
   /* decode: all unfinished sequences advance together */
-  int by_rows = s->split == GEN_SPLIT_ROWS ||
-                (s->split == GEN_SPLIT_AUTO && s->weight_bytes < DECODE_COLUMNS_MIN_BYTES);
+  int by_rows = decode_by_rows(s);
   int64_t sampled = n; /* every sequence has its first token */
   for (;;) {
     if (cancel && __atomic_load_n(cancel, __ATOMIC_RELAXED)) /* set by another thread */
@@ -564,6 +580,158 @@ int gen_run(struct gen_state *s, const struct model *m, int n, const int *const 
   struct pool *saved = pool_current();
   pool_set_current(s->pool);
   int rc = gen_run_impl(s, m, n, prompts, prompt_len, rngs, o, out, cancel, e);
+  pool_set_current(saved);
+  return rc;
+}
+
+/* ---- multi-turn generation (gen_advance) ---------------------------------------------------- */
+
+void gen_slot_clear(struct gen_state *s, int slot) {
+  if (slot >= 0 && slot < s->cap_batch) s->slot_len[slot] = 0;
+}
+
+int gen_slot_len(const struct gen_state *s, int slot) {
+  return slot >= 0 && slot < s->cap_batch ? s->slot_len[slot] : 0;
+}
+
+/* Whether a feed is a prefill (run alone through the packed block forward, as gen_run's prompts
+ * are): anything fed into an empty slot, or more than GEN_DECODE_FEED_MAX tokens. Anything else
+ * goes through decoding steps (decode_step, as gen_run's later tokens do), one token a step,
+ * batched with the other feeds: a tool's short answer costs a few decoding steps shared by every
+ * episode that is ready, not a forward pass of its own. The choice depends on the feed and its
+ * slot alone, and neither path's arithmetic depends on the batch, so a sequence gets the same
+ * bits whatever runs beside it. */
+static int is_prefill(const struct gen_state *s, const struct gen_feed *f) {
+  return f->n > GEN_DECODE_FEED_MAX || s->slot_len[f->slot] == 0;
+}
+
+static int advance_impl(struct gen_state *s, const struct model *m, int n,
+                        const struct gen_feed *feeds, struct rng *rngs,
+                        const struct sampler_opts *o, int *tok, float *lp, struct dapo_err *e) {
+  const struct model_config *c = &m->cfg;
+  int V = model_vocab_used(c);
+  if (n < 1 || n > s->cap_batch)
+    return dapo_errf(e, DAPO_ERANGE, "advance: %d sequences (capacity %d)", n, s->cap_batch);
+  if (m->lora && m->lora->cfg.r > s->lora_r)
+    return dapo_errf(e, DAPO_EINVAL,
+                     "advance: the state was sized without the model's adapter (create it after "
+                     "attaching the adapter)");
+  if (!(o->temperature >= 0.0f) || !(o->top_p > 0.0f && o->top_p <= 1.0f))
+    return dapo_errf(e, DAPO_EINVAL, "temperature %g must be >= 0 and top_p %g in (0, 1]",
+                     (double)o->temperature, (double)o->top_p);
+  for (int i = 0; i < n; i++) {
+    const struct gen_feed *f = &feeds[i];
+    if (f->slot < 0 || f->slot >= s->cap_batch)
+      return dapo_errf(e, DAPO_ERANGE, "advance: feed %d: slot %d (capacity %d)", i, f->slot,
+                       s->cap_batch);
+    for (int j = 0; j < i; j++)
+      if (feeds[j].slot == f->slot)
+        return dapo_errf(e, DAPO_EINVAL, "advance: slot %d fed twice", f->slot);
+    /* the sampled token is fed next: it needs a place too */
+    if (f->n < 1 || s->slot_len[f->slot] + f->n + 1 > s->cap_t)
+      return dapo_errf(e, DAPO_ERANGE,
+                       "advance: feed %d: %d tokens after %d (and the one sampled) exceed the "
+                       "sequence capacity %d",
+                       i, f->n, s->slot_len[f->slot], s->cap_t);
+    for (int t = 0; t < f->n; t++)
+      if (f->tokens[t] < 0 || f->tokens[t] >= V)
+        return dapo_errf(e, DAPO_EINVAL, "advance: feed %d: token %d outside the vocabulary", i,
+                         f->tokens[t]);
+  }
+  int CKV = c->num_kv_heads * c->head_dim;
+  size_t layer_cache = (size_t)s->cap_batch * s->cap_t * CKV;
+
+  /* prefills: a feed into an empty slot with the tokens (pointer and length) of an earlier one
+   * into an empty slot copies that one's cache and logits (gen_run's shared prompts) */
+  for (int i = 0; i < n; i++) {
+    s->feed_pre[i] = is_prefill(s, &feeds[i]);
+    s->src[i] = i;
+    if (!s->feed_pre[i] || s->slot_len[feeds[i].slot]) continue;
+    for (int j = 0; j < i; j++)
+      if (s->feed_pre[j] && !s->slot_len[feeds[j].slot] && feeds[j].tokens == feeds[i].tokens &&
+          feeds[j].n == feeds[i].n) {
+        s->src[i] = j;
+        break;
+      }
+  }
+  /* each distinct prefill alone (rows of no other sequence beside it), so that its arithmetic
+   * depends on the feed and the slot's past alone: which sequences are ready together (tools
+   * answer when they answer) never changes a bit */
+  for (int i = 0; i < n; i++) {
+    const struct gen_feed *f = &feeds[i];
+    if (!s->feed_pre[i] || s->src[i] != i) continue;
+    int past = s->slot_len[f->slot];
+    s->row0[0] = 0;
+    s->t_new[0] = f->n;
+    s->n_past[0] = past;
+    s->slot[0] = f->slot;
+    for (int t = 0; t < f->n; t++) {
+      s->pos[t] = past + t;
+      embed(s, m, t, f->tokens[t]);
+    }
+    s->last_row[0] = f->n - 1;
+    if (run_rows(s, m, 1, f->n, 1))
+      return dapo_errf(e, DAPO_ENOMEM, "advance: out of memory for a BF16 weight tile");
+    for (int q = i; q < n; q++) {
+      if (s->src[q] != i || !s->feed_pre[q]) continue;
+      if (q != i)
+        for (int l = 0; l < c->num_layers; l++) {
+          size_t a = l * layer_cache + (size_t)f->slot * s->cap_t * CKV;
+          size_t b = l * layer_cache + (size_t)feeds[q].slot * s->cap_t * CKV;
+          size_t cnt = (size_t)f->n * CKV;
+          memcpy(s->cache_k + b, s->cache_k + a, cnt * sizeof(float));
+          memcpy(s->cache_v + b, s->cache_v + a, cnt * sizeof(float));
+        }
+      tok[q] = sampler_pick(s->logits, V, o, &rngs[q], &lp[q], s->pick_idx, s->pick_p);
+    }
+  }
+
+  /* decoding steps: every other feed, its tokens one a step, the feeds that still have one
+   * batched; the token after a feed's last is sampled (decode_step appends it to gen_out row q,
+   * feed_len 0 before) */
+  int steps = 0;
+  for (int q = 0; q < n; q++) {
+    s->feed_len[q] = 0;
+    if (!s->feed_pre[q] && feeds[q].n > steps) steps = feeds[q].n;
+  }
+  struct sampler_opts od = *o;
+  od.n_stop = 0; /* gen_out.finish is not used: the caller decides where a turn ends */
+  struct gen_out out = {.tokens = tok, .logp = lp, .len = s->feed_len, .finish = NULL};
+  for (int t = 0; t < steps; t++) {
+    int n_act = 0;
+    for (int q = 0; q < n; q++) {
+      if (s->feed_pre[q] || t >= feeds[q].n) continue;
+      s->n_past[n_act] = s->pos[n_act] = s->slot_len[feeds[q].slot] + t;
+      s->slot[n_act] = feeds[q].slot;
+      s->active[n_act] = q;
+      s->row_skip[n_act] = t != feeds[q].n - 1;
+      embed(s, m, n_act, feeds[q].tokens[t]);
+      n_act++;
+    }
+    struct decode_args da = {.s = s,
+                             .m = m,
+                             .n_act = n_act,
+                             .maxn = 1,
+                             .o = &od,
+                             .rngs = rngs,
+                             .out = &out,
+                             .by_rows = decode_by_rows(s),
+                             .skip = s->row_skip};
+    if (s->pool && pool_threads(s->pool) > 1)
+      pool_run(s->pool, decode_step, &da);
+    else
+      decode_step(&da, 0, 1);
+  }
+  for (int q = 0; q < n; q++) s->slot_len[feeds[q].slot] += feeds[q].n;
+  return 0;
+}
+
+int gen_advance(struct gen_state *s, const struct model *m, int n, const struct gen_feed *feeds,
+                struct rng *rngs, const struct sampler_opts *o, int *tok, float *logp,
+                struct dapo_err *e) {
+  struct pool *saved = pool_current();
+  pool_set_current(s->pool);
+  int rc = advance_impl(s, m, n, feeds, rngs, o, tok, logp, e);
   pool_set_current(saved);
   return rc;
 }

@@ -78,6 +78,38 @@ int gen_run(struct gen_state *s, const struct model *m, int n, const int *const 
             const int *prompt_len, struct rng *rngs, const struct sampler_opts *o,
             struct gen_out *out, const volatile int *cancel, struct dapo_err *e);
 
+/* Multi-turn generation (an agent's episodes): each of the state's cap_batch slots holds one
+ * sequence that grows by what is fed into it, the model's own tokens and the world's between
+ * its turns, with its KV cache kept from call to call, so a sequence can wait (for a tool or an
+ * environment) while others go on, and rejoin when its answer comes.
+ *
+ * gen_advance appends feeds[i].tokens (borrowed, n >= 1) to slot feeds[i].slot's sequence, runs
+ * them through the model, and samples the next token from what follows the last of them into
+ * tok[i] (its log-prob, as gen_out.logp, into logp[i]), drawing from rngs[i]. The sampled token
+ * is not in the cache yet: the caller feeds it back (alone, to go on decoding; or with the
+ * world's tokens after it, when the turn ended). A feed into an empty slot, or of more than
+ * GEN_DECODE_FEED_MAX tokens, is a prefill (gen_run's prompt pass, each feed alone); the others
+ * go through decoding steps, a token a step (gen_run's, batched with the call's other feeds).
+ * Neither depends on what else is fed in the call, so a sequence gets the same tokens and
+ * log-probs bit for bit whichever others are ready beside it, and those of gen_run when gen_run's
+ * batch held its prompt alone. Feeds into empty slots with the same tokens (pointer and length)
+ * share one prefill. o's temperature and
+ * top_p apply; its max_new_tokens and stop ids do not (the caller decides where a turn ends).
+ * Each slot at most once per call; a slot's length plus the feed plus the token sampled must fit
+ * cap_seq_len. gen_run uses slots 0 .. n-1 and leaves them empty. */
+#define GEN_DECODE_FEED_MAX 32 /* tokens fed through decoding steps (more: a prefill) */
+struct gen_feed {
+  int slot;
+  const int *tokens;
+  int n;
+};
+int gen_advance(struct gen_state *s, const struct model *m, int n, const struct gen_feed *feeds,
+                struct rng *rngs, const struct sampler_opts *o, int *tok, float *logp,
+                struct dapo_err *e);
+/* Empties slot (its sequence starts again at the next feed); the tokens its cache holds. */
+void gen_slot_clear(struct gen_state *s, int slot);
+int gen_slot_len(const struct gen_state *s, int slot);
+
 /* Draws one token from logits[V] (modified in place) with o's temperature and top_p; writes
  * the sampled token's log-prob (see gen_out.logp) to *logp. Exposed for statistical tests. */
 int sampler_pick(float *logits, int V, const struct sampler_opts *o, struct rng *r, float *logp,

@@ -203,9 +203,16 @@ int train_state_set_pool(struct train_state *s, struct pool *p, struct dapo_err 
   return rc;
 }
 
+/* Whether the token at index n (after its sequence's prompt) is a response token b trains. */
+static int is_trained(const struct fwd_batch *b, int n) {
+  return !b->trained || b->trained[n];
+}
+
 int fwd_batch_resp_tokens(const struct fwd_batch *b) {
   int r = 0;
-  for (int i = 0; i < b->n_seq; i++) r += b->seq_off[i + 1] - b->seq_off[i] - b->prompt_len[i];
+  for (int i = 0; i < b->n_seq; i++)
+    for (int n = b->seq_off[i] + b->prompt_len[i]; n < b->seq_off[i + 1]; n++)
+      r += is_trained(b, n);
   return r;
 }
 
@@ -222,11 +229,19 @@ int fwd_batch_validate(const struct train_state *s, const struct model *m,
     if (b->prompt_len[i] < 1 || b->prompt_len[i] > len)
       return dapo_errf(e, DAPO_EINVAL, "batch: sequence %d: prompt length %d not in [1, %d]", i,
                        b->prompt_len[i], len);
-    R += len - b->prompt_len[i];
     if (b->seq_off[i + 1] > s->cap_tokens)
       return dapo_errf(e, DAPO_ERANGE, "batch: %d tokens exceed the capacity %d", b->seq_off[i + 1],
                        s->cap_tokens);
+    for (int t = 0; b->trained && t < len; t++) {
+      unsigned char f = b->trained[b->seq_off[i] + t];
+      if (f > 1 || (f && t < b->prompt_len[i]))
+        return dapo_errf(e, DAPO_EINVAL,
+                         "batch: sequence %d: token %d's trained flag is %d (0 or 1, 0 in the "
+                         "prompt)",
+                         i, t, f);
+    }
   }
+  R = fwd_batch_resp_tokens(b);
   if (R > s->cap_resp)
     return dapo_errf(e, DAPO_ERANGE, "batch: %ld response tokens exceed the capacity %d", R,
                      s->cap_resp);
@@ -263,6 +278,7 @@ static int forward(struct train_state *s, const struct model *m, const struct fw
     s->n_past[i] = 0;
     for (int t = 0; t < len; t++) s->pos[r0 + t] = t;
     for (int t = b->prompt_len[i]; t < len; t++) {
+      if (!is_trained(b, r0 + t)) continue;
       s->sel_rows[R] = r0 + t - 1;
       s->targets[R] = b->tokens[r0 + t];
       R++;

@@ -15,12 +15,19 @@
 
 /* Packed sequences (all arrays borrowed for the duration of the call). Sequence s occupies
  * tokens[seq_off[s] .. seq_off[s+1]); its first prompt_len[s] tokens (>= 1) are the prompt, the
- * rest the response. Response tokens are numbered in order: sequence 0's first, then 1's... */
+ * rest the response. Response tokens are numbered in order: sequence 0's first, then 1's...
+ *
+ * trained (NULL: every response token) marks, aligned with tokens, the response tokens whose
+ * log-probs are computed and trained (1) and those that are only context (0): in a multi-turn
+ * episode the model's sampled tokens are trained and what the world wrote between its turns is
+ * not. Only trained tokens are numbered, go through the LM head and get a gradient; the others
+ * are still attended to. A prompt token is never trained (its entry must be 0). */
 struct fwd_batch {
   int n_seq;
   const int *tokens;
-  const int *seq_off;    /* n_seq + 1 entries, seq_off[0] == 0 */
-  const int *prompt_len; /* n_seq entries */
+  const int *seq_off;           /* n_seq + 1 entries, seq_off[0] == 0 */
+  const int *prompt_len;        /* n_seq entries */
+  const unsigned char *trained; /* NULL, or seq_off[n_seq] entries of 0 or 1 */
 };
 
 struct train_state;
@@ -43,17 +50,19 @@ struct lora_config;
 size_t train_state_bytes(const struct model_config *c, const struct lora_config *lc, int cap_tokens,
                          int cap_resp, int cap_seq_len);
 
-/* Number of response tokens in b (sum of lengths minus prompt lengths). */
+/* Number of response tokens in b (sum of lengths minus prompt lengths), the trained ones only
+ * when b->trained is given. */
 int fwd_batch_resp_tokens(const struct fwd_batch *b);
 
 /* Checks b against the model and the state's capacities (token ids in range, offsets
- * increasing, prompt_len in [1, length], positions < max_position_embeddings). */
+ * increasing, prompt_len in [1, length], positions < max_position_embeddings, trained entries 0
+ * or 1 and 0 in the prompts). */
 int fwd_batch_validate(const struct train_state *s, const struct model *m,
                        const struct fwd_batch *b, struct dapo_err *e);
 
 /* Forward pass. Logits are multiplied by inv_temp (1/temperature; 1 for none) before the softmax.
- * logp and entropy (either may be NULL) receive one value per response token. Saves what the
- * backward needs; the next train_backward refers to this batch. */
+ * logp and entropy (either may be NULL) receive one value per (trained) response token. Saves what
+ * the backward needs; the next train_backward refers to this batch. */
 int train_forward(struct train_state *s, const struct model *m, const struct fwd_batch *b,
                   float inv_temp, float *logp, float *entropy, struct dapo_err *e);
 

@@ -1,7 +1,8 @@
 /* Finite-difference check of the analytic gradient of L = sum_t w_t * logp_t over every parameter
  * tensor, on tiny models that cover GQA and plain MHA, tied and untied heads, Qwen2 q/k/v biases,
  * Qwen3's q/k norms and o_proj bias, scaled RoPE (yarn, llama3), a padded vocabulary, a
- * temperature, and packed sequences of different lengths.
+ * temperature, packed sequences of different lengths, and responses whose world tokens are
+ * context only (fwd_batch.trained).
  * Tolerance: each tensor's directional derivative along a random direction, and 6 single
  * entries per tensor, agree within |fd - an| <= 1e-2 * |an| + 2e-3 (central differences with
  * Richardson extrapolation from h = 1e-2 and 5e-3 on weights of scale ~0.3; float32 forward). */
@@ -187,6 +188,90 @@ static void run_lora_case(const char *name, struct model_config cfg, unsigned ta
   model_free(m);
 }
 
+/* A batch whose responses hold tokens that are context only (fwd_batch.trained 0: what the
+ * world wrote between a model's turns): log-probs come for the trained tokens alone and equal
+ * the unmasked forward's there; the gradient equals the unmasked one with those tokens weighted
+ * 0 (world tokens change nothing in it), and agrees with finite differences; a trained flag in
+ * a prompt, or other than 0 and 1, is refused. */
+static void run_mask_case(const char *name, struct model_config cfg) {
+  struct dapo_err e = {0};
+  struct model *m = model_new(&cfg, &e);
+  CHECK_MSG(m != NULL, "%s: %s", name, e.msg);
+  if (!m) return;
+  model_init_random(m, 44);
+  CHECK(model_alloc_grads(m, &e) == 0);
+  struct rng r;
+  rng_seed(&r, 7, 3);
+  /* two episodes: prompt, model turn, world, model turn (and a trailing world token) */
+  int lens[2] = {12, 9}, plen[2] = {3, 2}, off[3] = {0, 12, 21}, tokens[21];
+  static const unsigned char mask[21] = {0, 0, 0, 1, 1, 0, 0, 0, 1, 1, 1,
+                                         0, 0, 0, 1, 0, 0, 1, 1, 1, 0};
+  for (int i = 0; i < off[2]; i++) tokens[i] = (int)rng_below(&r, (uint64_t)model_vocab_used(&cfg));
+  struct fwd_batch full = {.n_seq = 2, .tokens = tokens, .seq_off = off, .prompt_len = plen},
+                   part = full;
+  part.trained = mask;
+  int R_full = fwd_batch_resp_tokens(&full), R = fwd_batch_resp_tokens(&part);
+  CHECK(R_full == lens[0] + lens[1] - plen[0] - plen[1] && R == 9);
+  struct train_state *s = train_state_new(m, 32, 32, 16, &e);
+  CHECK_MSG(s != NULL, "%s: %s", name, e.msg);
+  float w[32], w_full[32], lp[32], lp_full[32];
+  for (int i = 0; i < R; i++) w[i] = (float)rng_normal(&r);
+  /* the unmasked batch: the same weights at trained tokens, 0 elsewhere */
+  for (int i = 0, k = 0, q = 0; i < 2; i++)
+    for (int t = off[i] + plen[i]; t < off[i + 1]; t++, q++) w_full[q] = mask[t] ? w[k++] : 0.0f;
+  float *g_full = malloc(sizeof(float) * m->n_params);
+  model_zero_grads(m);
+  loss_of(s, m, &full, w_full, 1.0f, lp_full);
+  CHECK(train_backward(s, m, w_full, &e) == 0);
+  memcpy(g_full, m->grads, sizeof(float) * m->n_params);
+  model_zero_grads(m);
+  loss_of(s, m, &part, w, 1.0f, lp);
+  CHECK(train_backward(s, m, w, &e) == 0);
+  double worst_lp = 0, worst_g = 0, gmax = 0;
+  for (int i = 0, k = 0, q = 0; i < 2; i++)
+    for (int t = off[i] + plen[i]; t < off[i + 1]; t++, q++)
+      if (mask[t]) worst_lp = fmax(worst_lp, fabs((double)lp[k++] - lp_full[q]));
+  for (size_t k = 0; k < m->n_params; k++) {
+    worst_g = fmax(worst_g, fabs((double)m->grads[k] - g_full[k]));
+    gmax = fmax(gmax, fabs((double)g_full[k]));
+  }
+  CHECK_MSG(worst_lp <= 1e-6, "%s: masked log-probs differ by %.3g", name, worst_lp);
+  CHECK_MSG(gmax > 0 && worst_g <= 1e-5 * gmax, "%s: masked gradient differs by %.3g of %.3g", name,
+            worst_g, gmax);
+  /* finite differences of the masked loss along a random direction, for every tensor */
+  float *dir = malloc(sizeof(float) * m->n_params);
+  for (int t = 0; t < m->n_tensors; t++) {
+    const struct param_info *p = &m->tensors[t];
+    double an = 0;
+    for (size_t k = 0; k < p->numel; k++) {
+      dir[k] = (float)rng_normal(&r);
+      an += (double)dir[k] * m->grads[p->offset + k];
+    }
+    double fd = richardson(s, m, &part, w, 1.0f, lp, m->params + p->offset, dir, p->numel, 1e-2f);
+    CHECK_MSG(fabs(fd - an) <= 1e-2 * fabs(an) + 2e-3, "%s %s: masked fd %.6g vs analytic %.6g",
+              name, p->name, fd, an);
+  }
+  /* refusals */
+  unsigned char bad[21];
+  memcpy(bad, mask, sizeof bad);
+  bad[1] = 1; /* inside the first prompt */
+  part.trained = bad;
+  CHECK(train_forward(s, m, &part, 1.0f, lp, NULL, &e) == DAPO_EINVAL &&
+        strstr(e.msg, "sequence 0: token 1's trained flag is 1"));
+  memcpy(bad, mask, sizeof bad);
+  bad[20] = 2;
+  CHECK(train_forward(s, m, &part, 1.0f, lp, NULL, &e) == DAPO_EINVAL &&
+        strstr(e.msg, "sequence 1: token 8's trained flag is 2"));
+  fprintf(stderr,
+          "%s: %d of %d response tokens trained; log-probs within %.2g, gradient within "
+          "%.2g of the unmasked batch's\n",
+          name, R, R_full, worst_lp, worst_g / gmax);
+  free(dir);
+  free(g_full);
+  train_state_free(s);
+  model_free(m);
+}
+
 int main(void) {
   struct model_config base = {.arch = ARCH_LLAMA,
                               .vocab_size = 23,
@@ -240,6 +325,7 @@ int main(void) {
                                   .high_freq_factor = 4.0,
                                   .original_max_position_embeddings = 4};
   run_case("llama3-rope-tied", c5, 1.0f);
+  run_mask_case("mask-qwen3", c4);
   run_lora_case("lora-all-linear-qwen3", c4, (1u << LT_COUNT) - 1, 3, 1.0f / 0.8f);
   run_lora_case("lora-qv-llama", base, 1u << LT_Q | 1u << LT_V, 2, 1.0f);
   /* again with the parallel paths of every kernel (3 threads, no work threshold) */

@@ -1,6 +1,7 @@
 /* Sampler: reproducibility, batch-of-G == G single runs, KV-cache decoding agrees with the
  * training forward (log-probs of the sampled tokens), greedy == argmax, and the temperature /
- * top-p distribution checked statistically on a known logit vector; Llama, Qwen2 and Qwen3 (q/k
+ * top-p distribution checked statistically on a known logit vector; multi-turn generation
+ * (gen_advance) against gen_run and the training forward; Llama, Qwen2 and Qwen3 (q/k
  * norms, yarn RoPE, a padded vocabulary whose padding logits dwarf the real ones and must never
  * be drawn). */
 #include <pthread.h>
@@ -73,6 +74,12 @@ struct run {
   int tokens[NSEQ * MAXN], len[NSEQ], finish[NSEQ];
   float logp[NSEQ * MAXN];
 };
+
+/* rngs for a call that must be refused before it draws */
+static struct rng *rngs_dummy(void) {
+  static struct rng r[NSEQ];
+  return r;
+}
 
 static void gen(struct gen_state *s, const struct model *m, int n, const int *const *prompts,
                 const int *plen, const uint64_t *seeds, const struct sampler_opts *o,
@@ -213,7 +220,7 @@ static void test_model(int arch, int tied, int nkv) {
     off[i + 1] = k;
     pl[i] = plen[i];
   }
-  struct fwd_batch fb = {NSEQ, toks, off, pl};
+  struct fwd_batch fb = {.n_seq = NSEQ, .tokens = toks, .seq_off = off, .prompt_len = pl};
   struct train_state *ts = train_state_new(m, NSEQ * 64, NSEQ * 64, 64, &e);
   float lp[NSEQ * 64];
   CHECK(train_forward(ts, m, &fb, 1.0f / o.temperature, lp, NULL, &e) == 0);
@@ -266,7 +273,7 @@ static void test_greedy_argmax(int arch) {
     for (int v = 0; v < V; v++) {
       toks[3 + t] = v;
       int off[2] = {0, 4 + t}, pl[1] = {3 + t};
-      struct fwd_batch fb = {1, toks, off, pl};
+      struct fwd_batch fb = {.n_seq = 1, .tokens = toks, .seq_off = off, .prompt_len = pl};
       float lp;
       train_forward(ts, m, &fb, 1.0f, &lp, NULL, &e);
       if (lp > bestlp) {
@@ -352,6 +359,169 @@ static void test_pool(int arch) {
   model_free(m);
 }
 
+/* gen_advance drives the sequences of a gen_run token by token: the same tokens bit for bit
+ * whether every slot is fed each round, slots wait (for a tool) and rejoin, or each runs alone,
+ * serially and on a pool split either way; gen_run's tokens, its log-probs within 1e-4 (it packs
+ * prompts into one prefill); the same again with the world's tokens fed into every sequence
+ * after its second token (short and long answers in one call). Then a second turn: the world's
+ * tokens fed after the first (short: decoding steps; long: a prefill onto the cache), and the
+ * second turn's log-probs equal the training forward's over the whole episode with only the model's
+ * tokens trained. Refusals: a slot fed twice, a feed past the capacity. */
+static void test_advance(int arch) {
+  struct model *m = make_model(arch, 0, 2);
+  struct dapo_err e;
+  struct gen_state *s = gen_state_new(m, NSEQ, 64, &e);
+  int pa[5] = {5, 6, 7, 8, 9}, pb[3] = {10, 11, 12};
+  const int *prompts[NSEQ] = {pa, pa, pa, pa, pb, pb, pb, pa};
+  int plen[NSEQ] = {5, 5, 5, 5, 3, 3, 3, 2};
+  uint64_t seeds[NSEQ] = {1, 2, 3, 4, 5, 6, 7, 8};
+  struct sampler_opts o = {.temperature = 1.0f, .top_p = 0.9f, .max_new_tokens = MAXN};
+  struct run want;
+  struct pool *p = pool_new(3);
+  long old = kernels_par_min_work();
+  for (int mode = 0; mode < 3; mode++) { /* serial; pool by rows; pool by columns */
+    if (mode == 1) {
+      kernels_set_par_min_work(0);
+      CHECK(gen_state_set_pool(s, p, &e) == 0);
+    }
+    gen_state_set_split(s, mode == 2 ? GEN_SPLIT_COLUMNS : GEN_SPLIT_ROWS);
+    gen(s, m, NSEQ, prompts, plen, seeds, &o, &want); /* gen_run in the same mode */
+    /* every slot fed each round (wait 0); slots that wait one round in three (wait 1); each
+     * slot alone in its own calls (wait 2). With world = 1 every sequence's third feed is its
+     * last token and 1-4 of the world's tokens after it (through decoding steps, beside the
+     * others' single tokens), or, for the last slot, GEN_DECODE_FEED_MAX + 1 (a prefill onto
+     * its cache) */
+    struct run got[2][3];
+    int wbuf[NSEQ][GEN_DECODE_FEED_MAX + 2];
+    for (int world = 0; world < 2; world++)
+      for (int wait = 0; wait < 3; wait++) {
+        struct run *g = &got[world][wait];
+        memset(g, 0, sizeof *g);
+        struct rng rngs[NSEQ], rr[NSEQ];
+        for (int i = 0; i < NSEQ; i++) rng_seed(&rngs[i], seeds[i], 0), gen_slot_clear(s, i);
+        struct gen_feed f[NSEQ];
+        int slot_of[NSEQ], tok[NSEQ], nw[NSEQ];
+        for (int q = 0; q < NSEQ; q++) nw[q] = q == NSEQ - 1 ? GEN_DECODE_FEED_MAX + 1 : 1 + q % 4;
+        float lp[NSEQ];
+        for (int round = 0; round < 3 * NSEQ * MAXN; round++) {
+          int n = 0;
+          for (int q = 0; q < NSEQ; q++) {
+            if (g->len[q] == MAXN) continue;
+            if (wait == 1 && g->len[q] > 0 && (round + q) % 3 == 0) continue;
+            if (wait == 2 && (n > 0 || round % NSEQ != q)) continue;
+            const int *last = &g->tokens[q * MAXN + g->len[q] - 1];
+            if (!g->len[q]) {
+              f[n] = (struct gen_feed){q, prompts[q], plen[q]};
+            } else if (world && g->len[q] == 2) {
+              wbuf[q][0] = *last;
+              for (int t = 0; t < nw[q]; t++) wbuf[q][1 + t] = 3 + (q + t) % 20;
+              f[n] = (struct gen_feed){q, wbuf[q], nw[q] + 1};
+            } else {
+              f[n] = (struct gen_feed){q, last, 1};
+            }
+            rr[n] = rngs[q];
+            slot_of[n++] = q;
+          }
+          if (!n) continue;
+          CHECK_MSG(gen_advance(s, m, n, f, rr, &o, tok, lp, &e) == 0, "advance: %s", e.msg);
+          for (int i = 0; i < n; i++) {
+            int q = slot_of[i];
+            rngs[q] = rr[i];
+            g->tokens[q * MAXN + g->len[q]] = tok[i];
+            g->logp[q * MAXN + g->len[q]] = lp[i];
+            g->len[q]++;
+          }
+        }
+        for (int q = 0; q < NSEQ; q++)
+          CHECK(gen_slot_len(s, q) == plen[q] + MAXN - 1 + (world ? nw[q] : 0));
+        if (wait)
+          CHECK_MSG(!memcmp(g->tokens, got[world][0].tokens, sizeof g->tokens) &&
+                        !memcmp(g->logp, got[world][0].logp, sizeof g->logp),
+                    "mode %d: who else is fed changed a sequence (wait %d, world %d)", mode, wait,
+                    world);
+      }
+    CHECK_MSG(memcmp(got[0][0].tokens, got[1][0].tokens, sizeof want.tokens),
+              "mode %d: the world's tokens changed nothing after them", mode);
+    /* gen_run packs distinct prompts into one prefill: the same tokens, log-probs within the
+     * batch/single tolerance */
+    float d = 0;
+    for (int i = 0; i < NSEQ * MAXN; i++) d = fmaxf(d, fabsf(got[0][0].logp[i] - want.logp[i]));
+    CHECK_MSG(!memcmp(got[0][0].tokens, want.tokens, sizeof want.tokens) && d < 1e-4f,
+              "mode %d: gen_advance vs gen_run: tokens %s, log-probs within %g", mode,
+              memcmp(got[0][0].tokens, want.tokens, sizeof want.tokens) ? "differ" : "agree",
+              (double)d);
+  }
+  kernels_set_par_min_work(old);
+  gen_state_set_pool(s, NULL, &e);
+  gen(s, m, NSEQ, prompts, plen, seeds, &o, &want); /* serial again; slots left empty */
+  CHECK(gen_slot_len(s, 0) == 0);
+
+  /* two turns on slot 0: the first as gen_run's sequence 0, then its last sampled token with 4
+   * world tokens after it, then 8 more tokens */
+  /* the world's answer short (through decoding steps) and long (a prefill onto the cache) */
+  static const int WS[2] = {4, GEN_DECODE_FEED_MAX + 8};
+  struct train_state *ts = train_state_new(m, 64, 64, 64, &e);
+  for (int wi = 0; wi < 2; wi++) {
+    int T1 = wi ? 8 : MAXN, W = WS[wi], T2 = 8;
+    int seq[64], n = 0, tk;
+    unsigned char trained[64] = {0};
+    struct rng r0;
+    rng_seed(&r0, seeds[0], 0);
+    gen_slot_clear(s, 0);
+    struct gen_feed f = {0, prompts[0], plen[0]};
+    for (int t = 0; t < plen[0]; t++) seq[n++] = prompts[0][t];
+    float lp1[MAXN], lp2[8];
+    for (int t = 0; t < T1; t++) {
+      CHECK(gen_advance(s, m, 1, &f, &r0, &o, &tk, &lp1[t], &e) == 0);
+      CHECK_MSG(tk == want.tokens[t] && fabsf(lp1[t] - want.logp[t]) < 1e-4f, "turn 1, token %d",
+                t);
+      trained[n] = 1;
+      seq[n++] = tk;
+      f = (struct gen_feed){0, &seq[n - 1], 1};
+    }
+    int world0 = n - 1; /* the turn's last token, then the world's */
+    for (int t = 0; t < W; t++) seq[n++] = 3 + t % 20;
+    f = (struct gen_feed){0, seq + world0, W + 1};
+    for (int t = 0; t < T2; t++) {
+      CHECK(gen_advance(s, m, 1, &f, &r0, &o, &tk, &lp2[t], &e) == 0);
+      trained[n] = 1;
+      seq[n++] = tk;
+      f = (struct gen_feed){0, &seq[n - 1], 1};
+    }
+    CHECK(gen_slot_len(s, 0) == n - 1);
+    int off[2] = {0, n}, pl[1] = {plen[0]};
+    struct fwd_batch fb = {
+        .n_seq = 1, .tokens = seq, .seq_off = off, .prompt_len = pl, .trained = trained};
+    float lpt[64];
+    CHECK(fwd_batch_resp_tokens(&fb) == T1 + T2);
+    CHECK(train_forward(ts, m, &fb, 1.0f, lpt, NULL, &e) == 0);
+    float d = 0;
+    for (int t = 0; t < T1; t++) d = fmaxf(d, fabsf(lpt[t] - lp1[t]));
+    for (int t = 0; t < T2; t++) d = fmaxf(d, fabsf(lpt[T1 + t] - lp2[t]));
+    CHECK_MSG(d < 1e-4f, "two turns, %d world tokens: sampler vs training-forward mismatch %g", W,
+              (double)d);
+    fprintf(stderr,
+            "arch %d: gen_advance alike with waiting and lone slots; two turns, %d world tokens "
+            "in between: sampler/trainer max |dlogp| %.2g\n",
+            arch, W, (double)d);
+  }
+
+  /* refusals */
+  int tok[2];
+  float lp[2];
+  struct gen_feed twice[2] = {{1, pa, 1}, {1, pa, 1}};
+  CHECK(gen_advance(s, m, 2, twice, rngs_dummy(), &o, tok, lp, &e) == DAPO_EINVAL &&
+        strstr(e.msg, "slot 1 fed twice"));
+  static const int many[64];
+  struct gen_feed big = {2, many, 64};
+  CHECK(gen_advance(s, m, 1, &big, rngs_dummy(), &o, tok, lp, &e) == DAPO_ERANGE &&
+        strstr(e.msg, "exceed the sequence capacity 64"));
+  train_state_free(ts);
+  gen_state_free(s);
+  pool_free(p);
+  model_free(m);
+}
+
 /* Two samplers at once (two jobs' workers): each must stay inside its own nucleus. With
  * top_p 0.05 on 4096 logits rising (thread 0) or falling (thread 1) with the token id, the
  * nucleus is a few tokens at one end; a shared sort context would mix the two. */
@@ -395,6 +565,8 @@ int main(void) {
   test_greedy_argmax(ARCH_QWEN3);
   test_pool(ARCH_QWEN2);
   test_pool(ARCH_QWEN3);
+  test_advance(ARCH_QWEN2);
+  test_advance(ARCH_QWEN3);
   test_concurrent_pick();
   test_distribution(1.0f, 1.0f);
   test_distribution(0.7f, 1.0f);
