@@ -1,0 +1,56 @@
+/* Tool-call formats: how a model's turn calls a tool, and how the answers are written back into
+ * its sequence (token in, token out: the caller tokenizes the text rendered here and appends it
+ * after the model's turn, never re-rendering what came before). docs/AGENTS.md has each format.
+ *   dapod   the default of the presets and of custom chat templates, made to be learnable from
+ *           random weights by a character model: a turn that starts with '@' is a call,
+ *           "@name {json arguments}", "@name" (no arguments), or a bare "@" when the job has one
+ *           tool; the answer is written back as "=" content "\n".
+ * A format never changes; these functions are pure and thread-safe. */
+#ifndef DAPO_TOOLCALL_H
+#define DAPO_TOOLCALL_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+enum tc_format { TC_DAPOD = 0, TC_COUNT };
+
+/* The format named name ("dapod"); -1 when there is none. */
+int tc_format_find(const char *name);
+const char *tc_format_name(enum tc_format f);
+
+#define TC_MAX_CALLS 8 /* calls one turn may make (the rest is malformed) */
+#define TC_NAME_MAX 64 /* bytes of a tool's name */
+
+struct tc_call {
+  char name[TC_NAME_MAX + 1];
+  json_t *arguments; /* owned: a JSON object */
+};
+
+/* What one model turn says: calls (n_calls of them), or a final answer (no call). A turn that
+ * tries to call but does not do it well (a name that is no tool's, arguments that are not a JSON
+ * object, a bare '@' with several tools) is malformed: why says what, as the model is told. */
+struct tc_turn {
+  int n_calls;
+  struct tc_call calls[TC_MAX_CALLS];
+  int malformed;
+  char why[256];
+};
+
+/* Reads one model turn's text (len bytes; its end-of-turn text already removed) in format f; tools
+ * (n_tools names, borrowed) are the job's. Returns 0, or DAPO_ENOMEM. tc_turn_free after. */
+int tc_read_turn(enum tc_format f, const char *text, size_t len, const char *const *tools,
+                 int n_tools, struct tc_turn *out);
+void tc_turn_free(struct tc_turn *t);
+
+/* One answer to a call: its tool's name and the content the model reads (a tool's result, or
+ * what was wrong). */
+struct tc_answer {
+  const char *name;
+  const char *content;
+};
+
+/* The text that follows a turn whose calls got these n >= 1 answers, ending where the model's
+ * next turn starts, into *out (malloc'd, NUL-terminated). Returns 0 or DAPO_ENOMEM. */
+int tc_render_answers(enum tc_format f, const struct tc_answer *a, int n, char **out);
+
+#endif
