@@ -1,8 +1,8 @@
 /* The http judge (API.md "Judges"): packs items into requests of at most max_batch without ever
  * splitting a group, keeps `concurrency` requests in flight on one curl multi handle, retries
- * timeouts, connection errors, 429/5xx and malformed replies with exponential backoff, validates
- * every reply, and refuses hosts outside the allowlist and, in CURLOPT_OPENSOCKETFUNCTION before
- * each connect, addresses in special ranges that the policy does not allow (netaddr.h). */
+ * timeouts, connection errors, 429/5xx and malformed replies with exponential backoff, and
+ * validates every reply. The URL, the headers, the transfer and the host policy checked at
+ * connect time are every outside party's (outside.h). */
 #include <arpa/inet.h>
 #include <curl/curl.h>
 #include <math.h>
@@ -16,49 +16,19 @@
 #include <time.h>
 
 #include "judge_impl.h"
-#include "netaddr.h"
-#include "utf8.h"
+#include "outside.h"
 
-#define HTTP_MAX_REPLY ((size_t)64 << 20) /* bigger replies are parse errors */
-#define HTTP_QUOTE_BYTES 200              /* of a reply body, in error messages */
-#define BACKOFF_BASE_MS 200               /* retry k waits 200 ms * 2^(k-1), no jitter */
-#define BACKOFF_CAP_MS 10000
-#define CONNECT_TIMEOUT_CAP_MS 10000
 #define POLL_SLICE_MS 50 /* the cancel flag is read at least this often */
-#define MAX_HEADERS 64
 #define REWARD_LIMIT 1e6
 
 enum wire_format { FMT_DAPOD, FMT_OPENRLHF };
 
 struct judge_http {
-  char *url; /* as re-serialised by curl's URL parser: what was checked is what is requested */
+  struct outside *out; /* the URL (checked against the host policy), headers, connect check */
+  const char *url;     /* outside_url(out) */
   int timeout_ms, max_batch, concurrency, max_retries;
   enum wire_format format;
-  struct curl_slist *headers; /* read-only once built: shared by every transfer */
-  /* The connect-time address check (judge_policy): */
-  char *host;         /* the URL's host as curl parsed it, without brackets */
-  int host_localhost; /* host is "localhost": only loopback addresses */
-  char **literals;    /* owned: the allowlist's entries that are IP addresses */
-  int n_literals;
-  int allow_private;
-  struct curl_slist *resolve; /* tests: CURLOPT_RESOLVE entries (judge_policy.resolve) */
 };
-
-/* ---- libcurl's global state ---- */
-
-static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
-static CURLcode curl_init_rc = CURLE_FAILED_INIT;
-static int curl_inited;
-
-static void curl_init_once(void) {
-  curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
-  curl_inited = curl_init_rc == CURLE_OK;
-}
-
-void judge_global_cleanup(void) {
-  if (curl_inited) curl_global_cleanup();
-  curl_inited = 0;
-}
 
 /* ---- Spec ---- */
 
@@ -78,165 +48,6 @@ static int get_int(const json_t *spec, const char *key, int def, int min, int ma
   return 0;
 }
 
-/* RFC 9110 token characters. */
-static int is_tchar(unsigned char c) {
-  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-         (c && strchr("!#$%&'*+-.^_`|~", c));
-}
-
-static int build_headers(struct judge_http *h, const json_t *hdrs, struct dapo_err *e) {
-  int has_ctype = 0;
-  if (hdrs && !json_is_null(hdrs)) {
-    if (!json_is_object(hdrs))
-      return dapo_errf(e, DAPO_EINVAL, "judge.headers: expected an object of strings");
-    if (json_object_size(hdrs) > MAX_HEADERS)
-      return dapo_errf(e, DAPO_EINVAL, "judge.headers: more than %d headers", MAX_HEADERS);
-    const char *name;
-    json_t *v;
-    json_object_foreach((json_t *)hdrs, name, v) {
-      size_t nl = strlen(name);
-      if (nl == 0 || nl > 256)
-        return dapo_errf(e, DAPO_EINVAL, "judge.headers: a header name must have 1 to 256 bytes");
-      for (size_t i = 0; i < nl; i++) {
-        unsigned char c = (unsigned char)name[i];
-        if (c == '\r' || c == '\n')
-          return dapo_errf(e, DAPO_EINVAL, "judge.headers: header names cannot contain CR or LF");
-        if (!is_tchar(c))
-          return dapo_errf(e, DAPO_EINVAL, "judge.headers.%.64s: not a valid header name", name);
-      }
-      if (!json_is_string(v))
-        return dapo_errf(e, DAPO_EINVAL, "judge.headers.%.64s: expected a string", name);
-      const char *val = json_string_value(v);
-      size_t vl = json_string_length(v);
-      if (vl > 8192)
-        return dapo_errf(e, DAPO_EINVAL, "judge.headers.%.64s: longer than 8192 bytes", name);
-      if (strlen(val) != vl || strpbrk(val, "\r\n"))
-        return dapo_errf(e, DAPO_EINVAL,
-                         "judge.headers.%.64s: header values cannot contain CR, LF or NUL", name);
-      if (!strcasecmp(name, "content-length") || !strcasecmp(name, "transfer-encoding") ||
-          !strcasecmp(name, "host") || !strcasecmp(name, "connection"))
-        return dapo_errf(e, DAPO_EINVAL, "judge.headers.%.64s: set by the daemon, not the spec",
-                         name);
-      if (!strcasecmp(name, "content-type")) has_ctype = 1;
-      size_t len = nl + vl + 3;
-      char *line = malloc(len);
-      if (!line) return dapo_errf(e, DAPO_ENOMEM, "judge.headers: out of memory");
-      /* "Name;" is curl's way to send a header with an empty value. */
-      if (vl)
-        snprintf(line, len, "%s: %s", name, val);
-      else
-        snprintf(line, len, "%s;", name);
-      struct curl_slist *l = curl_slist_append(h->headers, line);
-      free(line);
-      if (!l) return dapo_errf(e, DAPO_ENOMEM, "judge.headers: out of memory");
-      h->headers = l;
-    }
-  }
-  static const char *const fixed[] = {"Accept: application/json", "Expect:"};
-  for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) {
-    struct curl_slist *l = curl_slist_append(h->headers, fixed[i]);
-    if (!l) return dapo_errf(e, DAPO_ENOMEM, "judge.headers: out of memory");
-    h->headers = l;
-  }
-  if (!has_ctype) {
-    struct curl_slist *l = curl_slist_append(h->headers, "Content-Type: application/json");
-    if (!l) return dapo_errf(e, DAPO_ENOMEM, "judge.headers: out of memory");
-    h->headers = l;
-  }
-  return 0;
-}
-
-/* host without IPv6 brackets, compared case-insensitively with one allowlist entry. */
-static int host_matches(const char *host, const char *allowed) {
-  size_t hl = strlen(host), al = strlen(allowed);
-  if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') host++, hl -= 2;
-  if (al >= 2 && allowed[0] == '[' && allowed[al - 1] == ']') allowed++, al -= 2;
-  return hl == al && !strncasecmp(host, allowed, hl);
-}
-
-/* 1 when s is an IPv4 or IPv6 address (brackets allowed). */
-static int is_ip_literal(const char *s) {
-  char t[INET6_ADDRSTRLEN + 2];
-  unsigned char buf[sizeof(struct in6_addr)];
-  size_t n = strlen(s);
-  if (n >= 2 && s[0] == '[' && s[n - 1] == ']') s++, n -= 2;
-  if (n >= sizeof t) return 0;
-  memcpy(t, s, n);
-  t[n] = '\0';
-  return inet_pton(AF_INET, t, buf) == 1 || inet_pton(AF_INET6, t, buf) == 1;
-}
-
-static int check_url(struct judge_http *h, const char *url, const struct judge_policy *pol,
-                     struct dapo_err *e) {
-  static const char *const loopback[] = {"127.0.0.1", "localhost", "::1"};
-  const char *const *allowed = loopback;
-  int n_allowed = 3;
-  if (pol && pol->allowed_hosts && pol->n_allowed > 0) {
-    allowed = pol->allowed_hosts;
-    n_allowed = pol->n_allowed;
-  }
-  h->allow_private = pol && pol->allow_private;
-  if (!(h->literals = calloc((size_t)n_allowed, sizeof *h->literals)))
-    return dapo_errf(e, DAPO_ENOMEM, "judge.url: out of memory");
-  for (int i = 0; i < n_allowed; i++) {
-    if (!allowed[i] || !is_ip_literal(allowed[i])) continue;
-    if (!(h->literals[h->n_literals] = strdup(allowed[i])))
-      return dapo_errf(e, DAPO_ENOMEM, "judge.url: out of memory");
-    h->n_literals++;
-  }
-  int rc = 0;
-  char *scheme = NULL, *host = NULL, *full = NULL;
-  CURLU *u = curl_url();
-  if (!u) return dapo_errf(e, DAPO_ENOMEM, "judge.url: out of memory");
-  CURLUcode uc = curl_url_set(u, CURLUPART_URL, url, 0);
-  if (uc) {
-    rc = dapo_errf(e, DAPO_EINVAL, "judge.url: '%.200s' is not a valid URL (%s)", url,
-                   curl_url_strerror(uc));
-    goto out;
-  }
-  if (curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) ||
-      (strcasecmp(scheme, "http") && strcasecmp(scheme, "https"))) {
-    rc = dapo_errf(e, DAPO_EINVAL, "judge.url: scheme '%.20s' is not http or https",
-                   scheme ? scheme : "");
-    goto out;
-  }
-  if (curl_url_get(u, CURLUPART_HOST, &host, 0) || !host || !*host) {
-    rc = dapo_errf(e, DAPO_EINVAL, "judge.url: '%.200s' names no host", url);
-    goto out;
-  }
-  int ok = 0;
-  for (int i = 0; i < n_allowed && !ok; i++) ok = allowed[i] && host_matches(host, allowed[i]);
-  if (!ok) {
-    rc = dapo_errf(e, DAPO_EINVAL,
-                   "judge.url: host '%.100s' is not in the judge host allowlist (server "
-                   "configuration; default: 127.0.0.1, localhost, ::1)",
-                   host);
-    goto out;
-  }
-  {
-    size_t hl = strlen(host);
-    const char *hs = host;
-    if (hl >= 2 && hs[0] == '[' && hs[hl - 1] == ']') hs++, hl -= 2;
-    if (!(h->host = strndup(hs, hl))) {
-      rc = dapo_errf(e, DAPO_ENOMEM, "judge.url: out of memory");
-      goto out;
-    }
-    h->host_localhost = !strcasecmp(h->host, "localhost");
-  }
-  if (curl_url_get(u, CURLUPART_URL, &full, 0)) {
-    rc = dapo_errf(e, DAPO_EINVAL, "judge.url: '%.200s' is not a valid URL", url);
-    goto out;
-  }
-  h->url = strdup(full);
-  if (!h->url) rc = dapo_errf(e, DAPO_ENOMEM, "judge.url: out of memory");
-out:
-  curl_free(scheme);
-  curl_free(host);
-  curl_free(full);
-  curl_url_cleanup(u);
-  return rc;
-}
-
 struct judge_http *judge_http_new(const json_t *spec, const struct judge_policy *pol,
                                   struct dapo_err *e) {
   static const char *const fields[] = {"type",        "url",     "timeout_ms",  "max_batch",
@@ -251,23 +62,20 @@ struct judge_http *judge_http_new(const json_t *spec, const struct judge_policy 
       return NULL;
     }
   }
-  pthread_once(&curl_once, curl_init_once);
-  if (curl_init_rc != CURLE_OK) {
-    dapo_errf(e, DAPO_EIO, "judge: libcurl failed to initialise (%s)",
-              curl_easy_strerror(curl_init_rc));
-    return NULL;
-  }
   struct judge_http *h = calloc(1, sizeof *h);
   if (!h) {
     dapo_errf(e, DAPO_ENOMEM, "judge: out of memory");
     return NULL;
   }
   int rc = 0;
-  const char *url = json_string_value(json_object_get(spec, "url"));
   const char *fmt = NULL;
   const json_t *fj = json_object_get(spec, "format");
-  if (!url) rc = dapo_errf(e, DAPO_EINVAL, "judge.url: required, an http:// or https:// URL");
-  if (!rc) rc = check_url(h, url, pol, e);
+  h->out = outside_new("judge", "judge", json_object_get(spec, "url"),
+                       json_object_get(spec, "headers"), pol, e);
+  if (!h->out)
+    rc = e ? e->code : DAPO_EINVAL;
+  else
+    h->url = outside_url(h->out);
   if (!rc) rc = get_int(spec, "timeout_ms", 30000, 100, 600000, &h->timeout_ms, e);
   if (!rc) rc = get_int(spec, "max_batch", 64, 1, 4096, &h->max_batch, e);
   if (!rc) rc = get_int(spec, "concurrency", 4, 1, 64, &h->concurrency, e);
@@ -281,14 +89,6 @@ struct judge_http *judge_http_new(const json_t *spec, const struct judge_policy 
     else
       rc = dapo_errf(e, DAPO_EINVAL, "judge.format: expected \"dapod\" or \"openrlhf\"");
   }
-  if (!rc) rc = build_headers(h, json_object_get(spec, "headers"), e);
-  for (int i = 0; !rc && pol && pol->resolve && i < pol->n_resolve; i++) {
-    struct curl_slist *l = curl_slist_append(h->resolve, pol->resolve[i]);
-    if (l)
-      h->resolve = l;
-    else
-      rc = dapo_errf(e, DAPO_ENOMEM, "judge: out of memory");
-  }
   if (rc) {
     judge_http_free(h);
     return NULL;
@@ -298,12 +98,7 @@ struct judge_http *judge_http_new(const json_t *spec, const struct judge_policy 
 
 void judge_http_free(struct judge_http *h) {
   if (!h) return;
-  curl_slist_free_all(h->headers);
-  curl_slist_free_all(h->resolve);
-  for (int i = 0; i < h->n_literals; i++) free(h->literals[i]);
-  free(h->literals);
-  free(h->host);
-  free(h->url);
+  outside_free(h->out);
   free(h);
 }
 
@@ -329,14 +124,7 @@ struct req {
   int attempts;
   int64_t next_at_ms; /* monotonic time of the next attempt */
   CURL *easy;
-  char *reply; /* this attempt's reply body */
-  size_t reply_n, reply_cap;
-  int reply_too_big;
-  int refused; /* the socket callback refused an address */
-  char refused_addr[INET6_ADDRSTRLEN];
-  char refused_why[256];
-  const struct judge_http *h; /* the judge, for the socket callback */
-  char errbuf[CURL_ERROR_SIZE];
+  struct outside_xfer x;         /* this attempt's reply and connect-time refusal */
   struct verdict *v;             /* [n] */
   const char **sorted_ids;       /* [n] ids of this request sorted, for lookups */
   int *sorted_pos;               /* [n] position in idx of sorted_ids[k] */
@@ -354,12 +142,6 @@ struct run {
   int n_reqs;
   int *order; /* item indices grouped: groups in order of first appearance */
 };
-
-static int64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 struct gkey {
   int group, first, idx;
@@ -533,70 +315,11 @@ static void clear_verdicts(struct req *q) {
   }
 }
 
-/* The first HTTP_QUOTE_BYTES of a reply, quoted: valid UTF-8 kept, other bytes as \xNN. */
-static void quote_body(const char *p, size_t n, char *out, size_t cap) {
-  size_t w = 0, i = 0;
-  int cut = 0;
-  if (cap < 8) {
-    if (cap) out[0] = '\0';
-    return;
-  }
-  out[w++] = '"';
-  while (i < n) {
-    if (i >= HTTP_QUOTE_BYTES) {
-      cut = 1;
-      break;
-    }
-    unsigned char c = (unsigned char)p[i];
-    char tmp[8];
-    size_t tl;
-    if (c == '"' || c == '\\') {
-      tmp[0] = '\\';
-      tmp[1] = (char)c;
-      tl = 2;
-    } else if (c == '\n') {
-      memcpy(tmp, "\\n", 2);
-      tl = 2;
-    } else if (c < 0x20 || c == 0x7F) {
-      tl = (size_t)snprintf(tmp, sizeof tmp, "\\x%02x", c);
-    } else if (c < 0x80) {
-      tmp[0] = (char)c;
-      tl = 1;
-    } else {
-      size_t l = utf8_next((const unsigned char *)p + i, n - i, NULL);
-      if (l) {
-        if (w + l + 5 > cap) {
-          cut = 1;
-          break;
-        }
-        memcpy(out + w, p + i, l);
-        w += l;
-        i += l;
-        continue;
-      }
-      tl = (size_t)snprintf(tmp, sizeof tmp, "\\x%02x", c);
-    }
-    if (w + tl + 5 > cap) {
-      cut = 1;
-      break;
-    }
-    memcpy(out + w, tmp, tl);
-    w += tl;
-    i++;
-  }
-  out[w++] = '"';
-  if (cut) {
-    memcpy(out + w, "...", 3);
-    w += 3;
-  }
-  out[w] = '\0';
-}
-
 /* tail = prefix + ": " + the quoted reply body. */
 static void set_body_tail(struct req *q, const char *prefix) {
   int k = snprintf(q->tail, sizeof q->tail, "%s: ", prefix);
   if (k < 0 || (size_t)k >= sizeof q->tail) return;
-  quote_body(q->reply, q->reply_n, q->tail + k, sizeof q->tail - (size_t)k);
+  outside_quote_reply(&q->x, q->tail + k, sizeof q->tail - (size_t)k);
 }
 
 /* What an attempt's reply says. PARSE: the reply as a whole is malformed (everything retried);
@@ -731,14 +454,14 @@ static enum reply_outcome parse_openrlhf(struct req *q, json_t *root, int *n_ran
 static enum reply_outcome parse_reply(const struct run *r, struct req *q, int *n_range) {
   *n_range = 0;
   clear_verdicts(q);
-  if (q->reply_too_big) {
+  if (q->x.reply_too_big) {
     snprintf(q->what, sizeof q->what, "malformed reply (larger than %zu MiB)",
-             HTTP_MAX_REPLY >> 20);
+             OUTSIDE_MAX_REPLY >> 20);
     q->tail[0] = '\0';
     return RO_PARSE;
   }
   json_error_t jerr;
-  json_t *root = json_loadb(q->reply ? q->reply : "", q->reply_n, 0, &jerr);
+  json_t *root = json_loadb(q->x.reply ? q->x.reply : "", q->x.reply_n, 0, &jerr);
   if (!root) {
     char why[200];
     snprintf(why, sizeof why, "not JSON: %.120s", jerr.text);
@@ -755,113 +478,11 @@ static enum reply_outcome parse_reply(const struct run *r, struct req *q, int *n
   return o;
 }
 
-static size_t on_write(char *data, size_t size, size_t nmemb, void *userp) {
-  struct req *q = userp;
-  size_t n = size * nmemb;
-  if (q->reply_n + n > HTTP_MAX_REPLY) {
-    q->reply_too_big = 1;
-    return 0; /* CURLE_WRITE_ERROR */
-  }
-  if (q->reply_n + n + 1 > q->reply_cap) {
-    size_t cap = q->reply_cap ? q->reply_cap : 4096;
-    while (cap < q->reply_n + n + 1) cap *= 2;
-    if (cap > HTTP_MAX_REPLY + 1) cap = HTTP_MAX_REPLY + 1;
-    char *p = realloc(q->reply, cap);
-    if (!p) return 0;
-    q->reply = p;
-    q->reply_cap = cap;
-  }
-  memcpy(q->reply + q->reply_n, data, n);
-  q->reply_n += n;
-  q->reply[q->reply_n] = '\0';
-  return n;
-}
-
-/* Why the address curl is about to connect to is refused (into why), or NULL when allowed: the
- * rule of judge_policy.allow_private's comment. */
-static const char *address_refusal(const struct judge_http *h, const struct sockaddr *sa, char *why,
-                                   size_t cap) {
-  enum netaddr_class c = netaddr_classify(sa);
-  const char *name = netaddr_class_name(c);
-  if (c == NETADDR_UNSPECIFIED || c == NETADDR_MULTICAST || c == NETADDR_RESERVED) {
-    snprintf(why, cap, "%s %s address is never a judge", c == NETADDR_UNSPECIFIED ? "an" : "a",
-             name);
-    return why;
-  }
-  if (h->host_localhost) {
-    if (c == NETADDR_LOOPBACK) return NULL;
-    snprintf(why, cap, "'localhost' resolved to a %s address, not a loopback one", name);
-    return why;
-  }
-  if (c == NETADDR_PUBLIC) return NULL;
-  if (netaddr_equals_literal(sa, h->host)) return NULL; /* the allowed URL names the address */
-  for (int i = 0; i < h->n_literals; i++)
-    if (netaddr_equals_literal(sa, h->literals[i])) return NULL;
-  if (c == NETADDR_PRIVATE && h->allow_private) return NULL;
-  snprintf(why, cap,
-           "'%.80s' resolved to a %s address, which needs the address itself in "
-           "judge_allowed_hosts%s",
-           h->host, name, c == NETADDR_PRIVATE ? " (or judge_allow_private)" : "");
-  return why;
-}
-
-/* Every address curl is about to connect to passes here first (address_refusal). */
-static curl_socket_t open_socket(void *clientp, curlsocktype purpose, struct curl_sockaddr *addr) {
-  struct req *q = clientp;
-  const char *why = NULL;
-  if (purpose != CURLSOCKTYPE_IPCXN)
-    why = "not an IP connection";
-  else
-    why = address_refusal(q->h, &addr->addr, q->refused_why, sizeof q->refused_why);
-  if (why) {
-    q->refused = 1;
-    if (why != q->refused_why) snprintf(q->refused_why, sizeof q->refused_why, "%s", why);
-    netaddr_format(&addr->addr, q->refused_addr, sizeof q->refused_addr);
-    return CURL_SOCKET_BAD;
-  }
-  return socket(addr->family, addr->socktype | SOCK_CLOEXEC, addr->protocol);
-}
-
 static int start_attempt(const struct run *r, CURLM *m, struct req *q) {
   const struct judge_http *h = r->h;
-  CURL *c = curl_easy_init();
+  CURL *c = outside_post(h->out, &q->x, q->body, q->body_len, h->timeout_ms, q);
   if (!c) return DAPO_ENOMEM;
-  q->reply_n = 0;
-  q->reply_too_big = 0;
-  q->refused = 0;
-  q->errbuf[0] = '\0';
-  int bad = 0;
-  bad |= curl_easy_setopt(c, CURLOPT_URL, h->url) != CURLE_OK;
-#if LIBCURL_VERSION_NUM >= 0x075500 /* 7.85: the string form; the bitmask is deprecated */
-  bad |= curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https") != CURLE_OK;
-  bad |= curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https") != CURLE_OK;
-#else
-  bad |=
-      curl_easy_setopt(c, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS)) != CURLE_OK;
-  bad |= curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS)) !=
-         CURLE_OK;
-#endif
-  bad |= curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L) != CURLE_OK;
-  bad |= curl_easy_setopt(c, CURLOPT_PROXY, "") != CURLE_OK; /* never http_proxy from env */
-  bad |= curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L) != CURLE_OK;
-  bad |= curl_easy_setopt(c, CURLOPT_POST, 1L) != CURLE_OK;
-  bad |= curl_easy_setopt(c, CURLOPT_POSTFIELDS, q->body) != CURLE_OK;
-  bad |= curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)q->body_len) != CURLE_OK;
-  bad |= curl_easy_setopt(c, CURLOPT_HTTPHEADER, h->headers) != CURLE_OK;
-  bad |= curl_easy_setopt(c, CURLOPT_USERAGENT, "dapod-judge/0.1") != CURLE_OK;
-  bad |= curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)h->timeout_ms) != CURLE_OK;
-  long ct = h->timeout_ms < CONNECT_TIMEOUT_CAP_MS ? h->timeout_ms : CONNECT_TIMEOUT_CAP_MS;
-  bad |= curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, ct) != CURLE_OK;
-  bad |= curl_easy_setopt(c, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)HTTP_MAX_REPLY) != CURLE_OK;
-  bad |= curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_write) != CURLE_OK;
-  bad |= curl_easy_setopt(c, CURLOPT_WRITEDATA, q) != CURLE_OK;
-  bad |= curl_easy_setopt(c, CURLOPT_ERRORBUFFER, q->errbuf) != CURLE_OK;
-  bad |= curl_easy_setopt(c, CURLOPT_PRIVATE, q) != CURLE_OK;
-  q->h = h;
-  bad |= curl_easy_setopt(c, CURLOPT_OPENSOCKETFUNCTION, open_socket) != CURLE_OK;
-  bad |= curl_easy_setopt(c, CURLOPT_OPENSOCKETDATA, q) != CURLE_OK;
-  if (h->resolve) bad |= curl_easy_setopt(c, CURLOPT_RESOLVE, h->resolve) != CURLE_OK;
-  if (bad || curl_multi_add_handle(m, c) != CURLM_OK) {
+  if (curl_multi_add_handle(m, c) != CURLM_OK) {
     curl_easy_cleanup(c);
     return DAPO_ENOMEM;
   }
@@ -896,27 +517,22 @@ static void commit(const struct run *r, struct req *q, struct judge_result *res,
   clear_verdicts(q);
 }
 
-static int64_t backoff_ms(int attempts) {
-  int64_t d = BACKOFF_BASE_MS;
-  for (int k = 1; k < attempts && d < BACKOFF_CAP_MS; k++) d *= 2;
-  return d < BACKOFF_CAP_MS ? d : BACKOFF_CAP_MS;
-}
-
 /* Handles a finished transfer: success, a scheduled retry, or a final failure. */
 static void finish_attempt(const struct run *r, CURLM *m, struct req *q, CURLcode cc,
                            struct judge_result *res) {
   const struct judge_http *h = r->h;
   struct judge_stats *st = r->st;
   long status = 0;
-  curl_easy_getinfo(q->easy, CURLINFO_RESPONSE_CODE, &status);
+  int retry = 0, partial = 0;
+  enum outside_outcome out =
+      outside_classify(q->easy, cc, &q->x, h->timeout_ms, &status, &retry, q->what, sizeof q->what);
   curl_multi_remove_handle(m, q->easy);
   curl_easy_cleanup(q->easy);
   q->easy = NULL;
 
   enum judge_err_kind err = JE_NONE;
-  int retry = 0, partial = 0;
   q->tail[0] = '\0';
-  if (cc == CURLE_OK && status >= 200 && status < 300) {
+  if (out == OUT_OK) {
     int n_range = 0;
     enum reply_outcome o = parse_reply(r, q, &n_range);
     if (o == RO_OK) {
@@ -934,31 +550,11 @@ static void finish_attempt(const struct run *r, CURLM *m, struct req *q, CURLcod
       retry = 1;
       partial = o == RO_MISSING;
     }
-  } else if (cc == CURLE_OK) {
+  } else if (out == OUT_HTTP) {
     err = JE_HTTP;
-    retry = status == 429 || status >= 500;
-    snprintf(q->what, sizeof q->what, "HTTP %ld", status);
     set_body_tail(q, retry ? "" : " (not retried)");
-  } else if (q->refused) {
-    err = JE_CONNECT;
-    snprintf(q->what, sizeof q->what, "refused to connect to %s: %s", q->refused_addr,
-             q->refused_why);
-  } else if (cc == CURLE_OPERATION_TIMEDOUT) {
-    err = JE_TIMEOUT;
-    retry = 1;
-    snprintf(q->what, sizeof q->what, "timed out (timeout_ms %d)", h->timeout_ms);
-  } else if ((cc == CURLE_WRITE_ERROR && q->reply_too_big) || cc == CURLE_FILESIZE_EXCEEDED) {
-    err = JE_PARSE;
-    retry = 1;
-    snprintf(q->what, sizeof q->what, "malformed reply (larger than %zu MiB)",
-             HTTP_MAX_REPLY >> 20);
   } else {
-    err = JE_CONNECT;
-    retry = !(cc == CURLE_UNSUPPORTED_PROTOCOL || cc == CURLE_URL_MALFORMAT ||
-              cc == CURLE_PEER_FAILED_VERIFICATION || cc == CURLE_SSL_CACERT_BADFILE ||
-              cc == CURLE_OUT_OF_MEMORY);
-    snprintf(q->what, sizeof q->what, "%s (%.180s)", curl_easy_strerror(cc),
-             q->errbuf[0] ? q->errbuf : "no detail");
+    err = out == OUT_TIMEOUT ? JE_TIMEOUT : out == OUT_TOO_LARGE ? JE_PARSE : JE_CONNECT;
   }
   if (st) {
     if (err == JE_TIMEOUT)
@@ -971,7 +567,7 @@ static void finish_attempt(const struct run *r, CURLM *m, struct req *q, CURLcod
   if (retry && q->attempts <= h->max_retries) {
     clear_verdicts(q);
     q->state = RS_WAITING;
-    q->next_at_ms = mono_ms() + backoff_ms(q->attempts);
+    q->next_at_ms = outside_now_ms() + outside_backoff_ms(q->attempts);
     if (st) st->n_retries++;
     return;
   }
@@ -992,7 +588,7 @@ static void free_run(struct run *r, CURLM *m) {
     free(q->sorted_ids);
     free(q->sorted_pos);
     free(q->body);
-    free(q->reply);
+    outside_xfer_free(&q->x);
   }
   free(r->reqs);
   free(r->order);
@@ -1022,7 +618,7 @@ int judge_http_run(const struct judge_http *h, const char *job_id, int64_t step,
       cancelled = 1;
       break;
     }
-    int64_t now = mono_ms(), wait = POLL_SLICE_MS;
+    int64_t now = outside_now_ms(), wait = POLL_SLICE_MS;
     for (int i = 0; i < r.n_reqs && running < h->concurrency; i++) {
       struct req *q = &r.reqs[i];
       if (q->state != RS_WAITING || q->next_at_ms > now) continue;
@@ -1047,7 +643,7 @@ int judge_http_run(const struct judge_http *h, const char *job_id, int64_t step,
       if (q->state == RS_DONE) done++;
     }
     if (done == r.n_reqs) break;
-    now = mono_ms();
+    now = outside_now_ms();
     for (int i = 0; i < r.n_reqs; i++) {
       struct req *q = &r.reqs[i];
       if (q->state != RS_WAITING) continue;
@@ -1097,7 +693,7 @@ int judge_http_parse_reply(const char *body, size_t len, int openrlhf, const cha
   if (n < 1 || !ids) return DAPO_EINVAL;
   struct judge_http h = {.format = openrlhf ? FMT_OPENRLHF : FMT_DAPOD};
   struct run r = {.h = &h, .ids = ids};
-  struct req q = {.n = n, .reply = (char *)body, .reply_n = body ? len : 0};
+  struct req q = {.n = n, .x = {.reply = (char *)body, .reply_n = body ? len : 0}};
   int rc = 0;
   q.idx = malloc((size_t)n * sizeof *q.idx);
   if (!q.idx) return DAPO_ENOMEM;

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "child.h"
 #include "judge.h"
 #include "parse.h"
 
@@ -32,88 +33,13 @@ static const char *str_or(const json_t *v) {
   return s ? s : "";
 }
 
-struct server {
-  pid_t pid;
-  int port;
-};
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void nap_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) && errno == EINTR) {
-  }
-}
-
-/* Starts math_judge.py with extra flags (NULL-terminated); reads the port from its first line of
- * stdout within 15 s. */
-static int server_start(struct server *s, const char *const *flags) {
-  int fd[2];
-  s->pid = -1;
-  s->port = 0;
-  if (pipe(fd)) return -1;
+/* Starts math_judge.py with extra flags (NULL-terminated) and reads its port (tests/child.h). */
+static int server_start(struct child *s, const char *const *flags) {
   const char *argv[16] = {PYTHON, DAPO_MATH_JUDGE_SCRIPT, "--host", "127.0.0.1", "--port", "0"};
   int argc = 6;
   for (int i = 0; flags && flags[i] && argc < 15; i++) argv[argc++] = flags[i];
   argv[argc] = NULL;
-  pid_t pid = fork();
-  if (pid < 0) {
-    close(fd[0]);
-    close(fd[1]);
-    return -1;
-  }
-  if (pid == 0) {
-    dup2(fd[1], STDOUT_FILENO);
-    close(fd[0]);
-    close(fd[1]);
-    execv(PYTHON, (char *const *)argv);
-    _exit(127);
-  }
-  close(fd[1]);
-  s->pid = pid;
-  char line[32];
-  size_t n = 0;
-  double deadline = now_s() + 15;
-  while (n < sizeof line - 1 && !memchr(line, '\n', n)) {
-    int left = (int)((deadline - now_s()) * 1000);
-    if (left <= 0) break;
-    struct pollfd p = {.fd = fd[0], .events = POLLIN};
-    int r = poll(&p, 1, left);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;
-    ssize_t got = read(fd[0], line + n, sizeof line - 1 - n);
-    if (got <= 0) break;
-    n += (size_t)got;
-  }
-  close(fd[0]);
-  line[n] = '\0';
-  char *nl = strchr(line, '\n');
-  if (!nl) return -1;
-  *nl = '\0';
-  struct dapo_err e = {0};
-  return parse_int(line, 1, 65535, &s->port, "port", &e);
-}
-
-static void server_stop(struct server *s) {
-  if (s->pid <= 0) return;
-  kill(s->pid, SIGTERM);
-  double deadline = now_s() + 5;
-  int status;
-  for (;;) {
-    pid_t r = waitpid(s->pid, &status, WNOHANG);
-    if (r == s->pid || (r < 0 && errno != EINTR)) break;
-    if (now_s() > deadline) {
-      kill(s->pid, SIGKILL);
-      waitpid(s->pid, &status, 0);
-      break;
-    }
-    nap_ms(10);
-  }
-  s->pid = -1;
+  return child_start(s, argv);
 }
 
 struct buf {
@@ -135,7 +61,7 @@ static size_t on_body(char *d, size_t size, size_t nmemb, void *u) {
 }
 
 /* GET /log: the server's record of every judged request. */
-static json_t *server_log(const struct server *s) {
+static json_t *server_log(const struct child *s) {
   char url[64];
   snprintf(url, sizeof url, "http://127.0.0.1:%d/log", s->port);
   struct buf b = {0};
@@ -156,7 +82,7 @@ static json_t *server_log(const struct server *s) {
   return reqs;
 }
 
-static struct judge *make_judge(const char *fmt_spec, const struct server *s,
+static struct judge *make_judge(const char *fmt_spec, const struct child *s,
                                 const struct judge_policy *pol, const char *path) {
   char text[1024];
   snprintf(text, sizeof text, fmt_spec, s ? s->port : 1, path ? path : "/score");
@@ -235,15 +161,15 @@ static const char *HTTP_SPEC = "{\"type\": \"http\", \"url\": \"http://127.0.0.1
                                "\"max_batch\": 10, \"concurrency\": 4, \"timeout_ms\": 5000, "
                                "\"headers\": {\"Authorization\": \"Bearer t0k\"}}";
 
-static void test_batch(const struct server *s) {
+static void test_batch(const struct child *s) {
   struct batch b;
   batch_fill(&b, 40, 8);
   struct judge *j = make_judge(HTTP_SPEC, s, NULL, NULL);
   struct judge_stats st = {0};
   struct dapo_err e = {0};
-  double t0 = now_s();
+  double t0 = child_now_s();
   int rc = j ? judge_run(j, "job-1", 7, b.items, b.n, b.res, &st, NULL, &e) : -1;
-  double dt = now_s() - t0;
+  double dt = child_now_s() - t0;
   CHECK_MSG(rc == 0, "%s", e.msg);
   CHECK(batch_all_right(&b, 1));
   const char *x = json_string_value(json_object_get(b.res[2].info, "extracted"));
@@ -329,7 +255,7 @@ static void test_batch(const struct server *s) {
   batch_done(&b);
 }
 
-static void test_openrlhf(const struct server *s) {
+static void test_openrlhf(const struct child *s) {
   struct batch b;
   batch_fill(&b, 6, 2);
   struct judge *j = make_judge("{\"type\": \"http\", \"url\": \"http://127.0.0.1:%d%s\", "
@@ -350,7 +276,7 @@ static const char *FAST_SPEC = "{\"type\": \"http\", \"url\": \"http://127.0.0.1
                                "\"timeout_ms\": 300, \"max_retries\": %d}";
 
 /* Runs a 4-item batch in 2 groups with FAST_SPEC and max_retries; returns judge_run's code. */
-static int run_small(const struct server *s, const char *path, int max_retries,
+static int run_small(const struct child *s, const char *path, int max_retries,
                      const struct judge_policy *pol, struct batch *b, struct judge_stats *st,
                      struct dapo_err *e, double *seconds, const volatile int *cancel) {
   char spec[512];
@@ -362,9 +288,9 @@ static int run_small(const struct server *s, const char *path, int max_retries,
   if (!j) return -100;
   batch_fill(b, 4, 2);
   memset(st, 0, sizeof *st);
-  double t0 = now_s();
+  double t0 = child_now_s();
   int rc = judge_run(j, "job-2", 1, b->items, b->n, b->res, st, cancel, e);
-  *seconds = now_s() - t0;
+  *seconds = child_now_s() - t0;
   judge_free(j);
   return rc;
 }
@@ -375,7 +301,7 @@ static int all_err(const struct batch *b, enum judge_err_kind k) {
   return n == b->n;
 }
 
-static void test_not_found(const struct server *s) {
+static void test_not_found(const struct child *s) {
   struct batch b;
   struct judge_stats st;
   struct dapo_err e = {0};
@@ -392,7 +318,7 @@ static void test_not_found(const struct server *s) {
   batch_done(&b);
 }
 
-static void test_fail_twice(const struct server *s) {
+static void test_fail_twice(const struct child *s) {
   struct batch b;
   struct judge_stats st;
   struct dapo_err e = {0};
@@ -407,7 +333,7 @@ static void test_fail_twice(const struct server *s) {
   batch_done(&b);
 }
 
-static void test_fail_spent(const struct server *s) {
+static void test_fail_spent(const struct child *s) {
   struct batch b;
   struct judge_stats st;
   struct dapo_err e = {0};
@@ -426,7 +352,7 @@ static void test_fail_spent(const struct server *s) {
   batch_done(&b);
 }
 
-static void test_timeouts(const struct server *hang1, const struct server *hang_all) {
+static void test_timeouts(const struct child *hang1, const struct child *hang_all) {
   struct batch b;
   struct judge_stats st;
   struct dapo_err e = {0};
@@ -458,12 +384,12 @@ struct canceller {
 
 static void *cancel_later(void *arg) {
   struct canceller *c = arg;
-  nap_ms(c->after_ms);
+  child_nap_ms(c->after_ms);
   *c->flag = 1;
   return NULL;
 }
 
-static void test_cancel(const struct server *hang_all) {
+static void test_cancel(const struct child *hang_all) {
   struct batch b;
   struct judge_stats st;
   struct dapo_err e = {0};
@@ -482,7 +408,7 @@ static void test_cancel(const struct server *hang_all) {
   batch_done(&b);
 }
 
-static void test_garbage(const struct server *s) {
+static void test_garbage(const struct child *s) {
   struct batch b;
   struct judge_stats st;
   struct dapo_err e = {0};
@@ -498,7 +424,7 @@ static void test_garbage(const struct server *s) {
   batch_done(&b);
 }
 
-static void test_missing(const struct server *s) {
+static void test_missing(const struct child *s) {
   struct batch b;
   struct judge_stats st;
   struct dapo_err e = {0};
@@ -517,7 +443,7 @@ static void test_missing(const struct server *s) {
   batch_done(&b);
 }
 
-static void test_range(const struct server *s) {
+static void test_range(const struct child *s) {
   struct batch b;
   struct judge_stats st;
   struct dapo_err e = {0};
@@ -533,14 +459,14 @@ static void test_range(const struct server *s) {
   batch_done(&b);
 }
 
-static void test_refused(const struct server *s) {
+static void test_refused(const struct child *s) {
   /* a port nobody listens on: bind one, note it, close it */
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   socklen_t al = sizeof a;
   CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
         getsockname(fd, (struct sockaddr *)&a, &al) == 0);
-  struct server closed = {.pid = -1, .port = ntohs(a.sin_port)};
+  struct child closed = {.pid = -1, .port = ntohs(a.sin_port)};
   close(fd);
   struct batch b;
   struct judge_stats st;
@@ -578,7 +504,7 @@ static void test_refused(const struct server *s) {
   json_decref(js);
 }
 
-static void test_duplicate_ids(const struct server *s) {
+static void test_duplicate_ids(const struct child *s) {
   struct judge *j = make_judge(HTTP_SPEC, s, NULL, NULL);
   struct judge_item it[2] = {{.id = "same", .response = "1"}, {.id = "same", .response = "2"}};
   struct judge_result r[2];
@@ -596,7 +522,7 @@ int main(void) {
   }
   signal(SIGPIPE, SIG_IGN);
   curl_global_init(CURL_GLOBAL_DEFAULT);
-  double t0 = now_s();
+  double t0 = child_now_s();
   static const char *const f_delay[] = {"--delay-ms", "150", NULL};
   static const char *const f_fail2[] = {"--fail-first", "2", NULL};
   static const char *const f_fail9[] = {"--fail-first", "99", NULL};
@@ -608,14 +534,14 @@ int main(void) {
   const char *const *flags[] = {f_delay, f_fail2, f_fail9, f_hang1, f_hang9,
                                 f_garb,  f_omit,  f_range, NULL};
   enum { N_SERVERS = 8 };
-  struct server sv[N_SERVERS];
+  struct child sv[N_SERVERS];
   int ok = 1;
   for (int i = 0; i < N_SERVERS; i++) {
     int rc = server_start(&sv[i], flags[i]);
     CHECK_MSG(rc == 0, "starting math_judge.py %s failed", flags[i][0]);
     ok &= rc == 0;
   }
-  fprintf(stderr, "8 judge servers up in %.2f s\n", now_s() - t0);
+  fprintf(stderr, "8 judge servers up in %.2f s\n", child_now_s() - t0);
   if (ok) {
     test_batch(&sv[0]);
     test_openrlhf(&sv[0]);
@@ -630,9 +556,9 @@ int main(void) {
     test_range(&sv[7]);
     test_refused(&sv[0]);
   }
-  for (int i = 0; i < N_SERVERS; i++) server_stop(&sv[i]);
+  for (int i = 0; i < N_SERVERS; i++) child_stop(&sv[i]);
   judge_global_cleanup();
   curl_global_cleanup();
-  fprintf(stderr, "test_judge_http: %.2f s\n", now_s() - t0);
+  fprintf(stderr, "test_judge_http: %.2f s\n", child_now_s() - t0);
   return check_done("test_judge_http");
 }
