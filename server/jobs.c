@@ -120,7 +120,8 @@ static int refuse_memory(json_t *errors, const struct mem_plan *plan, int proces
   return dapo_errors_add(errors, "hyperparameters", msg);
 }
 
-/* What the job object shows of the resolved spec (judge, hyperparameters, seed, memory) and
+/* What the job object shows of the resolved spec (judge, hyperparameters, seed, memory, adapter,
+ * episode) and
  * what the worker runs ("run": the resolved body). NULL out of memory. */
 static json_t *resolved_of(const struct job_spec *spec, const struct mem_plan *plan,
                            const json_t *run) {
@@ -135,11 +136,12 @@ static json_t *resolved_of(const struct job_spec *spec, const struct mem_plan *p
     json_decref(mem);
     mem = NULL;
   }
-  json_t *o = all && mem ? json_pack("{s:O, s:O, s:O, s:o, s:O, s:O*}", "judge",
+  json_t *o = all && mem ? json_pack("{s:O, s:O, s:O, s:o, s:O, s:O*, s:O*}", "judge",
                                      json_object_get(all, "judge"), "hyperparameters",
                                      json_object_get(all, "hyperparameters"), "seed",
                                      json_object_get(all, "seed"), "memory", mem, "run", run,
-                                     "adapter", json_object_get(all, "adapter"))
+                                     "adapter", json_object_get(all, "adapter"), "episode",
+                                     json_object_get(all, "episode"))
                          : (json_decref(mem), NULL);
   json_decref(all);
   return o;
@@ -382,8 +384,8 @@ static int finish_admission(struct server *srv, const json_t *body, const char *
   if (f->model_ok) {
     const struct lora_config *ad = runner_job_adapter(spec, f, errors);
     if (ad) shown.has_adapter = 1, shown.adapter = *ad;
-    runner_plan_job(&f->cfg, ad, &spec->hp, f->max_prompt_tokens, spec->validation_file != NULL,
-                    &plan, errors);
+    runner_plan_job(&f->cfg, ad, &spec->hp, &spec->episode, f->max_prompt_tokens,
+                    spec->validation_file != NULL, &plan, errors);
   }
   if (json_array_size(errors) == base && f->model_ok &&
       plan.total * (uint64_t)spec->processes > limit &&

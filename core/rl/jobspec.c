@@ -44,7 +44,7 @@ int jobspec_parse(const json_t *body, const struct judge_policy *pol, struct job
                                       "judge",         "hyperparameters",  "seed",
                                       "metadata",      "suffix",           "job_id",
                                       "chat_template", "checkpoint_dtype", "adapter",
-                                      "resources"};
+                                      "resources",     "episode"};
   const char *key;
   json_t *v;
   json_object_foreach((json_t *)body, key, v) {
@@ -152,6 +152,7 @@ int jobspec_parse(const json_t *body, const struct judge_policy *pol, struct job
       }
   }
   hparams_parse(&s->hp, json_object_get(body, "hyperparameters"), errors);
+  episode_parse(json_object_get(body, "episode"), &s->hp, pol, &s->episode, errors);
   if (!s->model || !s->training_file || !s->job_id || !s->judge) {
     if ((model && !s->model) || (tf && !s->training_file) || !s->job_id || !s->judge)
       dapo_errors_add(errors, "", "out of memory");
@@ -164,14 +165,15 @@ const char *jobspec_dtype_name(enum ckpt_dtype d) {
 }
 
 json_t *jobspec_to_json(const struct job_spec *s) {
-  /* chat_template and checkpoint_dtype only when given, so that specs (and the checkpoints that
-   * record them) of jobs without them stay as they were */
-  return json_pack("{s:s?,s:s?,s:s?,s:O?,s:o,s:I,s:O*,s:s*,s:o*}", "model", s->model,
+  /* chat_template, checkpoint_dtype, adapter and episode only when given, so that specs (and the
+   * checkpoints that record them) of jobs without them stay as they were */
+  return json_pack("{s:s?,s:s?,s:s?,s:O?,s:o,s:I,s:O*,s:s*,s:o*,s:o*}", "model", s->model,
                    "training_file", s->training_file, "validation_file", s->validation_file,
                    "judge", s->judge, "hyperparameters", hparams_to_json(&s->hp), "seed",
                    (json_int_t)s->seed, "chat_template", s->chat_template, "checkpoint_dtype",
                    s->checkpoint_dtype_given ? jobspec_dtype_name(s->checkpoint_dtype) : NULL,
-                   "adapter", s->has_adapter ? lora_config_to_json(&s->adapter) : NULL);
+                   "adapter", s->has_adapter ? lora_config_to_json(&s->adapter) : NULL, "episode",
+                   episode_to_json(&s->episode));
 }
 
 void jobspec_deinit(struct job_spec *s) {
@@ -181,5 +183,6 @@ void jobspec_deinit(struct job_spec *s) {
   free(s->job_id);
   json_decref(s->judge);
   json_decref(s->chat_template);
+  episode_deinit(&s->episode);
   memset(s, 0, sizeof *s);
 }

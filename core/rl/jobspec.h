@@ -1,4 +1,5 @@
-/* A job spec: what a job trains (model, data, judge, hyperparameters, seed, chat template),
+/* A job spec: what a job trains (model, data, judge, hyperparameters, seed, chat template,
+ * episodes),
  * parsed from the body of POST /v1/jobs or a `dapod train` job file and validated field by field.
  * The runner (runner.h) runs one; the daemon stores the body it was parsed from. */
 #ifndef DAPO_JOBSPEC_H
@@ -8,6 +9,7 @@
 
 #include <jansson.h>
 
+#include "episode.h"
 #include "hparams.h"
 #include "judge.h"
 #include "lora.h"
@@ -36,6 +38,7 @@ struct job_spec {
   int processes; /* the body's resources.processes: ranks of a data-parallel job (1: this
                     process). Not part of jobspec_to_json: where a job runs is not what it
                     computes, so a job may resume under another count */
+  struct episode_spec episode; /* multi-turn episodes with tools (episode.h); .on 0: none */
 };
 
 #define JOBSPEC_PROCESSES_MAX 4096

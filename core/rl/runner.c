@@ -141,9 +141,9 @@ static int mkdir_p(const char *path) {
  * of 10.7 GB where 2,192 tokens are the most a minibatch of 16 holds), nor response tokens beyond
  * minibatch_size * max_new_tokens (the logits' rows over the vocabulary). Packing is unchanged:
  * a whole minibatch fits either way. */
-static void caps(const struct hparams *hp, int max_prompt, int with_val, int *cap_t,
-                 int *cap_tokens, int *cap_resp, int *gen_cap) {
-  *cap_t = max_prompt + hp->max_new_tokens;
+static void caps(const struct hparams *hp, const struct episode_spec *ep, int max_prompt,
+                 int with_val, int *cap_t, int *cap_tokens, int *cap_resp, int *gen_cap) {
+  *cap_t = max_prompt + episode_after_prompt(ep, hp);
   int64_t most = (int64_t)hp->minibatch_size * *cap_t;
   *cap_tokens = hp->micro_batch_tokens < most ? hp->micro_batch_tokens : (int)most;
   if (*cap_tokens < *cap_t) *cap_tokens = *cap_t;
@@ -156,10 +156,12 @@ static void caps(const struct hparams *hp, int max_prompt, int with_val, int *ca
 
 /* The one layout of the runner's batch arrays, which both sizes them (the memory plan) and carves
  * them out of one allocation (set-up), so that the plan counts exactly what is allocated.
- * N: tokens of a micro-batch (cap_tokens), S: sequences generated at once (gen_cap), R: response
- * tokens per sequence (max_new_tokens). Returns the bytes; with t, points t's arrays into base
- * (that many bytes, 64-byte aligned). */
-static size_t scratch_layout(struct trainer *t, char *base, size_t N, size_t S, size_t R) {
+ * N: tokens of a micro-batch (cap_tokens), S: sequences generated at once (gen_cap), R: tokens
+ * per sequence after its prompt (episode_after_prompt), M: entries of the loss mask (N for a
+ * multi-turn job, else 0). Returns the bytes; with t, points t's arrays into base (that many
+ * bytes, 64-byte aligned). */
+static size_t scratch_layout(struct trainer *t, char *base, size_t N, size_t S, size_t R,
+                             size_t M) {
   size_t off = 0;
 #define CARVE(field, count)                                                                        \
   do {                                                                                             \
@@ -178,6 +180,7 @@ static size_t scratch_layout(struct trainer *t, char *base, size_t N, size_t S, 
   CARVE(mb_len, N);     /* response lengths of the minibatch */
   CARVE(mb_adv, N);     /* advantages of the minibatch */
   CARVE(b_ro, N);       /* the responses of the micro-batch */
+  CARVE(b_trained, M);  /* its loss mask (multi-turn episodes) */
   CARVE(g_tok, S * R);  /* generated tokens */
   CARVE(g_logp, S * R); /* their sampling log-probs */
   CARVE(g_len, S);
@@ -202,12 +205,12 @@ json_t *mem_plan_to_json(const struct mem_plan *p) {
 }
 
 void runner_memory_plan(const struct model_config *c, const struct lora_config *adapter,
-                        const struct hparams *hp, int max_prompt_tokens, int with_validation,
-                        struct mem_plan *p) {
+                        const struct hparams *hp, const struct episode_spec *ep,
+                        int max_prompt_tokens, int with_validation, struct mem_plan *p) {
   memset(p, 0, sizeof *p);
   struct model_config cc = *c;
   int cap_t, cap_tokens, cap_resp, gen_cap;
-  caps(hp, max_prompt_tokens, with_validation, &cap_t, &cap_tokens, &cap_resp, &gen_cap);
+  caps(hp, ep, max_prompt_tokens, with_validation, &cap_t, &cap_tokens, &cap_resp, &gen_cap);
   if (cap_t > cc.max_position_embeddings) cc.max_position_embeddings = cap_t; /* a bound only */
   int64_t n = model_param_count(&cc);
   int64_t trained = adapter ? lora_param_count(adapter, &cc) : n;
@@ -236,9 +239,10 @@ void runner_memory_plan(const struct model_config *c, const struct lora_config *
   p->reference = hp->kl_coef > 0 && !adapter ? (uint64_t)n * sizeof(float) : 0;
   p->activations = train_state_bytes(&cc, adapter, cap_tokens, cap_resp, cap_t);
   p->generation = gen_state_bytes(&cc, adapter, gen_cap, cap_t);
-  p->buffers =
-      scratch_layout(NULL, NULL, (size_t)cap_tokens, (size_t)gen_cap, (size_t)hp->max_new_tokens) +
-      tile;
+  p->buffers = scratch_layout(NULL, NULL, (size_t)cap_tokens, (size_t)gen_cap,
+                              (size_t)episode_after_prompt(ep, hp),
+                              episode_multi(ep) ? (size_t)cap_tokens : 0) +
+               tile;
   p->total = p->weights + p->gradients + p->optimizer + p->reference + p->activations +
              p->generation + p->buffers;
   p->cap_seq_len = cap_t;
@@ -276,7 +280,8 @@ static int check_file(const struct job_spec *s, const struct lm *lm, struct chat
       }
     }
     int *ids = NULL, k = 0;
-    if (encode_prompt(lm, *chat, it, s->hp.max_new_tokens, &ids, &k, NULL, &e)) {
+    if (encode_prompt(lm, *chat, it, episode_after_prompt(&s->episode, &s->hp), &ids, &k, NULL,
+                      &e)) {
       char msg[sizeof e.msg + 8];
       snprintf(msg, sizeof msg, "%s", e.msg);
       dapo_errors_add(errors, which, msg);
@@ -315,10 +320,10 @@ int runner_check_data(const struct job_spec *s, struct runner_data_facts *f, jso
 }
 
 int runner_plan_job(const struct model_config *c, const struct lora_config *adapter,
-                    const struct hparams *hp, int max_prompt_tokens, int with_validation,
-                    struct mem_plan *plan, json_t *errors) {
+                    const struct hparams *hp, const struct episode_spec *ep, int max_prompt_tokens,
+                    int with_validation, struct mem_plan *plan, json_t *errors) {
   int n = adapter ? lora_config_check(adapter, c, errors) : 0;
-  runner_memory_plan(c, adapter, hp, max_prompt_tokens, with_validation, plan);
+  runner_memory_plan(c, adapter, hp, ep, max_prompt_tokens, with_validation, plan);
   return n;
 }
 
@@ -334,7 +339,7 @@ int runner_plan_model(const char *model, const struct lora_config *adapter,
                        adapter   ? adapter
                        : lm.lora ? &lm.lora->cfg
                                  : NULL,
-                       hp, max_prompt_tokens, 0, plan, errors);
+                       hp, NULL, max_prompt_tokens, 0, plan, errors);
   lm_close(&lm);
   return rc;
 }
@@ -365,8 +370,8 @@ int runner_check_job(const struct job_spec *s, struct mem_plan *plan, json_t *er
     size_t before = json_array_size(errors);
     const struct lora_config *ad = runner_job_adapter(s, &f, errors);
     n += (int)(json_array_size(errors) - before);
-    n += runner_plan_job(&f.cfg, ad, &s->hp, f.max_prompt_tokens, s->validation_file != NULL, plan,
-                         errors);
+    n += runner_plan_job(&f.cfg, ad, &s->hp, &s->episode, f.max_prompt_tokens,
+                         s->validation_file != NULL, plan, errors);
   }
   return n;
 }
@@ -394,7 +399,7 @@ static int build_chat(const struct job_spec *spec, const struct lm *lm, struct c
 
 /* A dataset item's prompt as token ids (*ids, owned; *n ids), by lm_encode_prompt: `messages`
  * rendered with chat (the rendered text in *text_out when asked, owned), or the prompt text.
- * Errors name the line (DAPO_ERANGE: prompt + max_new_tokens exceed the context). */
+ * Errors name the line (DAPO_ERANGE: prompt + max_new exceed the context). */
 static int encode_prompt(const struct lm *lm, const struct chat_template *chat,
                          const struct ds_item *it, int max_new, int **ids, int *n, char **text_out,
                          struct dapo_err *e) {
@@ -434,7 +439,7 @@ static int need_chat(struct trainer *t) {
 }
 
 /* Tokenizes every prompt of d once (`messages` rendered with the job's chat template);
- * checks prompt + max_new_tokens fits the context. */
+ * checks the prompt and what may follow it (episode_after_prompt) fit the context. */
 static int tokenize_items(struct trainer *t, const struct dataset *d, const char *which, int ***ids,
                           int **lens, char ***texts, int *max_len) {
   int n = ds_count(d);
@@ -447,8 +452,8 @@ static int tokenize_items(struct trainer *t, const struct dataset *d, const char
     const struct ds_item *it = ds_get(d, i);
     struct dapo_err e = {0};
     if (!it->prompt && need_chat(t)) return 1;
-    int k, rc = encode_prompt(&t->lm, t->chat, it, t->hp->max_new_tokens, &(*ids)[i], &k,
-                              &(*texts)[i], &e);
+    int k,
+        rc = encode_prompt(&t->lm, t->chat, it, t->after_prompt, &(*ids)[i], &k, &(*texts)[i], &e);
     if (rc == DAPO_ENOMEM) return trainer_fail(t, FAIL_OUT_OF_MEMORY, which, "out of memory");
     if (rc)
       return trainer_fail(t, rc == DAPO_ERANGE ? FAIL_PROMPT_TOO_LONG : FAIL_INVALID_DATASET, which,
@@ -512,6 +517,26 @@ static int resolve_ckpt_dtype(struct trainer *t) {
   return 0;
 }
 
+/* A multi-turn job's tools (episode.tools) under the daemon's policy, and the format its model
+ * calls them in. 0, or 1 with res set. */
+static int setup_tools(struct trainer *t) {
+  const struct episode_spec *ep = &t->spec->episode;
+  if (!episode_multi(ep)) return 0;
+  /* the dapod format: the presets' and custom templates' (docs/AGENTS.md) */
+  t->tool_format = ep->tool_format >= 0 ? (enum tc_format)ep->tool_format : TC_DAPOD;
+  if (!ep->tools) return 0;
+  struct dapo_err e = {0};
+  if (!(t->tools = toolbox_new(ep->tools, t->o ? t->o->judge_policy : NULL, "episode.tools", &e)))
+    return trainer_fail_err(t, FAIL_INVALID_SPEC, "episode.tools", &e);
+  int n = toolbox_count(t->tools);
+  if (!(t->tool_names = calloc((size_t)n, sizeof *t->tool_names)) ||
+      !(t->item_json = calloc((size_t)ds_count(t->train), sizeof *t->item_json)) ||
+      (t->val && !(t->vitem_json = calloc((size_t)ds_count(t->val), sizeof *t->vitem_json))))
+    return trainer_oom(t);
+  for (int i = 0; i < n; i++) t->tool_names[i] = toolbox_name(t->tools, i);
+  return 0;
+}
+
 /* Brings t from a spec to the state before its next step, in this order:
  *   1. the output folder (checkpoints/, rollouts/) exists and holds no temporaries of a crash;
  *   2. the model: from the newest complete checkpoint (whose trainer_state.json must record this
@@ -519,7 +544,7 @@ static int resolve_ckpt_dtype(struct trainer *t) {
  *      recorded, or fresh from spec->model at step 0; the frozen reference when kl_coef > 0;
  *   3. AdamW (its moments from the checkpoint when resuming) and the gradients;
  *   4. the datasets, every prompt rendered and tokenized once (prompt + max_new_tokens must fit);
- *   5. the judge (under the daemon's policy);
+ *   5. the judge and the tools (under the daemon's policy);
  *   6. the buffers, by the one plan the memory plan counts with (caps, scratch_layout);
  *   7. the sampler's options and stop tokens (model, generation config, chat template).
  * Resumes from the checkpoint of step `from` (-1: a fresh run). Returns 0, or 1 with res saying
@@ -655,6 +680,7 @@ folders_made:
       load_dataset(t, t->spec->validation_file, "validation_file", &t->val))
     return 1;
   int max_prompt = 0;
+  t->after_prompt = episode_after_prompt(&t->spec->episode, hp);
   if (t->spec->chat_template && need_chat(t)) return 1;
   if (tokenize_items(t, t->train, "training_file", &t->ids, &t->ids_len, &t->texts, &max_prompt))
     return 1;
@@ -664,23 +690,26 @@ folders_made:
 
   if (!(t->judge = judge_new(t->spec->judge, t->o ? t->o->judge_policy : NULL, &e)))
     return trainer_fail_err(t, FAIL_INVALID_JUDGE, "judge", &e);
+  if (setup_tools(t)) return 1;
 
   /* capacities (as runner_memory_plan counts them) */
   int cap_resp;
-  caps(hp, max_prompt, t->val != NULL, &t->cap_t, &t->cap_tokens, &cap_resp, &t->gen_cap);
+  caps(hp, &t->spec->episode, max_prompt, t->val != NULL, &t->cap_t, &t->cap_tokens, &cap_resp,
+       &t->gen_cap);
   if (!(t->ts = train_state_new(t->lm.model, t->cap_tokens, cap_resp, t->cap_t, &e)) ||
       !(t->gs = gen_state_new(t->lm.model, t->gen_cap, t->cap_t, &e)))
     return trainer_fail_err(t, FAIL_OUT_OF_MEMORY, NULL, &e);
   if (t->o && t->o->pool &&
       (train_state_set_pool(t->ts, t->o->pool, &e) || gen_state_set_pool(t->gs, t->o->pool, &e)))
     return trainer_fail_err(t, FAIL_OUT_OF_MEMORY, NULL, &e);
+  size_t mask = episode_multi(&t->spec->episode) ? (size_t)t->cap_tokens : 0;
   size_t bytes = scratch_layout(NULL, NULL, (size_t)t->cap_tokens, (size_t)t->gen_cap,
-                                (size_t)hp->max_new_tokens);
+                                (size_t)t->after_prompt, mask);
   if (!(t->scratch = aligned_alloc(64, bytes)))
     return trainer_fail(t, FAIL_OUT_OF_MEMORY, NULL, "out of memory for batch buffers (%zu bytes)",
                         bytes);
-  scratch_layout(t, t->scratch, (size_t)t->cap_tokens, (size_t)t->gen_cap,
-                 (size_t)hp->max_new_tokens);
+  scratch_layout(t, t->scratch, (size_t)t->cap_tokens, (size_t)t->gen_cap, (size_t)t->after_prompt,
+                 mask);
 
   t->so.top_p = (float)hp->top_p;
   t->so.temperature = (float)hp->temperature;
@@ -715,6 +744,13 @@ static void teardown(struct trainer *t) {
   train_state_free(t->ts);
   gen_state_free(t->gs);
   judge_free(t->judge);
+  toolbox_free(t->tools);
+  free(t->tool_names);
+  if (t->item_json)
+    for (int i = 0; i < ds_count(t->train); i++) json_decref(t->item_json[i]);
+  if (t->vitem_json)
+    for (int i = 0; i < ds_count(t->val); i++) json_decref(t->vitem_json[i]);
+  free(t->item_json), free(t->vitem_json);
   ds_free(t->train);
   ds_free(t->val);
   if (t->have_opt) adamw_deinit(&t->opt);

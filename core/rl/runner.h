@@ -145,9 +145,10 @@ struct mem_plan {
 struct lora_config;
 /* With an adapter (NULL: a full fine-tune), the base is frozen: gradients and moments exist for
  * the adapter only, and the KL reference is the base itself (no second copy). */
+/* ep: a multi-turn job's episodes (NULL or single turns: max_new_tokens after each prompt). */
 void runner_memory_plan(const struct model_config *c, const struct lora_config *adapter,
-                        const struct hparams *hp, int max_prompt_tokens, int with_validation,
-                        struct mem_plan *p);
+                        const struct hparams *hp, const struct episode_spec *ep,
+                        int max_prompt_tokens, int with_validation, struct mem_plan *p);
 
 /* A job's plan once its model's config is known (runner_check_data's cfg: config.json as
  * lm_open_meta reads it, vocab_used from the tokenizer): the adapter (NULL: a full fine-tune)
@@ -156,15 +157,15 @@ void runner_memory_plan(const struct model_config *c, const struct lora_config *
  * /v1/models/{id} (through runner_plan_model) follow, so that they plan alike. *plan is filled
  * in any case; returns the adapter's problem count. */
 int runner_plan_job(const struct model_config *c, const struct lora_config *adapter,
-                    const struct hparams *hp, int max_prompt_tokens, int with_validation,
-                    struct mem_plan *plan, json_t *errors);
+                    const struct hparams *hp, const struct episode_spec *ep, int max_prompt_tokens,
+                    int with_validation, struct mem_plan *plan, json_t *errors);
 
 /* The plan of a job on model (what lm_open takes: a preset name or a folder) whose longest
  * prompt has max_prompt_tokens tokens and which has no validation file: the model's config and
  * tokenizer opened as runner_check_data opens them (lm_open_meta: no weights), then
- * runner_plan_job. Returns 0 with *plan; the adapter's problem count (> 0, in errors); or a
- * negative DAPO_E... code with e set when the model does not open (a job on it is refused with
- * field "model"). Reads the tokenizer on every call. */
+ * runner_plan_job for single turns. Returns 0 with *plan; the adapter's problem count (> 0, in
+ * errors); or a negative DAPO_E... code with e set when the model does not open (a job on it is
+ * refused with field "model"). Reads the tokenizer on every call. */
 int runner_plan_model(const char *model, const struct lora_config *adapter,
                       const struct hparams *hp, int max_prompt_tokens, struct mem_plan *plan,
                       json_t *errors, struct dapo_err *e);

@@ -18,23 +18,43 @@
 #include "chat.h"
 #include "dataset.h"
 #include "dist.h"
+#include "episode.h"
 #include "lm.h"
 #include "rng.h"
 #include "runner.h"
 #include "sampler.h"
+#include "toolcall.h"
+#include "tools.h"
 #include "train.h"
 
-/* One sampled response. */
+/* What an episode did (runner_episode.c), for the step's metrics and its rollouts line. */
+struct ep_stats {
+  int turns, tool_calls, world_tokens;
+  int tool_errors[TOOL_ERR_COUNT];
+  double tool_ms; /* the calls' latencies, summed */
+};
+
+/* How an episode ended (finish_reason): its model gave a final answer (stop), ran out of model
+ * tokens (length) or of turns (max_turns), or the world's answer did not fit (truncated). */
+enum ep_finish { EPF_NONE = 0, EPF_STOP, EPF_LENGTH, EPF_MAX_TURNS, EPF_TRUNCATED };
+
+/* One sampled response, or one multi-turn episode. */
 struct ro {
   int item, round, group, index; /* dataset item; generation round; group number in the step */
-  int *toks;                     /* [len] response tokens (owned) */
-  float *slogp;                  /* [len] sampler log-probs (owned) */
+  int *toks;                     /* [seq_len] tokens after the prompt (owned): the response, or
+                                    an episode's turns and the world's answers between them */
+  unsigned char *trained;        /* [seq_len] 1 on the model's own tokens (owned); NULL: every
+                                    token is the model's (a single turn) */
+  float *slogp;                  /* [len] sampler log-probs of the model's tokens (owned) */
   float *lp_old, *lp_ref;        /* [len] recomputed log-probs (owned, kept responses) */
-  int len, truncated;
-  char *text; /* decoded response (owned) */
+  int len, seq_len, truncated;   /* the model's tokens; every token after the prompt */
+  char *text;                    /* the decoded response, an episode's final answer (owned) */
   double reward_raw, reward, adv;
   int correct, jmask, penalised, judged, kept, in_loss;
   json_t *info;
+  json_t *turns; /* an episode's turns (owned; runner_out.c writes them), or NULL */
+  enum ep_finish finish;
+  struct ep_stats es;
 };
 
 struct trainer {
@@ -57,6 +77,11 @@ struct trainer {
   struct train_state *ts;
   struct gen_state *gs;
   struct judge *judge;
+  struct toolbox *tools;      /* a multi-turn job's tools, or NULL */
+  enum tc_format tool_format; /* how its model calls them */
+  const char **tool_names;    /* [toolbox_count] (borrowed from tools) */
+  json_t **item_json;         /* per training item, its fields for the tools (built lazily) */
+  json_t **vitem_json;        /* per validation item, the same */
   struct dataset *train, *val;
   int **ids, *ids_len;    /* prompt token ids per training item */
   int **vids, *vids_len;  /* per validation item */
@@ -64,6 +89,7 @@ struct trainer {
   struct ds_cursor cursor;
   int64_t step;
   int cap_t, cap_tokens, gen_cap;
+  int after_prompt; /* tokens a sequence may hold after its prompt (episode_after_prompt) */
   struct sampler_opts so;
 
   struct ro *ros;
@@ -74,6 +100,8 @@ struct trainer {
   char *scratch;
   /* capacity cap_tokens */
   int *b_tok, *b_off, *b_plen;
+  unsigned char *b_trained; /* [cap_tokens] a multi-turn job's loss mask (NULL otherwise) */
+  int b_masked;             /* the packed batch holds an episode: b_trained applies */
   float *b_logp, *b_ent, *b_w, *b_old, *b_ref;
   int *mb_len;
   double *mb_adv;
@@ -147,6 +175,18 @@ void trainer_ckpt_path(const struct trainer *t, int64_t step, char *buf, size_t 
 
 /* ---- runner_step.c ---- */
 
+/* Progress of a long pass (runner_hooks.progress): told at its start and at each twentieth. */
+#define PROGRESS_PARTS 20
+struct progress {
+  struct trainer *t;
+  struct runner_progress p;
+  int on;    /* the hook is set and the pass is long enough (runner_opts.progress_min_work) */
+  int shown; /* twentieths of the pass reported so far */
+};
+void progress_begin(struct progress *g, struct trainer *t, const char *pass, int round,
+                    int64_t total, double work);
+void progress_at(struct progress *g, int64_t done, int64_t tokens, int64_t parts);
+
 /* Frees the step's rollouts (the array is kept for the next step). */
 void trainer_clear_rollouts(struct trainer *t);
 /* Runs step t->step (already incremented): STEP_OK with its metrics in *metrics_out (owned) and
@@ -156,6 +196,21 @@ int trainer_step(struct trainer *t, json_t **metrics_out, int64_t *gen_tokens_ou
 /* Samples eval_samples responses for the validation prompts at eval_temperature and tells their
  * accuracy and pass@k as t->step's evaluation metrics. 0, or 1 with res set. */
 int trainer_evaluate(struct trainer *t);
+
+/* ---- runner_episode.c ---- */
+
+/* Runs k episodes for each of n prompts of d (items[i] indexes ids/lens), appending one ro per
+ * episode, as generate() does for single responses (runner_step.c): sampling with so, the same
+ * streams for turn 0, the group numbers group0 + i, the key key0 + i of each prompt, progress as
+ * the pass `pass`. 0, or 1 with res set. */
+int trainer_episodes(struct trainer *t, const struct dataset *d, int n, const int *items,
+                     int *const *ids, const int *lens, int k, const struct sampler_opts *so,
+                     uint64_t tag, uint64_t a, int key0, int group0, int round, const char *pass,
+                     int *n_tokens);
+/* RNG stream for (purpose, a, b, c): a 64-bit mix so that streams never collide in practice. */
+uint64_t trainer_stream(uint64_t tag, uint64_t a, uint64_t b, uint64_t c);
+/* The name of an episode's finish ("stop", "length", "max_turns", "truncated"). */
+const char *ep_finish_name(enum ep_finish f);
 
 /* ---- runner_out.c ---- */
 

@@ -26,6 +26,33 @@ static json_t *int_array(const int *v, int n) {
   return a;
 }
 
+/* An episode's own fields on its rollouts line (docs/AGENTS.md): every token after the prompt
+ * with its loss mask (1: the model's), the turns, how it ended and what it did. 0, or -1 out of
+ * memory. */
+static int put_episode(json_t *o, const struct ro *r) {
+  json_t *mask = json_array(), *model = json_array(), *errs = json_object();
+  for (int q = 0; mask && model && q < r->seq_len; q++) {
+    json_array_append_new(mask, json_integer(r->trained[q]));
+    if (r->trained[q]) json_array_append_new(model, json_integer(r->toks[q]));
+  }
+  for (int k = 1; errs && k < TOOL_ERR_COUNT; k++)
+    if (r->es.tool_errors[k])
+      json_object_set_new(errs, tool_err_name((enum tool_err)k),
+                          json_integer(r->es.tool_errors[k]));
+  /* the tools' latencies are the step's metrics': a rollouts file is the same for the same job */
+  json_t *stats =
+      json_pack("{s:i, s:i, s:i, s:o}", "turns", r->es.turns, "tool_calls", r->es.tool_calls,
+                "world_tokens", r->es.world_tokens, "tool_errors", errs);
+  int bad = !mask || !model || !stats;
+  bad |= json_object_set_new(o, "token_ids", int_array(r->toks, r->seq_len));
+  bad |= json_object_set_new(o, "loss_mask", mask);
+  bad |= json_object_set_new(o, "response_token_ids", model); /* the model's tokens alone */
+  bad |= json_object_set(o, "turns", r->turns ? r->turns : json_null());
+  bad |= json_object_set_new(o, "finish_reason", json_string(ep_finish_name(r->finish)));
+  bad |= json_object_set_new(o, "episode", stats);
+  return bad ? -1 : 0;
+}
+
 /* Writes rollouts/step-N.jsonl atomically (temporary file, fsync, rename). */
 int trainer_write_rollouts(struct trainer *t) {
   if (trainer_rank(t) != 0) return 0; /* rank 0 writes a data-parallel job's files */
@@ -54,6 +81,11 @@ int trainer_write_rollouts(struct trainer *t) {
       break;
     }
     if (it->messages) json_object_set(o, "messages", it->messages); /* prompt: as rendered */
+    if (r->trained && put_episode(o, r)) {
+      json_decref(o);
+      bad = 1;
+      break;
+    }
     if (r->info) json_object_set(o, "info", r->info);
     if (!r->judged) json_object_set_new(o, "judge_error", json_true());
     char *line = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);

@@ -21,8 +21,7 @@
 
 /* ---- rollouts of a step ---------------------------------------------------------------------- */
 
-/* RNG stream for (purpose, a, b, c): a 64-bit mix so that streams never collide in practice. */
-static uint64_t stream_of(uint64_t tag, uint64_t a, uint64_t b, uint64_t c) {
+uint64_t trainer_stream(uint64_t tag, uint64_t a, uint64_t b, uint64_t c) {
   uint64_t x = tag;
   uint64_t v[3] = {a, b, c};
   for (int i = 0; i < 3; i++) {
@@ -42,7 +41,9 @@ static void ro_clear(struct ro *r) {
   free(r->lp_old);
   free(r->lp_ref);
   free(r->text);
+  free(r->trained);
   json_decref(r->info);
+  json_decref(r->turns);
   memset(r, 0, sizeof *r);
 }
 
@@ -66,19 +67,10 @@ static struct ro *new_ro(struct trainer *t) {
 
 /* ---- progress of long passes (runner_hooks.progress) --------------------------------------- */
 
-#define PROGRESS_PARTS 20 /* a pass reports each twentieth done, besides its start */
-
-struct progress {
-  struct trainer *t;
-  struct runner_progress p;
-  int on;    /* the hook is set and the pass is long enough (runner_opts.progress_min_work) */
-  int shown; /* twentieths of the pass reported so far */
-};
-
 /* Starts a pass of total units whose work is `work` parameter-tokens, reporting done 0 when it
  * reports at all. */
-static void progress_begin(struct progress *g, struct trainer *t, const char *pass, int round,
-                           int64_t total, double work) {
+void progress_begin(struct progress *g, struct trainer *t, const char *pass, int round,
+                    int64_t total, double work) {
   *g = (struct progress){.t = t,
                          .p = {.step = t->step, .pass = pass, .round = round, .total = total}};
   double min = t->o ? (double)t->o->progress_min_work : 0;
@@ -88,7 +80,7 @@ static void progress_begin(struct progress *g, struct trainer *t, const char *pa
 
 /* The pass has done `done` units and `tokens` tokens, `parts` twentieths of it (0..20; 20 only
  * when done == total): reported when a new twentieth is reached. */
-static void progress_at(struct progress *g, int64_t done, int64_t tokens, int64_t parts) {
+void progress_at(struct progress *g, int64_t done, int64_t tokens, int64_t parts) {
   if (!g->on || parts <= g->shown) return;
   g->shown = (int)parts;
   g->p.done = done;
@@ -127,9 +119,13 @@ static void on_gen_progress(void *ctx, int64_t tokens, int finished) {
  * sample): key0 + i is the prompt's place in the whole pass, whichever rank generates it, so
  * that a data-parallel job samples the same tokens for any number of ranks. Progress is
  * reported as the pass `pass`. */
-static int generate(struct trainer *t, int n, const int *items, int *const *ids, const int *lens,
-                    int k, const struct sampler_opts *so, uint64_t tag, uint64_t a, int key0,
-                    int group0, int round, const char *pass, int *n_tokens) {
+static int generate(struct trainer *t, const struct dataset *d, int n, const int *items,
+                    int *const *ids, const int *lens, int k, const struct sampler_opts *so,
+                    uint64_t tag, uint64_t a, int key0, int group0, int round, const char *pass,
+                    int *n_tokens) {
+  if (episode_multi(&t->spec->episode))
+    return trainer_episodes(t, d, n, items, ids, lens, k, so, tag, a, key0, group0, round, pass,
+                            n_tokens);
   int per_chunk = t->gen_cap / k;
   if (per_chunk < 1) per_chunk = 1;
   int R = so->max_new_tokens;
@@ -146,9 +142,9 @@ static int generate(struct trainer *t, int n, const int *items, int *const *ids,
         int s = q * k + i, it = items[p0 + q];
         t->g_prompts[s] = ids[it];
         t->g_plen[s] = lens[it];
-        rng_seed(
-            &t->g_rng[s], t->spec->seed,
-            stream_of(tag, (uint64_t)t->step, a, (uint64_t)(key0 + p0 + q) * 65536u + (uint64_t)i));
+        rng_seed(&t->g_rng[s], t->spec->seed,
+                 trainer_stream(tag, (uint64_t)t->step, a,
+                                (uint64_t)(key0 + p0 + q) * 65536u + (uint64_t)i));
       }
     struct gen_out go = {t->g_tok, t->g_logp, t->g_len, t->g_fin};
     struct dapo_err e = {0};
@@ -166,7 +162,7 @@ static int generate(struct trainer *t, int n, const int *items, int *const *ids,
       r->group = group0 + p0 + s / k;
       r->index = s % k;
       r->round = round;
-      r->len = t->g_len[s];
+      r->len = r->seq_len = t->g_len[s];
       r->truncated = t->g_fin[s] == FINISH_LENGTH;
       r->toks = malloc(sizeof(int) * (size_t)(r->len ? r->len : 1));
       r->slogp = malloc(sizeof(float) * (size_t)(r->len ? r->len : 1));
@@ -228,45 +224,61 @@ static const char *take(const char **p, size_t n) {
 }
 
 /* A judged response as bytes, and back (what exchange sends). */
+static void put_json(struct wbuf *b, const json_t *j) {
+  char *s = j ? json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+  if (j && !s) b->oom = 1;
+  put_str(b, s);
+  free(s);
+}
+
 static void put_ro(struct wbuf *b, const struct ro *r) {
-  int32_t h[10] = {r->item,      r->round,   r->group, r->index,     r->len,
-                   r->truncated, r->correct, r->jmask, r->penalised, r->judged};
+  int32_t h[13] = {r->item,      r->round,   r->group,          r->index,     r->len,
+                   r->truncated, r->correct, r->jmask,          r->penalised, r->judged,
+                   r->seq_len,   r->finish,  r->trained != NULL};
   double v[2] = {r->reward_raw, r->reward};
   put(b, h, sizeof h);
   put(b, v, sizeof v);
-  put(b, r->toks, sizeof(int) * (size_t)r->len);
+  put(b, r->toks, sizeof(int) * (size_t)r->seq_len);
+  if (r->trained) put(b, r->trained, (size_t)r->seq_len);
   put(b, r->slogp, sizeof(float) * (size_t)r->len);
+  put(b, &r->es, sizeof r->es);
   put_str(b, r->text);
-  char *info = r->info ? json_dumps(r->info, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
-  if (r->info && !info) b->oom = 1;
-  put_str(b, info);
-  free(info);
+  put_json(b, r->info);
+  put_json(b, r->turns);
+}
+
+/* A JSON value put by put_json into *out (NULL when none). 0, or 1 out of memory. */
+static int take_json(const char **p, json_t **out) {
+  uint64_t n;
+  memcpy(&n, take(p, sizeof n), sizeof n);
+  *out = NULL;
+  if (!n) return 0;
+  json_error_t je;
+  *out = json_loadb(take(p, (size_t)n), (size_t)n, JSON_DECODE_ANY, &je);
+  return *out == NULL;
 }
 
 static int take_ro(const char **p, struct ro *r) {
-  int32_t h[10];
+  int32_t h[13];
   double v[2];
   uint64_t n;
   memcpy(h, take(p, sizeof h), sizeof h);
   memcpy(v, take(p, sizeof v), sizeof v);
   r->item = h[0], r->round = h[1], r->group = h[2], r->index = h[3], r->len = h[4];
   r->truncated = h[5], r->correct = h[6], r->jmask = h[7], r->penalised = h[8], r->judged = h[9];
+  r->seq_len = h[10], r->finish = (enum ep_finish)h[11];
   r->reward_raw = v[0], r->reward = v[1];
-  size_t len = (size_t)r->len;
-  r->toks = malloc(sizeof(int) * (len ? len : 1));
+  size_t len = (size_t)r->len, sl = (size_t)r->seq_len;
+  r->toks = malloc(sizeof(int) * (sl ? sl : 1));
   r->slogp = malloc(sizeof(float) * (len ? len : 1));
-  if (!r->toks || !r->slogp) return 1;
-  memcpy(r->toks, take(p, sizeof(int) * len), sizeof(int) * len);
+  if (!r->toks || !r->slogp || (h[12] && !(r->trained = malloc(sl ? sl : 1)))) return 1;
+  memcpy(r->toks, take(p, sizeof(int) * sl), sizeof(int) * sl);
+  if (h[12]) memcpy(r->trained, take(p, sl), sl);
   memcpy(r->slogp, take(p, sizeof(float) * len), sizeof(float) * len);
+  memcpy(&r->es, take(p, sizeof r->es), sizeof r->es);
   memcpy(&n, take(p, sizeof n), sizeof n);
   if (!(r->text = strndup(take(p, (size_t)n), (size_t)n))) return 1;
-  memcpy(&n, take(p, sizeof n), sizeof n);
-  if (n) {
-    json_error_t je;
-    r->info = json_loadb(take(p, (size_t)n), (size_t)n, JSON_DECODE_ANY, &je);
-    if (!r->info) return 1;
-  }
-  return 0;
+  return take_json(p, &r->info) || take_json(p, &r->turns);
 }
 
 /* A data-parallel round's exchange (collective): each rank generated, judged and shaped the
@@ -385,7 +397,7 @@ static int pack_size(const struct trainer *t, struct ro *const *list, int from, 
   long ntok = 0;
   int ns = 0;
   for (int i = from; i < to; i++, ns++) {
-    int seq_len = t->ids_len[list[i]->item] + list[i]->len;
+    int seq_len = t->ids_len[list[i]->item] + list[i]->seq_len;
     if (ns > 0 && ntok + seq_len > t->cap_tokens) break;
     ntok += seq_len;
   }
@@ -413,11 +425,20 @@ static int pack(struct trainer *t, struct ro *const *list, int from, int to) {
   long fit_tokens;
   int fit = pack_size(t, list, from, to, &fit_tokens), ntok = 0, ns = 0;
   t->b_off[0] = 0;
+  t->b_masked = 0;
+  for (int i = from; i < from + fit; i++) t->b_masked |= list[i]->trained != NULL;
   for (int i = from; i < from + fit; i++) {
     const struct ro *r = list[i];
-    int pl = t->ids_len[r->item], seq_len = pl + r->len;
+    int pl = t->ids_len[r->item], seq_len = pl + r->seq_len;
     memcpy(t->b_tok + ntok, t->ids[r->item], sizeof(int) * (size_t)pl);
-    memcpy(t->b_tok + ntok + pl, r->toks, sizeof(int) * (size_t)r->len);
+    memcpy(t->b_tok + ntok + pl, r->toks, sizeof(int) * (size_t)r->seq_len);
+    if (t->b_masked) { /* only the model's own tokens of an episode are trained */
+      memset(t->b_trained + ntok, 0, (size_t)pl);
+      if (r->trained)
+        memcpy(t->b_trained + ntok + pl, r->trained, (size_t)r->seq_len);
+      else
+        memset(t->b_trained + ntok + pl, 1, (size_t)r->seq_len);
+    }
     t->b_plen[ns] = pl;
     t->b_ro[ns] = list[i];
     ntok += seq_len;
@@ -427,7 +448,11 @@ static int pack(struct trainer *t, struct ro *const *list, int from, int to) {
 }
 
 static int forward(struct trainer *t, struct model *m, int ns, float *ent) {
-  struct fwd_batch b = {ns, t->b_tok, t->b_off, t->b_plen};
+  struct fwd_batch b = {.n_seq = ns,
+                        .tokens = t->b_tok,
+                        .seq_off = t->b_off,
+                        .prompt_len = t->b_plen,
+                        .trained = t->b_masked ? t->b_trained : NULL};
   struct dapo_err e = {0};
   if (train_forward(t->ts, m, &b, 1.0f / (float)t->hp->temperature, t->b_logp, ent, &e))
     return trainer_fail_err(t, FAIL_INTERNAL, NULL, &e);
@@ -437,7 +462,11 @@ static int forward(struct trainer *t, struct model *m, int ns, float *ent) {
 /* The log-probs of the packed micro-batch alone (b_logp), for a pass no backward follows: the
  * bits forward() gives, without the classifier's softmax pass (train_logprobs). */
 static int logprobs(struct trainer *t, struct model *m, int ns) {
-  struct fwd_batch b = {ns, t->b_tok, t->b_off, t->b_plen};
+  struct fwd_batch b = {.n_seq = ns,
+                        .tokens = t->b_tok,
+                        .seq_off = t->b_off,
+                        .prompt_len = t->b_plen,
+                        .trained = t->b_masked ? t->b_trained : NULL};
   struct dapo_err e = {0};
   if (train_logprobs(t->ts, m, &b, 1.0f / (float)t->hp->temperature, t->b_logp, &e))
     return trainer_fail_err(t, FAIL_INTERNAL, NULL, &e);
@@ -485,7 +514,7 @@ static void token_share(const struct trainer *t, struct ro *const *mb, int k, in
     *lo = 0, *hi = k;
     return;
   }
-  for (int i = 0; i < k; i++) total += t->ids_len[mb[i]->item] + mb[i]->len;
+  for (int i = 0; i < k; i++) total += t->ids_len[mb[i]->item] + mb[i]->seq_len;
   *lo = *hi = k;
   for (int i = 0, at = 0; i <= k; i++) {
     /* the shares that start before response i: those whose start mark seen reaches */
@@ -494,7 +523,7 @@ static void token_share(const struct trainer *t, struct ro *const *mb, int k, in
       if (at == r + 1) *hi = i;
       at++;
     }
-    if (i < k) seen += t->ids_len[mb[i]->item] + mb[i]->len;
+    if (i < k) seen += t->ids_len[mb[i]->item] + mb[i]->seq_len;
   }
   if (*hi < *lo) *hi = *lo;
 }
@@ -503,7 +532,7 @@ static void token_share(const struct trainer *t, struct ro *const *mb, int k, in
 static void epoch_order(const struct trainer *t, int *order, int n, int e) {
   for (int i = 0; i < n; i++) order[i] = i;
   struct rng r;
-  rng_seed(&r, t->spec->seed, stream_of(TAG_MB, (uint64_t)t->step, (uint64_t)e, 0));
+  rng_seed(&r, t->spec->seed, trainer_stream(TAG_MB, (uint64_t)t->step, (uint64_t)e, 0));
   rng_shuffle_int(&r, order, n);
 }
 
@@ -787,8 +816,8 @@ int trainer_evaluate(struct trainer *t) {
   /* the validation rollouts borrow the step's array after the training ones; a data-parallel
    * job's rank evaluates its share of the prompts */
   my_share(t, n, &lo, &hi);
-  int stop = generate(t, hi - lo, items + lo, t->vids, t->vids_len, k, &so, TAG_EVAL, 0, lo, lo, -1,
-                      "evaluation", &ntok);
+  int stop = generate(t, t->val, hi - lo, items + lo, t->vids, t->vids_len, k, &so, TAG_EVAL, 0, lo,
+                      lo, -1, "evaluation", &ntok);
   free(items);
   struct judge_stats st = {0};
   if (!stop) stop = judge_range(t, t->val, first, t->n_ro - first, &st);
@@ -822,6 +851,39 @@ int trainer_evaluate(struct trainer *t) {
 }
 
 /* ---- one step -------------------------------------------------------------------------------- */
+
+/* A multi-turn step's episode metrics (docs/AGENTS.md), over every episode sampled: turns,
+ * tool calls, the model's and the world's tokens per episode, the tools' latency, their errors
+ * by kind, and how the episodes ended. */
+static void put_episode_metrics(const struct trainer *t, json_t *m) {
+  long turns = 0, calls = 0, world = 0, model = 0, fin[EPF_TRUNCATED + 1] = {0};
+  long errs[TOOL_ERR_COUNT] = {0}, answered = 0;
+  double ms = 0;
+  for (int i = 0; i < t->n_ro; i++) {
+    const struct ro *r = &t->ros[i];
+    turns += r->es.turns, calls += r->es.tool_calls, world += r->es.world_tokens;
+    model += r->len, ms += r->es.tool_ms;
+    fin[r->finish]++;
+    for (int k = 0; k < TOOL_ERR_COUNT; k++) errs[k] += r->es.tool_errors[k];
+  }
+  for (int k = 0; k < TOOL_ERR_COUNT; k++) answered += errs[k];
+  double n = t->n_ro ? t->n_ro : 1;
+  json_object_set_new(m, "episode/turns_mean", json_real(turns / n));
+  json_object_set_new(m, "episode/tool_calls_mean", json_real(calls / n));
+  json_object_set_new(m, "episode/model_tokens_mean", json_real(model / n));
+  json_object_set_new(m, "episode/world_tokens_mean", json_real(world / n));
+  for (int f = EPF_STOP; f <= EPF_TRUNCATED; f++) {
+    char key[64];
+    snprintf(key, sizeof key, "episode/finish/%s_frac", ep_finish_name((enum ep_finish)f));
+    json_object_set_new(m, key, json_real(fin[f] / n));
+  }
+  json_object_set_new(m, "tool/latency_ms_mean", json_real(answered ? ms / answered : 0));
+  for (int k = 1; k < TOOL_ERR_COUNT; k++) {
+    char key[64];
+    snprintf(key, sizeof key, "tool/errors/%s", tool_err_name((enum tool_err)k));
+    json_object_set_new(m, key, json_integer(errs[k]));
+  }
+}
 
 static int cmp_ro_ptr(const void *a, const void *b) {
   const struct ro *x = *(struct ro *const *)a, *y = *(struct ro *const *)b;
@@ -869,8 +931,8 @@ int trainer_step(struct trainer *t, json_t **metrics_out, int64_t *gen_tokens_ou
     int first = t->n_ro, lo, hi, unused = 0;
     /* a data-parallel job's rank samples, judges and shapes its share of the round's groups */
     my_share(t, n_prompts, &lo, &hi);
-    int stop = generate(t, hi - lo, items + lo, t->ids, t->ids_len, G, &t->so, TAG_GEN, (uint64_t)r,
-                        lo, sampled_groups + lo, r, "generation", &unused);
+    int stop = generate(t, t->train, hi - lo, items + lo, t->ids, t->ids_len, G, &t->so, TAG_GEN,
+                        (uint64_t)r, lo, sampled_groups + lo, r, "generation", &unused);
     t_gen += now_s() - t0;
     trainer_phase(t, "judging");
     t0 = now_s();
@@ -1028,6 +1090,7 @@ int trainer_step(struct trainer *t, json_t **metrics_out, int64_t *gen_tokens_ou
   PUT_R("time/generation_s", t_gen);
   PUT_R("time/training_s", t_train);
   PUT_R("time/step_s", step_s);
+  if (episode_multi(&t->spec->episode)) put_episode_metrics(t, m);
   if (dist_size(trainer_dist(t)) > 1) { /* a data-parallel job's (docs/SCALE.md) */
     PUT_I("dist/ranks", dist_size(trainer_dist(t)));
     PUT_I("dist/allreduce_bytes", us.reduce_bytes);

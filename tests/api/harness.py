@@ -244,3 +244,13 @@ def multipart(fields, boundary="dapodBoundary7MA4YWxkTrZu0gW"):
         out.append(b"\r\n")
     out.append(b"--" + boundary.encode() + b"--\r\n")
     return b"".join(out), "multipart/form-data; boundary=" + boundary
+
+
+def readme_block(name):
+    """The code between <!-- NAME:begin --> and <!-- NAME:end --> of the repository's README.md,
+    fences cut."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "..", "..", "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    body = text.split("<!-- %s:begin -->" % name)[1].split("<!-- %s:end -->" % name)[0]
+    return "\n".join(l for l in body.strip().splitlines() if not l.startswith("```")) + "\n"

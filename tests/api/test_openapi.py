@@ -361,6 +361,9 @@ def scenario(c):
     problem(c.call("rollouts missing step", "GET", "/v1/jobs/%s/rollouts?step=99" % jid, 404),
             "not_found")
 
+    # an agent job: episodes that call the example lookup tool, their rollouts and metrics
+    agent_job(c, fid)
+
     # checkpoints are models
     model = "%s:step-2" % jid
     c.call("get checkpoint model", "GET", "/v1/models/" + model, 200)
@@ -737,6 +740,44 @@ def oai_scenario(c):
               "invalid_request_error")
     c.call("ft delete", "DELETE", "/v1/jobs/" + jid, 200)
     c.call("delete rft file", "DELETE", "/v1/files/" + fid, 200)
+
+
+def agent_job(c, fid):
+    """A multi-turn job with a tool (clients/tools/example_tools.py on a free port): created,
+    followed to its end, its resolved episode in the job object, its rollouts episodes with
+    turns, its metrics the episode ones; a tool whose host the policy refuses, refused by
+    field."""
+    tools = subprocess.Popen([sys.executable, os.path.join(ROOT, "clients", "tools",
+                                                            "example_tools.py")],
+                             stdout=subprocess.PIPE, preexec_fn=harness._die_with_parent)
+    try:
+        port = int(tools.stdout.readline())
+        episode = {"max_turns": 2, "max_new_tokens_per_turn": 2,
+                   "tools": [{"type": "function", "url": "http://127.0.0.1:%d/lookup" % port,
+                              "function": {"name": "lookup", "description": "the stored value",
+                                           "parameters": {"type": "object"}}}]}
+        body = {"model": "tiny", "training_file": fid, "judge": {"type": "math"}, "seed": 5,
+                "hyperparameters": dict(TINY_HP, group_size=16), "episode": episode}
+        job = c.call("create agent job", "POST", "/v1/jobs", 201, json_body=body).json()
+        ep = job["episode"]
+        assert ep["max_turns"] == 2 and ep["max_episode_tokens"] == 4 + 64, ep
+        assert ep["reward"] == "judge" and ep["tools"][0]["function"]["name"] == "lookup", ep
+        job = c.wait_status(job["id"], lambda j: j["status"] in TERMINAL, "the agent job's end")
+        assert job["status"] == "succeeded", job
+        m = job["latest_metrics"]
+        assert "episode/turns_mean" in m and "tool/errors/unknown_tool" in m, m
+        r = c.call("agent rollouts", "GET", "/v1/jobs/%s/rollouts?step=1" % job["id"], 200)
+        lines = [json.loads(x) for x in r.body.decode().splitlines() if x.strip()]
+        assert lines and all(len(x["token_ids"]) == len(x["loss_mask"]) and x["turns"]
+                             for x in lines), lines[:1]
+        bad = dict(body, episode=dict(episode, tools=[dict(episode["tools"][0],
+                                                           url="http://example.com/lookup")]))
+        p = problem(c.call("create agent job bad tool host", "POST", "/v1/jobs", 422,
+                           json_body=bad), "validation_failed")
+        assert any(e["field"] == "episode.tools[0].url" for e in p["errors"]), p
+    finally:
+        tools.terminate()
+        tools.wait(10)
 
 
 def main():

@@ -47,7 +47,7 @@ def main():
             path = os.path.join(a.work if lang == "node" else tmp,
                                 "readme_rft." + ("mjs" if lang == "node" else "py"))
             with open(path, "w") as f:
-                f.write(readme_block("openai-" + lang))
+                f.write(harness.readme_block("openai-" + lang))
             p = subprocess.run(cmd + [path], env=env, cwd=tmp, timeout=600,
                                capture_output=True, text=True)
             sys.stdout.write(p.stdout)
@@ -63,14 +63,6 @@ def main():
             sys.stderr.write("dapod exited %s after SIGTERM:\n%s" % (rc, d.log()[-4000:]))
             return 1
         return 0
-
-
-def readme_block(name):
-    """The code between <!-- NAME:begin --> and <!-- NAME:end --> of README.md, fences cut."""
-    with open(os.path.join(HERE, "..", "..", "README.md")) as f:
-        text = f.read()
-    body = text.split("<!-- %s:begin -->" % name)[1].split("<!-- %s:end -->" % name)[0]
-    return "\n".join(l for l in body.strip().splitlines() if not l.startswith("```")) + "\n"
 
 
 if __name__ == "__main__":

@@ -4,7 +4,11 @@
  *  - a later epoch with weights moved so that tokens are clipped on both sides: the analytic
  *    gradient of the clipped token-mean loss equals central finite differences of the loss;
  *  - all three aggregations, and the gradient of a minibatch does not depend on how it is split
- *    into micro-batches (while normalising per micro-batch, the known framework bug, would). */
+ *    into micro-batches (while normalising per micro-batch, the known framework bug, would);
+ *  - multi-turn episodes: responses that hold the world's tokens between the model's turns
+ *    (trained 0): the token mean counts the model's tokens alone, finite differences of the
+ *    masked loss (clipped on both sides, with the k3 KL term) agree with the gradient, and
+ *    training one world token as if it were the model's changes the gradient. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,7 +22,8 @@ enum { NS = 4, CAP = 64 };
 static int lens[NS] = {9, 6, 11, 7}, plen[NS] = {3, 2, 5, 1};
 static int toks[CAP], off[NS + 1];
 static double adv[NS] = {1.2, -0.7, 0.4, -1.5};
-static float lp_old[CAP];
+static float lp_old[CAP], lp_ref[CAP];
+static const unsigned char *g_mask; /* NULL: single turns; else the episodes' loss mask */
 
 static struct model *m;
 static struct train_state *ts;
@@ -56,14 +61,22 @@ static int fwd(int a, int b, float *logp) {
   int o[NS + 1], pl[NS];
   for (int i = a; i <= b; i++) o[i - a] = off[i] - off[a];
   for (int i = a; i < b; i++) pl[i - a] = plen[i];
-  struct fwd_batch fb = {b - a, toks + off[a], o, pl};
+  struct fwd_batch fb = {.n_seq = b - a,
+                         .tokens = toks + off[a],
+                         .seq_off = o,
+                         .prompt_len = pl,
+                         .trained = g_mask ? g_mask + off[a] : NULL};
   struct dapo_err e;
   CHECK(train_forward(ts, m, &fb, 1.0f, logp, NULL, &e) == 0);
   return fwd_batch_resp_tokens(&fb);
 }
 
+/* The trained response tokens of each sequence. */
 static void resp_lens(int *rl) {
-  for (int i = 0; i < NS; i++) rl[i] = lens[i] - plen[i];
+  for (int i = 0; i < NS; i++) {
+    rl[i] = 0;
+    for (int t = off[i] + plen[i]; t < off[i + 1]; t++) rl[i] += !g_mask || g_mask[t];
+  }
 }
 
 /* The minibatch loss at the current weights (logp_old fixed). */
@@ -73,7 +86,7 @@ static double loss_now(const struct hparams *hp, struct pg_stats *st) {
   resp_lens(rl);
   int R = fwd(0, NS, lp);
   struct pg_stats s = {0};
-  dapo_token_weights(hp, NS, rl, adv, lp, lp_old, NULL, NS, R, w, &s);
+  dapo_token_weights(hp, NS, rl, adv, lp, lp_old, hp->kl_coef > 0 ? lp_ref : NULL, NS, R, w, &s);
   if (st) *st = s;
   return s.loss;
 }
@@ -93,7 +106,8 @@ static void grad_of(const struct hparams *hp, int cut, int per_micro, float *out
     int R = fwd(a, b, lp);
     int old0 = 0;
     for (int i = 0; i < a; i++) old0 += rl[i];
-    dapo_token_weights(hp, b - a, rl + a, adv + a, lp, lp_old + old0, NULL, per_micro ? b - a : NS,
+    dapo_token_weights(hp, b - a, rl + a, adv + a, lp, lp_old + old0,
+                       hp->kl_coef > 0 ? lp_ref + old0 : NULL, per_micro ? b - a : NS,
                        per_micro ? R : total, w, NULL);
     struct dapo_err e;
     CHECK(train_backward(ts, m, w, &e) == 0);
@@ -201,6 +215,71 @@ int main(void) {
   double fd = fd_dir(&hp, dir, 2e-4f);
   CHECK_MSG(fabs(fd - an) <= 1e-2 * fabs(an) + 1e-4, "clipped: fd %.6g vs analytic %.6g", fd, an);
   fprintf(stderr, "clipped loss: directional fd %.6g analytic %.6g\n", fd, an);
+
+  /* 5. multi-turn episodes: each response is [model turn, world answer, model turn] */
+  static unsigned char mask[CAP];
+  for (int i = 0; i < NS; i++)
+    for (int t = off[i]; t < off[i + 1]; t++) {
+      int q = t - off[i] - plen[i];           /* place in the response */
+      mask[t] = q >= 0 && !(q >= 2 && q < 4); /* tokens 2 and 3 of each response: the world's */
+    }
+  g_mask = mask;
+  resp_lens(rl);
+  int trained = 0;
+  for (int i = 0; i < NS; i++) trained += rl[i];
+  hp.eps_low = 0.2, hp.eps_high = 0.28, hp.kl_coef = 0;
+  R = fwd(0, NS, lp_old);
+  CHECK(R == trained && R == off[NS] - (plen[0] + plen[1] + plen[2] + plen[3]) - 2 * NS);
+  {
+    float lp[CAP], w[CAP];
+    fwd(0, NS, lp);
+    struct pg_stats s = {0};
+    dapo_token_weights(&hp, NS, rl, adv, lp, lp_old, NULL, NS, R, w, &s);
+    int exact = 1;
+    for (int i = 0, k = 0; i < NS; i++)
+      for (int q = 0; q < rl[i]; q++, k++) exact &= w[k] == (float)(-adv[i] / trained);
+    CHECK_MSG(exact && s.tokens == trained,
+              "episodes: the token mean is not over the model's tokens alone");
+  }
+  grad_of(&hp, 0, 0, g1);
+  an = 0;
+  for (size_t i = 0; i < m->n_params; i++) an += (double)g1[i] * dir[i];
+  fd = fd_dir(&hp, dir, 1e-3f);
+  CHECK_MSG(fabs(fd - an) <= 1e-2 * fabs(an) + 1e-4, "episodes: fd %.6g vs analytic %.6g", fd, an);
+  grad_of(&hp, 1, 0, g2);
+  CHECK(rel_diff(g2, g1, m->n_params) < 1e-5);
+  /* one world token trained as the model's: a different gradient */
+  static unsigned char wrong[CAP];
+  memcpy(wrong, mask, sizeof wrong);
+  wrong[off[1] + plen[1] + 2] = 1;
+  g_mask = wrong;
+  float *g3 = malloc(sizeof(float) * m->n_params);
+  R = fwd(0, NS, lp_old);
+  grad_of(&hp, 0, 0, g3);
+  double d = rel_diff(g3, g1, m->n_params);
+  CHECK_MSG(d > 1e-3, "training a world token changed the gradient by %.3g only", d);
+  g_mask = mask;
+  R = fwd(0, NS, lp_old);
+  /* a later epoch, clipped on both sides, with the k3 KL term against a reference */
+  hp.eps_low = 0.05, hp.eps_high = 0.08, hp.kl_coef = 0.05;
+  for (int k = 0; k < R; k++) lp_ref[k] = lp_old[k] + 0.3f * (float)rng_normal(&r);
+  grad_of(&hp, 0, 0, g1);
+  for (size_t i = 0; i < m->n_params; i++) m->params[i] -= 0.4f * g1[i] + 0.02f * dir[i];
+  loss_now(&hp, &st);
+  CHECK_MSG(st.clip_low > 0 && st.clip_high > 0 && st.tokens == trained,
+            "episodes, epoch 2: clipped low %ld, high %ld, tokens %ld", st.clip_low, st.clip_high,
+            st.tokens);
+  grad_of(&hp, 2, 0, g1);
+  an = 0;
+  for (size_t i = 0; i < m->n_params; i++) an += (double)g1[i] * dir[i];
+  fd = fd_dir(&hp, dir, 2e-4f);
+  CHECK_MSG(fabs(fd - an) <= 1e-2 * fabs(an) + 1e-4, "episodes, clipped with KL: fd %.6g vs %.6g",
+            fd, an);
+  fprintf(stderr,
+          "episodes: %d of %d response tokens the model's; clipped with KL: fd %.6g analytic "
+          "%.6g; a world token trained moves the gradient by %.2g\n",
+          trained, trained + 2 * NS, fd, an, d);
+  free(g3);
   free(g1), free(g2), free(dir);
   json_decref(errs);
   train_state_free(ts);

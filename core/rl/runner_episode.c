@@ -1,0 +1,427 @@
+/* Multi-turn episodes of the job runner (runner_impl.h, docs/AGENTS.md). The episodes of a
+ * chunk of prompts each hold a slot of the sampler; every round feeds the ones that can go on
+ * (a prompt, a sampled token, or the last token of a turn with the world's answer after it) into
+ * one gen_advance, while the ones whose calls are out wait, and the answers are taken as they
+ * come. Token in, token out: an episode's sequence is its prompt, each turn's tokens as sampled,
+ * and each answer rendered in the tool-call format and tokenized once, appended; nothing is ever
+ * rendered or tokenized again. The sampled tokens alone are trained (ro.trained).
+ *
+ * Which episodes are fed together never changes a bit (gen_advance's feeds are independent) and
+ * each turn draws from its own stream (seed, step, prompt, sample, turn), so the tokens do not
+ * depend on when the tools answer, on the batch or on the number of ranks. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runner_impl.h"
+#include "utf8.h"
+
+enum ep_state {
+  EP_FEED, /* its next feed is ready: the prompt, a sampled token, or a turn's end and answers */
+  EP_WAIT, /* its calls are out */
+  EP_DONE
+};
+
+struct ep {
+  int item;          /* dataset item */
+  int key;           /* its sampling key: prompt key * 65536 + sample */
+  const int *prompt; /* borrowed (ids of the item) */
+  int plen;
+  int *seq;            /* [after_prompt] tokens after the prompt */
+  unsigned char *mask; /* [after_prompt] 1: the model's */
+  float *lp;           /* [max_new_tokens] sampler log-probs of the model's tokens */
+  int n_seq, n_model;
+  int fed;           /* tokens of seq already in the sampler's cache */
+  int turn, turn0;   /* the model's turn, and where in seq it began */
+  int ended_by_stop; /* the last turn ended with a stop token */
+  enum ep_state state;
+  struct rng rng;
+  int calls_out, n_answers;
+  struct tc_answer_slot {
+    char name[TC_NAME_MAX + 1];
+    char *content;
+    enum tool_err err;
+  } answers[TC_MAX_CALLS];
+  json_t *turns;
+  struct ep_stats es;
+  enum ep_finish finish;
+  char *final_text;
+  char id[96];
+};
+
+const char *ep_finish_name(enum ep_finish f) {
+  static const char *const names[] = {"", "stop", "length", "max_turns", "truncated"};
+  return f >= 0 && f <= EPF_TRUNCATED ? names[f] : "";
+}
+
+static int is_stop(const struct sampler_opts *o, int tok) {
+  for (int i = 0; i < o->n_stop; i++)
+    if (o->stop_ids[i] == tok) return 1;
+  return 0;
+}
+
+static json_t *int_array(const int *v, int n) {
+  json_t *a = json_array();
+  for (int i = 0; a && i < n; i++) json_array_append_new(a, json_integer(v[i]));
+  return a;
+}
+
+static json_t *real_array(const float *v, int n) {
+  json_t *a = json_array();
+  for (int i = 0; a && i < n; i++) json_array_append_new(a, json_real(v[i]));
+  return a;
+}
+
+/* The fields of item i of d that a tool receives, built once per item (kept for the job: a
+ * call holds it until its answer is taken). NULL out of memory. */
+static const json_t *item_of(struct trainer *t, const struct dataset *d, int i) {
+  json_t **cache = d == t->train ? t->item_json : t->vitem_json;
+  if (!cache[i]) {
+    const struct ds_item *it = ds_get(d, i);
+    cache[i] = json_pack("{s:s, s:s?, s:O?, s:s, s:O?}", "id", it->id, "prompt", it->prompt,
+                         "messages", it->messages, "answer", it->answer, "metadata", it->metadata);
+  }
+  return cache[i];
+}
+
+/* A copy of s with every byte that is not part of valid UTF-8 replaced by '?'. */
+static char *valid_utf8(const char *s) {
+  size_t n = strlen(s);
+  char *o = malloc(n + 1);
+  if (!o) return NULL;
+  for (size_t i = 0; i < n;) {
+    size_t l = utf8_next((const unsigned char *)s + i, n - i, NULL);
+    if (!l) {
+      o[i++] = '?';
+      continue;
+    }
+    memcpy(o + i, s + i, l);
+    i += l;
+  }
+  o[n] = '\0';
+  return o;
+}
+
+/* The content the model reads of an answer: valid UTF-8, at most max_tokens tokens of it. */
+static char *bounded(const struct trainer *t, const char *content, int max_tokens) {
+  char *v = valid_utf8(content ? content : "");
+  if (!v) return NULL;
+  int n = 0;
+  struct dapo_err e = {0};
+  if (tok_encode(t->lm.tok, v, strlen(v), NULL, 0, &n, &e) != DAPO_ERANGE && n <= max_tokens)
+    return v;
+  int *ids = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+  char *cut = NULL;
+  if (ids && !tok_encode(t->lm.tok, v, strlen(v), ids, n, &n, &e))
+    cut = tok_decode_alloc(t->lm.tok, ids, max_tokens, 0, &e);
+  free(ids);
+  free(v);
+  return cut;
+}
+
+/* Ends episode x with reason f; final_text (stolen) is what the judge reads: its last turn's. */
+static void finish(struct ep *x, enum ep_finish f, char *final_text, int *active) {
+  x->finish = f;
+  if (final_text != x->final_text) free(x->final_text);
+  x->final_text = final_text;
+  x->state = EP_DONE;
+  (*active)--;
+}
+
+/* The model ended its turn (x->seq[x->turn0 .. n_seq)): its record, then a final answer, the
+ * end of the episode, or its calls (submitted, or answered at once when they cannot be made). */
+static int end_turn(struct trainer *t, const struct dataset *d, struct ep *x, int idx,
+                    int *active) {
+  const struct episode_spec *ep = &t->spec->episode;
+  int n = x->n_seq - x->turn0, text_n = n - (x->ended_by_stop ? 1 : 0);
+  struct dapo_err e = {0};
+  char *text = tok_decode_alloc(t->lm.tok, x->seq + x->turn0, text_n, 0, &e);
+  if (!text) return trainer_fail_err(t, FAIL_GENERATION_FAILED, NULL, &e);
+  struct tc_turn call;
+  int n_tools = toolbox_count(t->tools);
+  if (tc_read_turn(t->tool_format, text, strlen(text), t->tool_names, n_tools, &call)) {
+    free(text);
+    return trainer_oom(t);
+  }
+  json_t *tc = NULL;
+  if (call.n_calls) {
+    tc = json_array();
+    for (int i = 0; i < call.n_calls; i++)
+      json_array_append_new(tc, json_pack("{s:s, s:O}", "name", call.calls[i].name, "arguments",
+                                          call.calls[i].arguments));
+  }
+  json_array_append_new(x->turns,
+                        json_pack("{s:s, s:s, s:o, s:b, s:o, s:o*, s:s*}", "role", "assistant",
+                                  "content", text, "token_ids", int_array(x->seq + x->turn0, n),
+                                  "trained", 1, "logprobs", real_array(x->lp + x->n_model - n, n),
+                                  "tool_calls", tc, "malformed", call.malformed ? call.why : NULL));
+  x->es.turns++;
+  int calls = call.n_calls || call.malformed;
+  if (!calls) {
+    tc_turn_free(&call);
+    finish(x, x->ended_by_stop ? EPF_STOP : EPF_LENGTH, text, active);
+    return 0;
+  }
+  if (x->turn + 1 >= ep->max_turns || x->n_model >= t->hp->max_new_tokens) {
+    tc_turn_free(&call);
+    finish(x, x->turn + 1 >= ep->max_turns ? EPF_MAX_TURNS : EPF_LENGTH, text, active);
+    return 0;
+  }
+  free(x->final_text); /* the last turn's text stands, should the episode end before another */
+  x->final_text = text;
+  x->turn++;
+  x->n_answers = call.malformed ? 1 : call.n_calls;
+  x->calls_out = 0;
+  x->state = EP_WAIT;
+  if (call.malformed) {
+    struct tc_answer_slot *a = &x->answers[0];
+    int unknown = !strncmp(call.why, "there is no tool", 16);
+    a->err = unknown ? TOOL_UNKNOWN : TOOL_MALFORMED;
+    snprintf(a->name, sizeof a->name, "%s", "");
+    a->content = NULL;
+    if (asprintf(&a->content, "error: %s", call.why) < 0) a->content = NULL;
+    x->es.tool_errors[a->err]++;
+  }
+  for (int i = 0; i < call.n_calls; i++) {
+    struct tc_answer_slot *a = &x->answers[i];
+    int tool = toolbox_find(t->tools, call.calls[i].name);
+    snprintf(a->name, sizeof a->name, "%s", call.calls[i].name);
+    a->content = NULL;
+    char why[300];
+    x->es.tool_calls++;
+    if (toolbox_check_args(t->tools, tool, call.calls[i].arguments, why, sizeof why)) {
+      a->err = TOOL_BAD_ARGUMENTS;
+      if (asprintf(&a->content, "error: %s", why) < 0) a->content = NULL;
+      x->es.tool_errors[a->err]++;
+      continue;
+    }
+    const json_t *item = item_of(t, d, x->item);
+    if (!item) {
+      tc_turn_free(&call);
+      return trainer_oom(t);
+    }
+    json_t *args = call.calls[i].arguments;
+    call.calls[i].arguments = NULL; /* stolen by the submission */
+    if (toolbox_submit(t->tools, idx * TC_MAX_CALLS + i, tool, args, item, t->spec->job_id,
+                       x->id)) {
+      tc_turn_free(&call);
+      return trainer_oom(t);
+    }
+    x->calls_out++;
+  }
+  tc_turn_free(&call);
+  return 0;
+}
+
+/* Every answer of x's turn is in: rendered, tokenized and appended after the turn (trained 0),
+ * unless it does not fit the episode (truncated). The next turn starts where the answer ends,
+ * drawing from its own stream (seed, step, prompt, sample, turn). */
+static int world_turn(struct trainer *t, struct ep *x, uint64_t tag, uint64_t a, int *active) {
+  const struct episode_spec *ep = &t->spec->episode;
+  struct tc_answer ans[TC_MAX_CALLS];
+  char *kept[TC_MAX_CALLS] = {0};
+  json_t *list = json_array();
+  int rc = 0;
+  for (int i = 0; i < x->n_answers; i++) {
+    kept[i] = bounded(t, x->answers[i].content, ep->max_answer_tokens);
+    if (!kept[i]) rc = trainer_oom(t);
+    ans[i] = (struct tc_answer){x->answers[i].name, kept[i] ? kept[i] : ""};
+    json_array_append_new(list, json_pack("{s:s, s:s, s:s}", "name", x->answers[i].name, "content",
+                                          kept[i] ? kept[i] : "", "status",
+                                          tool_err_name(x->answers[i].err)));
+  }
+  char *text = NULL;
+  if (!rc && tc_render_answers(t->tool_format, ans, x->n_answers, &text)) rc = trainer_oom(t);
+  int n = 0, room = t->after_prompt - x->n_seq;
+  struct dapo_err e = {0};
+  if (!rc) {
+    int erc = tok_encode(t->lm.tok, text, strlen(text), x->seq + x->n_seq, room, &n, &e);
+    if (erc == DAPO_ERANGE || (!erc && n + 1 > room)) { /* the answer and one more token */
+      json_array_append_new(x->turns,
+                            json_pack("{s:s, s:s, s:[], s:b, s:O, s:b}", "role", "tool", "content",
+                                      text, "token_ids", "trained", 0, "answers", list, "fits", 0));
+      finish(x, EPF_TRUNCATED, x->final_text, active);
+    } else if (erc) {
+      rc = trainer_fail_err(t, FAIL_GENERATION_FAILED, NULL, &e);
+    } else {
+      memset(x->mask + x->n_seq, 0, (size_t)n);
+      json_array_append_new(x->turns,
+                            json_pack("{s:s, s:s, s:o, s:b, s:O}", "role", "tool", "content", text,
+                                      "token_ids", int_array(x->seq + x->n_seq, n), "trained", 0,
+                                      "answers", list));
+      x->n_seq += n;
+      x->es.world_tokens += n;
+      x->state = EP_FEED;
+      x->turn0 = x->n_seq;
+      rng_seed(&x->rng, t->spec->seed,
+               trainer_stream(tag + (uint64_t)x->turn, (uint64_t)t->step, a, (uint64_t)x->key));
+    }
+  }
+  json_decref(list);
+  free(text);
+  for (int i = 0; i < x->n_answers; i++) {
+    free(kept[i]);
+    free(x->answers[i].content);
+    x->answers[i].content = NULL;
+  }
+  x->n_answers = 0;
+  return rc;
+}
+
+/* One more episode of the pass is done (of total), sampled tokens so far. */
+static void ep_progress(struct progress *g, int64_t *done, int64_t sampled, int64_t total) {
+  ++*done;
+  progress_at(g, *done, sampled, PROGRESS_PARTS * *done / total);
+}
+
+static void ep_free(struct ep *x) {
+  free(x->seq), free(x->mask), free(x->lp);
+  free(x->final_text);
+  json_decref(x->turns);
+  for (int i = 0; i < TC_MAX_CALLS; i++) free(x->answers[i].content);
+}
+
+/* The chunk's episodes become rollouts (their arrays moved into the ros). */
+static int keep_episodes(struct trainer *t, struct ep *eps, int ns, int k, const int *items, int p0,
+                         int group0, int round, int *n_tokens) {
+  for (int s = 0; s < ns; s++) {
+    struct ep *x = &eps[s];
+    struct ro *r = NULL;
+    if (t->n_ro == t->cap_ro) {
+      int cap = t->cap_ro ? 2 * t->cap_ro : 256;
+      struct ro *nr = realloc(t->ros, sizeof *nr * (size_t)cap);
+      if (!nr) return trainer_oom(t);
+      t->ros = nr;
+      t->cap_ro = cap;
+    }
+    r = &t->ros[t->n_ro++];
+    memset(r, 0, sizeof *r);
+    r->item = items[p0 + s / k];
+    r->group = group0 + p0 + s / k;
+    r->index = s % k;
+    r->round = round;
+    r->toks = x->seq, x->seq = NULL;
+    r->trained = x->mask, x->mask = NULL;
+    r->slogp = x->lp, x->lp = NULL;
+    r->len = x->n_model;
+    r->seq_len = x->n_seq;
+    r->truncated = x->finish == EPF_LENGTH || x->finish == EPF_TRUNCATED;
+    r->text = x->final_text ? x->final_text : strdup("");
+    x->final_text = NULL;
+    r->turns = x->turns, x->turns = NULL;
+    r->finish = x->finish;
+    r->es = x->es;
+    if (!r->text) return trainer_oom(t);
+    *n_tokens += r->len;
+  }
+  return 0;
+}
+
+int trainer_episodes(struct trainer *t, const struct dataset *d, int n, const int *items,
+                     int *const *ids, const int *lens, int k, const struct sampler_opts *so,
+                     uint64_t tag, uint64_t a, int key0, int group0, int round, const char *pass,
+                     int *n_tokens) {
+  const struct episode_spec *ep = &t->spec->episode;
+  int per_chunk = t->gen_cap / k;
+  if (per_chunk < 1) per_chunk = 1;
+  int cap = per_chunk * k, maxn = t->hp->max_new_tokens;
+  struct ep *eps = calloc((size_t)cap, sizeof *eps);
+  struct gen_feed *feeds = malloc(sizeof *feeds * (size_t)cap);
+  int *who = malloc(sizeof(int) * (size_t)cap), *tok = malloc(sizeof(int) * (size_t)cap);
+  float *lp = malloc(sizeof(float) * (size_t)cap);
+  struct rng *rngs = malloc(sizeof *rngs * (size_t)cap);
+  struct tool_answer got[64];
+  int stop = !eps || !feeds || !who || !tok || !lp || !rngs ? trainer_oom(t) : 0;
+  struct progress g;
+  int64_t total = (int64_t)n * k, done_eps = 0, sampled = 0;
+  progress_begin(&g, t, pass, round + 1, total,
+                 (double)model_param_count(&t->lm.model->cfg) * (double)total * maxn);
+  for (int p0 = 0; p0 < n && !stop; p0 += per_chunk) {
+    int np = n - p0 < per_chunk ? n - p0 : per_chunk, ns = np * k, active = ns;
+    for (int s = 0; s < ns && !stop; s++) {
+      struct ep *x = &eps[s];
+      memset(x, 0, sizeof *x);
+      int q = s / k, i = s % k, it = items[p0 + q];
+      x->item = it;
+      x->key = (key0 + p0 + q) * 65536 + i;
+      x->prompt = ids[it];
+      x->plen = lens[it];
+      x->seq = malloc(sizeof(int) * (size_t)t->after_prompt);
+      x->mask = malloc((size_t)t->after_prompt);
+      x->lp = malloc(sizeof(float) * (size_t)maxn);
+      x->turns = json_array();
+      if (!x->seq || !x->mask || !x->lp || !x->turns) stop = trainer_oom(t);
+      snprintf(x->id, sizeof x->id, "s%" PRId64 "-r%d-g%d-%d", t->step, round, group0 + p0 + q, i);
+      rng_seed(&x->rng, t->spec->seed, trainer_stream(tag, (uint64_t)t->step, a, (uint64_t)x->key));
+      gen_slot_clear(t->gs, s);
+    }
+    while (active > 0 && !stop) {
+      if (trainer_cancelled(t)) {
+        stop = trainer_fail(t, FAIL_CANCELLED, NULL, "cancelled");
+        break;
+      }
+      /* feed every episode that can go on */
+      int nf = 0;
+      for (int s = 0; s < ns; s++) {
+        struct ep *x = &eps[s];
+        if (x->state != EP_FEED) continue;
+        /* the prompt first; then what follows the cached tokens: one sampled token, or a turn's
+         * last token with the world's answer after it */
+        feeds[nf] = x->fed == 0 && x->n_seq == 0
+                        ? (struct gen_feed){s, x->prompt, x->plen}
+                        : (struct gen_feed){s, x->seq + x->fed, x->n_seq - x->fed};
+        rngs[nf] = x->rng;
+        who[nf++] = s;
+      }
+      if (nf) {
+        struct dapo_err e = {0};
+        if (gen_advance(t->gs, t->lm.model, nf, feeds, rngs, so, tok, lp, &e)) {
+          stop = trainer_fail_err(t, FAIL_GENERATION_FAILED, NULL, &e);
+          break;
+        }
+        sampled += nf;
+        for (int f = 0; f < nf && !stop; f++) {
+          struct ep *x = &eps[who[f]];
+          x->rng = rngs[f];
+          x->fed = x->n_seq; /* the prompt is not in seq: fed counts seq's tokens */
+          x->seq[x->n_seq] = tok[f];
+          x->mask[x->n_seq++] = 1;
+          x->lp[x->n_model++] = lp[f];
+          int turn_len = x->n_seq - x->turn0;
+          x->ended_by_stop = is_stop(so, tok[f]);
+          if (x->ended_by_stop || turn_len >= ep->max_new_tokens_per_turn || x->n_model >= maxn ||
+              x->n_seq >= t->after_prompt) {
+            stop = end_turn(t, d, x, who[f], &active);
+            if (!stop && x->state == EP_WAIT && x->calls_out == 0) /* answered at once */
+              stop = world_turn(t, x, tag, a, &active);
+            if (x->state == EP_DONE) ep_progress(&g, &done_eps, sampled, total);
+          }
+        }
+      }
+      /* the answers that came; wait for one when nobody could be fed */
+      int na =
+          t->tools ? toolbox_take(t->tools, got, 64, nf ? 0 : 50, t->o ? t->o->cancel : NULL) : 0;
+      int used = 0;
+      for (; used < na && !stop; used++) {
+        int s = got[used].tag / TC_MAX_CALLS, c = got[used].tag % TC_MAX_CALLS;
+        struct ep *x = &eps[s];
+        x->answers[c].content = got[used].content;
+        x->answers[c].err = got[used].err;
+        x->es.tool_errors[got[used].err]++;
+        x->es.tool_ms += got[used].ms;
+        if (--x->calls_out == 0) {
+          stop = world_turn(t, x, tag, a, &active);
+          if (x->state == EP_DONE) ep_progress(&g, &done_eps, sampled, total);
+        }
+      }
+      for (; used < na; used++) free(got[used].content);
+      if (!nf && !na && !stop && t->tools && toolbox_pending(t->tools) == 0 && active > 0)
+        stop = trainer_fail(t, FAIL_INTERNAL, NULL, "episodes wait for answers nobody owes");
+    }
+    if (!stop) stop = keep_episodes(t, eps, ns, k, items, p0, group0, round, n_tokens);
+    for (int s = 0; s < ns; s++) ep_free(&eps[s]);
+  }
+  free(eps), free(feeds), free(who), free(tok), free(lp), free(rngs);
+  return stop;
+}
