@@ -1,7 +1,7 @@
-/* Multi-turn episodes of the job runner (runner_impl.h, docs/AGENTS.md). The episodes of a
- * chunk of prompts each hold a slot of the sampler; every round feeds the ones that can go on
- * (a prompt, a sampled token, or the last token of a turn with the world's answer after it) into
- * one gen_advance, while the ones whose calls are out wait, and the answers are taken as they
+/* Multi-turn episodes of the job runner (runner_impl.h, docs/AGENTS.md). A pass's episodes take
+ * the sampler's slots in order, a free slot the next episode; every round feeds the ones that can
+ * go on (a prompt, a sampled token, or the last token of a turn with the world's answer after it)
+ * into one gen_advance, while the ones whose calls are out wait, and the answers are taken as they
  * come. Token in, token out: an episode's sequence is its prompt, each turn's tokens as sampled,
  * and each answer rendered in the tool-call format and tokenized once, appended; nothing is ever
  * rendered or tokenized again. The sampled tokens alone are trained (ro.trained).
@@ -282,8 +282,8 @@ static void ep_free(struct ep *x) {
   for (int i = 0; i < TC_MAX_CALLS; i++) free(x->answers[i].content);
 }
 
-/* The chunk's episodes become rollouts (their arrays moved into the ros). */
-static int keep_episodes(struct trainer *t, struct ep *eps, int ns, int k, const int *items, int p0,
+/* The pass's episodes become rollouts, in order (their arrays moved into the ros). */
+static int keep_episodes(struct trainer *t, struct ep *eps, int ns, int k, const int *items,
                          int group0, int round, int *n_tokens) {
   for (int s = 0; s < ns; s++) {
     struct ep *x = &eps[s];
@@ -297,8 +297,8 @@ static int keep_episodes(struct trainer *t, struct ep *eps, int ns, int k, const
     }
     r = &t->ros[t->n_ro++];
     memset(r, 0, sizeof *r);
-    r->item = items[p0 + s / k];
-    r->group = group0 + p0 + s / k;
+    r->item = items[s / k];
+    r->group = group0 + s / k;
     r->index = s % k;
     r->round = round;
     r->toks = x->seq, x->seq = NULL;
@@ -318,110 +318,123 @@ static int keep_episodes(struct trainer *t, struct ep *eps, int ns, int k, const
   return 0;
 }
 
+/* Episode s of the pass begins (its buffers, id and stream), in sampler slot `slot`. */
+static int ep_begin(struct trainer *t, struct ep *x, int s, int slot, const int *items,
+                    int *const *ids, const int *lens, int k, uint64_t tag, uint64_t a, int key0,
+                    int group0, int round) {
+  int q = s / k, i = s % k, it = items[q];
+  x->item = it;
+  x->key = (key0 + q) * 65536 + i;
+  x->prompt = ids[it];
+  x->plen = lens[it];
+  x->seq = malloc(sizeof(int) * (size_t)t->after_prompt);
+  x->mask = malloc((size_t)t->after_prompt);
+  x->lp = malloc(sizeof(float) * (size_t)t->hp->max_new_tokens);
+  x->turns = json_array();
+  if (!x->seq || !x->mask || !x->lp || !x->turns) return trainer_oom(t);
+  snprintf(x->id, sizeof x->id, "s%" PRId64 "-r%d-g%d-%d", t->step, round, group0 + q, i);
+  rng_seed(&x->rng, t->spec->seed, trainer_stream(tag, (uint64_t)t->step, a, (uint64_t)x->key));
+  gen_slot_clear(t->gs, slot);
+  return 0;
+}
+
 int trainer_episodes(struct trainer *t, const struct dataset *d, int n, const int *items,
                      int *const *ids, const int *lens, int k, const struct sampler_opts *so,
                      uint64_t tag, uint64_t a, int key0, int group0, int round, const char *pass,
                      int *n_tokens) {
   const struct episode_spec *ep = &t->spec->episode;
-  int per_chunk = t->gen_cap / k;
-  if (per_chunk < 1) per_chunk = 1;
-  int cap = per_chunk * k, maxn = t->hp->max_new_tokens;
-  struct ep *eps = calloc((size_t)cap, sizeof *eps);
+  int total = n * k, maxn = t->hp->max_new_tokens;
+  int cap = t->gen_cap < total ? t->gen_cap : total;
+  struct ep *eps = calloc((size_t)total, sizeof *eps);
   struct gen_feed *feeds = malloc(sizeof *feeds * (size_t)cap);
   int *who = malloc(sizeof(int) * (size_t)cap), *tok = malloc(sizeof(int) * (size_t)cap);
+  int *in_slot = malloc(sizeof(int) * (size_t)cap);
   float *lp = malloc(sizeof(float) * (size_t)cap);
   struct rng *rngs = malloc(sizeof *rngs * (size_t)cap);
   struct tool_answer got[64];
-  int stop = !eps || !feeds || !who || !tok || !lp || !rngs ? trainer_oom(t) : 0;
+  int stop = !eps || !feeds || !who || !tok || !in_slot || !lp || !rngs ? trainer_oom(t) : 0;
   struct progress g;
-  int64_t total = (int64_t)n * k, done_eps = 0, sampled = 0;
+  int64_t done_eps = 0, sampled = 0;
   progress_begin(&g, t, pass, round + 1, total,
                  (double)model_param_count(&t->lm.model->cfg) * (double)total * maxn);
-  for (int p0 = 0; p0 < n && !stop; p0 += per_chunk) {
-    int np = n - p0 < per_chunk ? n - p0 : per_chunk, ns = np * k, active = ns;
-    for (int s = 0; s < ns && !stop; s++) {
-      struct ep *x = &eps[s];
-      memset(x, 0, sizeof *x);
-      int q = s / k, i = s % k, it = items[p0 + q];
-      x->item = it;
-      x->key = (key0 + p0 + q) * 65536 + i;
-      x->prompt = ids[it];
-      x->plen = lens[it];
-      x->seq = malloc(sizeof(int) * (size_t)t->after_prompt);
-      x->mask = malloc((size_t)t->after_prompt);
-      x->lp = malloc(sizeof(float) * (size_t)maxn);
-      x->turns = json_array();
-      if (!x->seq || !x->mask || !x->lp || !x->turns) stop = trainer_oom(t);
-      snprintf(x->id, sizeof x->id, "s%" PRId64 "-r%d-g%d-%d", t->step, round, group0 + p0 + q, i);
-      rng_seed(&x->rng, t->spec->seed, trainer_stream(tag, (uint64_t)t->step, a, (uint64_t)x->key));
-      gen_slot_clear(t->gs, s);
+  for (int c = 0; !stop && c < cap; c++) in_slot[c] = -1;
+  int next = 0, active = total;
+  while (active > 0 && !stop) {
+    if (trainer_cancelled(t)) {
+      stop = trainer_fail(t, FAIL_CANCELLED, NULL, "cancelled");
+      break;
     }
-    while (active > 0 && !stop) {
-      if (trainer_cancelled(t)) {
-        stop = trainer_fail(t, FAIL_CANCELLED, NULL, "cancelled");
+    /* a free slot takes the next episode: the slots stay busy while episodes end at their own
+     * pace (a group's episodes that begin together share their prompt's prefill) */
+    for (int c = 0; c < cap && next < total && !stop; c++)
+      if (in_slot[c] < 0) {
+        in_slot[c] = next;
+        stop = ep_begin(t, &eps[next], next, c, items, ids, lens, k, tag, a, key0, group0, round);
+        next++;
+      }
+    /* feed every episode that can go on */
+    int nf = 0;
+    for (int c = 0; c < cap && !stop; c++) {
+      if (in_slot[c] < 0) continue;
+      struct ep *x = &eps[in_slot[c]];
+      if (x->state != EP_FEED) continue;
+      /* the prompt first; then what follows the cached tokens: one sampled token, or a turn's
+       * last token with the world's answer after it */
+      feeds[nf] = x->fed == 0 && x->n_seq == 0
+                      ? (struct gen_feed){c, x->prompt, x->plen}
+                      : (struct gen_feed){c, x->seq + x->fed, x->n_seq - x->fed};
+      rngs[nf] = x->rng;
+      who[nf++] = in_slot[c];
+    }
+    if (nf) {
+      struct dapo_err e = {0};
+      if (gen_advance(t->gs, t->lm.model, nf, feeds, rngs, so, tok, lp, &e)) {
+        stop = trainer_fail_err(t, FAIL_GENERATION_FAILED, NULL, &e);
         break;
       }
-      /* feed every episode that can go on */
-      int nf = 0;
-      for (int s = 0; s < ns; s++) {
-        struct ep *x = &eps[s];
-        if (x->state != EP_FEED) continue;
-        /* the prompt first; then what follows the cached tokens: one sampled token, or a turn's
-         * last token with the world's answer after it */
-        feeds[nf] = x->fed == 0 && x->n_seq == 0
-                        ? (struct gen_feed){s, x->prompt, x->plen}
-                        : (struct gen_feed){s, x->seq + x->fed, x->n_seq - x->fed};
-        rngs[nf] = x->rng;
-        who[nf++] = s;
-      }
-      if (nf) {
-        struct dapo_err e = {0};
-        if (gen_advance(t->gs, t->lm.model, nf, feeds, rngs, so, tok, lp, &e)) {
-          stop = trainer_fail_err(t, FAIL_GENERATION_FAILED, NULL, &e);
-          break;
-        }
-        sampled += nf;
-        for (int f = 0; f < nf && !stop; f++) {
-          struct ep *x = &eps[who[f]];
-          x->rng = rngs[f];
-          x->fed = x->n_seq; /* the prompt is not in seq: fed counts seq's tokens */
-          x->seq[x->n_seq] = tok[f];
-          x->mask[x->n_seq++] = 1;
-          x->lp[x->n_model++] = lp[f];
-          int turn_len = x->n_seq - x->turn0;
-          x->ended_by_stop = is_stop(so, tok[f]);
-          if (x->ended_by_stop || turn_len >= ep->max_new_tokens_per_turn || x->n_model >= maxn ||
-              x->n_seq >= t->after_prompt) {
-            stop = end_turn(t, d, x, who[f], &active);
-            if (!stop && x->state == EP_WAIT && x->calls_out == 0) /* answered at once */
-              stop = world_turn(t, x, tag, a, &active);
-            if (x->state == EP_DONE) ep_progress(&g, &done_eps, sampled, total);
-          }
+      sampled += nf;
+      for (int f = 0; f < nf && !stop; f++) {
+        struct ep *x = &eps[who[f]];
+        x->rng = rngs[f];
+        x->fed = x->n_seq; /* the prompt is not in seq: fed counts seq's tokens */
+        x->seq[x->n_seq] = tok[f];
+        x->mask[x->n_seq++] = 1;
+        x->lp[x->n_model++] = lp[f];
+        int turn_len = x->n_seq - x->turn0;
+        x->ended_by_stop = is_stop(so, tok[f]);
+        if (x->ended_by_stop || turn_len >= ep->max_new_tokens_per_turn || x->n_model >= maxn ||
+            x->n_seq >= t->after_prompt) {
+          stop = end_turn(t, d, x, who[f], &active);
+          if (!stop && x->state == EP_WAIT && x->calls_out == 0) /* answered at once */
+            stop = world_turn(t, x, tag, a, &active);
         }
       }
-      /* the answers that came; wait for one when nobody could be fed */
-      int na =
-          t->tools ? toolbox_take(t->tools, got, 64, nf ? 0 : 50, t->o ? t->o->cancel : NULL) : 0;
-      int used = 0;
-      for (; used < na && !stop; used++) {
-        int s = got[used].tag / TC_MAX_CALLS, c = got[used].tag % TC_MAX_CALLS;
-        struct ep *x = &eps[s];
-        x->answers[c].content = got[used].content;
-        x->answers[c].err = got[used].err;
-        x->es.tool_errors[got[used].err]++;
-        x->es.tool_ms += got[used].ms;
-        if (--x->calls_out == 0) {
-          stop = world_turn(t, x, tag, a, &active);
-          if (x->state == EP_DONE) ep_progress(&g, &done_eps, sampled, total);
-        }
-      }
-      for (; used < na; used++) free(got[used].content);
-      if (!nf && !na && !stop && t->tools && toolbox_pending(t->tools) == 0 && active > 0)
-        stop = trainer_fail(t, FAIL_INTERNAL, NULL, "episodes wait for answers nobody owes");
     }
-    if (!stop) stop = keep_episodes(t, eps, ns, k, items, p0, group0, round, n_tokens);
-    for (int s = 0; s < ns; s++) ep_free(&eps[s]);
+    /* the answers that came; wait for one when nobody could be fed */
+    int na =
+        t->tools ? toolbox_take(t->tools, got, 64, nf ? 0 : 50, t->o ? t->o->cancel : NULL) : 0;
+    int used = 0;
+    for (; used < na && !stop; used++) {
+      int s = got[used].tag / TC_MAX_CALLS, c = got[used].tag % TC_MAX_CALLS;
+      struct ep *x = &eps[s];
+      x->answers[c].content = got[used].content;
+      x->answers[c].err = got[used].err;
+      x->es.tool_errors[got[used].err]++;
+      x->es.tool_ms += got[used].ms;
+      if (--x->calls_out == 0) stop = world_turn(t, x, tag, a, &active);
+    }
+    for (; used < na; used++) free(got[used].content);
+    /* the episodes that ended give back their slots */
+    for (int c = 0; c < cap; c++)
+      if (in_slot[c] >= 0 && eps[in_slot[c]].state == EP_DONE) {
+        in_slot[c] = -1;
+        ep_progress(&g, &done_eps, sampled, total);
+      }
+    if (!nf && !na && !stop && t->tools && toolbox_pending(t->tools) == 0 && active > 0)
+      stop = trainer_fail(t, FAIL_INTERNAL, NULL, "episodes wait for answers nobody owes");
   }
-  free(eps), free(feeds), free(who), free(tok), free(lp), free(rngs);
+  if (!stop) stop = keep_episodes(t, eps, total, k, items, group0, round, n_tokens);
+  for (int s = 0; eps && s < total; s++) ep_free(&eps[s]);
+  free(eps), free(feeds), free(who), free(tok), free(in_slot), free(lp), free(rngs);
   return stop;
 }
