@@ -409,8 +409,8 @@ static void test_advance(int arch) {
             if (g->len[q] == MAXN) continue;
             if (wait == 1 && g->len[q] > 0 && (round + q) % 3 == 0) continue;
             if (wait == 2 && (n > 0 || round % NSEQ != q)) continue;
-            const int *last = &g->tokens[q * MAXN + g->len[q] - 1];
-            if (!g->len[q]) {
+            const int *last = g->len[q] ? &g->tokens[q * MAXN + g->len[q] - 1] : NULL;
+            if (!last) {
               f[n] = (struct gen_feed){q, prompts[q], plen[q]};
             } else if (world && g->len[q] == 2) {
               wbuf[q][0] = *last;
