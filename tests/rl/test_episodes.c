@@ -18,6 +18,7 @@
 #include "child.h"
 #include "files.h"
 #include "runner.h"
+#include "watchdog.h"
 
 #ifndef DAPO_EXAMPLE_TOOLS_SCRIPT
 #define DAPO_EXAMPLE_TOOLS_SCRIPT "example_tools.py"
@@ -136,14 +137,17 @@ static void test_episodes(void) {
   snprintf(c, sizeof c, "%s/ep-c", tmpdir);
   json_t *body = job(4, lookup_episode());
   struct runner_result ra, rb, rc;
+  watchdog_section("episodes: run a");
   CHECK(run(body, a, 0, &ra) == RUNNER_SUCCEEDED && ra.step == 4);
   int calls = 0;
   for (int s = 1; s <= 4; s++) calls += check_rollouts(a, s);
   /* a random model writes '@' first about once in 98 episodes: over a thousand episodes, some
    * called the tool (none: less likely than 1 in 10,000) */
   CHECK_MSG(calls > 0, "no tool call in 4 steps of 256 episodes or more");
+  watchdog_section("episodes: run b");
   CHECK(run(body, b, 0, &rb) == RUNNER_SUCCEEDED);
   CHECK_MSG(same_run(a, b, 4), "two runs of the same episode job differ");
+  watchdog_section("episodes: run c, paused and resumed");
   CHECK(run(body, c, 2, &rc) == RUNNER_PAUSED && rc.step == 2);
   CHECK(run(body, c, 0, &rc) == RUNNER_SUCCEEDED && rc.step == 4 && rc.resumed_from == 2);
   CHECK_MSG(same_run(a, c, 4), "an episode job paused and resumed differs from a straight run");
@@ -225,6 +229,9 @@ int main(void) {
     fprintf(stderr, "test_episodes: skipped (%s is missing)\n", PYTHON);
     return 77;
   }
+  /* ctest stops it at 600 s; a hang says where before that (once seen under ThreadSanitizer on
+   * CI's machine, after the first part) */
+  watchdog_start(540);
   if (!mkdtemp(tmpdir)) return 1;
   snprintf(train, sizeof train, "%s/codes.jsonl", tmpdir);
   FILE *f = fopen(train, "w");
@@ -235,10 +242,14 @@ int main(void) {
   CHECK(child_start(&tools, argv) == 0);
   if (tools.pid > 0) {
     test_episodes();
+    watchdog_section("refusals");
     test_refusals();
   }
+  watchdog_section("one turn");
   test_one_turn();
+  watchdog_section("stopping the tools");
   child_stop(&tools);
+  watchdog_section("cleaning up");
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
   if (system(cmd)) fprintf(stderr, "could not remove %s\n", tmpdir);
