@@ -17,6 +17,7 @@
 #include "check.h"
 #include "child.h"
 #include "files.h"
+#include "pool.h"
 #include "runner.h"
 #include "watchdog.h"
 
@@ -28,6 +29,9 @@
 static char tmpdir[] = "/tmp/dapo-episodes-XXXXXX";
 static struct child tools;
 static char train[300];
+/* the daemon's way: a pool of compute threads, OpenBLAS one thread inside each of its tasks
+ * (without one the runner is serial and OpenBLAS runs threads of its own) */
+static struct pool *g_pool;
 
 /* An episode job on the tiny preset: lookups of a code only the tool knows. */
 static json_t *job(int steps, json_t *episode) {
@@ -58,7 +62,7 @@ static int run(json_t *body, const char *out, int stop_after, struct runner_resu
     free(d);
   }
   CHECK(n == 0);
-  struct runner_opts o = {.stop_after_step = stop_after};
+  struct runner_opts o = {.stop_after_step = stop_after, .pool = g_pool};
   runner_run(&s, out, NULL, &o, res);
   if (res->status == RUNNER_FAILED)
     fprintf(stderr, "run failed: %s: %s\n", failure_info(res->failure)->name, res->message);
@@ -232,6 +236,7 @@ int main(void) {
   /* ctest stops it at 600 s; a hang says where before that (once seen under ThreadSanitizer on
    * CI's machine, after the first part) */
   watchdog_start(540);
+  g_pool = pool_new(2);
   if (!mkdtemp(tmpdir)) return 1;
   snprintf(train, sizeof train, "%s/codes.jsonl", tmpdir);
   FILE *f = fopen(train, "w");
@@ -250,6 +255,7 @@ int main(void) {
   watchdog_section("stopping the tools");
   child_stop(&tools);
   watchdog_section("cleaning up");
+  pool_free(g_pool);
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
   if (system(cmd)) fprintf(stderr, "could not remove %s\n", tmpdir);
