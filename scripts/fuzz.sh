@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 secs=${1:-300}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(dataset jobspec safetensors tokenizer judge_reply grader toolcall)
+[ ${#targets[@]} -gt 0 ] || targets=(dataset jobspec safetensors tokenizer judge_reply grader toolcall env_reply)
 build=${BUILD_DIR:-build-fuzz}
 
 command -v clang >/dev/null || { echo "fuzz.sh: clang is missing (scripts/setup.sh installs it)" >&2; exit 1; }

@@ -1,6 +1,7 @@
 /* A stand-in server for the C tests: a program started here that prints the loopback port it
  * listens on as its first line of stdout (the judges, tools and environments of tests/), stopped
- * with SIGTERM (then SIGKILL) at the end. Every wait has a deadline. */
+ * with SIGTERM (then SIGKILL) at the end, or killed with the test should it die first. Every wait
+ * has a deadline. */
 #ifndef DAPO_TEST_CHILD_H
 #define DAPO_TEST_CHILD_H
 
@@ -9,6 +10,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -44,6 +46,7 @@ static inline int child_start(struct child *c, const char *const *argv) {
     return -1;
   }
   if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* a test that crashes leaves no server behind */
     dup2(fd[1], STDOUT_FILENO);
     close(fd[0]);
     close(fd[1]);

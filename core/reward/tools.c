@@ -1,6 +1,8 @@
 /* A job's tools (tools.h): the specs checked once; each tool's calls run on `concurrency` threads
  * of its own, HTTP calls through the outside-party transfer (outside.h) with retries, python
- * calls in the sandbox (sandbox.h). One mutex guards the queue of calls and the list of answers. */
+ * calls in the sandbox (sandbox.h). An environment is one more kind of tool: its reset, step
+ * and close calls go the HTTP tools' way, to three routes under its URL. One mutex guards the
+ * queue of calls and the list of answers. */
 #include "tools.h"
 
 #include <pthread.h>
@@ -18,7 +20,9 @@
 #define TOOL_THREADS_MAX 256 /* all tools' concurrency together */
 #define NAME_MAX_LEN 64
 
-enum tool_kind { TK_HTTP, TK_PYTHON };
+enum tool_kind { TK_HTTP, TK_PYTHON, TK_ENV };
+
+static const char *const ENV_ROUTES[3] = {"reset", "step", "close"}; /* by enum env_op */
 
 struct tool {
   char name[NAME_MAX_LEN + 1];
@@ -26,6 +30,7 @@ struct tool {
   json_t *function;       /* owned: {"type": "function", "function": {...}} */
   struct jschema *params; /* NULL: any arguments */
   struct outside *out;    /* HTTP tools */
+  struct outside *env[3]; /* an environment's routes, by enum env_op */
   int timeout_ms, concurrency, max_retries;
   size_t max_answer_bytes;
 };
@@ -34,7 +39,8 @@ struct tool {
 struct call {
   struct call *next;
   int tag, tool;
-  json_t *args; /* owned */
+  int op;       /* an environment's call: enum env_op; a tool's: -1 */
+  json_t *args; /* owned: a tool's arguments, or an environment call's whole body */
   const json_t *item;
   char job_id[96], episode_id[96];
   int64_t t0;
@@ -57,7 +63,8 @@ struct toolbox {
   pthread_cond_t work, answered;
   struct call *head, *tail;           /* calls waiting for a thread */
   struct call *done_head, *done_tail; /* answered, not yet taken */
-  int pending;                        /* submitted, not yet taken */
+  int pending;                        /* submitted, not yet taken (closes are not counted) */
+  int closing;                        /* an environment's closes queued or running */
   int stop;
 };
 
@@ -223,9 +230,76 @@ static char *dup_printf(const char *fmt, ...) {
   return s;
 }
 
-/* One HTTP call, with its retries: the content and how it went into a. Each attempt opens its
- * own connection: kept connections made 512 calls to a Python http.server tool take 5.6 s
- * instead of 0.22 s (its replies wait on Nagle's algorithm and the delayed ACK, 40 ms each). */
+/* Reads a 2xx reply of an attempt into a: 0 when it is an answer (a->err and a->content set), 1
+ * when it is malformed, with what (cap bytes) saying how. */
+typedef int (*read_reply_fn)(const struct call *c, const struct outside_xfer *x,
+                             struct tool_answer *a, char *what, size_t cap);
+
+/* POSTs body to route with the retries of tool t (timeouts, refused connections, 429 and 5xx,
+ * malformed replies; the judge's backoff), each attempt on a connection of its own: kept
+ * connections made 512 calls to a Python http.server tool take 5.6 s instead of 0.22 s (its
+ * replies wait on Nagle's algorithm and the delayed ACK, 40 ms each). The answer, or how the
+ * last attempt failed, into a and what (cap bytes). */
+static void post_with_retries(struct toolbox *tb, const struct tool *t, const struct outside *route,
+                              const char *body, const struct call *c, read_reply_fn read,
+                              struct tool_answer *a, char *what, size_t cap) {
+  struct outside_xfer x = {0};
+  for (a->attempts = 1;; a->attempts++) {
+    CURL *h = outside_post(route, &x, body, strlen(body), t->timeout_ms, NULL);
+    if (!h) {
+      a->err = TOOL_ERROR;
+      snprintf(what, cap, "out of memory");
+      break;
+    }
+    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(h, CURLOPT_XFERINFODATA, tb);
+    CURLcode cc = curl_easy_perform(h);
+    long status;
+    int retry;
+    enum outside_outcome o = outside_classify(h, cc, &x, t->timeout_ms, &status, &retry, what, cap);
+    curl_easy_cleanup(h);
+    if (o == OUT_OK) {
+      if (!read(c, &x, a, what, cap)) break;
+      a->err = TOOL_PARSE_ERROR;
+      retry = 1;
+    } else {
+      a->err = o == OUT_TIMEOUT     ? TOOL_TIMEOUT
+               : o == OUT_TOO_LARGE ? TOOL_PARSE_ERROR
+                                    : TOOL_HTTP_ERROR;
+    }
+    if (!retry || a->attempts > t->max_retries || stopping(tb)) break;
+    pause_ms(tb, outside_backoff_ms(a->attempts));
+  }
+  outside_xfer_free(&x);
+}
+
+/* A function tool's reply: {"content": string} or {"error": string}. */
+static int read_tool_reply(const struct call *c, const struct outside_xfer *x,
+                           struct tool_answer *a, char *what, size_t cap) {
+  (void)c;
+  json_t *root = json_loadb(x->reply ? x->reply : "", x->reply_n, 0, NULL);
+  const json_t *ct = json_object_get(root, "content"), *er = json_object_get(root, "error");
+  int rc = 0;
+  if (json_is_object(root) && json_is_string(ct) && !er) {
+    a->err = TOOL_OK;
+    a->content = strdup(json_string_value(ct));
+  } else if (json_is_object(root) && json_is_string(er) && !ct) {
+    a->err = TOOL_ERROR;
+    a->content = dup_printf("error: %s", json_string_value(er));
+  } else {
+    char q[256];
+    outside_quote_reply(x, q, sizeof q);
+    snprintf(what, cap, "malformed reply (not {\"content\": string} or {\"error\": string}): %s",
+             q);
+    rc = 1;
+  }
+  json_decref(root);
+  return rc;
+}
+
+/* One function tool's call: {"job_id", "episode_id", "name", "arguments", "item"} POSTed to its
+ * URL; the content and how it went into a. */
 static void run_http(struct toolbox *tb, const struct tool *t, const struct call *c,
                      struct tool_answer *a) {
   json_t *body =
@@ -238,60 +312,44 @@ static void run_http(struct toolbox *tb, const struct tool *t, const struct call
     a->content = strdup("error: out of memory calling the tool");
     return;
   }
-  struct outside_xfer x = {0};
   char what[400] = "";
-  for (a->attempts = 1;; a->attempts++) {
-    CURL *h = outside_post(t->out, &x, text, strlen(text), t->timeout_ms, NULL);
-    if (!h) {
-      a->err = TOOL_ERROR;
-      snprintf(what, sizeof what, "out of memory");
-      break;
-    }
-    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
-    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
-    curl_easy_setopt(h, CURLOPT_XFERINFODATA, tb);
-    CURLcode cc = curl_easy_perform(h);
-    long status;
-    int retry;
-    enum outside_outcome o =
-        outside_classify(h, cc, &x, t->timeout_ms, &status, &retry, what, sizeof what);
-    curl_easy_cleanup(h);
-    if (o == OUT_OK) {
-      json_t *root = json_loadb(x.reply ? x.reply : "", x.reply_n, 0, NULL);
-      const json_t *ct = json_object_get(root, "content"), *er = json_object_get(root, "error");
-      if (json_is_object(root) && json_is_string(ct) && !er) {
-        a->err = TOOL_OK;
-        a->content = strdup(json_string_value(ct));
-        json_decref(root);
-        break;
-      }
-      if (json_is_object(root) && json_is_string(er) && !ct) {
-        a->err = TOOL_ERROR;
-        a->content = dup_printf("error: %s", json_string_value(er));
-        json_decref(root);
-        break;
-      }
-      json_decref(root);
-      char q[256];
-      outside_quote_reply(&x, q, sizeof q);
-      snprintf(what, sizeof what,
-               "malformed reply (not {\"content\": string} or {\"error\": "
-               "string}): %s",
-               q);
-      a->err = TOOL_PARSE_ERROR;
-      retry = 1;
-    } else {
-      a->err = o == OUT_TIMEOUT     ? TOOL_TIMEOUT
-               : o == OUT_TOO_LARGE ? TOOL_PARSE_ERROR
-                                    : TOOL_HTTP_ERROR;
-    }
-    if (!retry || a->attempts > t->max_retries || stopping(tb)) break;
-    pause_ms(tb, outside_backoff_ms(a->attempts));
-  }
+  post_with_retries(tb, t, t->out, text, c, read_tool_reply, a, what, sizeof what);
   if (!a->content)
     a->content = dup_printf("error: the tool %s failed (%s after %d attempt%s)", t->name, what,
                             a->attempts, a->attempts == 1 ? "" : "s");
-  outside_xfer_free(&x);
+  free(text);
+}
+
+/* An environment's reply (env.h); a close's is not read. */
+static int read_env_reply(const struct call *c, const struct outside_xfer *x, struct tool_answer *a,
+                          char *what, size_t cap) {
+  char why[300];
+  if (c->op != ENV_CLOSE && env_reply_parse(x->reply, x->reply_n, &a->env, why, sizeof why)) {
+    char q[256];
+    outside_quote_reply(x, q, sizeof q);
+    snprintf(what, cap, "malformed reply: %.160s: %.200s", why, q);
+    return 1;
+  }
+  a->err = TOOL_OK;
+  return 0;
+}
+
+/* One environment call (its body is the call's), with its retries: the reply read into a->env,
+ * or why it failed in a->content. A /step is retried as a judge's call is; the body carries the
+ * turn so that an environment can recognise a step it has already taken (docs/AGENTS.md). */
+static void run_env(struct toolbox *tb, const struct tool *t, const struct call *c,
+                    struct tool_answer *a) {
+  char *text = json_dumps(c->args, JSON_COMPACT);
+  if (!text) {
+    a->err = TOOL_ERROR;
+    a->content = strdup("out of memory calling the environment");
+    return;
+  }
+  char what[400] = "";
+  post_with_retries(tb, t, t->env[c->op], text, c, read_env_reply, a, what, sizeof what);
+  if (a->err != TOOL_OK)
+    a->content = dup_printf("the environment's /%s failed (%s after %d attempt%s)",
+                            ENV_ROUTES[c->op], what, a->attempts, a->attempts == 1 ? "" : "s");
   free(text);
 }
 
@@ -361,6 +419,20 @@ static void bound_answer(struct tool_answer *a, size_t max) {
   if (a->err == TOOL_OK) a->err = TOOL_TRUNCATED;
 }
 
+/* Cuts each message of an environment's observation to max bytes, as a tool's answer is cut. */
+static void bound_observation(struct tool_answer *a, size_t max) {
+  size_t i;
+  json_t *m;
+  json_array_foreach(a->env.messages, i, m) {
+    struct tool_answer one = {.err = TOOL_OK,
+                              .content = strdup(json_string_value(json_object_get(m, "content")))};
+    if (!one.content) continue;
+    bound_answer(&one, max);
+    if (one.err == TOOL_TRUNCATED) json_object_set_new(m, "content", json_string(one.content));
+    free(one.content);
+  }
+}
+
 static void *worker_main(void *p) {
   struct worker *w = p;
   struct toolbox *tb = w->tb;
@@ -383,15 +455,28 @@ static void *worker_main(void *p) {
 
     struct tool_answer *a = &c->a;
     a->tag = c->tag;
-    if (t->kind == TK_HTTP)
-      run_http(tb, t, c, a);
-    else
-      run_python(t, c, a);
-    if (!a->content) a->content = strdup(""); /* out of memory: NULL when taken */
-    bound_answer(a, t->max_answer_bytes);
+    if (t->kind == TK_ENV) {
+      run_env(tb, t, c, a);
+      bound_observation(a, t->max_answer_bytes);
+    } else {
+      if (t->kind == TK_HTTP)
+        run_http(tb, t, c, a);
+      else
+        run_python(t, c, a);
+      if (!a->content) a->content = strdup(""); /* out of memory: NULL when taken */
+      bound_answer(a, t->max_answer_bytes);
+    }
     a->ms = (double)(outside_now_ms() - c->t0);
 
     pthread_mutex_lock(&tb->mu);
+    if (c->tag < 0) { /* a close: nobody takes its answer */
+      tool_answer_clear(a);
+      json_decref(c->args);
+      free(c);
+      tb->closing--;
+      pthread_cond_broadcast(&tb->answered);
+      continue;
+    }
     c->next = NULL;
     if (tb->done_tail)
       tb->done_tail->next = c;
@@ -406,9 +491,35 @@ static void *worker_main(void *p) {
 
 /* ---- the toolbox ---- */
 
+/* How long toolbox_free waits for an environment's closes to go out. */
+#define CLOSE_DRAIN_MS 5000
+
 void toolbox_free(struct toolbox *tb) {
   if (!tb) return;
   pthread_mutex_lock(&tb->mu);
+  /* calls nobody will take are dropped; an environment's closes are given CLOSE_DRAIN_MS to go
+   * out, so that it can free its episodes (best effort) */
+  for (struct call **at = &tb->head; *at;) {
+    struct call *c = *at;
+    if (c->tag < 0) {
+      at = &c->next;
+      continue;
+    }
+    *at = c->next;
+    json_decref(c->args);
+    free(c);
+  }
+  tb->tail = NULL;
+  for (struct call *c = tb->head; c; c = c->next) tb->tail = c;
+  int64_t until = outside_now_ms() + CLOSE_DRAIN_MS;
+  while (tb->closing > 0 && outside_now_ms() < until) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 50 * 1000000L;
+    ts.tv_sec += ts.tv_nsec / 1000000000L;
+    ts.tv_nsec %= 1000000000L;
+    pthread_cond_timedwait(&tb->answered, &tb->mu, &ts);
+  }
   __atomic_store_n(&tb->stop, 1, __ATOMIC_RELAXED);
   pthread_cond_broadcast(&tb->work);
   pthread_mutex_unlock(&tb->mu);
@@ -422,7 +533,7 @@ void toolbox_free(struct toolbox *tb) {
   }
   for (struct call *c = tb->done_head, *n; c; c = n) {
     n = c->next;
-    free(c->a.content);
+    tool_answer_clear(&c->a);
     json_decref(c->args);
     free(c);
   }
@@ -430,6 +541,7 @@ void toolbox_free(struct toolbox *tb) {
     json_decref(tb->tools[i].function);
     jschema_free(tb->tools[i].params);
     outside_free(tb->tools[i].out);
+    for (int k = 0; k < 3; k++) outside_free(tb->tools[i].env[k]);
   }
   pthread_mutex_destroy(&tb->mu);
   pthread_cond_destroy(&tb->work);
@@ -437,12 +549,7 @@ void toolbox_free(struct toolbox *tb) {
   free(tb);
 }
 
-struct toolbox *toolbox_new(const json_t *spec, const struct judge_policy *pol, const char *field,
-                            struct dapo_err *e) {
-  if (!json_is_array(spec) || json_array_size(spec) == 0 || json_array_size(spec) > TOOLS_MAX) {
-    dapo_errf(e, DAPO_EINVAL, "%s: expected a list of 1 to %d tools", field, TOOLS_MAX);
-    return NULL;
-  }
+static struct toolbox *toolbox_alloc(const char *field, struct dapo_err *e) {
   struct toolbox *tb = calloc(1, sizeof *tb);
   if (!tb) {
     dapo_errf(e, DAPO_ENOMEM, "%s: out of memory", field);
@@ -451,26 +558,14 @@ struct toolbox *toolbox_new(const json_t *spec, const struct judge_policy *pol, 
   pthread_mutex_init(&tb->mu, NULL);
   pthread_cond_init(&tb->work, NULL);
   pthread_cond_init(&tb->answered, NULL);
-  int rc = 0, threads = 0;
-  for (size_t i = 0; i < json_array_size(spec) && !rc; i++) {
-    const json_t *ts = json_array_get(spec, i);
-    char sub[256];
-    snprintf(sub, sizeof sub, "%s[%zu]", field, i);
-    struct tool *t = &tb->tools[tb->n++];
-    const char *type = json_string_value(json_object_get(ts, "type"));
-    if (!json_is_object(ts))
-      rc = dapo_errf(e, DAPO_EINVAL, "%s: expected a tool object", sub);
-    else if (type && !strcmp(type, "function"))
-      rc = build_http(t, ts, sub, pol, e);
-    else if (type && !strcmp(type, "python"))
-      rc = build_python(t, ts, sub, e);
-    else
-      rc = dapo_errf(e, DAPO_EINVAL, "%s.type: expected \"function\" or \"python\"", sub);
-    for (int k = 0; !rc && k < tb->n - 1; k++)
-      if (!strcmp(tb->tools[k].name, t->name))
-        rc = dapo_errf(e, DAPO_EINVAL, "%s: a second tool named '%s'", sub, t->name);
-    threads += t->concurrency;
-  }
+  return tb;
+}
+
+/* Starts each tool's `concurrency` threads (rc: the building's outcome so far), or frees tb. */
+static struct toolbox *toolbox_start(struct toolbox *tb, int rc, const char *field,
+                                     struct dapo_err *e) {
+  int threads = 0;
+  for (int i = 0; i < tb->n; i++) threads += tb->tools[i].concurrency;
   if (!rc && threads > TOOL_THREADS_MAX)
     rc = dapo_errf(e, DAPO_EINVAL, "%s: the tools' concurrency adds up to %d (at most %d)", field,
                    threads, TOOL_THREADS_MAX);
@@ -491,6 +586,99 @@ struct toolbox *toolbox_new(const json_t *spec, const struct judge_policy *pol, 
     return NULL;
   }
   return tb;
+}
+
+struct toolbox *toolbox_new(const json_t *spec, const struct judge_policy *pol, const char *field,
+                            struct dapo_err *e) {
+  if (!json_is_array(spec) || json_array_size(spec) == 0 || json_array_size(spec) > TOOLS_MAX) {
+    dapo_errf(e, DAPO_EINVAL, "%s: expected a list of 1 to %d tools", field, TOOLS_MAX);
+    return NULL;
+  }
+  struct toolbox *tb = toolbox_alloc(field, e);
+  if (!tb) return NULL;
+  int rc = 0;
+  for (size_t i = 0; i < json_array_size(spec) && !rc; i++) {
+    const json_t *ts = json_array_get(spec, i);
+    char sub[256];
+    snprintf(sub, sizeof sub, "%s[%zu]", field, i);
+    struct tool *t = &tb->tools[tb->n++];
+    const char *type = json_string_value(json_object_get(ts, "type"));
+    if (!json_is_object(ts))
+      rc = dapo_errf(e, DAPO_EINVAL, "%s: expected a tool object", sub);
+    else if (type && !strcmp(type, "function"))
+      rc = build_http(t, ts, sub, pol, e);
+    else if (type && !strcmp(type, "python"))
+      rc = build_python(t, ts, sub, e);
+    else
+      rc = dapo_errf(e, DAPO_EINVAL, "%s.type: expected \"function\" or \"python\"", sub);
+    for (int k = 0; !rc && k < tb->n - 1; k++)
+      if (!strcmp(tb->tools[k].name, t->name))
+        rc = dapo_errf(e, DAPO_EINVAL, "%s: a second tool named '%s'", sub, t->name);
+  }
+  return toolbox_start(tb, rc, field, e);
+}
+
+/* An environment's spec into t: its three routes under the URL, each an outside party. */
+static int build_env(struct tool *t, const json_t *spec, const char *field,
+                     const struct judge_policy *pol, struct dapo_err *e) {
+  static const char *const fields[] = {
+      "type",        "url",         "headers",          "timeout_ms",
+      "concurrency", "max_retries", "max_answer_bytes", NULL};
+  if (!json_is_object(spec))
+    return dapo_errf(e, DAPO_EINVAL,
+                     "%s: expected an object such as {\"type\": \"http\", \"url\": "
+                     "\"http://127.0.0.1:8000\"}",
+                     field);
+  int rc = check_fields(spec, field, fields, e), mab = 0;
+  if (rc) return rc;
+  const char *type = json_string_value(json_object_get(spec, "type"));
+  if (!type || strcmp(type, "http"))
+    return dapo_errf(e, type && !strcmp(type, "openenv") ? DAPO_EUNSUPPORTED : DAPO_EINVAL,
+                     "%s.type: %s", field,
+                     type && !strcmp(type, "openenv")
+                         ? "\"openenv\" (a WebSocket session) is not supported yet; use \"http\""
+                         : "expected \"http\"");
+  if ((rc = get_int(spec, field, "timeout_ms", 30000, 100, 600000, &t->timeout_ms, e))) return rc;
+  if ((rc = get_int(spec, field, "concurrency", 4, 1, 64, &t->concurrency, e))) return rc;
+  if ((rc = get_int(spec, field, "max_retries", 2, 0, 10, &t->max_retries, e))) return rc;
+  if ((rc = get_int(spec, field, "max_answer_bytes", TOOL_ANSWER_BYTES_DEFAULT, 64, 1 << 20, &mab,
+                    e)))
+    return rc;
+  t->max_answer_bytes = (size_t)mab;
+  const char *url = json_string_value(json_object_get(spec, "url"));
+  if (!url) return dapo_errf(e, DAPO_EINVAL, "%s.url: required, an http:// or https:// URL", field);
+  if (strpbrk(url, "?#"))
+    return dapo_errf(e, DAPO_EINVAL,
+                     "%s.url: no query or fragment (dapod POSTs to the URL's /reset, /step and "
+                     "/close)",
+                     field);
+  size_t n = strlen(url);
+  while (n > 0 && url[n - 1] == '/') n--;
+  for (int k = 0; k < 3 && !rc; k++) {
+    char *route = dup_printf("%.*s/%s", (int)n, url, ENV_ROUTES[k]);
+    json_t *u = route ? json_string(route) : NULL;
+    free(route);
+    if (!u) return dapo_errf(e, DAPO_ENOMEM, "%s: out of memory", field);
+    t->env[k] = outside_new(field, "environment", u, json_object_get(spec, "headers"), pol, e);
+    json_decref(u);
+    if (!t->env[k]) rc = e->code;
+  }
+  if (rc) return rc;
+  snprintf(t->name, sizeof t->name, "%s", "environment");
+  t->kind = TK_ENV;
+  return 0;
+}
+
+struct toolbox *toolbox_new_env(const json_t *spec, const struct judge_policy *pol,
+                                const char *field, struct dapo_err *e) {
+  struct toolbox *tb = toolbox_alloc(field, e);
+  if (!tb) return NULL;
+  tb->n = 1;
+  return toolbox_start(tb, build_env(&tb->tools[0], spec, field, pol, e), field, e);
+}
+
+int toolbox_is_env(const struct toolbox *tb) {
+  return tb && tb->n == 1 && tb->tools[0].kind == TK_ENV;
 }
 
 int toolbox_count(const struct toolbox *tb) {
@@ -516,6 +704,23 @@ int toolbox_check_args(const struct toolbox *tb, int i, const json_t *args, char
   return t->params ? jschema_check(t->params, args, "arguments", why, cap) : 0;
 }
 
+/* Queues c for its tool's threads. */
+static void enqueue(struct toolbox *tb, struct call *c) {
+  c->t0 = outside_now_ms();
+  pthread_mutex_lock(&tb->mu);
+  if (tb->tail)
+    tb->tail->next = c;
+  else
+    tb->head = c;
+  tb->tail = c;
+  if (c->tag >= 0)
+    tb->pending++;
+  else
+    tb->closing++;
+  pthread_cond_broadcast(&tb->work);
+  pthread_mutex_unlock(&tb->mu);
+}
+
 int toolbox_submit(struct toolbox *tb, int tag, int i, json_t *arguments, const json_t *item,
                    const char *job_id, const char *episode_id) {
   struct call *c = calloc(1, sizeof *c);
@@ -525,21 +730,32 @@ int toolbox_submit(struct toolbox *tb, int tag, int i, json_t *arguments, const 
   }
   c->tag = tag;
   c->tool = i;
+  c->op = -1;
   c->args = arguments;
   c->item = item;
   snprintf(c->job_id, sizeof c->job_id, "%s", job_id ? job_id : "");
   snprintf(c->episode_id, sizeof c->episode_id, "%s", episode_id ? episode_id : "");
-  c->t0 = outside_now_ms();
-  pthread_mutex_lock(&tb->mu);
-  if (tb->tail)
-    tb->tail->next = c;
-  else
-    tb->head = c;
-  tb->tail = c;
-  tb->pending++;
-  pthread_cond_broadcast(&tb->work);
-  pthread_mutex_unlock(&tb->mu);
+  enqueue(tb, c);
   return 0;
+}
+
+int toolbox_submit_env(struct toolbox *tb, int tag, enum env_op op, json_t *body) {
+  struct call *c = calloc(1, sizeof *c);
+  if (!c) {
+    json_decref(body);
+    return DAPO_ENOMEM;
+  }
+  c->tag = op == ENV_CLOSE ? -1 : tag;
+  c->op = (int)op;
+  c->args = body;
+  enqueue(tb, c);
+  return 0;
+}
+
+void tool_answer_clear(struct tool_answer *a) {
+  free(a->content);
+  a->content = NULL;
+  env_reply_clear(&a->env);
 }
 
 int toolbox_pending(const struct toolbox *tb) {

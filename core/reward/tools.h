@@ -9,13 +9,20 @@
  * and answers {"content": "..."} (what the model reads) or {"error": "..."} (told to the model as
  * the tool's answer, and counted). Timeouts, refused connections, 429/5xx and malformed replies
  * are retried with backoff (max_retries); when retries are spent the model is told the tool
- * failed, and the failure is counted by kind. */
+ * failed, and the failure is counted by kind.
+ *
+ * A toolbox may instead hold one environment (toolbox_new_env): a program that keeps an
+ * episode's state and answers each model turn over HTTP, POST {url}/reset, /step and /close
+ * (docs/AGENTS.md "Environments"), its calls run on `concurrency` threads as a tool's are, with
+ * the same retries, error classes (counted as env_timeout, env_http_error, env_parse_error) and
+ * host policy; its replies are read by env_reply_parse (env.h). */
 #ifndef DAPO_TOOLS_H
 #define DAPO_TOOLS_H
 
 #include <jansson.h>
 #include <stdint.h>
 
+#include "env.h"
 #include "error.h"
 #include "judge.h"
 
@@ -68,10 +75,30 @@ struct tool_answer {
   int tag;
   enum tool_err err; /* TOOL_OK, TOOL_TRUNCATED, or why the call failed */
   char *content;     /* owned (free()): what the model reads, NUL-terminated; NULL only when
-                        out of memory */
+                        out of memory. An environment's: NULL when it answered, else why not */
   double ms;         /* from submission to the answer */
   int attempts;
+  struct env_reply env; /* an environment's reply (owned; env_reply_clear), when err is TOOL_OK */
 };
+/* Frees what an answer owns. */
+void tool_answer_clear(struct tool_answer *a);
+
+/* ---- environments ---- */
+
+/* Builds a toolbox holding the environment spec (borrowed; {"type": "http", "url", "headers",
+ * "timeout_ms", "concurrency", "max_retries", "max_answer_bytes"}) under pol; field names it in
+ * errors. NULL + e on failure. */
+struct toolbox *toolbox_new_env(const json_t *spec, const struct judge_policy *pol,
+                                const char *field, struct dapo_err *e);
+/* Whether tb holds an environment (else tools). */
+int toolbox_is_env(const struct toolbox *tb);
+
+enum env_op { ENV_RESET = 0, ENV_STEP, ENV_CLOSE };
+/* Submits op with body (stolen: {"episode_id", ...}, docs/AGENTS.md) to the environment. The
+ * answer comes back with tag; ENV_CLOSE is best effort: no answer comes back, and closes still
+ * queued when the toolbox is freed are not sent. 0, or DAPO_ENOMEM (body released).
+ * Thread-safe. */
+int toolbox_submit_env(struct toolbox *tb, int tag, enum env_op op, json_t *body);
 
 /* Takes up to cap answers into out, waiting up to wait_ms (0: not at all, -1: until one comes or
  * *cancel is set, checked every 50 ms) for the first when none is ready. Returns how many. */

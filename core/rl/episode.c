@@ -10,6 +10,7 @@
 #define ANSWER_TOKENS_DEFAULT 64
 
 static const char *const REWARDS[] = {"judge", "environment", "sum"};
+static const char *const ENV_ERRORS[] = {"fail", "drop"};
 
 /* An integer field in [lo, hi], or def when absent; 0 when it is fine. */
 static int get_int(const json_t *o, const char *key, int def, int lo, int hi, int *out,
@@ -28,11 +29,13 @@ static int get_int(const json_t *o, const char *key, int def, int lo, int hi, in
   return 0;
 }
 
-/* A message that names its field ("episode.tools[0].url: ...") split into {field, message}. */
-static void named_err(json_t *errors, const char *text) {
+/* A message that names its field ("episode.tools[0].url: ...") split into {field, message};
+ * what is the field when the message names none. */
+static void named_err(json_t *errors, const char *what, const char *text) {
   const char *colon = strstr(text, ": ");
-  char field[160] = "episode.tools";
-  if (colon && !strncmp(text, "episode.tools", 13) && colon - text < (long)sizeof field) {
+  char field[160];
+  snprintf(field, sizeof field, "%s", what);
+  if (colon && !strncmp(text, what, strlen(what)) && colon - text < (long)sizeof field) {
     memcpy(field, text, (size_t)(colon - text));
     field[colon - text] = '\0';
     text = colon + 2;
@@ -64,6 +67,7 @@ int episode_parse(const json_t *v, const struct hparams *hp, const struct judge_
                                       "tools",
                                       "environment",
                                       "reward",
+                                      "on_env_error",
                                       "tool_format"};
   const char *key;
   json_t *x;
@@ -80,7 +84,11 @@ int episode_parse(const json_t *v, const struct hparams *hp, const struct judge_
   get_int(v, "max_new_tokens_per_turn", hp->max_new_tokens, 1, hp->max_new_tokens,
           &ep->max_new_tokens_per_turn, errors);
   get_int(v, "max_answer_tokens", ANSWER_TOKENS_DEFAULT, 1, 65536, &ep->max_answer_tokens, errors);
-  long budget = hp->max_new_tokens + (long)(ep->max_turns - 1) * ep->max_answer_tokens;
+  const json_t *env = json_object_get(v, "environment");
+  int has_env = env && !json_is_null(env);
+  /* the world speaks between turns; an environment also before the first and after the last */
+  long budget = hp->max_new_tokens +
+                (long)(has_env ? ep->max_turns + 1 : ep->max_turns - 1) * ep->max_answer_tokens;
   get_int(v, "max_episode_tokens", budget > 1 << 20 ? 1 << 20 : (int)budget, hp->max_new_tokens,
           1 << 20, &ep->max_episode_tokens, errors);
   const json_t *r = json_object_get(v, "reward");
@@ -91,13 +99,17 @@ int episode_parse(const json_t *v, const struct hparams *hp, const struct judge_
     if (!found)
       dapo_errors_add(errors, "episode.reward", "expected \"judge\", \"environment\" or \"sum\"");
   }
-  const json_t *env = json_object_get(v, "environment");
-  if (env && !json_is_null(env))
-    dapo_errors_add(errors, "episode.environment",
-                    "environments are not supported yet; give tools (docs/AGENTS.md)");
-  if (ep->reward != EP_REWARD_JUDGE)
+  if (ep->reward != EP_REWARD_JUDGE && !has_env)
     dapo_errors_add(errors, "episode.reward",
                     "\"environment\" and \"sum\" need an episode.environment");
+  const json_t *oe = json_object_get(v, "on_env_error");
+  if (oe && !json_is_null(oe)) {
+    int found = 0;
+    for (int i = 0; i < 2 && json_is_string(oe); i++)
+      if (!strcmp(json_string_value(oe), ENV_ERRORS[i]))
+        ep->on_env_error = (enum ep_env_error)i, found = 1;
+    if (!found) dapo_errors_add(errors, "episode.on_env_error", "expected \"fail\" or \"drop\"");
+  }
   const json_t *tf = json_object_get(v, "tool_format");
   if (tf && !json_is_null(tf)) {
     const char *name = json_string_value(tf);
@@ -109,14 +121,27 @@ int episode_parse(const json_t *v, const struct hparams *hp, const struct judge_
       dapo_errors_add(errors, "episode.tool_format", "expected \"auto\" or \"dapod\"");
   }
   const json_t *tools = json_object_get(v, "tools");
-  if (ep->max_turns > 1 && (!tools || json_is_null(tools)))
+  int has_tools = tools && !json_is_null(tools);
+  if (ep->max_turns > 1 && !has_tools && !has_env)
     dapo_errors_add(errors, "episode.max_turns",
-                    "more than one turn needs someone to answer the model: give tools");
-  if (tools && !json_is_null(tools)) {
+                    "more than one turn needs someone to answer the model: give tools or an "
+                    "environment");
+  if (has_tools && has_env)
+    dapo_errors_add(errors, "episode.environment",
+                    "give tools or an environment, not both (an environment runs its own tools)");
+  /* the specs are checked by building them (their threads start and stop at once) */
+  if (has_tools) {
     ep->tools = json_incref((json_t *)tools);
     struct dapo_err e = {0};
     struct toolbox *tb = toolbox_new(tools, pol, "episode.tools", &e);
-    if (!tb) named_err(errors, e.msg);
+    if (!tb) named_err(errors, "episode.tools", e.msg);
+    toolbox_free(tb);
+  }
+  if (has_env) {
+    ep->environment = json_incref((json_t *)env);
+    struct dapo_err e = {0};
+    struct toolbox *tb = toolbox_new_env(env, pol, "episode.environment", &e);
+    if (!tb) named_err(errors, "episode.environment", e.msg);
     toolbox_free(tb);
   }
   return (int)(json_array_size(errors) - before);
@@ -124,20 +149,26 @@ int episode_parse(const json_t *v, const struct hparams *hp, const struct judge_
 
 json_t *episode_to_json(const struct episode_spec *ep) {
   if (!ep->on) return NULL;
-  return json_pack("{s:i, s:i, s:i, s:i, s:O?, s:s, s:s}", "max_turns", ep->max_turns,
-                   "max_new_tokens_per_turn", ep->max_new_tokens_per_turn, "max_episode_tokens",
-                   ep->max_episode_tokens, "max_answer_tokens", ep->max_answer_tokens, "tools",
-                   ep->tools, "reward", REWARDS[ep->reward], "tool_format",
-                   ep->tool_format < 0 ? "auto" : tc_format_name(ep->tool_format));
+  json_t *j = json_pack(
+      "{s:i, s:i, s:i, s:i, s:O?, s:s, s:s}", "max_turns", ep->max_turns, "max_new_tokens_per_turn",
+      ep->max_new_tokens_per_turn, "max_episode_tokens", ep->max_episode_tokens,
+      "max_answer_tokens", ep->max_answer_tokens, "tools", ep->tools, "reward", REWARDS[ep->reward],
+      "tool_format", ep->tool_format < 0 ? "auto" : tc_format_name(ep->tool_format));
+  if (j && ep->environment) {
+    json_object_set(j, "environment", ep->environment);
+    json_object_set_new(j, "on_env_error", json_string(ENV_ERRORS[ep->on_env_error]));
+  }
+  return j;
 }
 
 void episode_deinit(struct episode_spec *ep) {
   json_decref(ep->tools);
+  json_decref(ep->environment);
   memset(ep, 0, sizeof *ep);
 }
 
 int episode_multi(const struct episode_spec *ep) {
-  return ep && ep->on && (ep->max_turns > 1 || ep->tools);
+  return ep && ep->on && (ep->max_turns > 1 || ep->tools || ep->environment);
 }
 
 int episode_after_prompt(const struct episode_spec *ep, const struct hparams *hp) {

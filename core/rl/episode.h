@@ -5,12 +5,14 @@
  * then takes the single-turn path.
  *
  *   "episode": {"max_turns": 4, "max_new_tokens_per_turn": 16, "max_episode_tokens": 512,
- *               "max_answer_tokens": 256, "tools": [...], "reward": "judge",
- *               "tool_format": "auto"}
+ *               "max_answer_tokens": 256, "tools": [...] or "environment": {...},
+ *               "reward": "judge", "on_env_error": "fail", "tool_format": "auto"}
  *
  * hyperparameters.max_new_tokens bounds the model's tokens of an episode (overlong shaping
  * applies to them); max_episode_tokens every token after the prompt, the model's and the
- * world's; max_answer_tokens the tokens of one answer the model reads. */
+ * world's; max_answer_tokens the tokens of one answer (or observation message) the model reads.
+ * reward: the judge's score of the final answer, the sum of the environment's rewards, or
+ * both added. */
 #ifndef DAPO_EPISODE_H
 #define DAPO_EPISODE_H
 
@@ -20,6 +22,9 @@
 #include "judge.h"
 
 enum ep_reward { EP_REWARD_JUDGE = 0, EP_REWARD_ENVIRONMENT, EP_REWARD_SUM };
+/* What an environment's failure does once its retries are spent: the job fails quoting it, or
+ * the episode's group leaves the step (with a warning). */
+enum ep_env_error { EP_ENV_FAIL = 0, EP_ENV_DROP };
 
 #define EPISODE_MAX_TURNS 64
 
@@ -30,7 +35,9 @@ struct episode_spec {
   int max_episode_tokens;      /* tokens after the prompt, the model's and the world's */
   int max_answer_tokens;       /* of one answer the model reads */
   json_t *tools;               /* the tools' specs (owned), or NULL */
+  json_t *environment;         /* the environment's spec (owned), or NULL; never with tools */
   enum ep_reward reward;
+  enum ep_env_error on_env_error;
   int tool_format; /* enum tc_format, or -1: auto (the model's family's; dapod for presets and
                       custom templates) */
 };
@@ -44,7 +51,8 @@ int episode_parse(const json_t *v, const struct hparams *hp, const struct judge_
 json_t *episode_to_json(const struct episode_spec *ep);
 void episode_deinit(struct episode_spec *ep);
 
-/* Whether the job runs multi-turn episodes (more than one turn, or tools): else single turns. */
+/* Whether the job runs multi-turn episodes (more than one turn, tools or an environment): else
+ * single turns. */
 int episode_multi(const struct episode_spec *ep);
 /* The tokens a sequence may hold after its prompt: max_episode_tokens for multi-turn episodes,
  * else max_new_tokens. ep may be NULL. */

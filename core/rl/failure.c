@@ -31,6 +31,8 @@ static const struct failure_info ROWS[FAIL_COUNT] = {
      "a multi-process job's launcher or one of its ranks exited before the job ended, as many "
      "times as launch_retries allows"},
     {FAIL_INTERNAL, "internal", "system", "an impossible state (a bug; logged)"},
+    {FAIL_ENVIRONMENT_ERROR, "environment_error", "user",
+     "an episode's environment failed or answered wrongly, retries spent"},
 };
 
 const struct failure_info *failure_info(enum failure code) {

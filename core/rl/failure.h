@@ -26,6 +26,7 @@ enum failure {
   FAIL_EVENT_STORE_FAILED,    /* the daemon could not record the job's events */
   FAIL_LAUNCH_FAILED,         /* a multi-process job's launcher or a rank ended it, retries spent */
   FAIL_INTERNAL,              /* a bug: an impossible state, logged */
+  FAIL_ENVIRONMENT_ERROR,     /* an episode's environment failed, retries spent (on_env_error) */
   FAIL_COUNT
 };
 /* The codes a job object's error.code may show (FAIL_NONE and FAIL_CANCELLED never do: a

@@ -517,17 +517,22 @@ static int resolve_ckpt_dtype(struct trainer *t) {
   return 0;
 }
 
-/* A multi-turn job's tools (episode.tools) under the daemon's policy, and the format its model
- * calls them in. 0, or 1 with res set. */
+/* A multi-turn job's tools (episode.tools) or environment (episode.environment) under the
+ * daemon's policy, and the format its model calls them in. 0, or 1 with res set. */
 static int setup_tools(struct trainer *t) {
   const struct episode_spec *ep = &t->spec->episode;
   if (!episode_multi(ep)) return 0;
   /* the dapod format: the presets' and custom templates' (docs/AGENTS.md) */
   t->tool_format = ep->tool_format >= 0 ? (enum tc_format)ep->tool_format : TC_DAPOD;
-  if (!ep->tools) return 0;
+  if (!ep->tools && !ep->environment) return 0;
   struct dapo_err e = {0};
-  if (!(t->tools = toolbox_new(ep->tools, t->o ? t->o->judge_policy : NULL, "episode.tools", &e)))
+  const struct judge_policy *pol = t->o ? t->o->judge_policy : NULL;
+  if (ep->environment) {
+    if (!(t->tools = toolbox_new_env(ep->environment, pol, "episode.environment", &e)))
+      return trainer_fail_err(t, FAIL_INVALID_SPEC, "episode.environment", &e);
+  } else if (!(t->tools = toolbox_new(ep->tools, pol, "episode.tools", &e))) {
     return trainer_fail_err(t, FAIL_INVALID_SPEC, "episode.tools", &e);
+  }
   int n = toolbox_count(t->tools);
   if (!(t->tool_names = calloc((size_t)n, sizeof *t->tool_names)) ||
       !(t->item_json = calloc((size_t)ds_count(t->train), sizeof *t->item_json)) ||

@@ -6,6 +6,11 @@
  * and each answer rendered in the tool-call format and tokenized once, appended; nothing is ever
  * rendered or tokenized again. The sampled tokens alone are trained (ro.trained).
  *
+ * The world is the job's tools, or its environment: then an episode begins with /reset (its
+ * observation follows the prompt), every model turn is the action of a /step whose observation
+ * follows the turn, the episode ends when the environment says done (or at the episode's limits),
+ * and /close is sent, best effort.
+ *
  * Which episodes are fed together never changes a bit (gen_advance's feeds are independent) and
  * each turn draws from its own stream (seed, step, prompt, sample, turn), so the tokens do not
  * depend on when the tools answer, on the batch or on the number of ranks. */
@@ -16,6 +21,8 @@
 
 #include "runner_impl.h"
 #include "utf8.h"
+
+#define TAG_ENV_SEED 0x656e760000000000ULL /* "env": an environment's seeds */
 
 enum ep_state {
   EP_FEED, /* its next feed is ready: the prompt, a sampled token, or a turn's end and answers */
@@ -33,6 +40,8 @@ struct ep {
   float *lp;           /* [max_new_tokens] sampler log-probs of the model's tokens */
   int n_seq, n_model;
   int fed;           /* tokens of seq already in the sampler's cache */
+  int primed;        /* the prompt is in the sampler's cache */
+  int *first;        /* the first feed when the world spoke before it: prompt, then seq */
   int turn, turn0;   /* the model's turn, and where in seq it began */
   int ended_by_stop; /* the last turn ended with a stop token */
   enum ep_state state;
@@ -43,6 +52,7 @@ struct ep {
     char *content;
     enum tool_err err;
   } answers[TC_MAX_CALLS];
+  enum env_op env_op; /* the environment call out (EP_WAIT) */
   json_t *turns;
   struct ep_stats es;
   enum ep_finish finish;
@@ -51,8 +61,9 @@ struct ep {
 };
 
 const char *ep_finish_name(enum ep_finish f) {
-  static const char *const names[] = {"", "stop", "length", "max_turns", "truncated"};
-  return f >= 0 && f <= EPF_TRUNCATED ? names[f] : "";
+  static const char *const names[EPF_COUNT] = {"",          "stop", "length", "max_turns",
+                                               "truncated", "done", "error"};
+  return f >= 0 && f < EPF_COUNT ? names[f] : "";
 }
 
 static int is_stop(const struct sampler_opts *o, int tok) {
@@ -120,13 +131,22 @@ static char *bounded(const struct trainer *t, const char *content, int max_token
   return cut;
 }
 
-/* Ends episode x with reason f; final_text (stolen) is what the judge reads: its last turn's. */
-static void finish(struct ep *x, enum ep_finish f, char *final_text, int *active) {
+static int env_job(const struct trainer *t) {
+  return toolbox_is_env(t->tools);
+}
+
+/* Ends episode x with reason f; final_text (stolen) is what the judge reads: its last turn's.
+ * An environment's episode is closed (best effort: nobody waits for the answer). */
+static int finish(struct trainer *t, struct ep *x, enum ep_finish f, char *final_text,
+                  int *active) {
   x->finish = f;
   if (final_text != x->final_text) free(x->final_text);
   x->final_text = final_text;
   x->state = EP_DONE;
   (*active)--;
+  if (!env_job(t)) return 0;
+  json_t *body = json_pack("{s:s, s:s}", "episode_id", x->id, "job_id", t->spec->job_id);
+  return !body || toolbox_submit_env(t->tools, -1, ENV_CLOSE, body) ? trainer_oom(t) : 0;
 }
 
 /* The model ended its turn (x->seq[x->turn0 .. n_seq)): its record, then a final answer, the
@@ -138,6 +158,25 @@ static int end_turn(struct trainer *t, const struct dataset *d, struct ep *x, in
   struct dapo_err e = {0};
   char *text = tok_decode_alloc(t->lm.tok, x->seq + x->turn0, text_n, 0, &e);
   if (!text) return trainer_fail_err(t, FAIL_GENERATION_FAILED, NULL, &e);
+  if (env_job(t)) { /* the turn is the action of a /step, whose reply says what follows */
+    json_array_append_new(x->turns,
+                          json_pack("{s:s, s:s, s:o, s:b, s:o}", "role", "assistant", "content",
+                                    text, "token_ids", int_array(x->seq + x->turn0, n), "trained",
+                                    1, "logprobs", real_array(x->lp + x->n_model - n, n)));
+    x->es.turns++;
+    free(x->final_text);
+    x->final_text = text;
+    json_t *body =
+        json_pack("{s:s, s:s, s:i, s:{s:s, s:s}}", "episode_id", x->id, "job_id", t->spec->job_id,
+                  "turn", x->turn, "action", "role", "assistant", "content", text);
+    x->turn++;
+    x->state = EP_WAIT;
+    x->env_op = ENV_STEP;
+    x->calls_out = 1;
+    return !body || toolbox_submit_env(t->tools, idx * TC_MAX_CALLS, ENV_STEP, body)
+               ? trainer_oom(t)
+               : 0;
+  }
   struct tc_turn call;
   int n_tools = toolbox_count(t->tools);
   if (tc_read_turn(t->tool_format, text, strlen(text), t->tool_names, n_tools, &call)) {
@@ -160,13 +199,11 @@ static int end_turn(struct trainer *t, const struct dataset *d, struct ep *x, in
   int calls = call.n_calls || call.malformed;
   if (!calls) {
     tc_turn_free(&call);
-    finish(x, x->ended_by_stop ? EPF_STOP : EPF_LENGTH, text, active);
-    return 0;
+    return finish(t, x, x->ended_by_stop ? EPF_STOP : EPF_LENGTH, text, active);
   }
   if (x->turn + 1 >= ep->max_turns || x->n_model >= t->hp->max_new_tokens) {
     tc_turn_free(&call);
-    finish(x, x->turn + 1 >= ep->max_turns ? EPF_MAX_TURNS : EPF_LENGTH, text, active);
-    return 0;
+    return finish(t, x, x->turn + 1 >= ep->max_turns ? EPF_MAX_TURNS : EPF_LENGTH, text, active);
   }
   free(x->final_text); /* the last turn's text stands, should the episode end before another */
   x->final_text = text;
@@ -226,7 +263,7 @@ static int world_turn(struct trainer *t, struct ep *x, uint64_t tag, uint64_t a,
   for (int i = 0; i < x->n_answers; i++) {
     kept[i] = bounded(t, x->answers[i].content, ep->max_answer_tokens);
     if (!kept[i]) rc = trainer_oom(t);
-    ans[i] = (struct tc_answer){x->answers[i].name, kept[i] ? kept[i] : ""};
+    ans[i] = (struct tc_answer){x->answers[i].name, kept[i] ? kept[i] : "", "tool"};
     json_array_append_new(list, json_pack("{s:s, s:s, s:s}", "name", x->answers[i].name, "content",
                                           kept[i] ? kept[i] : "", "status",
                                           tool_err_name(x->answers[i].err)));
@@ -241,7 +278,7 @@ static int world_turn(struct trainer *t, struct ep *x, uint64_t tag, uint64_t a,
       json_array_append_new(x->turns,
                             json_pack("{s:s, s:s, s:[], s:b, s:O, s:b}", "role", "tool", "content",
                                       text, "token_ids", "trained", 0, "answers", list, "fits", 0));
-      finish(x, EPF_TRUNCATED, x->final_text, active);
+      rc = finish(t, x, EPF_TRUNCATED, x->final_text, active);
     } else if (erc) {
       rc = trainer_fail_err(t, FAIL_GENERATION_FAILED, NULL, &e);
     } else {
@@ -269,6 +306,81 @@ static int world_turn(struct trainer *t, struct ep *x, uint64_t tag, uint64_t a,
   return rc;
 }
 
+/* The environment answered x's /reset or /step (got: its answer, cleared by the caller): its
+ * reward counted; then the episode ends (done, its turns or tokens spent, the observation does
+ * not fit, or the call failed under on_env_error "drop") or the observation is appended after
+ * the prompt or the turn, tokenized once, and the model's next turn begins, drawing from its own
+ * stream (seed, step, prompt, sample, turn). */
+static int env_answer(struct trainer *t, struct ep *x, const struct tool_answer *got, uint64_t tag,
+                      uint64_t a, int *active) {
+  const struct episode_spec *ep = &t->spec->episode;
+  x->calls_out = 0;
+  x->es.tool_errors[got->err]++;
+  x->es.tool_ms += got->ms;
+  if (got->err != TOOL_OK) {
+    const char *why = got->content ? got->content : "out of memory";
+    if (ep->on_env_error == EP_ENV_FAIL)
+      return trainer_fail(t, FAIL_ENVIRONMENT_ERROR, "episode.environment", "episode %s: %s", x->id,
+                          why);
+    x->es.env_failed = 1;
+    json_array_append_new(x->turns,
+                          json_pack("{s:s, s:s, s:[], s:b, s:s}", "role", "environment", "content",
+                                    "", "token_ids", "trained", 0, "error", why));
+    return finish(t, x, EPF_ERROR, x->final_text, active);
+  }
+  const struct env_reply *r = &got->env;
+  if (x->env_op == ENV_STEP) x->es.env_steps++;
+  if (r->has_reward) x->es.env_rewards++, x->es.env_reward += r->reward;
+  enum ep_finish f = r->done                               ? EPF_DONE
+                     : x->turn >= ep->max_turns            ? EPF_MAX_TURNS
+                     : x->n_model >= t->hp->max_new_tokens ? EPF_LENGTH
+                                                           : EPF_NONE;
+  size_t n_msg = json_array_size(r->messages);
+  struct tc_answer ans[ENV_MESSAGES_MAX];
+  char *kept[ENV_MESSAGES_MAX] = {0};
+  int rc = 0;
+  for (size_t i = 0; i < n_msg && !rc; i++) {
+    const json_t *m = json_array_get(r->messages, i);
+    kept[i] = bounded(t, json_string_value(json_object_get(m, "content")), ep->max_answer_tokens);
+    if (!kept[i]) rc = trainer_oom(t);
+    const char *name = json_string_value(json_object_get(m, "name"));
+    ans[i] = (struct tc_answer){name ? name : "", kept[i] ? kept[i] : "",
+                                json_string_value(json_object_get(m, "role"))};
+  }
+  char *text = NULL;
+  if (!rc && tc_render_answers(t->tool_format, ans, (int)n_msg, &text)) rc = trainer_oom(t);
+  int n = 0, room = t->after_prompt - x->n_seq, fits = 0;
+  struct dapo_err e = {0};
+  if (!rc && f == EPF_NONE) {
+    int erc = tok_encode(t->lm.tok, text, strlen(text), x->seq + x->n_seq, room, &n, &e);
+    if (erc && erc != DAPO_ERANGE) rc = trainer_fail_err(t, FAIL_GENERATION_FAILED, NULL, &e);
+    fits = !erc && n + 1 <= room; /* the observation and one more token */
+    if (!rc && !fits) f = EPF_TRUNCATED;
+  }
+  if (!rc) {
+    json_t *turn = json_pack(
+        "{s:s, s:s, s:o, s:b, s:O, s:o, s:b}", "role", "environment", "content", text, "token_ids",
+        int_array(x->seq + x->n_seq, fits ? n : 0), "trained", 0, "messages", r->messages, "reward",
+        r->has_reward ? json_real(r->reward) : json_null(), "done", r->done);
+    if (turn && r->info) json_object_set(turn, "info", r->info);
+    if (turn && f == EPF_TRUNCATED) json_object_set_new(turn, "fits", json_false());
+    json_array_append_new(x->turns, turn);
+  }
+  for (size_t i = 0; i < n_msg; i++) free(kept[i]);
+  free(text);
+  if (rc) return rc;
+  if (f != EPF_NONE) return finish(t, x, f, x->final_text, active);
+  memset(x->mask + x->n_seq, 0, (size_t)n);
+  x->n_seq += n;
+  x->es.world_tokens += n;
+  x->state = EP_FEED;
+  x->turn0 = x->n_seq;
+  if (x->turn > 0) /* after /reset the first turn keeps the episode's first stream */
+    rng_seed(&x->rng, t->spec->seed,
+             trainer_stream(tag + (uint64_t)x->turn, (uint64_t)t->step, a, (uint64_t)x->key));
+  return 0;
+}
+
 /* One more episode of the pass is done (of total), sampled tokens so far. */
 static void ep_progress(struct progress *g, int64_t *done, int64_t sampled, int64_t total) {
   ++*done;
@@ -276,7 +388,7 @@ static void ep_progress(struct progress *g, int64_t *done, int64_t sampled, int6
 }
 
 static void ep_free(struct ep *x) {
-  free(x->seq), free(x->mask), free(x->lp);
+  free(x->seq), free(x->mask), free(x->lp), free(x->first);
   free(x->final_text);
   json_decref(x->turns);
   for (int i = 0; i < TC_MAX_CALLS; i++) free(x->answers[i].content);
@@ -318,10 +430,12 @@ static int keep_episodes(struct trainer *t, struct ep *eps, int ns, int k, const
   return 0;
 }
 
-/* Episode s of the pass begins (its buffers, id and stream), in sampler slot `slot`. */
-static int ep_begin(struct trainer *t, struct ep *x, int s, int slot, const int *items,
-                    int *const *ids, const int *lens, int k, uint64_t tag, uint64_t a, int key0,
-                    int group0, int round) {
+/* Episode s of the pass begins (its buffers, id and stream), in sampler slot `slot`; an
+ * environment's with its /reset: {"episode_id", "seed", "item", "job_id", "step", "group",
+ * "index"}, the seed the same for a group's episodes (they face the same task). */
+static int ep_begin(struct trainer *t, const struct dataset *d, struct ep *x, int s, int slot,
+                    const int *items, int *const *ids, const int *lens, int k, uint64_t tag,
+                    uint64_t a, int key0, int group0, int round) {
   int q = s / k, i = s % k, it = items[q];
   x->item = it;
   x->key = (key0 + q) * 65536 + i;
@@ -332,10 +446,23 @@ static int ep_begin(struct trainer *t, struct ep *x, int s, int slot, const int 
   x->lp = malloc(sizeof(float) * (size_t)t->hp->max_new_tokens);
   x->turns = json_array();
   if (!x->seq || !x->mask || !x->lp || !x->turns) return trainer_oom(t);
-  snprintf(x->id, sizeof x->id, "s%" PRId64 "-r%d-g%d-%d", t->step, round, group0 + q, i);
+  snprintf(x->id, sizeof x->id, "%ss%" PRId64 "-r%d-g%d-%d", d == t->train ? "" : "eval-", t->step,
+           round, group0 + q, i);
   rng_seed(&x->rng, t->spec->seed, trainer_stream(tag, (uint64_t)t->step, a, (uint64_t)x->key));
   gen_slot_clear(t->gs, slot);
-  return 0;
+  if (!env_job(t)) return 0;
+  const json_t *item = item_of(t, d, it);
+  uint64_t seed = trainer_stream(tag ^ TAG_ENV_SEED, (uint64_t)t->step, a, (uint64_t)(key0 + q));
+  json_t *body = item
+                     ? json_pack("{s:s, s:I, s:O, s:s, s:I, s:i, s:i}", "episode_id", x->id, "seed",
+                                 (json_int_t)(seed >> 11), "item", item, "job_id", t->spec->job_id,
+                                 "step", (json_int_t)t->step, "group", group0 + q, "index", i)
+                     : NULL;
+  x->state = EP_WAIT;
+  x->env_op = ENV_RESET;
+  x->calls_out = 1;
+  return !body || toolbox_submit_env(t->tools, s * TC_MAX_CALLS, ENV_RESET, body) ? trainer_oom(t)
+                                                                                  : 0;
 }
 
 int trainer_episodes(struct trainer *t, const struct dataset *d, int n, const int *items,
@@ -369,7 +496,8 @@ int trainer_episodes(struct trainer *t, const struct dataset *d, int n, const in
     for (int c = 0; c < cap && next < total && !stop; c++)
       if (in_slot[c] < 0) {
         in_slot[c] = next;
-        stop = ep_begin(t, &eps[next], next, c, items, ids, lens, k, tag, a, key0, group0, round);
+        stop =
+            ep_begin(t, d, &eps[next], next, c, items, ids, lens, k, tag, a, key0, group0, round);
         next++;
       }
     /* feed every episode that can go on */
@@ -378,15 +506,26 @@ int trainer_episodes(struct trainer *t, const struct dataset *d, int n, const in
       if (in_slot[c] < 0) continue;
       struct ep *x = &eps[in_slot[c]];
       if (x->state != EP_FEED) continue;
-      /* the prompt first; then what follows the cached tokens: one sampled token, or a turn's
-       * last token with the world's answer after it */
-      feeds[nf] = x->fed == 0 && x->n_seq == 0
-                      ? (struct gen_feed){c, x->prompt, x->plen}
-                      : (struct gen_feed){c, x->seq + x->fed, x->n_seq - x->fed};
+      /* the prompt first (with an environment's first observation after it); then what follows
+       * the cached tokens: one sampled token, or a turn's last token with the world's answer
+       * after it */
+      if (x->primed) {
+        feeds[nf] = (struct gen_feed){c, x->seq + x->fed, x->n_seq - x->fed};
+      } else if (x->n_seq == 0) {
+        feeds[nf] = (struct gen_feed){c, x->prompt, x->plen};
+      } else {
+        if (!(x->first = malloc(sizeof(int) * (size_t)(x->plen + x->n_seq)))) {
+          stop = trainer_oom(t);
+          break;
+        }
+        memcpy(x->first, x->prompt, sizeof(int) * (size_t)x->plen);
+        memcpy(x->first + x->plen, x->seq, sizeof(int) * (size_t)x->n_seq);
+        feeds[nf] = (struct gen_feed){c, x->first, x->plen + x->n_seq};
+      }
       rngs[nf] = x->rng;
       who[nf++] = in_slot[c];
     }
-    if (nf) {
+    if (nf && !stop) {
       struct dapo_err e = {0};
       if (gen_advance(t->gs, t->lm.model, nf, feeds, rngs, so, tok, lp, &e)) {
         stop = trainer_fail_err(t, FAIL_GENERATION_FAILED, NULL, &e);
@@ -396,6 +535,9 @@ int trainer_episodes(struct trainer *t, const struct dataset *d, int n, const in
       for (int f = 0; f < nf && !stop; f++) {
         struct ep *x = &eps[who[f]];
         x->rng = rngs[f];
+        x->primed = 1;
+        free(x->first);
+        x->first = NULL;
         x->fed = x->n_seq; /* the prompt is not in seq: fed counts seq's tokens */
         x->seq[x->n_seq] = tok[f];
         x->mask[x->n_seq++] = 1;
@@ -417,13 +559,18 @@ int trainer_episodes(struct trainer *t, const struct dataset *d, int n, const in
     for (; used < na && !stop; used++) {
       int s = got[used].tag / TC_MAX_CALLS, c = got[used].tag % TC_MAX_CALLS;
       struct ep *x = &eps[s];
+      if (env_job(t)) {
+        stop = env_answer(t, x, &got[used], tag, a, &active);
+        tool_answer_clear(&got[used]);
+        continue;
+      }
       x->answers[c].content = got[used].content;
       x->answers[c].err = got[used].err;
       x->es.tool_errors[got[used].err]++;
       x->es.tool_ms += got[used].ms;
       if (--x->calls_out == 0) stop = world_turn(t, x, tag, a, &active);
     }
-    for (; used < na; used++) free(got[used].content);
+    for (; used < na; used++) tool_answer_clear(&got[used]);
     /* the episodes that ended give back their slots */
     for (int c = 0; c < cap; c++)
       if (in_slot[c] >= 0 && eps[in_slot[c]].state == EP_DONE) {

@@ -27,16 +27,32 @@
 #include "tools.h"
 #include "train.h"
 
-/* What an episode did (runner_episode.c), for the step's metrics and its rollouts line. */
+/* What an episode did (runner_episode.c), for the step's metrics and its rollouts line. A plain
+ * struct: a data-parallel job's exchange sends it as bytes. */
 struct ep_stats {
   int turns, tool_calls, world_tokens;
-  int tool_errors[TOOL_ERR_COUNT];
-  double tool_ms; /* the calls' latencies, summed */
+  int tool_errors[TOOL_ERR_COUNT]; /* by how each answer went (an environment's calls too) */
+  double tool_ms;                  /* the calls' latencies, summed (an environment's too) */
+  int env_steps;                   /* an environment's /step replies */
+  int env_rewards;                 /* its non-null rewards, /reset's included */
+  double env_reward;               /* their sum */
+  int env_failed;                  /* a call failed, retries spent (on_env_error "drop") */
 };
 
 /* How an episode ended (finish_reason): its model gave a final answer (stop), ran out of model
- * tokens (length) or of turns (max_turns), or the world's answer did not fit (truncated). */
-enum ep_finish { EPF_NONE = 0, EPF_STOP, EPF_LENGTH, EPF_MAX_TURNS, EPF_TRUNCATED };
+ * tokens (length) or of turns (max_turns), the world's answer did not fit (truncated), the
+ * environment said it was done (done), or its environment failed (error: on_env_error "drop").
+ * The names are shown: new reasons go at the end. */
+enum ep_finish {
+  EPF_NONE = 0,
+  EPF_STOP,
+  EPF_LENGTH,
+  EPF_MAX_TURNS,
+  EPF_TRUNCATED,
+  EPF_DONE,
+  EPF_ERROR,
+  EPF_COUNT
+};
 
 /* One sampled response, or one multi-turn episode. */
 struct ro {
@@ -77,7 +93,8 @@ struct trainer {
   struct train_state *ts;
   struct gen_state *gs;
   struct judge *judge;
-  struct toolbox *tools;      /* a multi-turn job's tools, or NULL */
+  struct toolbox *tools;      /* a multi-turn job's tools or environment (toolbox_is_env), or
+                                 NULL */
   enum tc_format tool_format; /* how its model calls them */
   const char **tool_names;    /* [toolbox_count] (borrowed from tools) */
   json_t **item_json;         /* per training item, its fields for the tools (built lazily) */

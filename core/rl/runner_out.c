@@ -27,9 +27,9 @@ static json_t *int_array(const int *v, int n) {
 }
 
 /* An episode's own fields on its rollouts line (docs/AGENTS.md): every token after the prompt
- * with its loss mask (1: the model's), the turns, how it ended and what it did. 0, or -1 out of
- * memory. */
-static int put_episode(json_t *o, const struct ro *r) {
+ * with its loss mask (1: the model's), the turns, how it ended and what it did; an environment's
+ * (env) its rewards too. 0, or -1 out of memory. */
+static int put_episode(json_t *o, const struct ro *r, int env) {
   json_t *mask = json_array(), *model = json_array(), *errs = json_object();
   for (int q = 0; mask && model && q < r->seq_len; q++) {
     json_array_append_new(mask, json_integer(r->trained[q]));
@@ -44,6 +44,21 @@ static int put_episode(json_t *o, const struct ro *r) {
       json_pack("{s:i, s:i, s:i, s:o}", "turns", r->es.turns, "tool_calls", r->es.tool_calls,
                 "world_tokens", r->es.world_tokens, "tool_errors", errs);
   int bad = !mask || !model || !stats;
+  if (!bad && env) {
+    /* an environment's episode: its rewards as it gave them (null: none), their sum */
+    json_t *rewards = json_array();
+    size_t i;
+    json_t *turn;
+    json_array_foreach(r->turns, i, turn) {
+      json_t *rw = json_object_get(turn, "reward");
+      if (rewards && !strcmp(json_string_value(json_object_get(turn, "role")), "environment"))
+        json_array_append(rewards, rw ? rw : json_null());
+    }
+    bad |= !rewards || json_object_set_new(o, "env_rewards", rewards);
+    bad |= json_object_set_new(o, "env_reward",
+                               r->es.env_rewards ? json_real(r->es.env_reward) : json_null());
+    bad |= json_object_set_new(stats, "env_steps", json_integer(r->es.env_steps));
+  }
   bad |= json_object_set_new(o, "token_ids", int_array(r->toks, r->seq_len));
   bad |= json_object_set_new(o, "loss_mask", mask);
   bad |= json_object_set_new(o, "response_token_ids", model); /* the model's tokens alone */
@@ -81,7 +96,7 @@ int trainer_write_rollouts(struct trainer *t) {
       break;
     }
     if (it->messages) json_object_set(o, "messages", it->messages); /* prompt: as rendered */
-    if (r->trained && put_episode(o, r)) {
+    if (r->trained && put_episode(o, r, toolbox_is_env(t->tools))) {
       json_decref(o);
       bad = 1;
       break;

@@ -323,11 +323,42 @@ static int exchange(struct trainer *t, int first, int stop) {
   return trainer_agree(t, stop);
 }
 
+/* An environment's episodes, rewarded: by the sum of its rewards (episode.reward "environment",
+ * the judge not asked) or by that sum added to the judge's score ("sum"); an episode whose
+ * environment failed (on_env_error "drop") stays unjudged, and its group leaves the step. Returns
+ * 1 (res set) when the episodes dropped cannot be logged. */
+static int env_rewards(struct trainer *t, int first, int n) {
+  const struct episode_spec *ep = &t->spec->episode;
+  int failed = 0;
+  for (int i = first; i < first + n; i++) {
+    struct ro *r = &t->ros[i];
+    if (r->es.env_failed) {
+      r->judged = 0;
+      failed++;
+      continue;
+    }
+    if (ep->reward == EP_REWARD_ENVIRONMENT) {
+      r->judged = 1, r->reward_raw = r->es.env_reward, r->correct = -1, r->jmask = 0;
+    } else if (ep->reward == EP_REWARD_SUM && r->judged) {
+      r->reward_raw += r->es.env_reward;
+      r->correct = -1;
+    }
+  }
+  if (!failed) return 0;
+  return trainer_log(t, "warning",
+                     "%d episodes' environment failed (on_env_error \"drop\"); their groups "
+                     "leave the step",
+                     failed);
+}
+
 /* Judges responses ros[first .. first+n). Items that the judge could not judge keep judged = 0.
- * Returns 1 (job failed) when on_judge_error is fail and something failed. */
+ * Returns 1 (job failed) when on_judge_error is fail and something failed. An environment's
+ * episodes get its rewards (env_rewards). */
 static int judge_range(struct trainer *t, const struct dataset *d, int first, int n,
                        struct judge_stats *st) {
   if (n == 0) return 0;
+  if (toolbox_is_env(t->tools) && t->spec->episode.reward == EP_REWARD_ENVIRONMENT)
+    return env_rewards(t, first, n);
   struct judge_item *items = calloc((size_t)n, sizeof *items);
   struct judge_result *res = calloc((size_t)n, sizeof *res);
   char(*idbuf)[48] = calloc((size_t)n, sizeof *idbuf);
@@ -372,6 +403,7 @@ static int judge_range(struct trainer *t, const struct dataset *d, int first, in
     stop = trainer_log(t, "warning", "judge errors; the affected groups are dropped: %s", e.msg);
   judge_results_release(res, n);
   free(items), free(res), free(idbuf);
+  if (!stop && toolbox_is_env(t->tools)) stop = env_rewards(t, first, n);
   return stop;
 }
 
@@ -853,34 +885,50 @@ int trainer_evaluate(struct trainer *t) {
 /* ---- one step -------------------------------------------------------------------------------- */
 
 /* A multi-turn step's episode metrics (docs/AGENTS.md), over every episode sampled: turns,
- * tool calls, the model's and the world's tokens per episode, the tools' latency, their errors
- * by kind, and how the episodes ended. */
+ * tool calls or environment steps, the model's and the world's tokens per episode, the tools' or
+ * the environment's latency, their errors by kind, the environment's rewards, and how the
+ * episodes ended. */
 static void put_episode_metrics(const struct trainer *t, json_t *m) {
-  long turns = 0, calls = 0, world = 0, model = 0, fin[EPF_TRUNCATED + 1] = {0};
+  long turns = 0, calls = 0, world = 0, model = 0, steps = 0, failed = 0, fin[EPF_COUNT] = {0};
   long errs[TOOL_ERR_COUNT] = {0}, answered = 0;
-  double ms = 0;
+  double ms = 0, env_reward = 0;
   for (int i = 0; i < t->n_ro; i++) {
     const struct ro *r = &t->ros[i];
     turns += r->es.turns, calls += r->es.tool_calls, world += r->es.world_tokens;
     model += r->len, ms += r->es.tool_ms;
+    steps += r->es.env_steps, env_reward += r->es.env_reward, failed += r->es.env_failed;
     fin[r->finish]++;
     for (int k = 0; k < TOOL_ERR_COUNT; k++) errs[k] += r->es.tool_errors[k];
   }
   for (int k = 0; k < TOOL_ERR_COUNT; k++) answered += errs[k];
   double n = t->n_ro ? t->n_ro : 1;
+  int env = toolbox_is_env(t->tools);
   json_object_set_new(m, "episode/turns_mean", json_real(turns / n));
-  json_object_set_new(m, "episode/tool_calls_mean", json_real(calls / n));
   json_object_set_new(m, "episode/model_tokens_mean", json_real(model / n));
   json_object_set_new(m, "episode/world_tokens_mean", json_real(world / n));
-  for (int f = EPF_STOP; f <= EPF_TRUNCATED; f++) {
+  for (int f = EPF_STOP; f < EPF_COUNT; f++) {
+    if (!env && f >= EPF_DONE) continue; /* only an environment ends episodes so */
     char key[64];
     snprintf(key, sizeof key, "episode/finish/%s_frac", ep_finish_name((enum ep_finish)f));
     json_object_set_new(m, key, json_real(fin[f] / n));
   }
-  json_object_set_new(m, "tool/latency_ms_mean", json_real(answered ? ms / answered : 0));
+  /* a tool's errors are "tool/errors/timeout", an environment's "env/errors/env_timeout" (as
+   * the judge's are "judge/errors/judge_timeout") */
+  const char *who = env ? "env" : "tool";
+  if (env) {
+    json_object_set_new(m, "env/steps_mean", json_real(steps / n));
+    json_object_set_new(m, "env/reward_mean", json_real(env_reward / n));
+    json_object_set_new(m, "env/failed_episodes", json_integer(failed));
+  } else {
+    json_object_set_new(m, "episode/tool_calls_mean", json_real(calls / n));
+  }
+  char key[64];
+  snprintf(key, sizeof key, "%s/latency_ms_mean", who);
+  json_object_set_new(m, key, json_real(answered ? ms / answered : 0));
   for (int k = 1; k < TOOL_ERR_COUNT; k++) {
-    char key[64];
-    snprintf(key, sizeof key, "tool/errors/%s", tool_err_name((enum tool_err)k));
+    if (env && k != TOOL_TIMEOUT && k != TOOL_HTTP_ERROR && k != TOOL_PARSE_ERROR) continue;
+    snprintf(key, sizeof key, "%s/errors/%s%s", who, env ? "env_" : "",
+             tool_err_name((enum tool_err)k));
     json_object_set_new(m, key, json_integer(errs[k]));
   }
 }

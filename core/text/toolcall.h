@@ -4,7 +4,8 @@
  *   dapod   the default of the presets and of custom chat templates, made to be learnable from
  *           random weights by a character model: a turn that starts with '@' is a call,
  *           "@name {json arguments}", "@name" (no arguments), or a bare "@" when the job has one
- *           tool; the answer is written back as "=" content "\n".
+ *           tool; the answer is written back as "=" content "\n", an environment's
+ *           observation as ">" content "\n".
  * A format never changes; these functions are pure and thread-safe. */
 #ifndef DAPO_TOOLCALL_H
 #define DAPO_TOOLCALL_H
@@ -42,15 +43,19 @@ int tc_read_turn(enum tc_format f, const char *text, size_t len, const char *con
                  int n_tools, struct tc_turn *out);
 void tc_turn_free(struct tc_turn *t);
 
-/* One answer to a call: its tool's name and the content the model reads (a tool's result, or
- * what was wrong). */
+/* One message of the world after a model's turn: an answer to a call (its tool's name and the
+ * content the model reads: a tool's result, or what was wrong), or an environment's observation
+ * (role "user" or "system"). role NULL is "tool". */
 struct tc_answer {
   const char *name;
   const char *content;
+  const char *role;
 };
 
-/* The text that follows a turn whose calls got these n >= 1 answers, ending where the model's
- * next turn starts, into *out (malloc'd, NUL-terminated). Returns 0 or DAPO_ENOMEM. */
+/* The text that follows a model's turn when the world said these n >= 0 messages, ending where
+ * the model's next turn starts, into *out (malloc'd, NUL-terminated). dapod writes a tool's
+ * answer "=" content "\n" and a user's or system's message ">" content "\n". Returns 0 or
+ * DAPO_ENOMEM. */
 int tc_render_answers(enum tc_format f, const struct tc_answer *a, int n, char **out);
 
 #endif

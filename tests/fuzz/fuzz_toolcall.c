@@ -26,7 +26,7 @@ static void turn(const char *s, size_t n, int n_tools) {
     int known = 0;
     for (int k = 0; k < n_tools; k++) known |= !strcmp(t.calls[i].name, tools[k]);
     FUZZ_CHECK(known && json_is_object(t.calls[i].arguments));
-    a[i] = (struct tc_answer){t.calls[i].name, t.calls[i].name};
+    a[i] = (struct tc_answer){t.calls[i].name, t.calls[i].name, NULL};
   }
   if (t.n_calls) {
     char *out = NULL;

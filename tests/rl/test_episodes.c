@@ -1,6 +1,6 @@
 /* Multi-turn episodes of the job runner (core/rl/runner_episode.c) with the example tools of
- * clients/tools/example_tools.py, started here on a free loopback port (Debian's
- * /usr/bin/python3; skipped with 77 when it is missing):
+ * clients/tools/example_tools.py and the stand-in environment tests/rl/env_server.py, started
+ * here on free loopback ports (Debian's /usr/bin/python3; skipped with 77 when it is missing):
  * - every rollouts line is an episode whose token_ids and loss_mask line up: the mask is 1 on
  *   the assistant turns' tokens (their logprobs one each) and 0 on the tool turns' (each the
  *   tokenization of its content), the trained tokens are response_token_ids, finish reasons
@@ -8,6 +8,10 @@
  * - two runs give the same rollouts and weights bit for bit (the tools answer at their own
  *   pace), and a run paused after step 2 and resumed reaches the straight run's step 4;
  * - `episode` with one turn and no tools trains exactly as a job without it;
+ * - an environment's episodes: /reset's observation after the prompt, each turn a /step whose
+ *   observation follows it, the episode ended by `done` or its limits and closed; rewards as the
+ *   environment gave them (`environment` and `sum`); the same rollouts and weights twice, when
+ *   resumed, and when every call needs a retry; failures under on_env_error fail and drop;
  * - the body's `episode` refused field by field. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,10 +28,13 @@
 #ifndef DAPO_EXAMPLE_TOOLS_SCRIPT
 #define DAPO_EXAMPLE_TOOLS_SCRIPT "example_tools.py"
 #endif
+#ifndef DAPO_ENV_SERVER_SCRIPT
+#define DAPO_ENV_SERVER_SCRIPT "env_server.py"
+#endif
 #define PYTHON "/usr/bin/python3"
 
 static char tmpdir[] = "/tmp/dapo-episodes-XXXXXX";
-static struct child tools;
+static struct child tools, env;
 static char train[300];
 /* the daemon's way: a pool of compute threads, OpenBLAS one thread inside each of its tasks
  * (without one the runner is serial and OpenBLAS runs threads of its own) */
@@ -50,6 +57,18 @@ static json_t *lookup_episode(void) {
   return json_pack("{s:i, s:i, s:[{s:s, s:{s:s, s:{s:s}}, s:s, s:i}]}", "max_turns", 3,
                    "max_new_tokens_per_turn", 2, "tools", "type", "function", "function", "name",
                    "lookup", "parameters", "type", "object", "url", url, "concurrency", 3);
+}
+
+/* An environment episode on env_server.py's game at base ("/guess", "/flaky", ...). */
+static json_t *env_episode(const char *base, const char *reward, const char *on_error, int retries,
+                           int concurrency) {
+  char url[128];
+  snprintf(url, sizeof url, "http://127.0.0.1:%d%s", env.port, base);
+  json_t *e = json_pack("{s:i, s:i, s:{s:s, s:s, s:i, s:i}, s:s}", "max_turns", 3,
+                        "max_new_tokens_per_turn", 2, "environment", "type", "http", "url", url,
+                        "max_retries", retries, "concurrency", concurrency, "reward", reward);
+  if (on_error) json_object_set_new(e, "on_env_error", json_string(on_error));
+  return e;
 }
 
 static int run(json_t *body, const char *out, int stop_after, struct runner_result *res) {
@@ -83,6 +102,21 @@ static int same_run(const char *a, const char *b, int step) {
     same &= same_file(pa, pb);
   }
   return same;
+}
+
+/* body (what) runs again into b, and into c paused after step pause_at then resumed: both reach
+ * the same rollouts and weights at `steps` as the straight run in a. */
+static void check_repeatable(json_t *body, const char *a, const char *b, const char *c, int steps,
+                             int pause_at, const char *what) {
+  struct runner_result rb, rc;
+  watchdog_section("run b");
+  CHECK(run(body, b, 0, &rb) == RUNNER_SUCCEEDED);
+  CHECK_MSG(same_run(a, b, steps), "%s: two runs differ", what);
+  watchdog_section("run c, paused and resumed");
+  CHECK(run(body, c, pause_at, &rc) == RUNNER_PAUSED && rc.step == pause_at);
+  CHECK(run(body, c, 0, &rc) == RUNNER_SUCCEEDED && rc.step == steps &&
+        rc.resumed_from == pause_at);
+  CHECK_MSG(same_run(a, c, steps), "%s: paused and resumed, it differs from a straight run", what);
 }
 
 /* The episodes of one rollouts file, checked line by line; returns the tool calls seen. */
@@ -134,13 +168,228 @@ static int check_rollouts(const char *out, int step) {
   return calls;
 }
 
+/* An environment's episodes of one rollouts file, checked line by line against the game of
+ * env_server.py; sum: the reward is the judge's plus the environment's. Returns the episodes
+ * the environment ended (done); *lines gets the episodes. */
+static int check_env_rollouts(const char *out, int step, int sum, int *lines) {
+  char p[512];
+  snprintf(p, sizeof p, "%s/rollouts/step-%d.jsonl", out, step);
+  FILE *f = fopen(p, "r");
+  CHECK_MSG(f != NULL, "no %s", p);
+  if (!f) return 0;
+  char line[1 << 16];
+  int done = 0;
+  *lines = 0;
+  while (fgets(line, sizeof line, f)) {
+    json_t *r = json_loads(line, 0, NULL);
+    const json_t *ids = json_object_get(r, "token_ids"), *mask = json_object_get(r, "loss_mask"),
+                 *turns = json_object_get(r, "turns"), *rewards = json_object_get(r, "env_rewards");
+    size_t at = 0;
+    int bad = 0;
+    double total = 0;
+    int any = 0;
+    for (size_t k = 0; k < json_array_size(turns); k++) {
+      const json_t *t = json_array_get(turns, k), *tid = json_object_get(t, "token_ids");
+      const char *role = json_string_value(json_object_get(t, "role"));
+      int assistant = !strcmp(role, "assistant");
+      /* the world first, then the model and the world by turns */
+      bad |= assistant != (int)(k % 2) || (!assistant && strcmp(role, "environment"));
+      if (k == 0)
+        bad |= strcmp(json_string_value(json_object_get(t, "content")), ">digits\n>guess\n") != 0;
+      if (!assistant) {
+        const json_t *rw = json_object_get(t, "reward");
+        bad |= !json_equal((json_t *)rw, json_array_get(rewards, k / 2));
+        if (json_is_number(rw)) total += json_number_value(rw), any = 1;
+      }
+      for (size_t q = 0; q < json_array_size(tid); q++, at++) {
+        bad |= json_integer_value(json_array_get(tid, q)) !=
+               json_integer_value(json_array_get(ids, at));
+        bad |= json_integer_value(json_array_get(mask, at)) != assistant;
+      }
+    }
+    const char *fin = json_string_value(json_object_get(r, "finish_reason"));
+    const json_t *last = json_array_get(turns, json_array_size(turns) - 1);
+    bad |=
+        at != json_array_size(ids) || json_array_size(rewards) != (json_array_size(turns) + 1) / 2;
+    bad |= !fin || (strcmp(fin, "done") && strcmp(fin, "max_turns") && strcmp(fin, "length") &&
+                    strcmp(fin, "truncated"));
+    if (fin && !strcmp(fin, "done")) {
+      done++;
+      bad |= !json_is_true(json_object_get(last, "done")) ||
+             json_real_value(json_object_get(last, "reward")) != 1.0 ||
+             json_array_size(json_object_get(last, "token_ids")) != 0;
+    }
+    const json_t *er = json_object_get(r, "env_reward");
+    bad |= any ? fabs(json_number_value(er) - total) > 1e-9 : !json_is_null(er);
+    double raw = json_number_value(json_object_get(r, "reward_raw"));
+    if (sum)
+      bad |= fabs(fabs(raw - total) - 1) > 1e-9; /* the exact judge's -1 or 1 */
+    else
+      bad |= fabs(raw - total) > 1e-9;
+    CHECK_MSG(!bad, "%s line %d: the episode disagrees with the environment's game: %.300s", p,
+              *lines + 1, line);
+    json_decref(r);
+    ++*lines;
+  }
+  fclose(f);
+  return done;
+}
+
+/* The environment's log: every episode of the job reset once, stepped turn by turn from 0,
+ * closed once; a group's episodes share their seed, and groups differ. */
+static char env_log[300];
+static void check_env_log(const char *base) {
+  size_t len;
+  char *text = slurp(env_log, &len), *save = NULL;
+  CHECK_MSG(text != NULL, "no log from the environment");
+  json_t *log = json_array();
+  for (char *l = text ? strtok_r(text, "\n", &save) : NULL; l; l = strtok_r(NULL, "\n", &save))
+    json_array_append_new(log, json_loads(l, 0, NULL));
+  free(text);
+  json_t *eps = json_object();
+  size_t i;
+  json_t *e;
+  int bad = 0, groups_differ = 0;
+  json_array_foreach(log, i, e) {
+    if (strcmp(json_string_value(json_object_get(e, "base")), base)) continue;
+    const json_t *b = json_object_get(e, "body");
+    const char *id = json_string_value(json_object_get(b, "episode_id")),
+               *route = json_string_value(json_object_get(e, "route"));
+    json_t *st = json_object_get(eps, id);
+    if (!st)
+      json_object_set_new(eps, id,
+                          st = json_pack("{s:i, s:i, s:i}", "resets", 0, "steps", 0, "closes", 0));
+    if (!strcmp(route, "reset")) {
+      json_object_set_new(st, "resets",
+                          json_integer(json_integer_value(json_object_get(st, "resets")) + 1));
+      json_object_set(st, "seed", json_object_get(b, "seed"));
+    } else if (!strcmp(route, "step")) {
+      long k = json_integer_value(json_object_get(st, "steps"));
+      bad |= json_integer_value(json_object_get(b, "turn")) != k;
+      json_object_set_new(st, "steps", json_integer(k + 1));
+    } else {
+      json_object_set_new(st, "closes",
+                          json_integer(json_integer_value(json_object_get(st, "closes")) + 1));
+    }
+  }
+  const char *id;
+  json_t *st;
+  json_object_foreach(eps, id, st) {
+    bad |= json_integer_value(json_object_get(st, "resets")) != 1 ||
+           json_integer_value(json_object_get(st, "closes")) != 1;
+    /* "s1-r0-g3-7": its group's first episode "s1-r0-g3-0" has its seed */
+    char first[96];
+    snprintf(first, sizeof first, "%s", id);
+    char *dash = strrchr(first, '-');
+    if (dash) strcpy(dash + 1, "0");
+    const json_t *f0 = json_object_get(eps, first);
+    bad |= !f0 || !json_equal(json_object_get(f0, "seed"), json_object_get(st, "seed"));
+    groups_differ |= !strstr(id, "-g0-") &&
+                     !json_equal(json_object_get(st, "seed"),
+                                 json_object_get(json_object_get(eps, "s1-r0-g0-0"), "seed"));
+  }
+  CHECK_MSG(json_object_size(eps) >= 256 && !bad && groups_differ,
+            "%s: %zu episodes; each reset, stepped from turn 0 and closed once, a group's seed "
+            "shared: %s",
+            base, json_object_size(eps), bad ? "no" : "yes");
+  json_decref(eps);
+  json_decref(log);
+}
+
+/* An environment job of `steps` steps; two generation rounds at most (a random model's groups
+ * are often all wrong: ten rounds of 256 episodes would only make the test slow). */
+static json_t *env_job(int steps, json_t *episode) {
+  json_t *b = job(steps, episode);
+  json_object_set_new(json_object_get(b, "hyperparameters"), "max_gen_batches", json_integer(2));
+  return b;
+}
+
+static void test_environment(void) {
+  char a[300], b[300], c[300], d[300];
+  snprintf(a, sizeof a, "%s/env-a", tmpdir);
+  snprintf(b, sizeof b, "%s/env-b", tmpdir);
+  snprintf(c, sizeof c, "%s/env-c", tmpdir);
+  snprintf(d, sizeof d, "%s/env-d", tmpdir);
+  json_t *body = env_job(2, env_episode("/guess", "environment", NULL, 2, 8));
+  struct runner_result ra, rb;
+  CHECK(run(body, a, 0, &ra) == RUNNER_SUCCEEDED && ra.step == 2);
+  int done = 0, lines = 0, n;
+  for (int s = 1; s <= 2; s++) done += check_env_rollouts(a, s, 0, &n), lines += n;
+  CHECK_MSG(lines >= 2 * 256 && done > 0, "%d episodes, %d of them done", lines, done);
+  check_env_log("/guess");
+  check_repeatable(body, a, b, c, 2, 1, "an environment job");
+  json_decref(body);
+  fprintf(stderr,
+          "environment: %d episodes in 2 steps, %d ended by the environment; two runs "
+          "and a resumed run agree\n",
+          lines, done);
+
+  /* every call failing once: the retries leave no trace in the rollouts */
+  watchdog_section("environment: flaky");
+  body = env_job(1, env_episode("/flaky", "environment", NULL, 2, 64));
+  CHECK(run(body, d, 0, &rb) == RUNNER_SUCCEEDED);
+  char pa[512], pd[512];
+  snprintf(pa, sizeof pa, "%s/rollouts/step-1.jsonl", a);
+  snprintf(pd, sizeof pd, "%s/rollouts/step-1.jsonl", d);
+  CHECK_MSG(same_file(pa, pd), "retried calls changed the episodes");
+  json_decref(body);
+
+  /* the judge's reward and the environment's added */
+  watchdog_section("environment: sum");
+  snprintf(d, sizeof d, "%s/env-sum", tmpdir);
+  body = env_job(1, env_episode("/guess", "sum", NULL, 2, 16));
+  CHECK(run(body, d, 0, &rb) == RUNNER_SUCCEEDED);
+  check_env_rollouts(d, 1, 1, &n);
+  json_decref(body);
+
+  /* done at /reset: episodes without a turn, the reset's reward theirs */
+  snprintf(d, sizeof d, "%s/env-done", tmpdir);
+  body = env_job(1, env_episode("/done", "environment", NULL, 2, 8));
+  CHECK(run(body, d, 0, &rb) == RUNNER_SUCCEEDED);
+  snprintf(pd, sizeof pd, "%s/rollouts/step-1.jsonl", d);
+  size_t len;
+  char *text = slurp(pd, &len);
+  CHECK_MSG(text && strstr(text, "\"finish_reason\":\"done\"") && !strstr(text, "\"assistant\"") &&
+                strstr(text, "\"env_reward\":0.5"),
+            "episodes done at /reset: %.300s", text ? text : "(none)");
+  free(text);
+  json_decref(body);
+
+  /* failures: the job fails quoting them, or the episodes leave the step */
+  watchdog_section("environment: failures");
+  static const struct {
+    const char *base, *why;
+  } FAILS[] = {{"/down", "/reset failed (HTTP 500 after 1 attempt)"},
+               {"/garbage", "/step failed (malformed reply: the reply is not a JSON object"},
+               {"/badobs", "observation: expected a string"}};
+  for (size_t i = 0; i < sizeof FAILS / sizeof FAILS[0]; i++) {
+    snprintf(d, sizeof d, "%s/env-fail-%zu", tmpdir, i);
+    body = env_job(1, env_episode(FAILS[i].base, "environment", "fail", 0, 4));
+    CHECK(run(body, d, 0, &rb) == RUNNER_FAILED && rb.failure == FAIL_ENVIRONMENT_ERROR &&
+          !strcmp(rb.param, "episode.environment"));
+    CHECK_MSG(strstr(rb.message, FAILS[i].why), "%s: '%s' without '%s'", FAILS[i].base, rb.message,
+              FAILS[i].why);
+    json_decref(body);
+  }
+  snprintf(d, sizeof d, "%s/env-drop", tmpdir);
+  body = env_job(1, env_episode("/down", "environment", "drop", 0, 8));
+  CHECK(run(body, d, 0, &rb) == RUNNER_SUCCEEDED);
+  snprintf(pd, sizeof pd, "%s/rollouts/step-1.jsonl", d);
+  text = slurp(pd, &len);
+  CHECK_MSG(text && strstr(text, "\"finish_reason\":\"error\"") &&
+                !strstr(text, "\"finish_reason\":\"done\"") && strstr(text, "HTTP 500"),
+            "dropped episodes: %.300s", text ? text : "(none)");
+  free(text);
+  json_decref(body);
+}
+
 static void test_episodes(void) {
   char a[300], b[300], c[300];
   snprintf(a, sizeof a, "%s/ep-a", tmpdir);
   snprintf(b, sizeof b, "%s/ep-b", tmpdir);
   snprintf(c, sizeof c, "%s/ep-c", tmpdir);
   json_t *body = job(4, lookup_episode());
-  struct runner_result ra, rb, rc;
+  struct runner_result ra;
   watchdog_section("episodes: run a");
   CHECK(run(body, a, 0, &ra) == RUNNER_SUCCEEDED && ra.step == 4);
   int calls = 0;
@@ -148,13 +397,7 @@ static void test_episodes(void) {
   /* a random model writes '@' first about once in 98 episodes: over a thousand episodes, some
    * called the tool (none: less likely than 1 in 10,000) */
   CHECK_MSG(calls > 0, "no tool call in 4 steps of 256 episodes or more");
-  watchdog_section("episodes: run b");
-  CHECK(run(body, b, 0, &rb) == RUNNER_SUCCEEDED);
-  CHECK_MSG(same_run(a, b, 4), "two runs of the same episode job differ");
-  watchdog_section("episodes: run c, paused and resumed");
-  CHECK(run(body, c, 2, &rc) == RUNNER_PAUSED && rc.step == 2);
-  CHECK(run(body, c, 0, &rc) == RUNNER_SUCCEEDED && rc.step == 4 && rc.resumed_from == 2);
-  CHECK_MSG(same_run(a, c, 4), "an episode job paused and resumed differs from a straight run");
+  check_repeatable(body, a, b, c, 4, 2, "an episode job with tools");
   fprintf(stderr, "episodes: %d tool calls in 4 steps; two runs and a resumed run agree\n", calls);
   json_decref(body);
 }
@@ -184,7 +427,20 @@ static void test_refusals(void) {
        "expected an integer from 1 to 4"},
       {"{\"reward\": \"sum\"}", "episode.reward", "need an episode.environment"},
       {"{\"reward\": \"best\"}", "episode.reward", "expected \"judge\""},
-      {"{\"environment\": {\"type\": \"http\"}}", "episode.environment", "not supported yet"},
+      {"{\"environment\": {\"type\": \"http\"}}", "episode.environment.url", "required"},
+      {"{\"environment\": {\"type\": \"openenv\", \"url\": \"ws://127.0.0.1/ws\"}}",
+       "episode.environment.type", "not supported yet"},
+      {"{\"environment\": {\"type\": \"http\", \"url\": \"http://127.0.0.1/?x=1\"}}",
+       "episode.environment.url", "no query"},
+      {"{\"environment\": {\"type\": \"http\", \"url\": \"http://10.0.0.8/\"}}",
+       "episode.environment.url", "is not in the judge host allowlist"},
+      {"{\"environment\": {\"type\": \"http\", \"url\": \"http://127.0.0.1/\", \"concurrency\": "
+       "0}}",
+       "episode.environment.concurrency", "expected an integer"},
+      {"{\"environment\": {\"type\": \"http\", \"url\": \"http://127.0.0.1/\"}, \"tools\": "
+       "[{\"type\": \"python\"}]}",
+       "episode.environment", "not both"},
+      {"{\"on_env_error\": \"retry\"}", "episode.on_env_error", "expected \"fail\" or \"drop\""},
       {"{\"tool_format\": \"xml\"}", "episode.tool_format", "expected \"auto\" or \"dapod\""},
       {"{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"a\"}, \"url\": "
        "\"http://example.com/\"}]}",
@@ -244,16 +500,24 @@ int main(void) {
     fprintf(f, "{\"prompt\": \"code %d?\", \"answer\": \"%d\"}\n", k, (k * 7 + 3) % 10);
   fclose(f);
   const char *argv[] = {PYTHON, DAPO_EXAMPLE_TOOLS_SCRIPT, NULL};
+  snprintf(env_log, sizeof env_log, "%s/env.log", tmpdir);
+  const char *env_argv[] = {PYTHON, DAPO_ENV_SERVER_SCRIPT, env_log, NULL};
   CHECK(child_start(&tools, argv) == 0);
+  CHECK(child_start(&env, env_argv) == 0);
   if (tools.pid > 0) {
     test_episodes();
     watchdog_section("refusals");
     test_refusals();
   }
+  if (env.pid > 0) {
+    watchdog_section("environment: run a");
+    test_environment();
+  }
   watchdog_section("one turn");
   test_one_turn();
   watchdog_section("stopping the tools");
   child_stop(&tools);
+  child_stop(&env);
   watchdog_section("cleaning up");
   pool_free(g_pool);
   char cmd[300];

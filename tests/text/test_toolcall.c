@@ -70,12 +70,20 @@ static void test_dapod(void) {
   CHECK(t.malformed && strstr(t.why, "longer than 64 bytes"));
 
   /* answers: "=" content "\n" each, in order */
-  struct tc_answer a[2] = {{"lookup", "7"}, {"calc", "error: division by zero"}};
+  struct tc_answer a[2] = {{"lookup", "7", NULL}, {"calc", "error: division by zero", "tool"}};
   char *out = NULL;
   CHECK(tc_render_answers(TC_DAPOD, a, 1, &out) == 0 && !strcmp(out, "=7\n"));
   free(out);
   CHECK(tc_render_answers(TC_DAPOD, a, 2, &out) == 0 &&
         !strcmp(out, "=7\n=error: division by zero\n"));
+  free(out);
+  /* an environment's observations: ">" content "\n"; no message at all: nothing */
+  struct tc_answer obs[3] = {
+      {"", "guess again", "user"}, {"", "rules", "system"}, {"x", "1", "tool"}};
+  CHECK(tc_render_answers(TC_DAPOD, obs, 3, &out) == 0 &&
+        !strcmp(out, ">guess again\n>rules\n=1\n"));
+  free(out);
+  CHECK(tc_render_answers(TC_DAPOD, obs, 0, &out) == 0 && !strcmp(out, ""));
   free(out);
 }
 
