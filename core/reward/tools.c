@@ -150,6 +150,21 @@ static int build_python(struct tool *t, const json_t *spec, const char *field, s
   return (t->params = jschema_new(params, sub, e)) ? 0 : e->code;
 }
 
+/* The limits an HTTP party's spec may set (a function tool's, an environment's), or their
+ * defaults. */
+static int get_http_limits(struct tool *t, const json_t *spec, const char *field,
+                           struct dapo_err *e) {
+  int rc, mab = 0;
+  if ((rc = get_int(spec, field, "timeout_ms", 30000, 100, 600000, &t->timeout_ms, e))) return rc;
+  if ((rc = get_int(spec, field, "concurrency", 4, 1, 64, &t->concurrency, e))) return rc;
+  if ((rc = get_int(spec, field, "max_retries", 2, 0, 10, &t->max_retries, e))) return rc;
+  if ((rc = get_int(spec, field, "max_answer_bytes", TOOL_ANSWER_BYTES_DEFAULT, 64, 1 << 20, &mab,
+                    e)))
+    return rc;
+  t->max_answer_bytes = (size_t)mab;
+  return 0;
+}
+
 static int build_http(struct tool *t, const json_t *spec, const char *field,
                       const struct judge_policy *pol, struct dapo_err *e) {
   static const char *const fields[] = {"type",        "function",         "url",
@@ -157,7 +172,7 @@ static int build_http(struct tool *t, const json_t *spec, const char *field,
                                        "max_retries", "max_answer_bytes", NULL};
   static const char *const fn_fields[] = {"name", "description", "parameters", "strict", NULL};
   char sub[300];
-  int rc = check_fields(spec, field, fields, e), mab = 0;
+  int rc = check_fields(spec, field, fields, e);
   if (rc) return rc;
   const json_t *fn = json_object_get(spec, "function");
   snprintf(sub, sizeof sub, "%s.function", field);
@@ -181,13 +196,7 @@ static int build_http(struct tool *t, const json_t *spec, const char *field,
       return dapo_errf(e, DAPO_EINVAL, "%s: expected a JSON Schema object", psub);
     if (!(t->params = jschema_new(params, psub, e))) return e->code;
   }
-  if ((rc = get_int(spec, field, "timeout_ms", 30000, 100, 600000, &t->timeout_ms, e))) return rc;
-  if ((rc = get_int(spec, field, "concurrency", 4, 1, 64, &t->concurrency, e))) return rc;
-  if ((rc = get_int(spec, field, "max_retries", 2, 0, 10, &t->max_retries, e))) return rc;
-  if ((rc = get_int(spec, field, "max_answer_bytes", TOOL_ANSWER_BYTES_DEFAULT, 64, 1 << 20, &mab,
-                    e)))
-    return rc;
-  t->max_answer_bytes = (size_t)mab;
+  if ((rc = get_http_limits(t, spec, field, e))) return rc;
   if (!(t->out = outside_new(field, "tool", json_object_get(spec, "url"),
                              json_object_get(spec, "headers"), pol, e)))
     return e->code;
@@ -629,7 +638,7 @@ static int build_env(struct tool *t, const json_t *spec, const char *field,
                      "%s: expected an object such as {\"type\": \"http\", \"url\": "
                      "\"http://127.0.0.1:8000\"}",
                      field);
-  int rc = check_fields(spec, field, fields, e), mab = 0;
+  int rc = check_fields(spec, field, fields, e);
   if (rc) return rc;
   const char *type = json_string_value(json_object_get(spec, "type"));
   if (!type || strcmp(type, "http"))
@@ -638,13 +647,7 @@ static int build_env(struct tool *t, const json_t *spec, const char *field,
                      type && !strcmp(type, "openenv")
                          ? "\"openenv\" (a WebSocket session) is not supported yet; use \"http\""
                          : "expected \"http\"");
-  if ((rc = get_int(spec, field, "timeout_ms", 30000, 100, 600000, &t->timeout_ms, e))) return rc;
-  if ((rc = get_int(spec, field, "concurrency", 4, 1, 64, &t->concurrency, e))) return rc;
-  if ((rc = get_int(spec, field, "max_retries", 2, 0, 10, &t->max_retries, e))) return rc;
-  if ((rc = get_int(spec, field, "max_answer_bytes", TOOL_ANSWER_BYTES_DEFAULT, 64, 1 << 20, &mab,
-                    e)))
-    return rc;
-  t->max_answer_bytes = (size_t)mab;
+  if ((rc = get_http_limits(t, spec, field, e))) return rc;
   const char *url = json_string_value(json_object_get(spec, "url"));
   if (!url) return dapo_errf(e, DAPO_EINVAL, "%s.url: required, an http:// or https:// URL", field);
   if (strpbrk(url, "?#"))
