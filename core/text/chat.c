@@ -6,8 +6,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum role { R_SYSTEM, R_USER, R_ASSISTANT, N_ROLES };
-static const char *const role_names[N_ROLES] = {"system", "user", "assistant"};
+#include "pyjson.h"
+
+enum role { R_SYSTEM, R_USER, R_ASSISTANT, N_ROLES, R_TOOL = N_ROLES };
+static const char *const role_names[N_ROLES + 1] = {"system", "user", "assistant", "tool"};
+
+/* How a family renders tools, calls and their answers: not at all, as Qwen2.5's template
+ * (ChatML), as Qwen3's, or as Llama 3.1's and 3.2's (the dated header). */
+enum tools_style { TS_NONE = 0, TS_QWEN25, TS_QWEN3, TS_LLAMA };
 
 struct chat_template {
   char family[16];     /* "chatml", "qwen3", "llama3", "llama3.2", "custom" */
@@ -21,6 +27,7 @@ struct chat_template {
   int qwen3_think;     /* assistant turns lose their <think> reasoning (Qwen3) */
   int llama32_header;  /* the dated system header of Llama 3.2 */
   int enable_thinking; /* qwen3: -1 undefined, 0 false (empty think block after the prompt) */
+  enum tools_style tools;
 };
 
 /* ---- a growable string ---------------------------------------------------------------------- */
@@ -173,6 +180,7 @@ static struct chat_template *family_new(const char *name, const char *bos, struc
     ok &= !!(t->prefix = strdup("")) && !!(t->gen_prompt = strdup("<|im_start|>assistant\n")) &&
           !!(t->stop = strdup("<|im_end|>"));
     t->qwen3_think = !strcmp(name, "qwen3");
+    t->tools = t->qwen3_think ? TS_QWEN3 : TS_QWEN25;
   } else if (!strcmp(name, "llama3") || !strcmp(name, "llama3.2")) {
     for (int r = 0; r < N_ROLES; r++)
       ok &= !!(t->fmt[r] =
@@ -183,6 +191,7 @@ static struct chat_template *family_new(const char *name, const char *bos, struc
     t->trim = 1;
     if (!strcmp(name, "llama3.2")) {
       t->llama32_header = 1;
+      t->tools = TS_LLAMA;
       ok &= !!(t->date_string = strdup("26 Jul 2024"));
     }
   } else {
@@ -459,7 +468,7 @@ json_t *chat_to_json(const struct chat_template *t) {
 /* ---- rendering ----------------------------------------------------------------------------- */
 
 static int role_of(const char *s) {
-  for (int r = 0; r < N_ROLES; r++)
+  for (int r = 0; r <= R_TOOL; r++)
     if (!strcmp(s, role_names[r])) return r;
   return -1;
 }
@@ -473,9 +482,11 @@ static int ends_with(const char *s, const char *p) {
   return n >= k && !strcmp(s + n - k, p);
 }
 
-/* Qwen3's assistant turn: reasoning before </think> is dropped (index <= last query) or kept in
- * a <think> block (after it). */
-static void qwen3_assistant(struct sb *b, const char *content, int after_last_query) {
+/* Qwen3's assistant turn up to its tool calls: reasoning before </think> is dropped (index <=
+ * last query) or kept in a <think> block (after it). *after: the content after the reasoning
+ * (what the template's `content` holds). */
+static void qwen3_assistant(struct sb *b, const char *content, int after_last_query,
+                            const char **after) {
   const char *c = content, *reason = "";
   size_t cn = strlen(content), rn = 0;
   const char *close = strstr(content, "</think>");
@@ -497,6 +508,7 @@ static void qwen3_assistant(struct sb *b, const char *content, int after_last_qu
     strip_nl(&r, &rn, 1, 0);
     reason = r;
   }
+  *after = c;
   sb_str(b, "<|im_start|>assistant\n");
   if (after_last_query && rn) {
     const char *r = reason;
@@ -508,71 +520,337 @@ static void qwen3_assistant(struct sb *b, const char *content, int after_last_qu
     strip_nl(&c, &cn, 1, 0);
   }
   sb_add(b, c, cn);
-  sb_str(b, "<|im_end|>\n");
 }
 
-int chat_render(const struct chat_template *t, const json_t *messages, char **out,
-                struct dapo_err *e) {
+/* JSON as the templates' tojson writes it. */
+static void sb_json(struct sb *b, const json_t *v, int indent) {
+  char *s = pyjson_dumps(v, indent);
+  if (!s) {
+    b->oom = 1;
+    return;
+  }
+  sb_str(b, s);
+  free(s);
+}
+
+/* A tool call of an assistant message: OpenAI's {"type": "function", "function": {"name",
+ * "arguments"}} or Hugging Face's {"name", "arguments"}; arguments an object, or (OpenAI's)
+ * the JSON text of one, read into *parsed (owned; the caller frees it). 0, or -1 with why. */
+static int call_of(const json_t *tc, const char **name, const json_t **args, json_t **parsed,
+                   const char **why) {
+  const json_t *fn = json_object_get(tc, "function");
+  if (!json_is_object(fn)) fn = tc;
+  *name = json_string_value(json_object_get(fn, "name"));
+  *args = json_object_get(fn, "arguments");
+  *parsed = NULL;
+  if (!json_is_object(tc) || !*name)
+    return *why = "expected {\"function\": {\"name\", \"arguments\"}}", -1;
+  if (json_is_string(*args)) {
+    *parsed = json_loads(json_string_value(*args), JSON_REJECT_DUPLICATES, NULL);
+    if (!json_is_object(*parsed)) {
+      json_decref(*parsed);
+      *parsed = NULL;
+      return *why = "arguments: expected a JSON object, or the JSON text of one", -1;
+    }
+    *args = *parsed;
+  } else if (!*args || json_is_null(*args)) {
+    *args = *parsed = json_object();
+  } else if (!json_is_object(*args)) {
+    return *why = "arguments: expected a JSON object, or the JSON text of one", -1;
+  }
+  return 0;
+}
+
+/* Checks that messages[i] (an assistant's) calls tools in a form t renders; 0, or an error. */
+static int check_calls(const struct chat_template *t, const json_t *calls, size_t i,
+                       struct dapo_err *e) {
+  if (t->tools == TS_NONE)
+    return dapo_errf(e, DAPO_EUNSUPPORTED,
+                     "messages[%zu].tool_calls: the %s chat template renders no tool calls "
+                     "(families that do: chatml, qwen3, llama3.2)",
+                     i, t->family);
+  if (!json_is_array(calls))
+    return dapo_errf(e, DAPO_EINVAL, "messages[%zu].tool_calls: expected an array", i);
+  if (t->tools == TS_LLAMA && json_array_size(calls) != 1)
+    return dapo_errf(e, DAPO_EUNSUPPORTED,
+                     "messages[%zu].tool_calls: Llama 3.1 and 3.2 make one call a turn", i);
+  for (size_t k = 0; k < json_array_size(calls); k++) {
+    const char *name, *why;
+    const json_t *args;
+    json_t *parsed;
+    int rc = call_of(json_array_get(calls, k), &name, &args, &parsed, &why);
+    json_decref(parsed);
+    if (rc) return dapo_errf(e, DAPO_EINVAL, "messages[%zu].tool_calls[%zu]: %s", i, k, why);
+  }
+  return 0;
+}
+
+/* An assistant message's calls as the family writes them, after its content. */
+static void render_calls(struct sb *b, const struct chat_template *t, const json_t *calls,
+                         int content_first) {
+  for (size_t k = 0; k < json_array_size(calls); k++) {
+    const char *name, *why;
+    const json_t *args;
+    json_t *parsed;
+    if (call_of(json_array_get(calls, k), &name, &args, &parsed, &why)) continue;
+    if (t->tools == TS_LLAMA) {
+      sb_str(b, "{\"name\": \"");
+      sb_str(b, name);
+      sb_str(b, "\", \"parameters\": ");
+      sb_json(b, args, -1);
+      sb_str(b, "}");
+    } else {
+      /* Qwen2.5 writes "\n" before every call; Qwen3 between calls and after content */
+      if (t->tools == TS_QWEN25 || k > 0 || content_first) sb_str(b, "\n");
+      sb_str(b, "<tool_call>\n{\"name\": \"");
+      sb_str(b, name);
+      sb_str(b, "\", \"arguments\": ");
+      sb_json(b, args, -1); /* JSON text is written as the object it holds (chat.h) */
+      sb_str(b, "}\n</tool_call>");
+    }
+    json_decref(parsed);
+  }
+}
+
+static const char QWEN_TOOLS_HEAD[] =
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
+    "provided with function signatures within <tools></tools> XML tags:\n<tools>";
+static const char QWEN_TOOLS_TAIL[] =
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+    "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n";
+static const char LLAMA_TOOLS_HEAD[] =
+    "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond "
+    "with a JSON for a function call with its proper arguments that best answers the given "
+    "prompt.\n\nRespond in the format {\"name\": function name, \"parameters\": dictionary of "
+    "argument name and its value}.Do not use variables.\n\n";
+
+/* A tool's answer: Qwen's <tool_response> (consecutive answers in one user turn), or Llama's
+ * ipython turn holding the content as a JSON string. */
+static void render_tool(struct sb *b, const struct chat_template *t, const char *content,
+                        int first_of_run, int last_of_run) {
+  if (t->tools == TS_LLAMA) {
+    json_t *s = json_string(content);
+    sb_str(b, "<|start_header_id|>ipython<|end_header_id|>\n\n");
+    if (s)
+      sb_json(b, s, -1);
+    else
+      b->oom = 1;
+    json_decref(s);
+    sb_str(b, "<|eot_id|>");
+    return;
+  }
+  if (first_of_run) sb_str(b, "<|im_start|>user");
+  sb_str(b, "\n<tool_response>\n");
+  sb_str(b, content);
+  sb_str(b, "\n</tool_response>");
+  if (last_of_run) sb_str(b, "<|im_end|>\n");
+}
+
+/* A message's tool_calls; null and [] are none. */
+static const json_t *calls_of(const json_t *m) {
+  const json_t *c = json_object_get(m, "tool_calls");
+  return !c || json_is_null(c) || (json_is_array(c) && json_array_size(c) == 0) ? NULL : c;
+}
+
+static const char *role_at(const json_t *messages, size_t i) {
+  return json_string_value(json_object_get(json_array_get(messages, i), "role"));
+}
+
+int chat_render_tools(const struct chat_template *t, const json_t *messages, const json_t *tools,
+                      char **out, struct dapo_err *e) {
   *out = NULL;
   size_t n = json_array_size(messages);
   if (!json_is_array(messages) || n == 0)
     return dapo_errf(e, DAPO_EINVAL, "messages: expected a non-empty array");
+  if (tools && json_is_null(tools)) tools = NULL;
+  if (tools && (!json_is_array(tools) || json_array_size(tools) == 0)) tools = NULL;
+  if (tools && t->tools == TS_NONE)
+    return dapo_errf(e, DAPO_EUNSUPPORTED,
+                     "tools: the %s chat template renders no tools (families that do: chatml, "
+                     "qwen3, llama3.2; other models take tools in the dapod call format, which "
+                     "is not rendered in the prompt)",
+                     t->family);
+  for (size_t k = 0; tools && k < json_array_size(tools); k++)
+    if (!json_is_object(json_array_get(tools, k)))
+      return dapo_errf(e, DAPO_EINVAL, "tools[%zu]: expected a tool object", k);
   int last_query = -1;
   for (size_t i = 0; i < n; i++) {
-    const json_t *m = json_array_get(messages, i);
+    const json_t *m = json_array_get(messages, i), *calls = calls_of(m);
     const char *role = json_string_value(json_object_get(m, "role"));
-    const char *content = json_string_value(json_object_get(m, "content"));
-    if (!role || !content)
+    const json_t *cj = json_object_get(m, "content");
+    int r = role ? role_of(role) : -1;
+    if (!role || !(json_is_string(cj) || (r == R_ASSISTANT && calls && json_is_null(cj))))
       return dapo_errf(e, DAPO_EINVAL, "messages[%zu]: needs string role and content", i);
-    int r = role_of(role);
-    if (r < 0 || !t->fmt[r])
+    if (r < 0 || (r == R_TOOL ? t->tools == TS_NONE : !t->fmt[r]))
       return dapo_errf(e, DAPO_EUNSUPPORTED,
                        "messages[%zu].role: '%.20s' is not rendered by the %s chat template "
-                       "(roles: system, user, assistant%s)",
-                       i, role, t->family,
+                       "(roles: system, user, assistant%s%s)",
+                       i, role, t->family, t->tools != TS_NONE ? ", tool" : "",
                        strcmp(t->family, "custom") ? "" : ", as the template object defines");
+    if (calls && r != R_ASSISTANT)
+      return dapo_errf(e, DAPO_EINVAL, "messages[%zu].tool_calls: only an assistant's", i);
+    if (calls && check_calls(t, calls, i, e)) return e->code;
+    const char *content = json_string_value(cj);
     if (r == R_USER &&
         !(starts_with(content, "<tool_response>") && ends_with(content, "</tool_response>")))
       last_query = (int)i;
   }
-  const char *last_role =
-      json_string_value(json_object_get(json_array_get(messages, n - 1), "role"));
-  if (strcmp(last_role, "user"))
+  const char *last_role = role_at(messages, n - 1);
+  if (strcmp(last_role, "user") && strcmp(last_role, "tool"))
     return dapo_errf(e, DAPO_EINVAL,
-                     "messages[%zu].role: the last message must be the user's (the model answers "
-                     "it), not '%.20s'",
+                     "messages[%zu].role: the last message must be the user's or a tool's (the "
+                     "model answers it), not '%.20s'",
                      n - 1, last_role);
 
   struct sb b = {0};
   sb_str(&b, t->prefix ? t->prefix : "");
   size_t first = 0;
-  const char *r0 = json_string_value(json_object_get(json_array_get(messages, 0), "role"));
+  const char *r0 = role_at(messages, 0);
+  const char *sys0 =
+      !strcmp(r0, "system")
+          ? json_string_value(json_object_get(json_array_get(messages, 0), "content"))
+          : NULL;
   if (t->llama32_header) {
-    const char *sys = "";
-    size_t sn = 0;
-    if (!strcmp(r0, "system")) {
-      sys = json_string_value(json_object_get(json_array_get(messages, 0), "content"));
-      sn = strlen(sys);
-      py_strip(&sys, &sn);
-      first = 1;
-    }
-    sb_str(&b, "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December "
-               "2023\nToday Date: ");
+    const char *sys = sys0 ? sys0 : "";
+    size_t sn = strlen(sys);
+    py_strip(&sys, &sn);
+    first = sys0 ? 1 : 0;
+    sb_str(&b, "<|start_header_id|>system<|end_header_id|>\n\n");
+    if (tools) sb_str(&b, "Environment: ipython\n");
+    sb_str(&b, "Cutting Knowledge Date: December 2023\nToday Date: ");
     sb_str(&b, t->date_string);
     sb_str(&b, "\n\n");
     sb_add(&b, sys, sn);
     sb_str(&b, "<|eot_id|>");
+    if (tools) { /* the tools go with the first message after the system's */
+      if (first >= n) {
+        free(b.p);
+        return dapo_errf(e, DAPO_EINVAL,
+                         "messages: Llama puts the tools in the first user message; there is none");
+      }
+      const char *u =
+          json_string_value(json_object_get(json_array_get(messages, first), "content"));
+      size_t un = strlen(u ? u : "");
+      py_strip(&u, &un);
+      sb_str(&b, LLAMA_TOOLS_HEAD);
+      for (size_t k = 0; k < json_array_size(tools); k++) {
+        sb_json(&b, json_array_get(tools, k), 4);
+        sb_str(&b, "\n\n");
+      }
+      sb_add(&b, u, un);
+      sb_str(&b, "<|eot_id|>");
+      first++;
+    }
+  } else if (tools) { /* Qwen: the tools in the system message */
+    sb_str(&b, "<|im_start|>system\n");
+    if (t->tools == TS_QWEN25) {
+      sb_str(&b, sys0 ? sys0 : t->default_sys ? t->default_sys : "");
+      sb_str(&b, "\n\n");
+    } else if (sys0) {
+      sb_str(&b, sys0);
+      sb_str(&b, "\n\n");
+    }
+    sb_str(&b, QWEN_TOOLS_HEAD);
+    for (size_t k = 0; k < json_array_size(tools); k++) {
+      sb_str(&b, "\n");
+      sb_json(&b, json_array_get(tools, k), -1);
+    }
+    sb_str(&b, QWEN_TOOLS_TAIL);
+    first = sys0 ? 1 : 0;
   } else if (t->default_sys && strcmp(r0, "system")) {
     expand(&b, t->fmt[R_SYSTEM], "system", t->default_sys, strlen(t->default_sys));
   }
   for (size_t i = first; i < n; i++) {
-    const json_t *m = json_array_get(messages, i);
+    const json_t *m = json_array_get(messages, i), *calls = calls_of(m);
     const char *role = json_string_value(json_object_get(m, "role"));
     const char *content = json_string_value(json_object_get(m, "content"));
+    if (!content) content = "";
     size_t cn = strlen(content);
     int r = role_of(role);
+    if (r == R_TOOL) {
+      render_tool(&b, t, content, i == 0 || strcmp(role_at(messages, i - 1), "tool"),
+                  i + 1 == n || strcmp(role_at(messages, i + 1), "tool"));
+      continue;
+    }
+    if (r == R_ASSISTANT && calls) {
+      if (t->tools == TS_QWEN3) {
+        const char *after;
+        qwen3_assistant(&b, content, (int)i > last_query, &after);
+        render_calls(&b, t, calls, *after != '\0');
+        sb_str(&b, "<|im_end|>\n");
+      } else if (t->tools == TS_QWEN25) {
+        sb_str(&b, "<|im_start|>assistant");
+        if (*content) {
+          sb_str(&b, "\n");
+          sb_str(&b, content);
+        }
+        render_calls(&b, t, calls, 0);
+        sb_str(&b, "<|im_end|>\n");
+      } else {
+        sb_str(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        render_calls(&b, t, calls, 0);
+        sb_str(&b, "<|eot_id|>");
+      }
+      continue;
+    }
     if (t->qwen3_think && r == R_ASSISTANT) {
-      qwen3_assistant(&b, content, (int)i > last_query);
+      const char *after;
+      qwen3_assistant(&b, content, (int)i > last_query, &after);
+      sb_str(&b, "<|im_end|>\n");
+      continue;
+    }
+    if (t->trim) py_strip(&content, &cn);
+    expand(&b, t->fmt[r], role, content, cn);
+  }
+  sb_str(&b, t->gen_prompt ? t->gen_prompt : "");
+  if (t->qwen3_think && t->enable_thinking == 0) sb_str(&b, "<think>\n\n</think>\n\n");
+  if (b.oom || !b.p) {
+    free(b.p);
+    return dapo_errf(e, DAPO_ENOMEM, "out of memory rendering the chat prompt");
+  }
+  *out = b.p;
+  return 0;
+}
+
+int chat_render(const struct chat_template *t, const json_t *messages, char **out,
+                struct dapo_err *e) {
+  return chat_render_tools(t, messages, NULL, out, e);
+}
+
+int chat_renders_tools(const struct chat_template *t) {
+  return t->tools != TS_NONE;
+}
+
+int chat_render_after_turn(const struct chat_template *t, const json_t *world, int ended_by_stop,
+                           char **out, struct dapo_err *e) {
+  *out = NULL;
+  if (t->tools == TS_NONE)
+    return dapo_errf(e, DAPO_EUNSUPPORTED, "the %s chat template renders no tool answers",
+                     t->family);
+  size_t n = json_array_size(world);
+  for (size_t i = 0; i < n; i++) {
+    const char *role = role_at(world, i);
+    int r = role ? role_of(role) : -1;
+    if ((r != R_TOOL && r != R_USER && r != R_SYSTEM) ||
+        !json_is_string(json_object_get(json_array_get(world, i), "content")))
+      return dapo_errf(e, DAPO_EINVAL,
+                       "world[%zu]: expected {\"role\": \"tool\", \"user\" or \"system\", "
+                       "\"content\": string}",
+                       i);
+  }
+  struct sb b = {0};
+  if (!ended_by_stop) sb_str(&b, t->stop);    /* the turn's end, as the template writes it */
+  if (t->tools != TS_LLAMA) sb_str(&b, "\n"); /* ChatML's line after <|im_end|> */
+  for (size_t i = 0; i < n; i++) {
+    const json_t *m = json_array_get(world, i);
+    const char *role = role_at(world, i),
+               *content = json_string_value(json_object_get(m, "content"));
+    size_t cn = strlen(content);
+    int r = role_of(role);
+    if (r == R_TOOL) {
+      render_tool(&b, t, content, i == 0 || strcmp(role_at(world, i - 1), "tool"),
+                  i + 1 == n || strcmp(role_at(world, i + 1), "tool"));
       continue;
     }
     if (t->trim) py_strip(&content, &cn);

@@ -14,8 +14,10 @@
  *             "Today Date: 26 Jul 2024" unless the job gives another date: rendering must not
  *             depend on the day a job runs)
  * A job may instead name one of these, or give its own template: an object of strings with
- * {content} and {role} placeholders (see chat_from_spec). Tool calls are not rendered: the roles
- * are system, user and assistant, and the last message must be the user's.
+ * {content} and {role} placeholders (see chat_from_spec).
+ * Tools, assistant tool calls and tool answers are rendered as their templates render them by
+ * chatml (Qwen2.5's), qwen3 and llama3.2 (Llama 3.1's and 3.2's: the tools in the first user
+ * message); llama3 and custom templates render none (chat_render_tools refuses them).
  * A template never changes after it is built; rendering is thread-safe. */
 #ifndef DAPO_CHAT_H
 #define DAPO_CHAT_H
@@ -50,8 +52,28 @@ const char *chat_stop_text(const struct chat_template *t);
 
 /* Renders messages (borrowed; an array of {"role", "content"} objects as core/rl/dataset.c checks
  * them) into a new malloc'd NUL-terminated string (*out, free()). The result already holds the
- * template's special tokens (BOS included), so it is tokenized without adding special tokens. */
+ * template's special tokens (BOS included), so it is tokenized without adding special tokens.
+ * The roles are system, user and assistant (and tool, where the family renders tools); the last
+ * message is the user's (or a tool's). */
 int chat_render(const struct chat_template *t, const json_t *messages, char **out,
                 struct dapo_err *e);
+/* chat_render with tools (borrowed: OpenAI's function tools [{"type": "function", "function":
+ * {"name", "description", "parameters"}}], written as given; NULL or []: none). messages may
+ * hold assistant messages with "tool_calls" ([{"type": "function", "function": {"name",
+ * "arguments"}}] or Hugging Face's [{"name", "arguments"}]; arguments an object or the JSON text
+ * of one, which is read and written as the object: what Hugging Face's templates expect; content
+ * may be null then) and {"role": "tool", "content"} answers. Llama makes one call a turn. */
+int chat_render_tools(const struct chat_template *t, const json_t *messages, const json_t *tools,
+                      char **out, struct dapo_err *e);
+/* Whether t renders tools (chatml, qwen3, llama3.2). */
+int chat_renders_tools(const struct chat_template *t);
+/* What follows an assistant turn that the model ended (ended_by_stop: with the template's
+ * end-of-turn text, chat_stop_text; else it is written first) when the world answers it with
+ * world (borrowed: [{"role": "tool" | "user" | "system", "content"}]), up to where the model's
+ * next turn starts (the generation prompt): for the families that render tools, exactly the text
+ * the template adds after that turn's end when it renders the whole conversation. A new
+ * malloc'd string in *out. Episodes append it, tokenized, token in, token out. */
+int chat_render_after_turn(const struct chat_template *t, const json_t *world, int ended_by_stop,
+                           char **out, struct dapo_err *e);
 
 #endif

@@ -1,21 +1,42 @@
 /* Renders conversations with core/text/chat.c for tests/text/chat/test_chat_jinja.py. Reads one
  * JSON object from stdin: {"tokenizer_config": object|null, "spec": any, "conversations":
- * [[messages]...]} and prints {"family": ..., "stop": ..., "rendered": [string | {"error":
- * message}]}, or
- * {"error": message} when the template itself is refused. */
+ * [conversation...]} where a conversation is [messages], {"messages": [...], "tools": [...]}
+ * (chat_render_tools) or {"after_turn": [world messages], "ended_by_stop": bool}
+ * (chat_render_after_turn), and prints {"family": ..., "stop": ..., "rendered": [string |
+ * {"error": message}]}, or {"error": message} when the template itself is refused. With
+ * {"pyjson": [values], "indent": n} it prints {"pyjson": [pyjson_dumps of each]} instead. */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include <jansson.h>
 
 #include "chat.h"
+#include "pyjson.h"
 
 int main(void) {
   json_error_t je;
-  json_t *in = json_loadf(stdin, JSON_DECODE_INT_AS_REAL, &je);
+  json_t *in = json_loadf(stdin, 0, &je);
   if (!in) {
     fprintf(stderr, "chat_dump: stdin: %s\n", je.text);
     return 2;
+  }
+  if (json_object_get(in, "pyjson")) {
+    json_t *outs = json_array();
+    size_t i;
+    json_t *v;
+    int indent = (int)json_integer_value(json_object_get(in, "indent"));
+    if (json_is_null(json_object_get(in, "indent"))) indent = -1;
+    json_array_foreach(json_object_get(in, "pyjson"), i, v) {
+      char *s = pyjson_dumps(v, indent);
+      json_array_append_new(outs, json_string(s ? s : "(out of memory)"));
+      free(s);
+    }
+    json_t *o = json_pack("{s:o}", "pyjson", outs);
+    json_dumpf(o, stdout, JSON_ENSURE_ASCII);
+    putchar('\n');
+    json_decref(o);
+    json_decref(in);
+    return 0;
   }
   struct dapo_err e = {0};
   json_t *cfg = json_object_get(in, "tokenizer_config");
@@ -35,7 +56,14 @@ int main(void) {
     json_array_foreach(json_object_get(in, "conversations"), i, conv) {
       char *s = NULL;
       struct dapo_err re = {0};
-      if (chat_render(t, conv, &s, &re))
+      int rc = json_object_get(conv, "after_turn")
+                   ? chat_render_after_turn(t, json_object_get(conv, "after_turn"),
+                                            json_is_true(json_object_get(conv, "ended_by_stop")),
+                                            &s, &re)
+               : json_is_object(conv) ? chat_render_tools(t, json_object_get(conv, "messages"),
+                                                          json_object_get(conv, "tools"), &s, &re)
+                                      : chat_render(t, conv, &s, &re);
+      if (rc)
         json_array_append_new(arr, json_pack("{s:s}", "error", re.msg));
       else
         json_array_append_new(arr, json_string(s));
