@@ -653,6 +653,19 @@ static const json_t *calls_of(const json_t *m) {
   return !c || json_is_null(c) || (json_is_array(c) && json_array_size(c) == 0) ? NULL : c;
 }
 
+/* b ends where the model's turn starts (the generation prompt), into *out. */
+static int end_prompt(const struct chat_template *t, struct sb *b, char **out,
+                      struct dapo_err *e) {
+  sb_str(b, t->gen_prompt ? t->gen_prompt : "");
+  if (t->qwen3_think && t->enable_thinking == 0) sb_str(b, "<think>\n\n</think>\n\n");
+  if (b->oom || !b->p) {
+    free(b->p);
+    return dapo_errf(e, DAPO_ENOMEM, "out of memory rendering the chat prompt");
+  }
+  *out = b->p;
+  return 0;
+}
+
 static const char *role_at(const json_t *messages, size_t i) {
   return json_string_value(json_object_get(json_array_get(messages, i), "role"));
 }
@@ -803,14 +816,7 @@ int chat_render_tools(const struct chat_template *t, const json_t *messages, con
     if (t->trim) py_strip(&content, &cn);
     expand(&b, t->fmt[r], role, content, cn);
   }
-  sb_str(&b, t->gen_prompt ? t->gen_prompt : "");
-  if (t->qwen3_think && t->enable_thinking == 0) sb_str(&b, "<think>\n\n</think>\n\n");
-  if (b.oom || !b.p) {
-    free(b.p);
-    return dapo_errf(e, DAPO_ENOMEM, "out of memory rendering the chat prompt");
-  }
-  *out = b.p;
-  return 0;
+  return end_prompt(t, &b, out, e);
 }
 
 int chat_render(const struct chat_template *t, const json_t *messages, char **out,
@@ -856,12 +862,5 @@ int chat_render_after_turn(const struct chat_template *t, const json_t *world, i
     if (t->trim) py_strip(&content, &cn);
     expand(&b, t->fmt[r], role, content, cn);
   }
-  sb_str(&b, t->gen_prompt ? t->gen_prompt : "");
-  if (t->qwen3_think && t->enable_thinking == 0) sb_str(&b, "<think>\n\n</think>\n\n");
-  if (b.oom || !b.p) {
-    free(b.p);
-    return dapo_errf(e, DAPO_ENOMEM, "out of memory rendering the chat prompt");
-  }
-  *out = b.p;
-  return 0;
+  return end_prompt(t, &b, out, e);
 }
