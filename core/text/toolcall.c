@@ -9,7 +9,7 @@
 
 #include "error.h"
 
-static const char *const NAMES[TC_COUNT] = {"dapod"};
+static const char *const NAMES[TC_COUNT] = {"dapod", "qwen", "llama3_json"};
 
 int tc_format_find(const char *name) {
   for (int i = 0; name && i < TC_COUNT; i++)
@@ -84,11 +84,89 @@ static int read_dapod(const char *s, size_t n, const char *const *tools, int n_t
   return 0;
 }
 
+/* A call's JSON object {"name": one of tools, args_key: object (absent: {}; the JSON text of
+ * an object is read)} into call k of t. 0; DAPO_ENOMEM; 1 when malformed (t says why). */
+static int read_call_object(const char *s, size_t n, const char *args_key, const char *const *tools,
+                            int n_tools, struct tc_turn *t) {
+  json_error_t je;
+  json_t *o = json_loadb(s, n, JSON_REJECT_DUPLICATES, &je);
+  if (!json_is_object(o)) {
+    json_decref(o);
+    return malformed(t, "the call is not a JSON object: %s", o ? "another value" : je.text), 1;
+  }
+  const char *name = json_string_value(json_object_get(o, "name"));
+  json_t *args = json_object_get(o, args_key);
+  int known = 0;
+  for (int k = 0; name && k < n_tools && !known; k++) known = !strcmp(tools[k], name);
+  int rc = 0;
+  if (!name)
+    rc = malformed(t, "the call has no \"name\"") + 1;
+  else if (!known)
+    rc = malformed(t, "there is no tool '%.64s'", name) + 1;
+  else if (t->n_calls == TC_MAX_CALLS)
+    rc = malformed(t, "more than %d calls in one turn", TC_MAX_CALLS) + 1;
+  if (rc) {
+    json_decref(o);
+    return rc;
+  }
+  json_t *a = NULL;
+  if (!args || json_is_null(args))
+    a = json_object();
+  else if (json_is_object(args))
+    a = json_incref(args);
+  else if (json_is_string(args))
+    a = json_loads(json_string_value(args), JSON_REJECT_DUPLICATES, NULL);
+  if (!json_is_object(a)) {
+    json_decref(a);
+    json_decref(o);
+    return malformed(t, "the arguments must be a JSON object"), 1;
+  }
+  struct tc_call *c = &t->calls[t->n_calls++];
+  snprintf(c->name, sizeof c->name, "%s", name); /* name lives in o */
+  c->arguments = a;
+  json_decref(o);
+  return 0;
+}
+
+/* qwen: text, then "<tool_call>" JSON "</tool_call>" blocks (whitespace around and between). */
+static int read_qwen(const char *s, size_t n, const char *const *tools, int n_tools,
+                     struct tc_turn *t) {
+  static const char OPEN[] = "<tool_call>", CLOSE[] = "</tool_call>";
+  const char *end = s + n, *p = memmem(s, n, OPEN, sizeof OPEN - 1);
+  while (p) {
+    const char *body = p + sizeof OPEN - 1;
+    const char *close = memmem(body, (size_t)(end - body), CLOSE, sizeof CLOSE - 1);
+    if (!close) return malformed(t, "a <tool_call> without its </tool_call>");
+    int rc = read_call_object(body, (size_t)(close - body), "arguments", tools, n_tools, t);
+    if (rc) return rc == DAPO_ENOMEM ? rc : 0;
+    p = close + sizeof CLOSE - 1;
+    while (p < end && isspace((unsigned char)*p)) p++;
+    if (p == end) break;
+    if ((size_t)(end - p) < sizeof OPEN - 1 || memcmp(p, OPEN, sizeof OPEN - 1))
+      return malformed(t, "text after a </tool_call> (calls end the turn)");
+  }
+  return 0;
+}
+
+/* llama3_json: the whole turn (trimmed) a JSON object that starts with its "name". */
+static int read_llama3_json(const char *s, size_t n, const char *const *tools, int n_tools,
+                            struct tc_turn *t) {
+  size_t i = 0;
+  while (i < n && isspace((unsigned char)s[i])) i++;
+  size_t j = i + 1;
+  while (j < n && isspace((unsigned char)s[j])) j++;
+  if (i == n || s[i] != '{' || n - j < 6 || memcmp(s + j, "\"name\"", 6)) return 0; /* an answer */
+  int rc = read_call_object(s + i, n - i, "parameters", tools, n_tools, t);
+  return rc == DAPO_ENOMEM ? rc : 0;
+}
+
 int tc_read_turn(enum tc_format f, const char *text, size_t len, const char *const *tools,
                  int n_tools, struct tc_turn *out) {
   memset(out, 0, sizeof *out);
   switch (f) {
   case TC_DAPOD: return read_dapod(text, len, tools, n_tools, out);
+  case TC_QWEN: return read_qwen(text, len, tools, n_tools, out);
+  case TC_LLAMA3_JSON: return read_llama3_json(text, len, tools, n_tools, out);
   default: return malformed(out, "unknown tool-call format");
   }
 }

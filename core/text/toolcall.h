@@ -6,6 +6,11 @@
  *           "@name {json arguments}", "@name" (no arguments), or a bare "@" when the job has one
  *           tool; the answer is written back as "=" content "\n", an environment's
  *           observation as ">" content "\n".
+ *   qwen    Qwen2.5's and Qwen3's (Hermes-style): calls after the turn's text, each
+ *           "<tool_call>\n{\"name\": ..., \"arguments\": {...}}\n</tool_call>"
+ *   llama3_json  Llama 3.1's and 3.2's: the whole turn is one {"name": ..., "parameters": {...}}
+ * The answers of the chat families are written as their templates write them
+ * (chat_render_after_turn, chat.h); tc_render_answers writes the dapod format's.
  * A format never changes; these functions are pure and thread-safe. */
 #ifndef DAPO_TOOLCALL_H
 #define DAPO_TOOLCALL_H
@@ -13,9 +18,9 @@
 #include <jansson.h>
 #include <stddef.h>
 
-enum tc_format { TC_DAPOD = 0, TC_COUNT };
+enum tc_format { TC_DAPOD = 0, TC_QWEN, TC_LLAMA3_JSON, TC_COUNT };
 
-/* The format named name ("dapod"); -1 when there is none. */
+/* The format named name ("dapod", "qwen", "llama3_json"); -1 when there is none. */
 int tc_format_find(const char *name);
 const char *tc_format_name(enum tc_format f);
 
@@ -29,7 +34,8 @@ struct tc_call {
 
 /* What one model turn says: calls (n_calls of them), or a final answer (no call). A turn that
  * tries to call but does not do it well (a name that is no tool's, arguments that are not a JSON
- * object, a bare '@' with several tools) is malformed: why says what, as the model is told. */
+ * object, a bare '@' with several tools, a <tool_call> that is not closed or holds no call) is
+ * malformed: why says what, as the model is told. */
 struct tc_turn {
   int n_calls;
   struct tc_call calls[TC_MAX_CALLS];

@@ -5,7 +5,9 @@
  *      malformed with a reason; the answers to its calls render, one "=...\n" each
  *   2  a JSON Schema: it builds, or is refused with a message naming "parameters"; a built one
  *      checks a few fixed values, each valid or refused with a reason under "arguments"
- *   3  schema NUL value: the value checked against the schema */
+ *   3  schema NUL value: the value checked against the schema
+ *   4  a model's turn read in the qwen format (<tool_call> blocks), 5  in the llama3_json format,
+ *      each with two tools: a final answer, calls of the job's tools, or malformed with a reason */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,10 +16,10 @@
 #include "jsonschema.h"
 #include "toolcall.h"
 
-static void turn(const char *s, size_t n, int n_tools) {
+static void turn(enum tc_format f, const char *s, size_t n, int n_tools) {
   static const char *const tools[] = {"lookup", "calc"};
   struct tc_turn t;
-  FUZZ_CHECK(tc_read_turn(TC_DAPOD, s, n, tools, n_tools, &t) == 0);
+  FUZZ_CHECK(tc_read_turn(f, s, n, tools, n_tools, &t) == 0);
   FUZZ_CHECK(t.n_calls >= 0 && t.n_calls <= TC_MAX_CALLS);
   FUZZ_CHECK(!(t.malformed && t.n_calls));
   if (t.malformed) FUZZ_CHECK(t.why[0] != '\0');
@@ -28,7 +30,7 @@ static void turn(const char *s, size_t n, int n_tools) {
     FUZZ_CHECK(known && json_is_object(t.calls[i].arguments));
     a[i] = (struct tc_answer){t.calls[i].name, t.calls[i].name, NULL};
   }
-  if (t.n_calls) {
+  if (t.n_calls && f == TC_DAPOD) {
     char *out = NULL;
     FUZZ_CHECK(tc_render_answers(TC_DAPOD, a, t.n_calls, &out) == 0 && out && out[0] == '=');
     free(out);
@@ -62,14 +64,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1 || size > 1 << 16) return 0;
   const char *s = (const char *)data + 1;
   size_t n = size - 1;
-  switch (data[0] % 4) {
+  switch (data[0] % 6) {
   case 0:
-  case 1: turn(s, n, data[0] % 4 + 1); break;
+  case 1: turn(TC_DAPOD, s, n, data[0] % 6 + 1); break;
   case 2: schema(s, n, NULL, 0); break;
-  default: {
+  case 3: {
     const char *nul = memchr(s, '\0', n);
     if (nul) schema(s, (size_t)(nul - s), nul + 1, n - (size_t)(nul - s) - 1);
+    break;
   }
+  case 4: turn(TC_QWEN, s, n, 2); break;
+  default: turn(TC_LLAMA3_JSON, s, n, 2); break;
   }
   return 0;
 }

@@ -1,5 +1,8 @@
 /* Tool calls in text: the dapod format read from a model's turn (calls, final answers, every way
- * to be malformed) and its answers written back; the JSON Schema subset of tools' parameters
+ * to be malformed) and its answers written back; Qwen's <tool_call> blocks and Llama 3's JSON
+ * calls read, the calls chat.c renders for an assistant message among them (chat_dump and
+ * tests/text/chat check that rendering against the real templates); the JSON Schema subset of
+ * tools' parameters
  * (each keyword on both sides of its bound, refusals of what it does not support, naming the
  * keyword, and of bad patterns). */
 #include <string.h>
@@ -85,6 +88,71 @@ static void test_dapod(void) {
   free(out);
   CHECK(tc_render_answers(TC_DAPOD, obs, 0, &out) == 0 && !strcmp(out, ""));
   free(out);
+}
+
+/* Reads text in format f; the expected calls "name1 args1|name2 args2" (args as compact JSON),
+ * "" for a final answer, or "!why" for a malformed turn whose reason holds why. */
+static void expect_turn(enum tc_format f, const char *text, const char *want) {
+  const char *tools[] = {"lookup", "calc"};
+  struct tc_turn t;
+  CHECK(tc_read_turn(f, text, strlen(text), tools, 2, &t) == 0);
+  char got[1024] = "";
+  if (t.malformed) {
+    snprintf(got, sizeof got, "!%s", t.why);
+  } else {
+    for (int i = 0; i < t.n_calls; i++) {
+      char *a = json_dumps(t.calls[i].arguments, JSON_COMPACT | JSON_SORT_KEYS);
+      size_t k = strlen(got);
+      snprintf(got + k, sizeof got - k, "%s%s %s", i ? "|" : "", t.calls[i].name, a);
+      free(a);
+    }
+  }
+  int ok = want[0] == '!' ? got[0] == '!' && strstr(got, want + 1) != NULL : !strcmp(got, want);
+  CHECK_MSG(ok, "%s: '%s' read as '%s', want '%s'", tc_format_name(f), text, got, want);
+  tc_turn_free(&t);
+}
+
+static void test_families(void) {
+  CHECK(tc_format_find("qwen") == TC_QWEN && tc_format_find("llama3_json") == TC_LLAMA3_JSON);
+  static const struct {
+    enum tc_format f;
+    const char *text, *want;
+  } T[] = {
+      {TC_QWEN, "Sure, 42.", ""},
+      {TC_QWEN, "", ""},
+      /* as chat.c renders an assistant's call (Qwen2.5 and Qwen3 alike) */
+      {TC_QWEN,
+       "<tool_call>\n{\"name\": \"calc\", \"arguments\": {\"expression\": \"6*7\"}}\n</tool_call>",
+       "calc {\"expression\":\"6*7\"}"},
+      {TC_QWEN,
+       "Both:\n<tool_call>\n{\"name\": \"lookup\", \"arguments\": "
+       "{}}\n</tool_call>\n<tool_call>\n{\"name\": "
+       "\"calc\", \"arguments\": {\"x\": [1, 2.5]}}\n</tool_call>\n",
+       "lookup {}|calc {\"x\":[1,2.5]}"},
+      {TC_QWEN,
+       "<think>\nneed it\n</think>\n\n<tool_call>{\"name\": \"calc\", \"arguments\": \"{\\\"e\\\": "
+       "1}\"}</tool_call>",
+       "calc {\"e\":1}"},
+      {TC_QWEN, "<tool_call>\n{\"name\": \"lookup\"}\n</tool_call>", "lookup {}"},
+      {TC_QWEN, "<tool_call>\n{\"name\": \"lookup\", \"arguments\": {}}",
+       "!without its </tool_call>"},
+      {TC_QWEN, "<tool_call>{\"name\": \"search\"}</tool_call>", "!there is no tool 'search'"},
+      {TC_QWEN, "<tool_call>[1]</tool_call>", "!not a JSON object"},
+      {TC_QWEN, "<tool_call>{\"arguments\": {}}</tool_call>", "!has no \"name\""},
+      {TC_QWEN, "<tool_call>{\"name\": \"calc\", \"arguments\": 3}</tool_call>",
+       "!must be a JSON object"},
+      {TC_QWEN, "<tool_call>{\"name\": \"calc\"}</tool_call> and then",
+       "!text after a </tool_call>"},
+      /* as chat.c renders Llama's call */
+      {TC_LLAMA3_JSON, "{\"name\": \"calc\", \"parameters\": {\"expression\": \"6*7\"}}",
+       "calc {\"expression\":\"6*7\"}"},
+      {TC_LLAMA3_JSON, "  { \"name\": \"lookup\", \"parameters\": {}}\n", "lookup {}"},
+      {TC_LLAMA3_JSON, "{\"answer\": 4}", ""},
+      {TC_LLAMA3_JSON, "It is {\"name\": \"calc\"}", ""},
+      {TC_LLAMA3_JSON, "{\"name\": \"calc\", \"parameters\": ", "!not a JSON object"},
+      {TC_LLAMA3_JSON, "{\"name\": \"search\", \"parameters\": {}}", "!there is no tool"},
+  };
+  for (size_t i = 0; i < sizeof T / sizeof T[0]; i++) expect_turn(T[i].f, T[i].text, T[i].want);
 }
 
 /* Checks v (JSON text) against schema s (JSON text): 0 valid, 1 not (why holds the reason). */
@@ -184,6 +252,7 @@ static void test_schema(void) {
 
 int main(void) {
   test_dapod();
+  test_families();
   test_schema();
   return check_done("test_toolcall");
 }
