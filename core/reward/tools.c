@@ -120,6 +120,36 @@ static const char PYTHON_DESCRIPTION[] =
     "Runs Python 3 code in a sandbox (no network, no files kept, a time limit) and returns what "
     "it prints, errors included.";
 
+/* The function shape a tool's spec shows a model (OpenAI's, without dapod's own fields): a
+ * function tool's own, the python tool's built in. NULL when the spec is neither (or out of
+ * memory). */
+static json_t *function_of(const json_t *spec) {
+  const char *type = json_string_value(json_object_get(spec, "type"));
+  if (type && !strcmp(type, "function") && json_is_object(json_object_get(spec, "function")))
+    return json_pack("{s:s, s:O}", "type", "function", "function",
+                     json_object_get(spec, "function"));
+  if (!type || strcmp(type, "python")) return NULL;
+  const char *name = json_string_value(json_object_get(spec, "name"));
+  return json_pack("{s:s, s:{s:s, s:s, s:{s:s, s:{s:{s:s, s:s}}, s:[s]}}}", "type", "function",
+                   "function", "name", name ? name : "python", "description", PYTHON_DESCRIPTION,
+                   "parameters", "type", "object", "properties", "code", "type", "string",
+                   "description", "the Python 3 program to run", "required", "code");
+}
+
+json_t *tools_prompt_functions(const json_t *spec) {
+  json_t *out = json_array();
+  size_t i;
+  json_t *ts;
+  json_array_foreach(spec, i, ts) {
+    json_t *f = function_of(ts);
+    if (!out || !f || json_array_append_new(out, f)) {
+      json_decref(out);
+      return NULL;
+    }
+  }
+  return out;
+}
+
 static int build_python(struct tool *t, const json_t *spec, const char *field, struct dapo_err *e) {
   static const char *const fields[] = {
       "type", "name", "timeout_ms", "concurrency", "max_answer_bytes", NULL};
@@ -138,11 +168,7 @@ static int build_python(struct tool *t, const json_t *spec, const char *field, s
   if (!sandbox_available(why, sizeof why))
     return dapo_errf(e, DAPO_EUNSUPPORTED, "%s: the python tool needs the sandbox: %s", field, why);
   t->kind = TK_PYTHON;
-  t->function =
-      json_pack("{s:s, s:{s:s, s:s, s:{s:s, s:{s:{s:s, s:s}}, s:[s]}}}", "type", "function",
-                "function", "name", t->name, "description", PYTHON_DESCRIPTION, "parameters",
-                "type", "object", "properties", "code", "type", "string", "description",
-                "the Python 3 program to run", "required", "code");
+  t->function = function_of(spec);
   if (!t->function) return dapo_errf(e, DAPO_ENOMEM, "%s: out of memory", field);
   char sub[300];
   snprintf(sub, sizeof sub, "%s.parameters", field);
@@ -201,8 +227,7 @@ static int build_http(struct tool *t, const json_t *spec, const char *field,
                              json_object_get(spec, "headers"), pol, e)))
     return e->code;
   t->kind = TK_HTTP;
-  /* the shape the prompt shows: OpenAI's function tool, without dapod's own fields */
-  t->function = json_pack("{s:s, s:O}", "type", "function", "function", fn);
+  t->function = function_of(spec); /* the shape the prompt shows */
   return t->function ? 0 : dapo_errf(e, DAPO_ENOMEM, "%s: out of memory", field);
 }
 

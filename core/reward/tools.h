@@ -56,6 +56,13 @@ struct toolbox *toolbox_new(const json_t *spec, const struct judge_policy *pol, 
 void toolbox_free(struct toolbox *tb);
 
 int toolbox_count(const struct toolbox *tb);
+/* The tools of spec (a JSON array of tool specs, already checked by toolbox_new) as a model's
+ * prompt shows them: OpenAI's function shapes [{"type": "function", "function": {"name",
+ * "description", "parameters"}}], dapod's own fields (url, headers, limits) left out, the python
+ * tool's built in. A new reference; NULL out of memory. Needs no toolbox: a job's prompts are
+ * rendered before its tools run. */
+json_t *tools_prompt_functions(const json_t *spec);
+
 /* Tool i's name (borrowed, lives with tb); its OpenAI function shape {"type": "function",
  * "function": {"name", "description", "parameters"}} for the prompt (borrowed). */
 const char *toolbox_name(const struct toolbox *tb, int i);

@@ -653,11 +653,11 @@ static const json_t *calls_of(const json_t *m) {
   return !c || json_is_null(c) || (json_is_array(c) && json_array_size(c) == 0) ? NULL : c;
 }
 
-/* b ends where the model's turn starts (the generation prompt), into *out. */
-static int end_prompt(const struct chat_template *t, struct sb *b, char **out,
+/* b ends where the model's turn starts (the generation prompt, when gen), into *out. */
+static int end_prompt(const struct chat_template *t, struct sb *b, int gen, char **out,
                       struct dapo_err *e) {
-  sb_str(b, t->gen_prompt ? t->gen_prompt : "");
-  if (t->qwen3_think && t->enable_thinking == 0) sb_str(b, "<think>\n\n</think>\n\n");
+  if (gen) sb_str(b, t->gen_prompt ? t->gen_prompt : "");
+  if (gen && t->qwen3_think && t->enable_thinking == 0) sb_str(b, "<think>\n\n</think>\n\n");
   if (b->oom || !b->p) {
     free(b->p);
     return dapo_errf(e, DAPO_ENOMEM, "out of memory rendering the chat prompt");
@@ -671,7 +671,7 @@ static const char *role_at(const json_t *messages, size_t i) {
 }
 
 int chat_render_tools(const struct chat_template *t, const json_t *messages, const json_t *tools,
-                      char **out, struct dapo_err *e) {
+                      int add_generation_prompt, char **out, struct dapo_err *e) {
   *out = NULL;
   size_t n = json_array_size(messages);
   if (!json_is_array(messages) || n == 0)
@@ -816,20 +816,20 @@ int chat_render_tools(const struct chat_template *t, const json_t *messages, con
     if (t->trim) py_strip(&content, &cn);
     expand(&b, t->fmt[r], role, content, cn);
   }
-  return end_prompt(t, &b, out, e);
+  return end_prompt(t, &b, add_generation_prompt, out, e);
 }
 
 int chat_render(const struct chat_template *t, const json_t *messages, char **out,
                 struct dapo_err *e) {
-  return chat_render_tools(t, messages, NULL, out, e);
+  return chat_render_tools(t, messages, NULL, 1, out, e);
 }
 
 int chat_renders_tools(const struct chat_template *t) {
   return t->tools != TS_NONE;
 }
 
-int chat_render_after_turn(const struct chat_template *t, const json_t *world, int ended_by_stop,
-                           char **out, struct dapo_err *e) {
+int chat_render_after(const struct chat_template *t, enum chat_after after, const json_t *world,
+                      char **out, struct dapo_err *e) {
   *out = NULL;
   if (t->tools == TS_NONE)
     return dapo_errf(e, DAPO_EUNSUPPORTED, "the %s chat template renders no tool answers",
@@ -846,8 +846,9 @@ int chat_render_after_turn(const struct chat_template *t, const json_t *world, i
                        i);
   }
   struct sb b = {0};
-  if (!ended_by_stop) sb_str(&b, t->stop);    /* the turn's end, as the template writes it */
-  if (t->tools != TS_LLAMA) sb_str(&b, "\n"); /* ChatML's line after <|im_end|> */
+  if (after == CHAT_AFTER_CUT) sb_str(&b, t->stop); /* the turn's end, as the template writes it */
+  if (after != CHAT_AFTER_PROMPT && t->tools != TS_LLAMA)
+    sb_str(&b, "\n"); /* ChatML's line after <|im_end|> */
   for (size_t i = 0; i < n; i++) {
     const json_t *m = json_array_get(world, i);
     const char *role = role_at(world, i),
@@ -862,5 +863,5 @@ int chat_render_after_turn(const struct chat_template *t, const json_t *world, i
     if (t->trim) py_strip(&content, &cn);
     expand(&b, t->fmt[r], role, content, cn);
   }
-  return end_prompt(t, &b, out, e);
+  return end_prompt(t, &b, 1, out, e);
 }

@@ -62,18 +62,23 @@ int chat_render(const struct chat_template *t, const json_t *messages, char **ou
  * hold assistant messages with "tool_calls" ([{"type": "function", "function": {"name",
  * "arguments"}}] or Hugging Face's [{"name", "arguments"}]; arguments an object or the JSON text
  * of one, which is read and written as the object: what Hugging Face's templates expect; content
- * may be null then) and {"role": "tool", "content"} answers. Llama makes one call a turn. */
+ * may be null then) and {"role": "tool", "content"} answers. Llama makes one call a turn. Without
+ * add_generation_prompt the text ends after the last message (the world may speak first:
+ * chat_render_after with CHAT_AFTER_PROMPT). */
 int chat_render_tools(const struct chat_template *t, const json_t *messages, const json_t *tools,
-                      char **out, struct dapo_err *e);
+                      int add_generation_prompt, char **out, struct dapo_err *e);
 /* Whether t renders tools (chatml, qwen3, llama3.2). */
 int chat_renders_tools(const struct chat_template *t);
-/* What follows an assistant turn that the model ended (ended_by_stop: with the template's
- * end-of-turn text, chat_stop_text; else it is written first) when the world answers it with
- * world (borrowed: [{"role": "tool" | "user" | "system", "content"}]), up to where the model's
- * next turn starts (the generation prompt): for the families that render tools, exactly the text
- * the template adds after that turn's end when it renders the whole conversation. A new
- * malloc'd string in *out. Episodes append it, tokenized, token in, token out. */
-int chat_render_after_turn(const struct chat_template *t, const json_t *world, int ended_by_stop,
-                           char **out, struct dapo_err *e);
+/* Where the world's words go: after a model's turn that ended with the template's end-of-turn
+ * text (chat_stop_text), after one that was cut before it (the text is written first), or after
+ * a prompt rendered without its generation prompt. */
+enum chat_after { CHAT_AFTER_STOP = 0, CHAT_AFTER_CUT, CHAT_AFTER_PROMPT };
+/* What follows `after` when the world says world (borrowed: [{"role": "tool" | "user" |
+ * "system", "content"}], possibly empty), up to where the model's next turn starts (the
+ * generation prompt): for the families that render tools, exactly the text the template adds
+ * there when it renders the whole conversation. A new malloc'd string in *out. Episodes append
+ * it, tokenized, token in, token out. */
+int chat_render_after(const struct chat_template *t, enum chat_after after, const json_t *world,
+                      char **out, struct dapo_err *e);
 
 #endif

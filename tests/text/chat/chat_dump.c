@@ -1,12 +1,14 @@
 /* Renders conversations with core/text/chat.c for tests/text/chat/test_chat_jinja.py. Reads one
  * JSON object from stdin: {"tokenizer_config": object|null, "spec": any, "conversations":
- * [conversation...]} where a conversation is [messages], {"messages": [...], "tools": [...]}
- * (chat_render_tools) or {"after_turn": [world messages], "ended_by_stop": bool}
- * (chat_render_after_turn), and prints {"family": ..., "stop": ..., "rendered": [string |
+ * [conversation...]} where a conversation is [messages], {"messages": [...], "tools": [...],
+ * "generation_prompt": bool (default true)} (chat_render_tools) or {"after": "stop" | "cut" |
+ * "prompt", "world": [world messages]} (chat_render_after), and prints {"family": ..., "stop": ...,
+ * "rendered": [string |
  * {"error": message}]}, or {"error": message} when the template itself is refused. With
  * {"pyjson": [values], "indent": n} it prints {"pyjson": [pyjson_dumps of each]} instead. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <jansson.h>
 
@@ -56,13 +58,17 @@ int main(void) {
     json_array_foreach(json_object_get(in, "conversations"), i, conv) {
       char *s = NULL;
       struct dapo_err re = {0};
-      int rc = json_object_get(conv, "after_turn")
-                   ? chat_render_after_turn(t, json_object_get(conv, "after_turn"),
-                                            json_is_true(json_object_get(conv, "ended_by_stop")),
-                                            &s, &re)
-               : json_is_object(conv) ? chat_render_tools(t, json_object_get(conv, "messages"),
-                                                          json_object_get(conv, "tools"), &s, &re)
-                                      : chat_render(t, conv, &s, &re);
+      const char *after = json_string_value(json_object_get(conv, "after"));
+      int rc = after ? chat_render_after(t,
+                                         !strcmp(after, "stop")  ? CHAT_AFTER_STOP
+                                         : !strcmp(after, "cut") ? CHAT_AFTER_CUT
+                                                                 : CHAT_AFTER_PROMPT,
+                                         json_object_get(conv, "world"), &s, &re)
+               : json_is_object(conv)
+                   ? chat_render_tools(
+                         t, json_object_get(conv, "messages"), json_object_get(conv, "tools"),
+                         !json_is_false(json_object_get(conv, "generation_prompt")), &s, &re)
+                   : chat_render(t, conv, &s, &re);
       if (rc)
         json_array_append_new(arr, json_pack("{s:s}", "error", re.msg));
       else

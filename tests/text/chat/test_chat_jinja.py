@@ -279,8 +279,12 @@ def main():
                 asst = {"role": "assistant", "content": "",
                         "tool_calls": [call("calc", {"expression": "6*7"}, "hf")]}
                 turns.append((prompt, asst, world))
-        convs += [{"after_turn": w, "ended_by_stop": True} for _, _, w in turns]
-        convs += [{"after_turn": w, "ended_by_stop": False} for _, _, w in turns]
+        convs += [{"after": "stop", "world": w} for _, _, w in turns]
+        convs += [{"after": "cut", "world": w} for _, _, w in turns]
+        # an environment speaks first: the prompt without its generation prompt, then the world
+        firsts = [(theirs[0], w) for w in WORLDS[2:]] + [(theirs[1], [])]
+        convs += [{"messages": m, "tools": None, "generation_prompt": False} for m, _ in firsts]
+        convs += [{"after": "prompt", "world": w} for _, w in firsts]
         got = ours(a.dump, cfg, spec, convs)
         if "error" in got:
             failures.append("%s: refused: %s" % (name, got["error"]))
@@ -313,8 +317,20 @@ def main():
                 if have != expect:
                     failures.append("%s after a turn %d (ended_by_stop %s):\n  ours:  %r\n  "
                                     "jinja: %r" % (name, k, by_stop, have, expect))
-        print("%-28s %d tool conversations and %d turns' ends identical to Jinja2" % (
-            name, len(theirs) + 1, 2 * len(turns)))
+        base += 2 * len(turns)
+        for k, (prompt, world) in enumerate(firsts):
+            p = jinja_tools(template, cfg, prompt, None, gen=False, **(extra or {}))
+            f = jinja_tools(template, cfg, prompt + world, None, **(extra or {}))
+            have_p, have_w = got["rendered"][base + k], got["rendered"][base + len(firsts) + k]
+            checked += 2
+            if have_p != p:
+                failures.append("%s prompt without generation prompt %d:\n  ours:  %r\n  "
+                                "jinja: %r" % (name, k, have_p, p))
+            if not f.startswith(p) or have_w != f[len(p):]:
+                failures.append("%s the world first %d:\n  ours:  %r\n  jinja: %r" % (
+                    name, k, have_w, f[len(p):]))
+        print("%-28s %d tool conversations, %d turns' ends and %d first observations identical "
+              "to Jinja2" % (name, len(theirs) + 1, 2 * len(turns), len(firsts)))
 
     compare_tools("qwen2_5 tools", cfgs["qwen2_5"], "auto", cfgs["qwen2_5"]["chat_template"],
                   "<|im_end|>", True)
@@ -331,7 +347,7 @@ def main():
                             ("custom object", None, CUSTOM_SPEC)):
         got = ours(a.dump, cfg, spec, [{"messages": [{"role": "user", "content": "q"}],
                                         "tools": TOOLS},
-                                       {"after_turn": WORLDS[0], "ended_by_stop": True}])
+                                       {"after": "stop", "world": WORLDS[0]}])
         checked += 1
         r = got.get("rendered", [{}, {}])
         if "renders no tools" not in r[0].get("error", "") or "error" not in r[1]:
