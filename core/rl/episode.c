@@ -115,8 +115,8 @@ int episode_parse(const json_t *v, const struct hparams *hp, const struct judge_
     const char *name = json_string_value(tf);
     if (name && !strcmp(name, "auto"))
       ep->tool_format = -1;
-    else if (name && tc_format_find(name) >= 0)
-      ep->tool_format = tc_format_find(name);
+    else if (name && !strcmp(name, "dapod"))
+      ep->tool_format = TC_DAPOD;
     else
       dapo_errors_add(errors, "episode.tool_format", "expected \"auto\" or \"dapod\"");
   }

@@ -255,12 +255,16 @@ void runner_memory_plan(const struct model_config *c, const struct lora_config *
 static int build_chat(const struct job_spec *spec, const struct lm *lm, struct chat_template **out,
                       int *stop_id, struct dapo_err *e);
 static int encode_prompt(const struct lm *lm, const struct chat_template *chat,
-                         const struct ds_item *it, int max_new, int **ids, int *n, char **text_out,
-                         struct dapo_err *e);
+                         const struct prompt_form *pf, const struct ds_item *it, int max_new,
+                         int **ids, int *n, char **text_out, struct dapo_err *e);
+static int episode_prompts(const struct job_spec *s, const struct lm *lm,
+                           struct chat_template **chat, int *stop_id, struct prompt_form *pf,
+                           struct dapo_err *e);
 
 /* The longest prompt of the file at path (added to errors under field which on failure). */
 static int check_file(const struct job_spec *s, const struct lm *lm, struct chat_template **chat,
-                      const char *path, const char *which, int *max_prompt, json_t *errors) {
+                      const struct prompt_form *pf, const char *path, const char *which,
+                      int *max_prompt, json_t *errors) {
   struct dapo_err e = {0};
   struct dataset *d = NULL;
   struct ds_limits lim = {DS_DEFAULT_MAX_LINE_BYTES, DS_DEFAULT_MAX_ITEMS, DS_DEFAULT_MAX_ERRORS};
@@ -280,7 +284,7 @@ static int check_file(const struct job_spec *s, const struct lm *lm, struct chat
       }
     }
     int *ids = NULL, k = 0;
-    if (encode_prompt(lm, *chat, it, episode_after_prompt(&s->episode, &s->hp), &ids, &k, NULL,
+    if (encode_prompt(lm, *chat, pf, it, episode_after_prompt(&s->episode, &s->hp), &ids, &k, NULL,
                       &e)) {
       char msg[sizeof e.msg + 8];
       snprintf(msg, sizeof msg, "%s", e.msg);
@@ -307,13 +311,18 @@ int runner_check_data(const struct job_spec *s, struct runner_data_facts *f, jso
   f->cfg = lm.cfg;
   if (lm.lora) f->model_adapter = 1, f->adapter_cfg = lm.lora->cfg;
   struct chat_template *chat = NULL;
+  struct prompt_form pf = {TC_DAPOD, NULL, 1};
   int id, max_prompt = 0;
   if (s->chat_template && build_chat(s, &lm, &chat, &id, &e))
     dapo_errors_add(errors, "chat_template", e.msg);
-  else if (!check_file(s, &lm, &chat, s->training_file, "training_file", &max_prompt, errors) &&
+  else if (episode_prompts(s, &lm, &chat, &id, &pf, &e))
+    dapo_errors_add(errors, "episode", e.msg);
+  else if (!check_file(s, &lm, &chat, &pf, s->training_file, "training_file", &max_prompt,
+                       errors) &&
            s->validation_file)
-    check_file(s, &lm, &chat, s->validation_file, "validation_file", &max_prompt, errors);
+    check_file(s, &lm, &chat, &pf, s->validation_file, "validation_file", &max_prompt, errors);
   f->max_prompt_tokens = max_prompt;
+  json_decref(pf.tools);
   chat_free(chat);
   lm_close(&lm);
   return (int)(json_array_size(errors) - before);
@@ -397,12 +406,41 @@ static int build_chat(const struct job_spec *spec, const struct lm *lm, struct c
   return 0;
 }
 
+/* A multi-turn job's call format and the form of its prompts (*pf; pf->tools owned by the
+ * caller), and the chat template that decides them: episode.tool_format, or `auto`: the family's
+ * of the chat template (the job's, else the model's own, built here into *chat with its
+ * end-of-turn token *stop_id when the model has one) when it renders tools (chatml and qwen3:
+ * qwen; llama3.2: llama3_json), else dapod. In a family's format the prompts show the tools, and
+ * an environment's prompts end before the generation prompt (its first observation comes
+ * first). Errors are the chat template's the job names (already reported) or out of memory. */
+static int episode_prompts(const struct job_spec *s, const struct lm *lm,
+                           struct chat_template **chat, int *stop_id, struct prompt_form *pf,
+                           struct dapo_err *e) {
+  const struct episode_spec *ep = &s->episode;
+  *pf = (struct prompt_form){TC_DAPOD, NULL, 1};
+  if (!episode_multi(ep)) return 0;
+  if (!*chat && !s->chat_template && lm->tok_config) {
+    struct dapo_err ignored = {0}; /* a model without a usable template takes the dapod format */
+    if (build_chat(s, lm, chat, stop_id, &ignored)) {
+      chat_free(*chat);
+      *chat = NULL;
+    }
+  }
+  if (ep->tool_format >= 0 || !*chat || !chat_renders_tools(*chat)) return 0;
+  pf->format = !strcmp(chat_family(*chat), "llama3.2") ? TC_LLAMA3_JSON : TC_QWEN;
+  pf->gen = !ep->environment;
+  if (ep->tools && !(pf->tools = tools_prompt_functions(ep->tools)))
+    return dapo_errf(e, DAPO_ENOMEM, "out of memory");
+  return 0;
+}
+
 /* A dataset item's prompt as token ids (*ids, owned; *n ids), by lm_encode_prompt: `messages`
- * rendered with chat (the rendered text in *text_out when asked, owned), or the prompt text.
- * Errors name the line (DAPO_ERANGE: prompt + max_new exceed the context). */
+ * rendered with chat in the form pf (NULL: the generation prompt, no tools; the rendered text in
+ * *text_out when asked, owned), or the prompt text. Errors name the line (DAPO_ERANGE: prompt +
+ * max_new exceed the context). */
 static int encode_prompt(const struct lm *lm, const struct chat_template *chat,
-                         const struct ds_item *it, int max_new, int **ids, int *n, char **text_out,
-                         struct dapo_err *e) {
+                         const struct prompt_form *pf, const struct ds_item *it, int max_new,
+                         int **ids, int *n, char **text_out, struct dapo_err *e) {
   *ids = NULL;
   *n = 0;
   if (text_out) *text_out = NULL;
@@ -410,7 +448,8 @@ static int encode_prompt(const struct lm *lm, const struct chat_template *chat,
   if (!it->prompt) {
     if (!chat)
       return dapo_errf(e, DAPO_EINVAL, "line %d: 'messages' need a chat template", it->line);
-    if (chat_render(chat, it->messages, &rendered, e))
+    if (chat_render_tools(chat, it->messages, pf ? pf->tools : NULL, pf ? pf->gen : 1, &rendered,
+                          e))
       return dapo_err_prefix(e, "line %d: ", it->line);
   }
   const char *text = rendered ? rendered : it->prompt;
@@ -452,8 +491,8 @@ static int tokenize_items(struct trainer *t, const struct dataset *d, const char
     const struct ds_item *it = ds_get(d, i);
     struct dapo_err e = {0};
     if (!it->prompt && need_chat(t)) return 1;
-    int k,
-        rc = encode_prompt(&t->lm, t->chat, it, t->after_prompt, &(*ids)[i], &k, &(*texts)[i], &e);
+    int k, rc = encode_prompt(&t->lm, t->chat, &t->prompt_form, it, t->after_prompt, &(*ids)[i], &k,
+                              &(*texts)[i], &e);
     if (rc == DAPO_ENOMEM) return trainer_fail(t, FAIL_OUT_OF_MEMORY, which, "out of memory");
     if (rc)
       return trainer_fail(t, rc == DAPO_ERANGE ? FAIL_PROMPT_TOO_LONG : FAIL_INVALID_DATASET, which,
@@ -522,9 +561,12 @@ static int resolve_ckpt_dtype(struct trainer *t) {
 static int setup_tools(struct trainer *t) {
   const struct episode_spec *ep = &t->spec->episode;
   if (!episode_multi(ep)) return 0;
-  /* the dapod format: the presets' and custom templates' (docs/AGENTS.md) */
-  t->tool_format = ep->tool_format >= 0 ? (enum tc_format)ep->tool_format : TC_DAPOD;
+  t->tool_format = t->prompt_form.format; /* episode_prompts decided it */
   if (!ep->tools && !ep->environment) return 0;
+  if (trainer_log(t, "info", "the model calls tools in the %s format%s",
+                  tc_format_name(t->tool_format),
+                  t->tool_format == TC_DAPOD ? "" : ", its chat template's"))
+    return 1;
   struct dapo_err e = {0};
   const struct judge_policy *pol = t->o ? t->o->judge_policy : NULL;
   if (ep->environment) {
@@ -687,6 +729,12 @@ folders_made:
   int max_prompt = 0;
   t->after_prompt = episode_after_prompt(&t->spec->episode, hp);
   if (t->spec->chat_template && need_chat(t)) return 1;
+  {
+    int id = -1;
+    if (episode_prompts(t->spec, &t->lm, &t->chat, &id, &t->prompt_form, &e))
+      return trainer_fail_err(t, FAIL_OUT_OF_MEMORY, NULL, &e);
+    if (id >= 0) t->chat_stop[t->n_chat_stop++] = id;
+  }
   if (tokenize_items(t, t->train, "training_file", &t->ids, &t->ids_len, &t->texts, &max_prompt))
     return 1;
   if (t->val &&
@@ -762,6 +810,7 @@ static void teardown(struct trainer *t) {
   model_free(t->ref);
   lm_close(&t->lm);
   chat_free(t->chat);
+  json_decref(t->prompt_form.tools);
 }
 
 /* ---- the run --------------------------------------------------------------------------------- */

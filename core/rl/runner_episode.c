@@ -251,25 +251,51 @@ static int end_turn(struct trainer *t, const struct dataset *d, struct ep *x, in
   return 0;
 }
 
+/* The text the world's messages (world: [{"role", "content"[, "name"]}], borrowed) make after
+ * x's last turn, or after its prompt (first), in the job's format: the dapod format's lines, or
+ * what the chat template adds there (chat_render_after: after the turn's end-of-turn token, or
+ * writing it when the turn was cut). *text owned. 0, or 1 with res set. */
+static int render_world(struct trainer *t, const struct ep *x, const json_t *world, int first,
+                        char **text) {
+  *text = NULL;
+  if (t->tool_format != TC_DAPOD) {
+    int by_stop = x->n_seq > 0 && t->n_chat_stop > 0 && x->seq[x->n_seq - 1] == t->chat_stop[0];
+    enum chat_after after = first ? CHAT_AFTER_PROMPT : by_stop ? CHAT_AFTER_STOP : CHAT_AFTER_CUT;
+    struct dapo_err e = {0};
+    if (!chat_render_after(t->chat, after, world, text, &e)) return 0;
+    return trainer_fail_err(t, FAIL_GENERATION_FAILED, NULL, &e);
+  }
+  struct tc_answer ans[ENV_MESSAGES_MAX];
+  size_t n = json_array_size(world);
+  for (size_t i = 0; i < n && i < ENV_MESSAGES_MAX; i++) {
+    const json_t *m = json_array_get(world, i);
+    const char *name = json_string_value(json_object_get(m, "name"));
+    ans[i] = (struct tc_answer){name ? name : "", json_string_value(json_object_get(m, "content")),
+                                json_string_value(json_object_get(m, "role"))};
+  }
+  return tc_render_answers(TC_DAPOD, ans, (int)n, text) ? trainer_oom(t) : 0;
+}
+
 /* Every answer of x's turn is in: rendered, tokenized and appended after the turn (trained 0),
  * unless it does not fit the episode (truncated). The next turn starts where the answer ends,
  * drawing from its own stream (seed, step, prompt, sample, turn). */
 static int world_turn(struct trainer *t, struct ep *x, uint64_t tag, uint64_t a, int *active) {
   const struct episode_spec *ep = &t->spec->episode;
-  struct tc_answer ans[TC_MAX_CALLS];
   char *kept[TC_MAX_CALLS] = {0};
-  json_t *list = json_array();
+  json_t *list = json_array(), *world = json_array();
   int rc = 0;
   for (int i = 0; i < x->n_answers; i++) {
     kept[i] = bounded(t, x->answers[i].content, ep->max_answer_tokens);
     if (!kept[i]) rc = trainer_oom(t);
-    ans[i] = (struct tc_answer){x->answers[i].name, kept[i] ? kept[i] : "", "tool"};
+    json_array_append_new(world, json_pack("{s:s, s:s, s:s}", "role", "tool", "name",
+                                           x->answers[i].name, "content", kept[i] ? kept[i] : ""));
     json_array_append_new(list, json_pack("{s:s, s:s, s:s}", "name", x->answers[i].name, "content",
                                           kept[i] ? kept[i] : "", "status",
                                           tool_err_name(x->answers[i].err)));
   }
   char *text = NULL;
-  if (!rc && tc_render_answers(t->tool_format, ans, x->n_answers, &text)) rc = trainer_oom(t);
+  if (!rc) rc = render_world(t, x, world, 0, &text);
+  json_decref(world);
   int n = 0, room = t->after_prompt - x->n_seq;
   struct dapo_err e = {0};
   if (!rc) {
@@ -335,20 +361,22 @@ static int env_answer(struct trainer *t, struct ep *x, const struct tool_answer 
                      : x->turn >= ep->max_turns            ? EPF_MAX_TURNS
                      : x->n_model >= t->hp->max_new_tokens ? EPF_LENGTH
                                                            : EPF_NONE;
-  size_t n_msg = json_array_size(r->messages);
-  struct tc_answer ans[ENV_MESSAGES_MAX];
-  char *kept[ENV_MESSAGES_MAX] = {0};
-  int rc = 0;
-  for (size_t i = 0; i < n_msg && !rc; i++) {
-    const json_t *m = json_array_get(r->messages, i);
-    kept[i] = bounded(t, json_string_value(json_object_get(m, "content")), ep->max_answer_tokens);
-    if (!kept[i]) rc = trainer_oom(t);
-    const char *name = json_string_value(json_object_get(m, "name"));
-    ans[i] = (struct tc_answer){name ? name : "", kept[i] ? kept[i] : "",
-                                json_string_value(json_object_get(m, "role"))};
+  /* the observation's messages, each cut at max_answer_tokens */
+  json_t *world = json_deep_copy(r->messages);
+  int rc = world ? 0 : trainer_oom(t);
+  size_t i;
+  json_t *m;
+  json_array_foreach(world, i, m) {
+    char *kept =
+        rc ? NULL
+           : bounded(t, json_string_value(json_object_get(m, "content")), ep->max_answer_tokens);
+    if (!kept && !rc) rc = trainer_oom(t);
+    if (kept) json_object_set_new(m, "content", json_string(kept));
+    free(kept);
   }
   char *text = NULL;
-  if (!rc && tc_render_answers(t->tool_format, ans, (int)n_msg, &text)) rc = trainer_oom(t);
+  if (!rc) rc = render_world(t, x, world, x->env_op == ENV_RESET, &text);
+  json_decref(world);
   int n = 0, room = t->after_prompt - x->n_seq, fits = 0;
   struct dapo_err e = {0};
   if (!rc && f == EPF_NONE) {
@@ -366,7 +394,6 @@ static int env_answer(struct trainer *t, struct ep *x, const struct tool_answer 
     if (turn && f == EPF_TRUNCATED) json_object_set_new(turn, "fits", json_false());
     json_array_append_new(x->turns, turn);
   }
-  for (size_t i = 0; i < n_msg; i++) free(kept[i]);
   free(text);
   if (rc) return rc;
   if (f != EPF_NONE) return finish(t, x, f, x->final_text, active);

