@@ -15,7 +15,13 @@ every restart (docs/RELIABILITY.md, "Crash consistency"):
 and at the end that every job ended (succeeded) and its final model.safetensors tensors are
 bit-identical to those of an uninterrupted run of the same spec and seed.
 
-Usage: crash.py --dapod PATH [--kills N] [--seed S] [--steps N] [--jobs N] [--keep DIR]
+With --episodes the jobs run multi-turn episodes against the deterministic stand-in environment
+of tests/rl/env_server.py (docs/AGENTS.md): the kills land in the middle of episodes, whose
+environment calls are simply made again after the restart, and the final weights still equal
+the uninterrupted run's.
+
+Usage: crash.py --dapod PATH [--kills N] [--seed S] [--steps N] [--jobs N] [--episodes]
+                [--keep DIR]
 Exit 0 when everything held, 1 with the first violation otherwise. Prints a JSON summary.
 """
 
@@ -27,6 +33,7 @@ import os
 import random
 import shutil
 import struct
+import subprocess
 import sys
 import tempfile
 import threading
@@ -249,10 +256,32 @@ def leftovers(data_dir):
     return out
 
 
+EPISODE = None  # --episodes: the jobs' `episode`, on the stand-in environment
+
+
 def job_body(train_id, steps, seed):
-    return {"model": "tiny", "training_file": train_id, "seed": seed,
+    body = {"model": "tiny", "training_file": train_id, "seed": seed,
             "hyperparameters": {"total_steps": steps, "checkpoint_every": 1, "max_new_tokens": 4,
                                 "group_size": 4, "prompt_batch_size": 2}}
+    if EPISODE:  # one generation round a step: the environment's game is rarely won
+        body["episode"] = EPISODE
+        body["hyperparameters"]["dynamic_sampling"] = False
+    return body
+
+
+def start_environment(work):
+    """tests/rl/env_server.py on a free loopback port; its episodes as the jobs' `episode`."""
+    global EPISODE
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "rl",
+                          "env_server.py")
+    p = subprocess.Popen(["/usr/bin/python3", script, os.path.join(work, "env.log")],
+                         stdout=subprocess.PIPE, text=True)
+    port = int(p.stdout.readline())
+    EPISODE = {"max_turns": 3, "max_new_tokens_per_turn": 2, "max_answer_tokens": 8,
+               "reward": "sum", "environment": {"type": "http",
+                                                "url": "http://127.0.0.1:%d/guess" % port,
+                                                "concurrency": 8}}
+    return p
 
 
 def final_weights(cl, jid, steps):
@@ -400,14 +429,18 @@ def main():
     ap.add_argument("--jobs", type=int, default=2, help="jobs created over the run")
     ap.add_argument("--max-delay", type=float, default=3.0, help="longest wait before a kill (s)")
     ap.add_argument("--keep", help="work folder to keep (default: a temporary one, removed)")
+    ap.add_argument("--episodes", action="store_true",
+                    help="jobs of multi-turn episodes against tests/rl/env_server.py")
     cfg = ap.parse_args()
     rng = random.Random(cfg.seed)
     work = cfg.keep or tempfile.mkdtemp(prefix="dapod-crash-")
     os.makedirs(work, exist_ok=True)
     data_dir = os.path.join(work, "var")
     state = State()
-    summary = {"seed": cfg.seed, "kills": cfg.kills, "steps": cfg.steps, "jobs": cfg.jobs}
+    summary = {"seed": cfg.seed, "kills": cfg.kills, "steps": cfg.steps, "jobs": cfg.jobs,
+               "episodes": cfg.episodes}
     t_start = time.monotonic()
+    env = start_environment(work) if cfg.episodes else None
     try:
         train = training_lines(random.Random(cfg.seed), 64)
         ref, ref_s = reference_run(cfg.dapod, train, cfg.steps, cfg.seed, work)
@@ -469,6 +502,10 @@ def main():
                         "checkpoints_verified": len(state.verified_ckpts),
                         "wall_s": round(time.monotonic() - t_start, 1)})
         print(json.dumps(summary, indent=1))
+        if env:
+            env.kill()
+            env.wait()
+            env.stdout.close()
         if not cfg.keep:
             shutil.rmtree(work, ignore_errors=True)
     return 0 if summary.get("result") == "ok" else 1
