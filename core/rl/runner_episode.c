@@ -492,6 +492,34 @@ static int ep_begin(struct trainer *t, const struct dataset *d, struct ep *x, in
                                                                                   : 0;
 }
 
+/* Takes the answers that came (waiting up to wait_ms for the first; 0: not at all), each to its
+ * episode: an environment's reply, or a tool's answer (the world's turn once all its calls are
+ * answered). Returns how many came; *stop set (res too) on a failure. */
+static int take_answers(struct trainer *t, struct ep *eps, int wait_ms, uint64_t tag, uint64_t a,
+                        int *active, int *stop) {
+  struct tool_answer got[64];
+  int na = toolbox_take(t->tools, got, 64, wait_ms, t->o ? t->o->cancel : NULL), used = 0;
+  for (; used < na && !*stop; used++) {
+    int s = got[used].tag / TC_MAX_CALLS, c = got[used].tag % TC_MAX_CALLS;
+    struct ep *x = &eps[s];
+    if (env_job(t)) {
+      *stop = env_answer(t, x, &got[used], tag, a, active);
+      tool_answer_clear(&got[used]);
+      continue;
+    }
+    x->answers[c].content = got[used].content;
+    x->answers[c].err = got[used].err;
+    x->es.tool_errors[got[used].err]++;
+    x->es.tool_ms += got[used].ms;
+    if (--x->calls_out == 0) *stop = world_turn(t, x, tag, a, active);
+  }
+  for (; used < na; used++) tool_answer_clear(&got[used]);
+  return na;
+}
+
+/* The longest a round waits to gather answers into its batch, in ms. */
+#define GATHER_MS_MAX 50.0
+
 int trainer_episodes(struct trainer *t, const struct dataset *d, int n, const int *items,
                      int *const *ids, const int *lens, int k, const struct sampler_opts *so,
                      uint64_t tag, uint64_t a, int key0, int group0, int round, const char *pass,
@@ -505,7 +533,7 @@ int trainer_episodes(struct trainer *t, const struct dataset *d, int n, const in
   int *in_slot = malloc(sizeof(int) * (size_t)cap);
   float *lp = malloc(sizeof(float) * (size_t)cap);
   struct rng *rngs = malloc(sizeof *rngs * (size_t)cap);
-  struct tool_answer got[64];
+  double step_ms = 0; /* the last decoding round's time: what gathering may cost */
   int stop = !eps || !feeds || !who || !tok || !in_slot || !lp || !rngs ? trainer_oom(t) : 0;
   struct progress g;
   int64_t done_eps = 0, sampled = 0;
@@ -527,6 +555,24 @@ int trainer_episodes(struct trainer *t, const struct dataset *d, int n, const in
             ep_begin(t, d, &eps[next], next, c, items, ids, lens, k, tag, a, key0, group0, round);
         next++;
       }
+    /* gather: when more episodes wait for the world than could be fed now, answers that come
+     * within one decoding round's time join this round, so that the batch stays whole instead of
+     * decoding a few episodes a round while the rest trickle in (each round reads every weight
+     * once whatever its batch). At most one round's time is spent so. Which episodes go together
+     * changes no bit (gen_advance). */
+    double until = now_s() * 1e3 + (step_ms < GATHER_MS_MAX ? step_ms : GATHER_MS_MAX);
+    while (t->tools && !stop) {
+      int ready = 0, waiting = 0;
+      for (int c = 0; c < cap; c++)
+        if (in_slot[c] >= 0) {
+          ready += eps[in_slot[c]].state == EP_FEED;
+          waiting += eps[in_slot[c]].state == EP_WAIT;
+        }
+      double left = until - now_s() * 1e3;
+      if (waiting <= ready || left < 1 ||
+          take_answers(t, eps, (int)left, tag, a, &active, &stop) == 0)
+        break;
+    }
     /* feed every episode that can go on */
     int nf = 0;
     for (int c = 0; c < cap && !stop; c++) {
@@ -554,10 +600,12 @@ int trainer_episodes(struct trainer *t, const struct dataset *d, int n, const in
     }
     if (nf && !stop) {
       struct dapo_err e = {0};
+      double t0 = now_s();
       if (gen_advance(t->gs, t->lm.model, nf, feeds, rngs, so, tok, lp, &e)) {
         stop = trainer_fail_err(t, FAIL_GENERATION_FAILED, NULL, &e);
         break;
       }
+      step_ms = (now_s() - t0) * 1e3;
       sampled += nf;
       for (int f = 0; f < nf && !stop; f++) {
         struct ep *x = &eps[who[f]];
@@ -580,24 +628,7 @@ int trainer_episodes(struct trainer *t, const struct dataset *d, int n, const in
       }
     }
     /* the answers that came; wait for one when nobody could be fed */
-    int na =
-        t->tools ? toolbox_take(t->tools, got, 64, nf ? 0 : 50, t->o ? t->o->cancel : NULL) : 0;
-    int used = 0;
-    for (; used < na && !stop; used++) {
-      int s = got[used].tag / TC_MAX_CALLS, c = got[used].tag % TC_MAX_CALLS;
-      struct ep *x = &eps[s];
-      if (env_job(t)) {
-        stop = env_answer(t, x, &got[used], tag, a, &active);
-        tool_answer_clear(&got[used]);
-        continue;
-      }
-      x->answers[c].content = got[used].content;
-      x->answers[c].err = got[used].err;
-      x->es.tool_errors[got[used].err]++;
-      x->es.tool_ms += got[used].ms;
-      if (--x->calls_out == 0) stop = world_turn(t, x, tag, a, &active);
-    }
-    for (; used < na; used++) tool_answer_clear(&got[used]);
+    int na = t->tools && !stop ? take_answers(t, eps, nf ? 0 : 50, tag, a, &active, &stop) : 0;
     /* the episodes that ended give back their slots */
     for (int c = 0; c < cap; c++)
       if (in_slot[c] >= 0 && eps[in_slot[c]].state == EP_DONE) {
