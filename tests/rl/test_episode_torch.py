@@ -191,8 +191,8 @@ def main():
         if mrel < 100 * max(rel, TOL_NORM / 100):
             failures.append("training the world's tokens too is not told apart: %.3e against %.3e"
                             % (mrel, rel))
-        print("episode step against PyTorch float64: %d episodes in the loss, %d model and %d world "
-              "tokens; weights %.2e (relative to the step's move), largest element %.2e (lr %g); "
+        print("episode step against PyTorch float64: %d episodes in the loss, %d model and %d "
+              "world tokens; weights %.2e (relative to the step's move), largest element %.2e (lr %g); "
               "loss %.6g / %.6g, grad norm %.6g / %.6g, clipped low %.4f high %.4f; the world "
               "trained too: %.2e" % (len(in_loss), model_tokens, world, rel, worst,
                                      m["policy/lr"], m["policy/loss"], want["policy/loss"],
