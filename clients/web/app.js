@@ -576,6 +576,32 @@ async function viewJob(view, id) {
 
 // ---- rollout viewer ----
 
+// An episode (docs/AGENTS.md) as a conversation: the model's turns (its tool calls, or why a call
+// could not be read), the tools' answers, the environment's observations with their rewards, and
+// how the episode ended; the final answer follows in pre.response, as for a single response.
+function conversation(r) {
+  const turn = (t, i) => {
+    const who = t.role === 'assistant' ? 'model' : t.role === 'tool' ? 'tool' : 'world';
+    const parts = [h('span', { class: 'who', text: who })];
+    if (t.role === 'assistant') {
+      parts.push(h('pre', { class: 'text said', text: t.content === '' ? '∅' : t.content }));
+      for (const c of t.tool_calls || []) parts.push(h('div', { class: 'call mono', text: `→ ${c.name}(${JSON.stringify(c.arguments)})` }));
+      if (t.malformed) parts.push(h('div', { class: 'call bad', text: `not a call: ${t.malformed}` }));
+    } else if (t.role === 'tool') {
+      for (const a of t.answers || []) parts.push(h('pre', { class: `text said ${a.status === 'ok' ? '' : 'bad'}`, text: `${a.name ? a.name + ': ' : ''}${a.content}${a.status === 'ok' ? '' : ` [${a.status}]`}` }));
+    } else {
+      for (const m of t.messages || []) parts.push(h('pre', { class: 'text said', text: `${m.role}: ${m.content}` }));
+      if (t.error) parts.push(h('div', { class: 'call bad', text: t.error }));
+      if (t.reward !== null && t.reward !== undefined) parts.push(h('span', { class: 'badge reward', text: `reward ${fmt(t.reward)}` }));
+      if (t.done) parts.push(h('span', { class: 'badge', text: 'done' }));
+    }
+    if (t.fits === false) parts.push(h('span', { class: 'badge', text: 'did not fit' }));
+    return h('div', { class: `turn ${who}`, dataset: { turn: String(i), role: t.role } }, ...parts);
+  };
+  return h('div', { class: 'conversation' }, ...r.turns.map(turn),
+    h('div', { class: 'ended muted small', text: `ended: ${r.finish_reason}${r.env_reward !== undefined && r.env_reward !== null ? ` · environment reward ${fmt(r.env_reward)}` : ''}` }));
+}
+
 async function viewRollouts(view, id, stepParam) {
   document.title = `Rollouts ${id} · dapod`;
   let job;
@@ -628,7 +654,7 @@ async function viewRollouts(view, id, stepParam) {
         h('thead', {}, h('tr', {}, ['#', 'Response', 'Reward', 'Raw', 'Correct', 'Advantage', 'Length', 'Truncated'].map((t) => h('th', { text: t, class: ['#', 'Reward', 'Raw', 'Advantage', 'Length'].includes(t) ? 'num' : null })))),
         h('tbody', {}, rs.map((r) => h('tr', { class: r.correct ? 'correct' : '' },
           h('td', { class: 'num', text: String(r.index) }),
-          h('td', {}, h('pre', { class: 'text response', text: r.response === '' ? '∅ (empty)' : r.response })),
+          h('td', {}, r.turns ? conversation(r) : null, h('pre', { class: 'text response', text: r.response === '' ? '∅ (empty)' : r.response })),
           h('td', { class: 'num', text: fmt(r.reward) }),
           h('td', { class: 'num muted', text: fmt(r.reward_raw) }),
           h('td', { text: r.correct ? '✓' : '✗' }),

@@ -21,6 +21,9 @@
 //  5. A checkpoint's model.safetensors downloaded from the page (fetch + blob with the key):
 //     its SHA-256 equals the checkpoint list's and the bytes the API sends.
 //  6. Without uPlot the page says the charts are unavailable.
+//  7. An agent's episodes (an environment job against tests/rl/env_server.py, spawned here): the
+//     rollout viewer shows each episode as a conversation, turn by turn as the rollouts file
+//     has them (the model's text, the world's observations with their rewards, how it ended).
 // Numbers read as people read them (clients/web/format.js, imported from --web): the tiles, the
 // event log, the chart legend under the cursor and the rollout viewer show the API's values as
 // format.js writes them (331,500; 0.0083), and the step axis has whole steps only.
@@ -28,6 +31,7 @@
 //
 // Usage: node dashboard.test.mjs --dapod BUILD/server/dapod --data tests/data/addition.jsonl
 //          --invalid tests/data/invalid.jsonl --web clients/web --artifacts DIR
+//          --env-server tests/rl/env_server.py
 
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
@@ -41,8 +45,8 @@ const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) =>
   if (a.startsWith('--')) acc.push([a.slice(2), all[i + 1]]);
   return acc;
 }, []));
-for (const k of ['dapod', 'data', 'invalid', 'web', 'artifacts']) {
-  if (!args[k]) { console.error(`usage: --dapod BIN --data FILE --invalid FILE --web CLIENTS_WEB_DIR --artifacts DIR (missing --${k})`); process.exit(2); }
+for (const k of ['dapod', 'data', 'invalid', 'web', 'artifacts', 'env-server']) {
+  if (!args[k]) { console.error(`usage: --dapod BIN --data FILE --invalid FILE --web CLIENTS_WEB_DIR --artifacts DIR --env-server FILE (missing --${k})`); process.exit(2); }
 }
 const { fmtNumber, fmtProgress, fmtStep } = await import(pathToFileURL(join(args.web, 'format.js')).href);
 // A figure as the page writes it, read back as a number ('331,500' -> 331500).
@@ -439,6 +443,55 @@ async function main() {
     await page.locator('#charts-unavailable').waitFor();
     check(true, 'without uPlot the job page says the charts are unavailable');
     await page.unroute('**/uPlot.esm.js');
+
+    // 7. an agent's episodes as conversations
+    const env = spawn('/usr/bin/python3', [args['env-server'], join(args.artifacts, 'env.log')], { stdio: ['ignore', 'pipe', 'inherit'] });
+    try {
+      const port = await new Promise((resolve, reject) => {
+        let out = '';
+        env.stdout.on('data', (d) => { out += d; if (out.includes('\n')) resolve(Number(out)); });
+        env.on('exit', () => reject(new Error('env_server.py exited')));
+      });
+      const post = async (path, body, type = 'application/json') => {
+        const r = await fetch(base + path, { method: 'POST', headers: { Authorization: `Bearer ${KEY}`, 'Content-Type': type }, body });
+        if (!r.ok) throw new Error(`${path}: HTTP ${r.status}: ${await r.text()}`);
+        return r.json();
+      };
+      const file = await post('/v1/files?purpose=fine-tune&filename=ep.jsonl', readFileSync(args.data), 'application/x-ndjson');
+      const ej = await post('/v1/jobs', JSON.stringify({
+        model: 'tiny', training_file: file.id, judge: { type: 'exact' },
+        hyperparameters: { total_steps: 1, group_size: 4, prompt_batch_size: 2, max_new_tokens: 6, dynamic_sampling: false },
+        episode: { max_turns: 3, max_new_tokens_per_turn: 2, max_answer_tokens: 8, reward: 'environment',
+          environment: { type: 'http', url: `http://127.0.0.1:${port}/guess` } } }));
+      let ejob = ej;
+      for (let t0 = Date.now(); !['succeeded', 'failed', 'cancelled'].includes(ejob.status) && Date.now() - t0 < WAIT;) {
+        await new Promise((r) => setTimeout(r, 200));
+        ejob = await apiJson(`/v1/jobs/${ej.id}`);
+      }
+      check(ejob.status === 'succeeded', `the episode job succeeded (${ejob.status})`);
+      await page.goto(`${base}/ui/#/jobs/${ej.id}/rollouts/1`);
+      await page.locator('#rollouts .conversation').first().waitFor();
+      const erows = (await (await apiGet(`/v1/jobs/${ej.id}/rollouts?step=1`)).text()).split('\n').filter(Boolean).map((l) => JSON.parse(l));
+      for (const g of [...new Set(erows.map((r) => r.group))]) {
+        const rs = erows.filter((r) => r.group === g).sort((a, b) => a.index - b.index);
+        const sec = page.locator(`#rollouts section.group[data-group="${g}"]`);
+        for (let i = 0; i < rs.length; i++) {
+          const conv = sec.locator('tbody tr').nth(i).locator('.conversation');
+          const roles = await conv.locator('.turn').evaluateAll((els) => els.map((e) => e.dataset.role));
+          check(same(roles, rs[i].turns.map((t) => t.role)), `group ${g} episode ${i}: its ${roles.length} turns in order (${roles.join(' ')})`);
+          const model = await conv.locator('.turn.model pre.said').allTextContents();
+          check(same(model, rs[i].turns.filter((t) => t.role === 'assistant').map((t) => (t.content === '' ? '∅' : t.content))), `group ${g} episode ${i}: the model's turns`);
+          const world = await conv.locator('.turn.world pre.said').allTextContents();
+          check(same(world, rs[i].turns.filter((t) => t.role === 'environment').flatMap((t) => t.messages.map((m) => `${m.role}: ${m.content}`))), `group ${g} episode ${i}: the environment's observations`);
+          const rewards = await conv.locator('.turn.world .badge.reward').allTextContents();
+          check(same(rewards, rs[i].turns.filter((t) => t.role === 'environment' && t.reward !== null).map((t) => `reward ${fmtNumber(t.reward)}`)), `group ${g} episode ${i}: the rewards (${rewards.join(', ')})`);
+          check((await conv.locator('.ended').textContent()).startsWith(`ended: ${rs[i].finish_reason}`), `group ${g} episode ${i}: ended ${rs[i].finish_reason}`);
+        }
+      }
+      await shot('07-episodes');
+    } finally {
+      env.kill();
+    }
 
     check(consoleErrors.length === 0, `no uncaught errors in the page (${consoleErrors.join('; ')})`);
   } finally {

@@ -10,4 +10,5 @@ rc=0
 sh "$src/install.sh" "$work" || rc=$?
 [ "$rc" -eq 0 ] || exit "$rc"
 exec node "$work/dashboard.test.mjs" --dapod "$dapod" --data "$src/../data/addition.jsonl" \
-  --invalid "$src/../data/invalid.jsonl" --web "$src/../../clients/web" --artifacts "$work/artifacts"
+  --invalid "$src/../data/invalid.jsonl" --web "$src/../../clients/web" --artifacts "$work/artifacts" \
+  --env-server "$src/../rl/env_server.py"
