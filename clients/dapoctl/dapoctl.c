@@ -95,6 +95,12 @@ static const struct command commands[] = {
      "its new status (pausing, then paused)."},
     {"resume", 0, 1, 1, "resume ID",
      "Queues a paused job again; it continues exactly where it stopped. Prints its new status."},
+    {"rollouts", O_LIMIT, 1, 2, "rollouts ID [STEP|latest] [--limit N]",
+     "Prints a step's samples (the latest step by default; --limit N: the first N groups): each\n"
+     "group's prompt and answer, then every response with its reward; an agent's episode as its\n"
+     "conversation, turn by turn (the model's turns and tool calls, the tools' answers, the\n"
+     "environment's observations and rewards) and how it ended. --json prints the rollouts\n"
+     "file's lines as they are."},
     {"download", O_ALL | O_OUTPUT, 2, 3, "download ID STEP|latest FILE [-o PATH] | --all DIR",
      "Downloads one file of a checkpoint (to PATH, default ./FILE) or, with --all, every file of\n"
      "it into DIR. A partial file already there is resumed with an HTTP Range request; every\n"
@@ -943,6 +949,145 @@ static int cmd_list(struct ctl *c, const struct opts *o, char **args) {
   return EXIT_OK;
 }
 
+/* ---- rollouts ---- */
+
+/* text on one line: newlines shown as \n, cut at 200 bytes */
+static void put_text(const char *s) {
+  size_t n = 0;
+  for (; *s && n < 200; s++, n++) {
+    if (*s == '\n')
+      fputs("\\n", stdout);
+    else
+      fputc(*s, stdout);
+  }
+  if (*s) fputs("...", stdout);
+}
+
+/* An episode's turns (docs/AGENTS.md), one line each, indented. */
+static void print_turns(const json_t *r) {
+  json_t *t;
+  size_t i;
+  json_array_foreach(json_object_get(r, "turns"), i, t) {
+    const char *role = jstr(t, "role");
+    if (!strcmp(role, "assistant")) {
+      fputs("      model: ", stdout);
+      put_text(jstr(t, "content"));
+      fputc('\n', stdout);
+      json_t *call;
+      size_t k;
+      json_array_foreach(json_object_get(t, "tool_calls"), k, call) {
+        char *a = json_dumps(json_object_get(call, "arguments"), JSON_COMPACT | JSON_ENCODE_ANY);
+        printf("        -> %s(%s)\n", jstr(call, "name"), a ? a : "");
+        free(a);
+      }
+      if (json_object_get(t, "malformed"))
+        printf("        (not a call: %s)\n", jstr(t, "malformed"));
+    } else if (!strcmp(role, "tool")) {
+      json_t *a;
+      size_t k;
+      json_array_foreach(json_object_get(t, "answers"), k, a) {
+        printf("      tool %s: ", jstr(a, "name"));
+        put_text(jstr(a, "content"));
+        if (strcmp(jstr(a, "status"), "ok")) printf(" [%s]", jstr(a, "status"));
+        fputc('\n', stdout);
+      }
+    } else {
+      json_t *m;
+      size_t k;
+      json_array_foreach(json_object_get(t, "messages"), k, m) {
+        printf("      world %s: ", jstr(m, "role"));
+        put_text(jstr(m, "content"));
+        fputc('\n', stdout);
+      }
+      const json_t *rw = json_object_get(t, "reward");
+      int done = json_is_true(json_object_get(t, "done"));
+      if (json_is_number(rw))
+        printf("        (reward %.4g%s)\n", json_number_value(rw), done ? ", done" : "");
+      else if (done)
+        puts("        (done)");
+      if (json_object_get(t, "error")) printf("        (failed: %s)\n", jstr(t, "error"));
+    }
+    if (json_is_false(json_object_get(t, "fits"))) puts("        (did not fit the episode)");
+  }
+  printf("      ended: %s\n", jstr(r, "finish_reason"));
+}
+
+static int cmd_rollouts(struct ctl *c, const struct opts *o, char **args) {
+  char je[400], p[700];
+  if (esc(c, args[0], je, sizeof je)) return EXIT_USAGE;
+  long long step = -1;
+  if (args[1] && strcmp(args[1], "latest")) {
+    int64_t v;
+    struct dapo_err e = {0};
+    if (parse_i64(args[1], 1, INT64_MAX, &v, "STEP", &e)) {
+      msg("rollouts: %s (a step number or 'latest')", e.msg);
+      return EXIT_USAGE;
+    }
+    step = v;
+  }
+  if (step < 0) {
+    json_t *job;
+    int rc = fetch_job(c, args[0], &job);
+    if (rc) return rc;
+    step = (long long)json_integer_value(json_object_get(job, "step"));
+    json_decref(job);
+    if (step < 1) {
+      msg("rollouts: job %s has no step yet", args[0]);
+      return EXIT_API;
+    }
+  }
+  snprintf(p, sizeof p, "/v1/jobs/%s/rollouts?step=%lld", je, step);
+  struct buf b = {0};
+  long status;
+  int rc = http_call(c, "GET", p, NULL, &status, &b);
+  if (!rc && (status < 200 || status > 299)) {
+    char what[760];
+    snprintf(what, sizeof what, "GET %s", p);
+    rc = api_error(c, what, status, &b);
+  }
+  if (rc || c->json) {
+    if (!rc) fwrite(b.p ? b.p : "", 1, b.n, stdout);
+    buf_free(&b);
+    return rc;
+  }
+  long long group = -1;
+  int groups = 0;
+  char *save = NULL;
+  for (char *line = b.p ? strtok_r(b.p, "\n", &save) : NULL; line;
+       line = strtok_r(NULL, "\n", &save)) {
+    json_t *r = json_loads(line, 0, NULL);
+    if (!json_is_object(r)) {
+      json_decref(r);
+      continue;
+    }
+    long long g = (long long)json_integer_value(json_object_get(r, "group"));
+    if (g != group) {
+      if ((o->given & O_LIMIT) && groups == o->limit) {
+        json_decref(r);
+        break;
+      }
+      group = g, groups++;
+      printf("group %lld%s  prompt: ", g,
+             json_is_true(json_object_get(r, "kept")) ? " (kept)" : "");
+      put_text(jstr(r, "prompt"));
+      fputs("  answer: ", stdout);
+      put_text(jstr(r, "answer"));
+      fputc('\n', stdout);
+    }
+    const json_t *rw = json_object_get(r, "reward");
+    printf("  #%lld reward %s%.4g  %s  ",
+           (long long)json_integer_value(json_object_get(r, "index")),
+           json_is_number(rw) ? "" : "(unjudged) ", json_number_value(rw),
+           json_is_true(json_object_get(r, "correct")) ? "correct" : "wrong");
+    put_text(jstr(r, "response"));
+    fputc('\n', stdout);
+    if (json_is_array(json_object_get(r, "turns"))) print_turns(r);
+    json_decref(r);
+  }
+  buf_free(&b);
+  return EXIT_OK;
+}
+
 /* cancel, pause, resume: POST /v1/jobs/{id}/{action}, then the job's id and new status. */
 static int cmd_action(struct ctl *c, const char *action, char **args) {
   char p[600], e[400];
@@ -1352,6 +1497,8 @@ int main(int argc, char **argv) {
   else if (!strcmp(cmd->name, "cancel") || !strcmp(cmd->name, "pause") ||
            !strcmp(cmd->name, "resume"))
     rc = cmd_action(&c, cmd->name, args);
+  else if (!strcmp(cmd->name, "rollouts"))
+    rc = cmd_rollouts(&c, &o, args);
   else
     rc = cmd_download(&c, &o, args);
   fflush(stdout);

@@ -13,6 +13,12 @@ One module, one class, every endpoint of ``openapi.yaml``::
             print(ev.data["step"], ev.data.get("reward/mean"))
     c.download_checkpoint(job["id"], 5, "model.safetensors", "model.safetensors")
 
+An agent's episode (a rollouts line with ``turns``, docs/AGENTS.md) reads as chat messages with
+:func:`episode_messages` and as text with :func:`format_episode`::
+
+    for row in c.rollouts(job["id"], 5):
+        print(format_episode(row))
+
 Errors: every non-2xx reply raises a subclass of :class:`ApiError` carrying the RFC 9457
 problem+json fields (``type``, ``name``, ``title``, ``status``, ``detail``, ``errors``);
 transport failures raise :class:`ConnectionError_` (a subclass of :class:`DapodError`) and
@@ -34,7 +40,7 @@ __all__ = [
     "BadRequestError", "AuthenticationError", "PermissionDeniedError", "NotFoundError",
     "MethodNotAllowedError", "ConflictError", "PayloadTooLargeError", "UnsupportedMediaTypeError",
     "RangeNotSatisfiableError", "ValidationError", "RateLimitError", "InternalServerError",
-    "ServiceUnavailableError", "TERMINAL_STATUSES",
+    "ServiceUnavailableError", "TERMINAL_STATUSES", "episode_messages", "format_episode",
 ]
 
 __version__ = "0.1.0"
@@ -157,6 +163,74 @@ _BY_STATUS = {400: BadRequestError, 401: AuthenticationError, 403: PermissionDen
               413: PayloadTooLargeError, 415: UnsupportedMediaTypeError,
               416: RangeNotSatisfiableError, 422: ValidationError, 429: RateLimitError,
               503: ServiceUnavailableError}
+
+
+def episode_messages(row):
+    """An episode's turns (a rollouts line of a job with ``episode``, docs/AGENTS.md) as OpenAI
+    chat messages: the model's turns as assistant messages (with ``tool_calls``, the arguments
+    as JSON text, ids ``call_<turn>_<k>``), each tool answer as a ``tool`` message with the
+    ``tool_call_id`` of the call it answers (a turn that could not call gets a ``tool`` message
+    without one), an environment's observations as its messages. The prompt is not included:
+    it is the line's ``prompt`` (or ``messages``)."""
+    out, calls = [], []
+    for k, t in enumerate(row.get("turns") or []):
+        if t["role"] == "assistant":
+            m = {"role": "assistant", "content": t["content"]}
+            calls = ["call_%d_%d" % (k, i) for i in range(len(t.get("tool_calls") or []))]
+            if calls:
+                m["tool_calls"] = [{"id": cid, "type": "function",
+                                    "function": {"name": c["name"],
+                                                 "arguments": json.dumps(c["arguments"])}}
+                                   for cid, c in zip(calls, t["tool_calls"])]
+            out.append(m)
+        elif t["role"] == "tool":
+            for i, a in enumerate(t.get("answers") or []):
+                m = {"role": "tool", "content": a["content"]}
+                if i < len(calls):
+                    m["tool_call_id"] = calls[i]
+                out.append(m)
+        else:
+            out += [dict(m) for m in t.get("messages") or []]
+    return out
+
+
+def _one_line(text):
+    text = text.replace("\n", "\\n")
+    return text[:200] + ("..." if len(text) > 200 else "")
+
+
+def format_episode(row):
+    """An episode as text, a line a turn, as ``dapoctl rollouts`` prints it: the model's turns
+    and calls, the tools' answers (with their status when not ok), the environment's messages,
+    rewards and done, what did not fit, how the episode ended."""
+    lines = []
+    for t in row.get("turns") or []:
+        if t["role"] == "assistant":
+            lines.append("      model: " + _one_line(t["content"]))
+            for c in t.get("tool_calls") or []:
+                lines.append("        -> %s(%s)" % (c["name"], json.dumps(c["arguments"],
+                                                                     separators=(",", ":"))))
+            if t.get("malformed"):
+                lines.append("        (not a call: %s)" % t["malformed"])
+        elif t["role"] == "tool":
+            for a in t.get("answers") or []:
+                lines.append("      tool %s: %s%s" % (a["name"], _one_line(a["content"]),
+                                                      "" if a["status"] == "ok"
+                                                      else " [%s]" % a["status"]))
+        else:
+            for m in t.get("messages") or []:
+                lines.append("      world %s: %s" % (m["role"], _one_line(m["content"])))
+            if t.get("reward") is not None:
+                lines.append("        (reward %.4g%s)" % (t["reward"],
+                                                       ", done" if t.get("done") else ""))
+            elif t.get("done"):
+                lines.append("        (done)")
+            if t.get("error"):
+                lines.append("        (failed: %s)" % t["error"])
+        if t.get("fits") is False:
+            lines.append("        (did not fit the episode)")
+    lines.append("      ended: %s" % row.get("finish_reason"))
+    return "\n".join(lines)
 
 
 def _error_for(status, headers, body):

@@ -20,9 +20,13 @@ import tempfile
 import time
 import unittest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 import common  # noqa: E402
 from common import harness  # noqa: E402
+
+sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
+import dapod_client  # noqa: E402
 
 DAPOD = DAPOCTL = None
 PROGRESS = re.compile(r"^step (\d+)/\d+  reward ([-+]\d+\.\d{4})  accuracy (\d+\.\d{4})  "
@@ -432,6 +436,71 @@ class DapoctlCase(unittest.TestCase):
             self.assertEqual(common.sha256_file(os.path.join(out_dir, f["name"])), f["sha256"])
 
     # ---- download ----
+
+    # ---- rollouts ----
+
+    def test_rollouts_show_a_step_and_an_agents_episodes(self):
+        # a single-turn job: its latest step, each response with its reward
+        job_id = self.create_job(dict(common.SMALL_HP, total_steps=2))
+        common.wait_terminal(self.d, job_id)
+        rows = [json.loads(x) for x in self.d.get("/v1/jobs/%s/rollouts?step=2" % job_id)
+                .body.decode().splitlines() if x.strip()]
+        rc, out, err = self.ctl("rollouts", job_id)
+        self.assertEqual(rc, 0, err)
+        shown = [line for line in out.splitlines() if line.startswith("  #")]
+        self.assertEqual(len(shown), len(rows))
+        for line, r in zip(shown, rows):
+            self.assertTrue(line.startswith("  #%d reward %.4g  %s  " % (
+                r["index"], r["reward"], "correct" if r["correct"] else "wrong")), line)
+        rc, out, err = self.ctl("--json", "rollouts", job_id, "2")
+        self.assertEqual([json.loads(x) for x in out.splitlines()], rows)
+        # an agent's episodes against the stand-in environment: each as its conversation
+        env = subprocess.Popen([sys.executable, os.path.join(HERE, "..", "rl", "env_server.py"),
+                                os.path.join(self.tmp, "env.log")], stdout=subprocess.PIPE)
+        try:
+            port = int(env.stdout.readline())
+            spec = common.job_spec(self.file_id, dict(common.SMALL_HP, total_steps=1,
+                                                      dynamic_sampling=False))
+            spec["episode"] = {"max_turns": 3, "max_new_tokens_per_turn": 2,
+                               "max_answer_tokens": 8, "reward": "environment",
+                               "environment": {"type": "http",
+                                               "url": "http://127.0.0.1:%d/guess" % port}}
+            r = self.d.post_json("/v1/jobs", spec)
+            self.assertEqual(r.status, 201, r)
+            ep_id = r.json()["id"]
+            common.wait_terminal(self.d, ep_id)
+        finally:
+            env.kill()
+            env.wait()
+            env.stdout.close()
+        rows = [json.loads(x) for x in self.d.get("/v1/jobs/%s/rollouts?step=1" % ep_id)
+                .body.decode().splitlines() if x.strip()]
+        rc, out, err = self.ctl("rollouts", ep_id, "1", "--limit", "1")
+        self.assertEqual(rc, 0, err)
+        first = [x for x in rows if x["group"] == rows[0]["group"]]
+        self.assertEqual(len([x for x in out.splitlines() if x.startswith("group ")]), 1, out)
+        blocks = out.split("\n  #")[1:]
+        self.assertEqual(len(blocks), len(first), out)
+        for block, x in zip(blocks, first):
+            lines = block.splitlines()
+            want = []
+            for t in x["turns"]:
+                if t["role"] == "assistant":
+                    want.append("      model: " + t["content"].replace("\n", "\\n"))
+                else:
+                    want += ["      world %s: %s" % (m["role"], m["content"].replace("\n", "\\n"))
+                             for m in t["messages"]]
+                    if t["reward"] is not None:
+                        want.append("        (reward %.4g%s)" % (t["reward"],
+                                                             ", done" if t["done"] else ""))
+                    elif t["done"]:
+                        want.append("        (done)")
+                if t.get("fits") is False:
+                    want.append("        (did not fit the episode)")
+            want.append("      ended: " + x["finish_reason"])
+            self.assertEqual(lines[1:], want, block)
+            # the Python client writes an episode the same way
+            self.assertEqual(lines[1:], dapod_client.format_episode(x).splitlines())
 
     def test_download_all_and_resume_with_range(self):
         job_id = self.create_job(dict(common.SMALL_HP, total_steps=2))

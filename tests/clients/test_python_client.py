@@ -273,6 +273,38 @@ class ClientCase(unittest.TestCase):
         self.assertEqual(len(rows), int(self.d.get("/v1/jobs/%s/rollouts?step=1" % jid)
                                         .body.count(b"\n")))
 
+    def test_episode_messages_and_text(self):
+        """An agent's rollouts line (tools: a call, its answer, a malformed turn; then an
+        environment's observation) as chat messages and as text."""
+        row = {"finish_reason": "stop", "turns": [
+            {"role": "assistant", "content": "@lookup {\"k\": 1}", "trained": True,
+             "tool_calls": [{"name": "lookup", "arguments": {"k": 1}}]},
+            {"role": "tool", "content": "=7\n", "trained": False,
+             "answers": [{"name": "lookup", "content": "7", "status": "ok"}]},
+            {"role": "assistant", "content": "@x", "trained": True,
+             "malformed": "there is no tool 'x'"},
+            {"role": "tool", "content": "=error\n", "trained": False,
+             "answers": [{"name": "", "content": "error: there is no tool 'x'",
+                          "status": "unknown_tool"}]},
+            {"role": "environment", "content": ">more\n", "trained": False, "reward": 0.5,
+             "done": False, "messages": [{"role": "user", "content": "more"}]},
+            {"role": "assistant", "content": "7", "trained": True}]}
+        m = dc.episode_messages(row)
+        self.assertEqual([x["role"] for x in m],
+                         ["assistant", "tool", "assistant", "tool", "user", "assistant"])
+        call = m[0]["tool_calls"][0]
+        self.assertEqual((call["id"], call["type"], call["function"]["name"],
+                          json.loads(call["function"]["arguments"])),
+                         ("call_0_0", "function", "lookup", {"k": 1}))
+        self.assertEqual(m[1], {"role": "tool", "content": "7", "tool_call_id": "call_0_0"})
+        self.assertNotIn("tool_calls", m[2])
+        self.assertNotIn("tool_call_id", m[3])  # the malformed turn's answer answers no call
+        self.assertEqual(dc.format_episode(row).splitlines(), [
+            "      model: @lookup {\"k\": 1}", "        -> lookup({\"k\":1})",
+            "      tool lookup: 7", "      model: @x", "        (not a call: there is no tool 'x')",
+            "      tool : error: there is no tool 'x' [unknown_tool]", "      world user: more",
+            "        (reward 0.5)", "      model: 7", "      ended: stop"])
+
     # ---- errors ----
 
     def test_typed_errors_carry_problem_fields(self):
