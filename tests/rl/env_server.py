@@ -18,6 +18,8 @@ The base path chooses how it behaves:
   /badobs        /step's observation is a number (not a string, messages or null)
   /done          /reset already says done (the episode has no turn)
   /slow          as /guess, 30 ms a call
+  /ask           no observation; one step, rewarded 1 when the action starts with '@' (a dapod
+                 call), else 0: trains a model that always calls (tests/api/test_chat_tools.py)
 
 Run: python3 env_server.py LOG  (prints the port it listens on, on 127.0.0.1, as its first line)
 """
@@ -73,6 +75,13 @@ class Handler(BaseHTTPRequestHandler):
         if base == "/slow":
             time.sleep(0.03)
         key = (base, body.get("episode_id"))
+        if base == "/ask":
+            if route == "reset":
+                return 200, {"observation": None, "reward": None, "done": False}
+            if route == "step":
+                hit = body["action"]["content"].startswith("@")
+                return 200, {"observation": None, "reward": 1.0 if hit else 0.0, "done": True}
+            return 200, {}
         if route == "reset":
             with LOCK:
                 STATE[key] = {"answer": str(body["item"]["answer"]), "turns": 0}
