@@ -2,14 +2,19 @@
 """The official `openai` npm package (pinned: package-lock.json) drives a whole reinforcement
 fine-tuning job on a daemon of its own (sdk_job.mjs); then the README's "Coming from OpenAI
 reinforcement fine-tuning" examples run as they are: the Node one always, the Python one where
-the `openai` Python package is installed (said and skipped otherwise). Installs the npm package
-with tests/npm_ci.sh. Usage: test_openai_sdk.py --dapod PATH --work DIR"""
+the `openai` Python package is installed (said and skipped otherwise); then the SDK drives a
+checkpoint through tool calls (sdk_tools.mjs), the checkpoint trained here to call (the tiny
+preset against tests/rl/env_server.py's /ask route). Installs the npm package with
+tests/npm_ci.sh. Usage: test_openai_sdk.py --dapod PATH --work DIR"""
 import argparse
 import hashlib
+import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "api"))
@@ -21,7 +26,8 @@ def main():
     ap.add_argument("--dapod", required=True)
     ap.add_argument("--work", required=True)
     a = ap.parse_args()
-    rc = subprocess.run(["sh", os.path.join(HERE, "..", "npm_ci.sh"), HERE, a.work, "sdk_job.mjs"])
+    rc = subprocess.run(["sh", os.path.join(HERE, "..", "npm_ci.sh"), HERE, a.work, "sdk_job.mjs",
+                         "sdk_tools.mjs"])
     if rc.returncode:
         return rc.returncode
     # an API key (the SDK's apiKey; a wrong one is AuthenticationError) and a queue of one job
@@ -57,12 +63,57 @@ def main():
                     lang, p.returncode, p.stderr[-3000:], d.log()[-3000:]))
                 return 1
             print("README %s example: %s" % (lang, last[0]))
+        # tool calls: a checkpoint that calls, driven by the SDK
+        model = train_caller(url, key, tmp)
+        p = subprocess.run(["node", os.path.join(a.work, "sdk_tools.mjs"), url, model], env=env,
+                           timeout=600)
+        if p.returncode:
+            sys.stderr.write(d.log()[-4000:])
+            return p.returncode
         # a clean stop (under ASan: no leak, no error report)
         rc = d.stop()
         if rc != 0:
             sys.stderr.write("dapod exited %s after SIGTERM:\n%s" % (rc, d.log()[-4000:]))
             return 1
         return 0
+
+
+def train_caller(url, key, tmp):
+    """The tiny preset trained to call (a turn starting with '@', rewarded by the stand-in
+    environment's /ask route): returns its checkpoint's model id."""
+    def call(method, path, body=None, ctype="application/json"):
+        req = urllib.request.Request(url.rsplit("/v1", 1)[0] + path, data=body, method=method,
+                                     headers={"Authorization": "Bearer " + key,
+                                              "Content-Type": ctype})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read())
+    env = subprocess.Popen([sys.executable, os.path.join(HERE, "..", "rl", "env_server.py"),
+                            os.path.join(tmp, "env.log")], stdout=subprocess.PIPE)
+    try:
+        port = int(env.stdout.readline())
+        lines = "".join(json.dumps({"prompt": "code %d?" % k, "answer": str(k % 10)}) + "\n"
+                        for k in range(40))
+        fid = call("POST", "/v1/files?purpose=fine-tune&filename=calls.jsonl", lines.encode(),
+                   "application/x-ndjson")["id"]
+        body = {"model": "tiny", "training_file": fid, "judge": {"type": "exact"}, "seed": 1,
+                "hyperparameters": {"total_steps": 60, "group_size": 32, "prompt_batch_size": 4,
+                                    "max_new_tokens": 1, "learning_rate": 3e-3,
+                                    "dynamic_sampling": False, "checkpoint_every": 60},
+                "episode": {"max_turns": 1, "reward": "environment",
+                            "environment": {"type": "http",
+                                            "url": "http://127.0.0.1:%d/ask" % port}}}
+        job = call("POST", "/v1/jobs", json.dumps(body).encode())
+        end = time.monotonic() + 600
+        while job["status"] not in ("succeeded", "failed", "cancelled") and time.monotonic() < end:
+            job = call("GET", "/v1/jobs/%s?wait=10" % job["id"])
+        if job["status"] != "succeeded":
+            raise RuntimeError("the calling model's job ended %s: %s" % (job["status"],
+                                                                       job.get("error")))
+        return "%s:step-60" % job["id"]
+    finally:
+        env.kill()
+        env.wait()
+        env.stdout.close()
 
 
 if __name__ == "__main__":
