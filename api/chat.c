@@ -450,7 +450,6 @@ static int chat_token(void *arg, int i, int k, const struct completion_token *tk
                                        logprob_entry(q, tk->piece, tk->logp), "refusal")
                            : json_null();
   const char *out = tk->text;
-  size_t out_n = tk->len;
   char *held = NULL;
   if (q->tools_on && i < N_MAX) { /* hold back what may be (or is) a call */
     struct choice_stream *c = &q->cs[i];
@@ -474,19 +473,20 @@ static int chat_token(void *arg, int i, int k, const struct completion_token *tk
     size_t upto = c->sent;
     if (c->mode == CS_CONTENT)
       upto = tk->finish >= 0 ? c->n : safe_content(q, c->text, c->n);
-    else if (c->mode == CS_CALLS && q->format == TC_QWEN)
-      upto = (size_t)((const char *)memmem(c->text, c->n, "<tool_call>", 11) - c->text);
+    else if (c->mode == CS_CALLS && q->format == TC_QWEN) { /* the text before the calls */
+      const char *open = memmem(c->text, c->n, "<tool_call>", 11);
+      if (open) upto = (size_t)(open - c->text); /* none: a forced opening, in the prompt */
+    }
     if (upto < c->sent) upto = c->sent;
     held = strndup(c->text + c->sent, upto - c->sent);
     out = held ? held : "";
-    out_n = upto - c->sent;
     c->sent = upto;
   }
   int rc = chunk_add(q,
                      json_pack("[{s:i, s:{s:o}, s:o, s:n}]", "index", i, "delta", "content",
                                dapo_json_text(out), "logprobs", lp, "finish_reason"),
                      NULL, frames);
-  (void)out_n;
+
   free(held);
   if (rc || tk->finish < 0) return rc;
   json_t *content = NULL, *calls = NULL;

@@ -343,6 +343,39 @@ class Families(test_jobs.DaemonCase):
               file=sys.stderr)
         self.assertGreater(turns_seen, 0)
 
+    def chat_tools(self, name, opening):
+        """/v1/chat/completions with tools on a family's random model: the tools go into the
+        prompt; a forced call's opening is written and, the call not being well formed, comes
+        back as the content, streamed the same."""
+        tool = {"type": "function", "function": {"name": "lookup", "description": "a code",
+                                                 "parameters": {"type": "object"}}}
+        base = {"model": name, "messages": [{"role": "user", "content": "Code 5?"}],
+                "max_tokens": 6, "temperature": 1.0, "seed": 7}
+        plain = self.assertJson(self.d.post_json("/v1/chat/completions", base), 200)
+        with_tools = self.assertJson(self.d.post_json("/v1/chat/completions",
+                                                      dict(base, tools=[tool])), 200)
+        self.assertGreater(with_tools["usage"]["prompt_tokens"],
+                           plain["usage"]["prompt_tokens"] + 20)  # the tools block
+        forced = dict(base, tools=[tool], tool_choice="required")
+        whole = self.assertJson(self.d.post_json("/v1/chat/completions", forced), 200)
+        c = whole["choices"][0]
+        if c["finish_reason"] != "tool_calls":
+            self.assertTrue(c["message"]["content"].startswith(opening), c)
+        r = self.d.post_json("/v1/chat/completions", dict(forced, stream=True))
+        self.assertEqual(r.status, 200, r)
+        chunks = [json.loads(e[len("data: "):]) for e in r.body.decode().split("\n\n")
+                  if e.startswith("data: {")]
+        text = "".join(ch["choices"][0]["delta"].get("content") or "" for ch in chunks
+                       if ch["choices"])
+        if c["finish_reason"] != "tool_calls":
+            self.assertEqual(text, c["message"]["content"])
+
+    def test_chat_tools_qwen3(self):
+        self.chat_tools("qwen3-tiny", '<tool_call>\n{"name": "')
+
+    def test_chat_tools_llama32(self):
+        self.chat_tools("llama32-tiny", '{"name": "')
+
     def test_agent_qwen3(self):
         self.agent_episodes("qwen3-tiny", "tokenizer-qwen3", "<|im_end|>")
 
