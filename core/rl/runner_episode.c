@@ -276,6 +276,31 @@ static int render_world(struct trainer *t, const struct ep *x, const json_t *wor
   return tc_render_answers(TC_DAPOD, ans, (int)n, text) ? trainer_oom(t) : 0;
 }
 
+/* The world's text tokenized into x's sequence after its tokens (not yet counted): *n tokens,
+ * *fits when they and one more token fit the episode. 0, or 1 with res set. */
+static int encode_world(struct trainer *t, struct ep *x, const char *text, int *n, int *fits) {
+  int room = t->after_prompt - x->n_seq;
+  struct dapo_err e = {0};
+  int erc = tok_encode(t->lm.tok, text, strlen(text), x->seq + x->n_seq, room, n, &e);
+  *fits = !erc && *n + 1 <= room;
+  if (!*fits) *n = 0;
+  return erc && erc != DAPO_ERANGE ? trainer_fail_err(t, FAIL_GENERATION_FAILED, NULL, &e) : 0;
+}
+
+/* The world's n tokens encoded after x's sequence (encode_world) join it, trained 0, and the
+ * model's next turn begins there, drawing from its own stream (seed, step, prompt, sample,
+ * turn): turn 0's is the episode's first, which an environment's /reset leaves as it is. */
+static void next_turn(struct trainer *t, struct ep *x, int n, uint64_t tag, uint64_t a) {
+  memset(x->mask + x->n_seq, 0, (size_t)n);
+  x->n_seq += n;
+  x->es.world_tokens += n;
+  x->state = EP_FEED;
+  x->turn0 = x->n_seq;
+  if (x->turn > 0)
+    rng_seed(&x->rng, t->spec->seed,
+             trainer_stream(tag + (uint64_t)x->turn, (uint64_t)t->step, a, (uint64_t)x->key));
+}
+
 /* Every answer of x's turn is in: rendered, tokenized and appended after the turn (trained 0),
  * unless it does not fit the episode (truncated). The next turn starts where the answer ends,
  * drawing from its own stream (seed, step, prompt, sample, turn). */
@@ -296,30 +321,18 @@ static int world_turn(struct trainer *t, struct ep *x, uint64_t tag, uint64_t a,
   char *text = NULL;
   if (!rc) rc = render_world(t, x, world, 0, &text);
   json_decref(world);
-  int n = 0, room = t->after_prompt - x->n_seq;
-  struct dapo_err e = {0};
+  int n = 0, fits = 0;
+  if (!rc) rc = encode_world(t, x, text, &n, &fits);
   if (!rc) {
-    int erc = tok_encode(t->lm.tok, text, strlen(text), x->seq + x->n_seq, room, &n, &e);
-    if (erc == DAPO_ERANGE || (!erc && n + 1 > room)) { /* the answer and one more token */
-      json_array_append_new(x->turns,
-                            json_pack("{s:s, s:s, s:[], s:b, s:O, s:b}", "role", "tool", "content",
-                                      text, "token_ids", "trained", 0, "answers", list, "fits", 0));
+    json_t *turn =
+        json_pack("{s:s, s:s, s:o, s:b, s:O}", "role", "tool", "content", text, "token_ids",
+                  int_array(x->seq + x->n_seq, n), "trained", 0, "answers", list);
+    if (turn && !fits) json_object_set_new(turn, "fits", json_false());
+    json_array_append_new(x->turns, turn);
+    if (fits)
+      next_turn(t, x, n, tag, a);
+    else
       rc = finish(t, x, EPF_TRUNCATED, x->final_text, active);
-    } else if (erc) {
-      rc = trainer_fail_err(t, FAIL_GENERATION_FAILED, NULL, &e);
-    } else {
-      memset(x->mask + x->n_seq, 0, (size_t)n);
-      json_array_append_new(x->turns,
-                            json_pack("{s:s, s:s, s:o, s:b, s:O}", "role", "tool", "content", text,
-                                      "token_ids", int_array(x->seq + x->n_seq, n), "trained", 0,
-                                      "answers", list));
-      x->n_seq += n;
-      x->es.world_tokens += n;
-      x->state = EP_FEED;
-      x->turn0 = x->n_seq;
-      rng_seed(&x->rng, t->spec->seed,
-               trainer_stream(tag + (uint64_t)x->turn, (uint64_t)t->step, a, (uint64_t)x->key));
-    }
   }
   json_decref(list);
   free(text);
@@ -377,19 +390,14 @@ static int env_answer(struct trainer *t, struct ep *x, const struct tool_answer 
   char *text = NULL;
   if (!rc) rc = render_world(t, x, world, x->env_op == ENV_RESET, &text);
   json_decref(world);
-  int n = 0, room = t->after_prompt - x->n_seq, fits = 0;
-  struct dapo_err e = {0};
-  if (!rc && f == EPF_NONE) {
-    int erc = tok_encode(t->lm.tok, text, strlen(text), x->seq + x->n_seq, room, &n, &e);
-    if (erc && erc != DAPO_ERANGE) rc = trainer_fail_err(t, FAIL_GENERATION_FAILED, NULL, &e);
-    fits = !erc && n + 1 <= room; /* the observation and one more token */
-    if (!rc && !fits) f = EPF_TRUNCATED;
-  }
+  int n = 0, fits = 0;
+  if (!rc && f == EPF_NONE) rc = encode_world(t, x, text, &n, &fits);
+  if (!rc && f == EPF_NONE && !fits) f = EPF_TRUNCATED;
   if (!rc) {
-    json_t *turn = json_pack(
-        "{s:s, s:s, s:o, s:b, s:O, s:o, s:b}", "role", "environment", "content", text, "token_ids",
-        int_array(x->seq + x->n_seq, fits ? n : 0), "trained", 0, "messages", r->messages, "reward",
-        r->has_reward ? json_real(r->reward) : json_null(), "done", r->done);
+    json_t *turn = json_pack("{s:s, s:s, s:o, s:b, s:O, s:o, s:b}", "role", "environment",
+                             "content", text, "token_ids", int_array(x->seq + x->n_seq, n),
+                             "trained", 0, "messages", r->messages, "reward",
+                             r->has_reward ? json_real(r->reward) : json_null(), "done", r->done);
     if (turn && r->info) json_object_set(turn, "info", r->info);
     if (turn && f == EPF_TRUNCATED) json_object_set_new(turn, "fits", json_false());
     json_array_append_new(x->turns, turn);
@@ -397,14 +405,7 @@ static int env_answer(struct trainer *t, struct ep *x, const struct tool_answer 
   free(text);
   if (rc) return rc;
   if (f != EPF_NONE) return finish(t, x, f, x->final_text, active);
-  memset(x->mask + x->n_seq, 0, (size_t)n);
-  x->n_seq += n;
-  x->es.world_tokens += n;
-  x->state = EP_FEED;
-  x->turn0 = x->n_seq;
-  if (x->turn > 0) /* after /reset the first turn keeps the episode's first stream */
-    rng_seed(&x->rng, t->spec->seed,
-             trainer_stream(tag + (uint64_t)x->turn, (uint64_t)t->step, a, (uint64_t)x->key));
+  next_turn(t, x, n, tag, a);
   return 0;
 }
 
