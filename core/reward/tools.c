@@ -432,24 +432,31 @@ static void run_python(const struct tool *t, const struct call *c, struct tool_a
   free(out);
 }
 
-/* Cuts content to max bytes at a character boundary, marking the cut. */
-static void bound_answer(struct tool_answer *a, size_t max) {
-  if (!a->content) return;
-  size_t n = strlen(a->content);
-  if (n <= max) return;
+/* s cut at max bytes on a character boundary, the cut marked: a new string; NULL when s fits
+ * (or out of memory). */
+static char *cut(const char *s, size_t max) {
+  size_t n = strlen(s);
+  if (n <= max) return NULL;
   size_t keep = 0;
   while (keep < max) {
-    size_t l = utf8_next((const unsigned char *)a->content + keep, n - keep, NULL);
+    size_t l = utf8_next((const unsigned char *)s + keep, n - keep, NULL);
     if (!l || keep + l > max) break;
     keep += l;
   }
   static const char MARK[] = "\n[truncated]";
-  char *s = malloc(keep + sizeof MARK);
-  if (!s) return;
-  memcpy(s, a->content, keep);
-  memcpy(s + keep, MARK, sizeof MARK);
+  char *o = malloc(keep + sizeof MARK);
+  if (!o) return NULL;
+  memcpy(o, s, keep);
+  memcpy(o + keep, MARK, sizeof MARK);
+  return o;
+}
+
+/* Cuts a tool's answer to max bytes (the call counts as truncated). */
+static void bound_answer(struct tool_answer *a, size_t max) {
+  char *c = a->content ? cut(a->content, max) : NULL;
+  if (!c) return;
   free(a->content);
-  a->content = s;
+  a->content = c;
   if (a->err == TOOL_OK) a->err = TOOL_TRUNCATED;
 }
 
@@ -458,12 +465,9 @@ static void bound_observation(struct tool_answer *a, size_t max) {
   size_t i;
   json_t *m;
   json_array_foreach(a->env.messages, i, m) {
-    struct tool_answer one = {.err = TOOL_OK,
-                              .content = strdup(json_string_value(json_object_get(m, "content")))};
-    if (!one.content) continue;
-    bound_answer(&one, max);
-    if (one.err == TOOL_TRUNCATED) json_object_set_new(m, "content", json_string(one.content));
-    free(one.content);
+    char *c = cut(json_string_value(json_object_get(m, "content")), max);
+    if (c) json_object_set_new(m, "content", json_string(c));
+    free(c);
   }
 }
 
@@ -525,6 +529,16 @@ static void *worker_main(void *p) {
 
 /* ---- the toolbox ---- */
 
+/* Waits (the mutex held) until an answer comes or ms pass. */
+static void wait_answered(struct toolbox *tb, int64_t ms) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_nsec += (long)ms * 1000000L;
+  ts.tv_sec += ts.tv_nsec / 1000000000L;
+  ts.tv_nsec %= 1000000000L;
+  pthread_cond_timedwait(&tb->answered, &tb->mu, &ts);
+}
+
 /* How long toolbox_free waits for an environment's closes to go out. */
 #define CLOSE_DRAIN_MS 5000
 
@@ -547,12 +561,7 @@ void toolbox_free(struct toolbox *tb) {
   for (struct call *c = tb->head; c; c = c->next) tb->tail = c;
   int64_t until = outside_now_ms() + CLOSE_DRAIN_MS;
   while (tb->closing > 0 && outside_now_ms() < until) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 50 * 1000000L;
-    ts.tv_sec += ts.tv_nsec / 1000000000L;
-    ts.tv_nsec %= 1000000000L;
-    pthread_cond_timedwait(&tb->answered, &tb->mu, &ts);
+    wait_answered(tb, 50);
   }
   __atomic_store_n(&tb->stop, 1, __ATOMIC_RELAXED);
   pthread_cond_broadcast(&tb->work);
@@ -803,13 +812,7 @@ int toolbox_take(struct toolbox *tb, struct tool_answer *out, int cap, int wait_
     if (cancel && __atomic_load_n(cancel, __ATOMIC_RELAXED)) break;
     int64_t now = outside_now_ms();
     if (wait_ms > 0 && now >= until) break;
-    int64_t slice = wait_ms > 0 && until - now < 50 ? until - now : 50;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += (long)slice * 1000000L;
-    ts.tv_sec += ts.tv_nsec / 1000000000L;
-    ts.tv_nsec %= 1000000000L;
-    pthread_cond_timedwait(&tb->answered, &tb->mu, &ts);
+    wait_answered(tb, wait_ms > 0 && until - now < 50 ? until - now : 50);
   }
   while (tb->done_head && n < cap) {
     struct call *c = tb->done_head;
