@@ -29,6 +29,20 @@ static int get_int(const json_t *o, const char *key, int def, int lo, int hi, in
   return 0;
 }
 
+/* The index in names[0 .. n) of the string o[key], 0 when absent or null; a problem (why) and 0
+ * when it is another value. */
+static int get_name(const json_t *o, const char *key, const char *const *names, int n,
+                    const char *why, json_t *errors) {
+  const json_t *v = json_object_get(o, key);
+  if (!v || json_is_null(v)) return 0;
+  for (int i = 0; i < n && json_is_string(v); i++)
+    if (!strcmp(json_string_value(v), names[i])) return i;
+  char f[64];
+  snprintf(f, sizeof f, "episode.%s", key);
+  dapo_errors_add(errors, f, why);
+  return 0;
+}
+
 /* A message that names its field ("episode.tools[0].url: ...") split into {field, message};
  * what is the field when the message names none. */
 static void named_err(json_t *errors, const char *what, const char *text) {
@@ -91,25 +105,15 @@ int episode_parse(const json_t *v, const struct hparams *hp, const struct judge_
                 (long)(has_env ? ep->max_turns + 1 : ep->max_turns - 1) * ep->max_answer_tokens;
   get_int(v, "max_episode_tokens", budget > 1 << 20 ? 1 << 20 : (int)budget, hp->max_new_tokens,
           1 << 20, &ep->max_episode_tokens, errors);
-  const json_t *r = json_object_get(v, "reward");
-  if (r && !json_is_null(r)) {
-    int found = 0;
-    for (int i = 0; i < 3 && json_is_string(r); i++)
-      if (!strcmp(json_string_value(r), REWARDS[i])) ep->reward = (enum ep_reward)i, found = 1;
-    if (!found)
-      dapo_errors_add(errors, "episode.reward", "expected \"judge\", \"environment\" or \"sum\"");
-  }
+  ep->reward = (enum ep_reward)get_name(v, "reward", REWARDS, 3,
+                                        "expected \"judge\", "
+                                        "\"environment\" or \"sum\"",
+                                        errors);
   if (ep->reward != EP_REWARD_JUDGE && !has_env)
     dapo_errors_add(errors, "episode.reward",
                     "\"environment\" and \"sum\" need an episode.environment");
-  const json_t *oe = json_object_get(v, "on_env_error");
-  if (oe && !json_is_null(oe)) {
-    int found = 0;
-    for (int i = 0; i < 2 && json_is_string(oe); i++)
-      if (!strcmp(json_string_value(oe), ENV_ERRORS[i]))
-        ep->on_env_error = (enum ep_env_error)i, found = 1;
-    if (!found) dapo_errors_add(errors, "episode.on_env_error", "expected \"fail\" or \"drop\"");
-  }
+  ep->on_env_error = (enum ep_env_error)get_name(v, "on_env_error", ENV_ERRORS, 2,
+                                                 "expected \"fail\" or \"drop\"", errors);
   const json_t *tf = json_object_get(v, "tool_format");
   if (tf && !json_is_null(tf)) {
     const char *name = json_string_value(tf);
