@@ -949,6 +949,20 @@ static int cmd_list(struct ctl *c, const struct opts *o, char **args) {
   return EXIT_OK;
 }
 
+/* A command's STEP argument: a step number of at least min into *step, or "latest" (*step left
+ * as it is). 0, or -1 with the usage error said. */
+static int parse_step(const char *cmd, const char *arg, int64_t min, long long *step) {
+  if (!strcmp(arg, "latest")) return 0;
+  int64_t v;
+  struct dapo_err e = {0};
+  if (parse_i64(arg, min, INT64_MAX, &v, "STEP", &e)) {
+    msg("%s: %s (a step number or 'latest')", cmd, e.msg);
+    return -1;
+  }
+  *step = v;
+  return 0;
+}
+
 /* ---- rollouts ---- */
 
 /* text on one line: newlines shown as \n, cut at 200 bytes */
@@ -1016,15 +1030,7 @@ static int cmd_rollouts(struct ctl *c, const struct opts *o, char **args) {
   char je[400], p[700];
   if (esc(c, args[0], je, sizeof je)) return EXIT_USAGE;
   long long step = -1;
-  if (args[1] && strcmp(args[1], "latest")) {
-    int64_t v;
-    struct dapo_err e = {0};
-    if (parse_i64(args[1], 1, INT64_MAX, &v, "STEP", &e)) {
-      msg("rollouts: %s (a step number or 'latest')", e.msg);
-      return EXIT_USAGE;
-    }
-    step = v;
-  }
+  if (args[1] && parse_step("rollouts", args[1], 1, &step)) return EXIT_USAGE;
   if (step < 0) {
     json_t *job;
     int rc = fetch_job(c, args[0], &job);
@@ -1255,15 +1261,7 @@ static int cmd_download(struct ctl *c, const struct opts *o, char **args) {
     return EXIT_USAGE;
   }
   long long step = -1;
-  if (strcmp(args[1], "latest")) {
-    int64_t v;
-    struct dapo_err e = {0};
-    if (parse_i64(args[1], 0, INT64_MAX, &v, "STEP", &e)) {
-      msg("download: %s (a step number or 'latest')", e.msg);
-      return EXIT_USAGE;
-    }
-    step = v;
-  }
+  if (parse_step("download", args[1], 0, &step)) return EXIT_USAGE;
   char je[400], p[600];
   if (esc(c, args[0], je, sizeof je)) return EXIT_USAGE;
   snprintf(p, sizeof p, "/v1/jobs/%s/checkpoints", je);
