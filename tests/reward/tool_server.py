@@ -15,12 +15,14 @@ ways a real tool can behave, and GET /log lists every call with its start and en
 Run: python3 tool_server.py  (prints the port it listens on, on 127.0.0.1, as its first line)
 """
 import json
-import socket
+import os
 import sys
 import threading
 import time
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import standin  # noqa: E402
 
 LOCK = threading.Condition()
 LOG = []
@@ -28,26 +30,7 @@ FAILS = {}
 IN_FLIGHT = {}  # by the call's path and query: one count per test's route
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def setup(self):
-        super().setup()
-        # a reply goes out as headers, then body: without TCP_NODELAY the body waits for the
-        # client's delayed ACK of the headers (40 ms a call)
-        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def log_message(self, *args):
-        pass
-
-    def reply(self, status, body):
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
+class Handler(standin.JsonHandler):
     def do_GET(self):
         if self.path == "/log":
             with LOCK:
@@ -105,26 +88,5 @@ class Handler(BaseHTTPRequestHandler):
         return 404, {}
 
 
-class Server(ThreadingHTTPServer):
-    # listen()'s backlog: socketserver's default of 5 drops the connections of a burst of calls
-    # (dapod opens one a call, `concurrency` of them at once), whose SYNs are retried only after
-    # a second: measured, 64 calls in flight took 1.5 s each instead of milliseconds
-    request_queue_size = 1024
-
-
-def main():
-    server = Server(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    server.handle_error = lambda request, address: None  # clients that hung up (timeouts, stops)
-    print(server.server_address[1], flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-
-
 if __name__ == "__main__":
-    import signal
-
-    signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
-    main()
+    standin.serve(Handler)

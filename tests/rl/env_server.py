@@ -24,11 +24,13 @@ The base path chooses how it behaves:
 Run: python3 env_server.py LOG  (prints the port it listens on, on 127.0.0.1, as its first line)
 """
 import json
-import socket
+import os
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import standin  # noqa: E402
 
 LOCK = threading.Lock()
 LOG = None  # the log file
@@ -36,24 +38,7 @@ STATE = {}  # (base, episode_id) -> {"answer", "turns"}
 ATTEMPTS = {}  # (base, route, body) -> attempts seen
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def setup(self):
-        super().setup()
-        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def log_message(self, *args):
-        pass
-
-    def reply(self, status, body):
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
+class Handler(standin.JsonHandler):
     def do_POST(self):
         n = int(self.headers.get("Content-Length", "0"))
         raw = self.rfile.read(n) or b"{}"
@@ -115,28 +100,11 @@ class Handler(BaseHTTPRequestHandler):
         return 404, {}
 
 
-class Server(ThreadingHTTPServer):
-    # listen()'s backlog: socketserver's default of 5 drops the connections of a burst of calls
-    # (dapod opens one a call, `concurrency` of them at once), whose SYNs are retried only after
-    # a second: measured, 64 calls in flight took 1.5 s each instead of milliseconds
-    request_queue_size = 1024
-
-
 def main():
     global LOG
     LOG = open(sys.argv[1], "a")
-    server = Server(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    server.handle_error = lambda request, address: None
-    print(server.server_address[1], flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
+    standin.serve(Handler)
 
 
 if __name__ == "__main__":
-    import signal
-
-    signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
     main()
