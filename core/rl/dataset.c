@@ -11,6 +11,8 @@
 #include <string.h>
 
 #include "rng.h"
+#include "toolcall.h"
+#include "tools.h"
 #include "utf8.h"
 
 #define READ_CHUNK (64 * 1024)
@@ -145,6 +147,66 @@ static int check_messages(const json_t *jm, char *msg, size_t cap) {
   return 0;
 }
 
+/* A line's `tools` (not null): OpenAI's function tools, [{"type": "function", "function":
+ * {"name", "description"?, "parameters"?, "strict"?}}], at most TOOLS_MAX of them, their names
+ * unique and of the toolbox's rule (1 to TC_NAME_MAX of a-z, A-Z, 0-9, _ and -). */
+static int check_tools(const json_t *jt, char *msg, size_t cap) {
+  static const char NAME_CHARS[] =
+      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-";
+  if (!json_is_array(jt))
+    return msgf(msg, cap, DAPO_EFORMAT, "field 'tools': expected an array, got %s", json_kind(jt));
+  if (json_array_size(jt) > TOOLS_MAX)
+    return msgf(msg, cap, DAPO_EFORMAT, "field 'tools': at most %d tools, got %zu", TOOLS_MAX,
+                json_array_size(jt));
+  for (size_t i = 0; i < json_array_size(jt); i++) {
+    const json_t *t = json_array_get(jt, i), *fn = json_object_get(t, "function");
+    if (!json_is_object(t))
+      return msgf(msg, cap, DAPO_EFORMAT, "field 'tools[%zu]': expected an object, got %s", i,
+                  json_kind(t));
+    const char *type = json_string_value(json_object_get(t, "type"));
+    if (!type || strcmp(type, "function"))
+      return msgf(msg, cap, DAPO_EFORMAT, "field 'tools[%zu].type': expected \"function\"", i);
+    if (!json_is_object(fn))
+      return msgf(msg, cap, DAPO_EFORMAT,
+                  "field 'tools[%zu].function': expected an object {\"name\", \"description\", "
+                  "\"parameters\"}",
+                  i);
+    const json_t *nm = json_object_get(fn, "name");
+    const char *name = json_string_value(nm);
+    size_t len = name ? json_string_length(nm) : 0;
+    if (!name || len < 1 || len > TC_NAME_MAX || strspn(name, NAME_CHARS) != len)
+      return msgf(msg, cap, DAPO_EFORMAT,
+                  "field 'tools[%zu].function.name': expected 1 to %d of a-z, A-Z, 0-9, _ and -", i,
+                  TC_NAME_MAX);
+    static const struct {
+      const char *key;
+      json_type type;
+      const char *want;
+    } OPT[] = {{"description", JSON_STRING, "a string"},
+               {"parameters", JSON_OBJECT, "a JSON Schema object"},
+               {"strict", JSON_TRUE, "a boolean"}};
+    for (size_t k = 0; k < sizeof OPT / sizeof OPT[0]; k++) {
+      const json_t *v = json_object_get(fn, OPT[k].key);
+      int ok = !v || json_is_null(v) || json_typeof(v) == OPT[k].type ||
+               (OPT[k].type == JSON_TRUE && json_is_boolean(v));
+      if (!ok)
+        return msgf(msg, cap, DAPO_EFORMAT, "field 'tools[%zu].function.%s': expected %s, got %s",
+                    i, OPT[k].key, OPT[k].want, json_kind(v));
+    }
+    for (size_t j = 0; j < i; j++) {
+      const json_t *o = json_object_get(json_object_get(json_array_get(jt, j), "function"), "name");
+      if (!strcmp(json_string_value(o), name))
+        return msgf(msg, cap, DAPO_EFORMAT,
+                    "field 'tools[%zu].function.name': a second tool named '%s' (tools[%zu])", i,
+                    name, j);
+    }
+  }
+  if (too_deep(jt, 1, DS_MAX_METADATA_DEPTH))
+    return msgf(msg, cap, DAPO_EFORMAT, "field 'tools': nested deeper than %d",
+                DS_MAX_METADATA_DEPTH);
+  return 0;
+}
+
 /* ds_check_line without the "line N: " prefix: the message goes to msg (cap bytes). */
 static int check_line(const char *line, size_t len, int lineno, struct ds_item *out, char *msg,
                       size_t cap) {
@@ -205,10 +267,14 @@ static int check_line(const char *line, size_t len, int lineno, struct ds_item *
   /* OpenAI's reinforcement fine-tuning lines: messages and the item's own fields, no answer.
    * Every field but messages and tools becomes the item graders read (metadata). */
   int rft = jm && !ja;
+  /* a line's tools: shown in its rendered prompt, so only with messages */
   json_t *jtools = json_object_get(root, "tools");
-  if (jtools && !json_is_null(jtools) && !json_is_array(jtools)) {
-    rc =
-        msgf(msg, cap, DAPO_EFORMAT, "field 'tools': expected an array, got %s", json_kind(jtools));
+  if (json_is_null(jtools) || (json_is_array(jtools) && json_array_size(jtools) == 0))
+    jtools = NULL;
+  if (jtools && (rc = check_tools(jtools, msg, cap))) goto out;
+  if (jtools && jp) {
+    rc = msgf(msg, cap, DAPO_EFORMAT,
+              "field 'tools': needs 'messages' (a 'prompt' text cannot show the tools)");
     goto out;
   }
   if (rft) {
@@ -284,6 +350,7 @@ static int check_line(const char *line, size_t len, int lineno, struct ds_item *
                           .messages = jm ? json_incref(jm) : NULL,
                           .answer = answer,
                           .metadata = jmeta ? json_incref(jmeta) : NULL,
+                          .tools = jtools ? json_incref(jtools) : NULL,
                           .line = lineno};
   id = prompt = answer = NULL;
 out:
@@ -315,6 +382,7 @@ void ds_item_deinit(struct ds_item *it) {
   json_decref(it->messages);
   free(it->answer);
   json_decref(it->metadata);
+  json_decref(it->tools);
   memset(it, 0, sizeof *it);
 }
 

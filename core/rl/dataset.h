@@ -25,6 +25,9 @@ struct ds_item {
   json_t *messages; /* array of {"role", "content"} objects, or NULL when the line gives prompt */
   char *answer;     /* never NULL */
   json_t *metadata; /* object, or NULL when absent */
+  json_t *tools;    /* the line's tools: a non-empty array of OpenAI's function shapes
+                       {"type": "function", "function": {"name", ...}} as given (checked: names
+                       unique, at most TOOLS_MAX), or NULL when absent, null or [] */
   int line;         /* 1-based physical line number in the file */
 };
 

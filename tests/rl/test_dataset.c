@@ -181,6 +181,88 @@ static void test_check_line(void) {
                 &e) == 0);
 }
 
+/* A line's `tools`: kept (OpenAI's function shapes) on messages lines, refused field by field. */
+static void test_line_tools(void) {
+  struct dapo_err e;
+  struct ds_item it = {0};
+  const char *l = "{\"messages\": [{\"role\": \"user\", \"content\": \"2+3?\"}], \"sum\": \"5\", "
+                  "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"calc\", "
+                  "\"description\": \"adds\", \"parameters\": {\"type\": \"object\"}, \"strict\": "
+                  "true}}, {\"type\": \"function\", \"function\": {\"name\": \"look-up_2\"}}]}";
+  CHECK(ds_check_line(l, strlen(l), 3, &it, &e) == 0);
+  CHECK(json_array_size(it.tools) == 2 &&
+        !strcmp(json_string_value(json_object_get(
+                    json_object_get(json_array_get(it.tools, 1), "function"), "name")),
+                "look-up_2"));
+  /* the item graders read holds neither messages nor tools */
+  CHECK(json_object_get(it.metadata, "sum") && !json_object_get(it.metadata, "tools"));
+  ds_item_deinit(&it);
+  CHECK(it.tools == NULL);
+  /* null, [] and absent: no tools; a native messages line keeps them too */
+  const char *none[] = {
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"c\"}], \"tools\": null}",
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"c\"}], \"tools\": []}",
+      "{\"prompt\": \"p\", \"answer\": \"a\", \"tools\": []}"};
+  for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) {
+    CHECK_MSG(ds_check_line(none[i], strlen(none[i]), 1, &it, &e) == 0 && !it.tools, "%s: %s",
+              none[i], e.msg);
+    ds_item_deinit(&it);
+  }
+  l = "{\"messages\": [{\"role\": \"user\", \"content\": \"c\"}], \"answer\": \"a\", \"tools\": "
+      "[{\"type\": \"function\", \"function\": {\"name\": \"x\"}}]}";
+  CHECK(ds_check_line(l, strlen(l), 1, &it, &e) == 0 && json_array_size(it.tools) == 1);
+  ds_item_deinit(&it);
+
+#define MSGS "{\"messages\": [{\"role\": \"user\", \"content\": \"c\"}], \"tools\": "
+#define FN(x) "{\"type\": \"function\", \"function\": " x "}"
+  static const struct {
+    const char *text;
+    int line;
+    const char *want;
+  } BAD[] = {
+      {MSGS "{}}", 3, "line 3: field 'tools': expected an array, got an object"},
+      {MSGS "[1]}", 3, "line 3: field 'tools[0]': expected an object, got an integer"},
+      {MSGS "[" FN("{\"name\": \"a\"}") ", {\"type\": \"python\"}]}", 3,
+       "line 3: field 'tools[1].type': expected \"function\""},
+      {MSGS "[{\"type\": \"function\"}]}", 4,
+       "line 4: field 'tools[0].function': expected an object"},
+      {MSGS "[" FN("{\"name\": \"a\"}") ", " FN("{\"name\": \"a b\"}") "]}", 3,
+       "line 3: field 'tools[1].function.name': expected 1 to 64 of a-z, A-Z, 0-9, _ "
+       "and -"},
+      {MSGS "[" FN("{\"name\": 7}") "]}", 3,
+       "line 3: field 'tools[0].function.name': expected 1 to 64"},
+      {MSGS "[" FN("{\"name\": \"\"}") "]}", 3,
+       "line 3: field 'tools[0].function.name': expected 1 to 64"},
+      {MSGS "[" FN("{\"name\": \"a\", \"parameters\": [1]}") "]}", 5,
+       "line 5: field 'tools[0].function.parameters': expected a JSON Schema object, "
+       "got an array"},
+      {MSGS "[" FN("{\"name\": \"a\", \"description\": 1}") "]}", 5,
+       "line 5: field 'tools[0].function.description': expected a string"},
+      {MSGS "[" FN("{\"name\": \"a\", \"strict\": \"yes\"}") "]}", 5,
+       "line 5: field 'tools[0].function.strict': expected a boolean, got a string"},
+      {MSGS
+       "[" FN("{\"name\": \"a\"}") ", " FN("{\"name\": \"b\"}") ", " FN("{\"name\": \"a\"}") "]}",
+       6, "line 6: field 'tools[2].function.name': a second tool named 'a'"},
+      {"{\"prompt\": \"p\", \"answer\": \"a\", \"tools\": [" FN("{\"name\": \"a\"}") "]}", 7,
+       "line 7: field 'tools': needs 'messages'"},
+  };
+  for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++)
+    CHECK_LINE_ERR(BAD[i].text, BAD[i].line, BAD[i].want);
+  /* the 65th tool is one too many */
+  char many[8192];
+  int w = snprintf(many, sizeof many, MSGS "[");
+  for (int i = 0; i < 65; i++)
+    w += snprintf(many + w, sizeof many - (size_t)w, "%s" FN("{\"name\": \"t%d\"}"), i ? ", " : "",
+                  i);
+  snprintf(many + w, sizeof many - (size_t)w, "]}");
+  CHECK_LINE_ERR(many, 8, "line 8: field 'tools': at most 64 tools, got 65");
+  many[w - 2 - (int)strlen(FN("{\"name\": \"t64\"}"))] = '\0'; /* cut after the 64th */
+  strcat(many, "]}");
+  CHECK_MSG(line_rc(many, 8, &e) == 0, "64 tools: %s", e.msg);
+#undef FN
+#undef MSGS
+}
+
 static void test_valid_file(void) {
   char p[256];
   struct dapo_err e;
@@ -577,6 +659,7 @@ int main(void) {
     return 1;
   }
   test_check_line();
+  test_line_tools();
   test_valid_file();
   test_invalid_file();
   test_line_cap();
