@@ -493,10 +493,12 @@ int grader_grade(const struct grader *g, const struct grader_sample *s, int n, d
   for (int i = 0; !rc && i < n; i++) {
     const char *text = s[i].output_text ? s[i].output_text : "";
     json_t *t = judge_json_string(text); /* invalid UTF-8 bytes read as U+FFFD */
-    json_t *sample = json_pack("{s:o, s:O, s:[], s:[{s:i, s:{s:s, s:O}, s:s}]}", "output_text", t,
-                               "output_json", s[i].output_json ? s[i].output_json : json_null(),
-                               "output_tools", "choices", "index", 0, "message", "role",
-                               "assistant", "content", t, "finish_reason", "stop");
+    const json_t *calls = json_array_size(s[i].output_tools) ? s[i].output_tools : NULL;
+    json_t *sample = json_pack("{s:o, s:O, s:o, s:[{s:i, s:{s:s, s:O, s:O*}, s:s}]}", "output_text",
+                               t, "output_json", s[i].output_json ? s[i].output_json : json_null(),
+                               "output_tools", calls ? json_incref((json_t *)calls) : json_array(),
+                               "choices", "index", 0, "message", "role", "assistant", "content", t,
+                               "tool_calls", calls, "finish_reason", calls ? "tool_calls" : "stop");
     /* item: a reference of ours either way (a borrowed row, or a new empty object) */
     json_t *item = s[i].item ? json_incref((json_t *)s[i].item) : json_object();
     roots[i] = sample && item ? json_pack("{s:o, s:o}", "item", item, "sample", sample) : NULL;
@@ -522,7 +524,7 @@ int grader_grade(const struct grader *g, const struct grader_sample *s, int n, d
       }
       scores[i] = v;
       if (sub && !(sub[i] = json_object())) rc = DAPO_ENOMEM;
-      for (int k = 0; !rc && k < g->n_sub; k++)
+      for (int k = 0; !rc && sub && k < g->n_sub; k++)
         if (json_object_set_new(sub[i], g->keys[k], json_real(vals[(size_t)i * g->n_sub + k])))
           rc = DAPO_ENOMEM;
     }

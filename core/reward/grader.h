@@ -47,10 +47,14 @@ const char *grader_name(const struct grader *g);
 
 /* One sample to grade; pointers borrowed for the call. */
 struct grader_sample {
-  const char *output_text;   /* the model's answer; NULL reads as "" */
-  const json_t *output_json; /* the answer parsed as JSON, or NULL (then templates that read
-                                sample.output_json are invalid variables) */
-  const json_t *item;        /* the dataset row (object) or NULL */
+  const char *output_text;    /* the model's answer; NULL reads as "" */
+  const json_t *output_json;  /* the answer parsed as JSON, or NULL (then templates that read
+                                 sample.output_json are invalid variables) */
+  const json_t *item;         /* the dataset row (object) or NULL */
+  const json_t *output_tools; /* the answer's calls in OpenAI's tool_calls shape [{"id", "type":
+                                 "function", "function": {"name", "arguments": JSON text}}], or
+                                 NULL: none. sample.output_tools, and the choice's message's
+                                 tool_calls (finish_reason "tool_calls") when not empty */
 };
 
 /* Grades s[0..n) into scores[0..n) (python graders run once for the whole batch). sub (may be

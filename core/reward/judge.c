@@ -357,6 +357,7 @@ static int run_grader(const struct judge *j, const struct judge_item *items, int
     bad[i] = j->response_format && !own[2 * i];
     s[i].output_json = own[2 * i];
     s[i].item = own[2 * i + 1];
+    s[i].output_tools = items[i].tool_calls;
     if (!s[i].item) rc = DAPO_ENOMEM;
   }
   if (!rc) rc = grader_grade(j->grader, s, n, scores, sub, errs);

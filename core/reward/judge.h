@@ -14,14 +14,16 @@
 
 /* One sample to judge. Every pointer is borrowed for the duration of judge_run. */
 struct judge_item {
-  const char *id;         /* unique within one judge_run call; NULL: the item's index ("17") */
-  int group;              /* prompt group: items of one group always travel in one request */
-  const char *prompt;     /* NULL reads as "" */
-  const char *response;   /* NULL reads as "" */
-  const char *answer;     /* reference answer; NULL reads as "" */
-  const json_t *metadata; /* the dataset line's metadata object, or NULL (sent as null) */
-  int response_tokens;    /* |o|, EOS included */
-  int truncated;          /* non-zero: stopped at max_new_tokens (finish_reason "length") */
+  const char *id;           /* unique within one judge_run call; NULL: the item's index ("17") */
+  int group;                /* prompt group: items of one group always travel in one request */
+  const char *prompt;       /* NULL reads as "" */
+  const char *response;     /* NULL reads as "" */
+  const char *answer;       /* reference answer; NULL reads as "" */
+  const json_t *metadata;   /* the dataset line's metadata object, or NULL (sent as null) */
+  int response_tokens;      /* |o|, EOS included */
+  int truncated;            /* non-zero: stopped at max_new_tokens (finish_reason "length") */
+  const json_t *tool_calls; /* the response's calls of its line's tools in OpenAI's tool_calls
+                               shape (graders' sample.output_tools), or NULL: none */
 };
 
 /* Why an item has no verdict. JE_CONNECT (refused/failed connection, refused address) is counted

@@ -375,6 +375,14 @@ int ds_check_line(const char *line, size_t len, int lineno, struct ds_item *out,
   return rc;
 }
 
+int ds_item_tool_names(const struct ds_item *it, const char **names, int cap) {
+  int n = 0;
+  for (size_t i = 0; it && i < json_array_size(it->tools) && n < cap; i++)
+    names[n++] = json_string_value(
+        json_object_get(json_object_get(json_array_get(it->tools, i), "function"), "name"));
+  return n;
+}
+
 void ds_item_deinit(struct ds_item *it) {
   if (!it) return;
   free(it->id);

@@ -67,6 +67,10 @@ struct ds_stream; /* opaque: a push-style reader fed with chunks of a file */
 int ds_check_line(const char *line, size_t len, int lineno, struct ds_item *out,
                   struct dapo_err *e);
 
+/* The names of the item's tools (borrowed from it) into names[0..cap); returns how many (0 when
+ * it has none). */
+int ds_item_tool_names(const struct ds_item *it, const char **names, int cap);
+
 /* Releases the fields of an item filled by ds_check_line and zeroes it; NULL is fine. */
 void ds_item_deinit(struct ds_item *it);
 

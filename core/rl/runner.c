@@ -260,6 +260,8 @@ static int encode_prompt(const struct lm *lm, const struct chat_template *chat,
 static int episode_prompts(const struct job_spec *s, const struct lm *lm,
                            struct chat_template **chat, int *stop_id, struct prompt_form *pf,
                            struct dapo_err *e);
+static int check_line_tools(const struct episode_spec *ep, const json_t *fns,
+                            const struct ds_item *it, struct dapo_err *e);
 
 /* The longest prompt of the file at path (added to errors under field which on failure). */
 static int check_file(const struct job_spec *s, const struct lm *lm, struct chat_template **chat,
@@ -273,8 +275,14 @@ static int check_file(const struct job_spec *s, const struct lm *lm, struct chat
     return 1;
   }
   int bad = 0;
+  json_t *fns = s->episode.tools ? tools_prompt_functions(s->episode.tools) : NULL;
   for (int i = 0; i < ds_count(d) && !bad; i++) {
     const struct ds_item *it = ds_get(d, i);
+    if (check_line_tools(&s->episode, fns, it, &e)) {
+      dapo_errors_add(errors, which, e.msg);
+      bad = 1;
+      break;
+    }
     if (!it->prompt && !*chat) {
       int id;
       if (build_chat(s, lm, chat, &id, &e)) {
@@ -294,6 +302,7 @@ static int check_file(const struct job_spec *s, const struct lm *lm, struct chat
     free(ids);
     if (k > *max_prompt) *max_prompt = k;
   }
+  json_decref(fns);
   ds_free(d);
   return bad;
 }
@@ -311,7 +320,7 @@ int runner_check_data(const struct job_spec *s, struct runner_data_facts *f, jso
   f->cfg = lm.cfg;
   if (lm.lora) f->model_adapter = 1, f->adapter_cfg = lm.lora->cfg;
   struct chat_template *chat = NULL;
-  struct prompt_form pf = {TC_DAPOD, NULL, 1};
+  struct prompt_form pf = {TC_DAPOD, NULL, 1, 0};
   int id, max_prompt = 0;
   if (s->chat_template && build_chat(s, &lm, &chat, &id, &e))
     dapo_errors_add(errors, "chat_template", e.msg);
@@ -417,8 +426,9 @@ static int episode_prompts(const struct job_spec *s, const struct lm *lm,
                            struct chat_template **chat, int *stop_id, struct prompt_form *pf,
                            struct dapo_err *e) {
   const struct episode_spec *ep = &s->episode;
-  *pf = (struct prompt_form){TC_DAPOD, NULL, 1};
+  *pf = (struct prompt_form){TC_DAPOD, NULL, 1, ep->tool_format < 0};
   if (!episode_multi(ep)) return 0;
+  pf->line_tools = 0;
   if (!*chat && !s->chat_template && lm->tok_config) {
     struct dapo_err ignored = {0}; /* a model without a usable template takes the dapod format */
     if (build_chat(s, lm, chat, stop_id, &ignored)) {
@@ -427,10 +437,44 @@ static int episode_prompts(const struct job_spec *s, const struct lm *lm,
     }
   }
   if (ep->tool_format >= 0 || !*chat || !chat_renders_tools(*chat)) return 0;
-  pf->format = !strcmp(chat_family(*chat), "llama3.2") ? TC_LLAMA3_JSON : TC_QWEN;
+  pf->format = trainer_family_format(*chat);
+  pf->line_tools = 1;
   pf->gen = !ep->environment;
   if (ep->tools && !(pf->tools = tools_prompt_functions(ep->tools)))
     return dapo_errf(e, DAPO_ENOMEM, "out of memory");
+  return 0;
+}
+
+enum tc_format trainer_family_format(const struct chat_template *chat) {
+  if (!chat || !chat_renders_tools(chat)) return TC_DAPOD;
+  return !strcmp(chat_family(chat), "llama3.2") ? TC_LLAMA3_JSON : TC_QWEN;
+}
+
+/* A line's tools in a multi-turn job name the job's tools its model may call there (fns: their
+ * function shapes, tools_prompt_functions; an environment's job has none). 0, or DAPO_EINVAL
+ * naming the line and the field. A single-turn job runs no call: any tool goes. */
+static int check_line_tools(const struct episode_spec *ep, const json_t *fns,
+                            const struct ds_item *it, struct dapo_err *e) {
+  if (!it->tools || !episode_multi(ep)) return 0;
+  if (ep->environment)
+    return dapo_errf(e, DAPO_EINVAL,
+                     "line %d: field 'tools': a job with an episode.environment calls no tools",
+                     it->line);
+  const char *names[TOOLS_MAX];
+  int n = ds_item_tool_names(it, names, TOOLS_MAX);
+  for (int i = 0; i < n; i++) {
+    int found = 0;
+    for (size_t k = 0; k < json_array_size(fns) && !found; k++) {
+      const json_t *fn = json_object_get(json_array_get(fns, k), "function");
+      found = !strcmp(names[i], json_string_value(json_object_get(fn, "name")));
+    }
+    if (!found)
+      return dapo_errf(e, DAPO_EINVAL,
+                       "line %d: field 'tools[%d].function.name': the job has no tool named "
+                       "'%.64s' (a line's tools are called at episode.tools of the same name, "
+                       "with their URLs)",
+                       it->line, i, names[i]);
+  }
   return 0;
 }
 
@@ -448,8 +492,9 @@ static int encode_prompt(const struct lm *lm, const struct chat_template *chat,
   if (!it->prompt) {
     if (!chat)
       return dapo_errf(e, DAPO_EINVAL, "line %d: 'messages' need a chat template", it->line);
-    if (chat_render_tools(chat, it->messages, pf ? pf->tools : NULL, pf ? pf->gen : 1, &rendered,
-                          e))
+    const json_t *tools = pf ? pf->tools : NULL;
+    if (pf && pf->line_tools && it->tools && chat_renders_tools(chat)) tools = it->tools;
+    if (chat_render_tools(chat, it->messages, tools, pf ? pf->gen : 1, &rendered, e))
       return dapo_err_prefix(e, "line %d: ", it->line);
   }
   const char *text = rendered ? rendered : it->prompt;
@@ -477,30 +522,41 @@ static int need_chat(struct trainer *t) {
   return 0;
 }
 
-/* Tokenizes every prompt of d once (`messages` rendered with the job's chat template);
- * checks the prompt and what may follow it (episode_after_prompt) fit the context. */
+/* Item it of tokenize_items: its line's tools checked against the job's (fns), its prompt
+ * tokenized into *ids (*len ids; *text the rendered `messages`). 0, or 1 with res set. */
+static int tokenize_item(struct trainer *t, const struct ds_item *it, const json_t *fns,
+                         const char *which, int **ids, int *len, char **text, int *max_len) {
+  struct dapo_err e = {0};
+  if (check_line_tools(&t->spec->episode, fns, it, &e))
+    return trainer_fail(t, FAIL_INVALID_DATASET, which, "%s %s", which, e.msg);
+  if (!it->prompt && need_chat(t)) return 1;
+  int rc = encode_prompt(&t->lm, t->chat, &t->prompt_form, it, t->after_prompt, ids, len, text, &e);
+  if (rc == DAPO_ENOMEM) return trainer_fail(t, FAIL_OUT_OF_MEMORY, which, "out of memory");
+  if (rc)
+    return trainer_fail(t, rc == DAPO_ERANGE ? FAIL_PROMPT_TOO_LONG : FAIL_INVALID_DATASET, which,
+                        "%s %s", which, e.msg);
+  if (*len > *max_len) *max_len = *len;
+  return 0;
+}
+
+/* Tokenizes every prompt of d once (`messages` rendered with the job's chat template, a line's
+ * tools checked against the job's); checks the prompt and what may follow it
+ * (episode_after_prompt) fit the context. */
 static int tokenize_items(struct trainer *t, const struct dataset *d, const char *which, int ***ids,
                           int **lens, char ***texts, int *max_len) {
   int n = ds_count(d);
   *ids = calloc((size_t)n, sizeof **ids);
   *lens = calloc((size_t)n, sizeof **lens);
   *texts = calloc((size_t)n, sizeof **texts);
-  if (!*ids || !*lens || !*texts)
-    return trainer_fail(t, FAIL_OUT_OF_MEMORY, which, "out of memory");
-  for (int i = 0; i < n; i++) {
-    const struct ds_item *it = ds_get(d, i);
-    struct dapo_err e = {0};
-    if (!it->prompt && need_chat(t)) return 1;
-    int k, rc = encode_prompt(&t->lm, t->chat, &t->prompt_form, it, t->after_prompt, &(*ids)[i], &k,
-                              &(*texts)[i], &e);
-    if (rc == DAPO_ENOMEM) return trainer_fail(t, FAIL_OUT_OF_MEMORY, which, "out of memory");
-    if (rc)
-      return trainer_fail(t, rc == DAPO_ERANGE ? FAIL_PROMPT_TOO_LONG : FAIL_INVALID_DATASET, which,
-                          "%s %s", which, e.msg);
-    (*lens)[i] = k;
-    if (k > *max_len) *max_len = k;
-  }
-  return 0;
+  const json_t *job_tools = t->spec->episode.tools;
+  json_t *fns = job_tools ? tools_prompt_functions(job_tools) : NULL;
+  int rc = !*ids || !*lens || !*texts || (job_tools && !fns)
+               ? trainer_fail(t, FAIL_OUT_OF_MEMORY, which, "out of memory")
+               : 0;
+  for (int i = 0; i < n && !rc; i++)
+    rc = tokenize_item(t, ds_get(d, i), fns, which, &(*ids)[i], &(*lens)[i], &(*texts)[i], max_len);
+  json_decref(fns);
+  return rc;
 }
 
 static int load_dataset(struct trainer *t, const char *path, const char *which,

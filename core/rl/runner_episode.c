@@ -177,9 +177,17 @@ static int end_turn(struct trainer *t, const struct dataset *d, struct ep *x, in
                ? trainer_oom(t)
                : 0;
   }
+  /* a line's tools are what its model may call there (each the job's tool of its name) */
   struct tc_turn call;
+  const char *line_names[TOOLS_MAX];
+  const char *const *names = t->tool_names;
   int n_tools = toolbox_count(t->tools);
-  if (tc_read_turn(t->tool_format, text, strlen(text), t->tool_names, n_tools, &call)) {
+  const struct ds_item *it = ds_get(d, x->item);
+  if (it->tools) {
+    n_tools = ds_item_tool_names(it, line_names, TOOLS_MAX);
+    names = line_names;
+  }
+  if (tc_read_turn(t->tool_format, text, strlen(text), names, n_tools, &call)) {
     free(text);
     return trainer_oom(t);
   }

@@ -61,6 +61,8 @@ struct prompt_form {
   enum tc_format format; /* the job's call format */
   json_t *tools;         /* owned */
   int gen;
+  int line_tools; /* a line's own tools replace `tools` in its prompt (chat templates that render
+                     tools: a multi-turn job in its family's format, or a single-turn job) */
 };
 
 /* One sampled response, or one multi-turn episode. */
@@ -171,6 +173,10 @@ static inline int trainer_pause_requested(const struct trainer *t) {
 }
 
 /* ---- runner.c: failures and what the hooks are told ---- */
+
+/* The call format of chat's family when it renders tools (chatml and qwen3: qwen; llama3.2:
+ * llama3_json), else (NULL too) dapod. */
+enum tc_format trainer_family_format(const struct chat_template *chat);
 
 /* Records a failure in res (code from core/rl/failure.h, param the field at fault or NULL); returns
  * 1, the "stop" signal of the step functions. */

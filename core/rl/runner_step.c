@@ -351,6 +351,33 @@ static int env_rewards(struct trainer *t, int first, int n) {
                      failed);
 }
 
+/* A single-turn response to a line with tools, read for calls of them in the model's format (the
+ * chat family's when it renders tools, else dapod): OpenAI's tool_calls [{"id": "call_K", "type":
+ * "function", "function": {"name", "arguments": JSON text}}] for the graders (nothing runs), or
+ * NULL when it calls none (or does not call well). *oom set when out of memory. */
+static json_t *single_turn_calls(const struct trainer *t, const struct ds_item *it,
+                                 const char *text, int *oom) {
+  if (!it->tools || episode_multi(&t->spec->episode)) return NULL;
+  const char *names[TOOLS_MAX];
+  int n = ds_item_tool_names(it, names, TOOLS_MAX);
+  enum tc_format f = t->prompt_form.line_tools ? trainer_family_format(t->chat) : TC_DAPOD;
+  struct tc_turn turn;
+  if (tc_read_turn(f, text, strlen(text), names, n, &turn)) return *oom = 1, NULL;
+  json_t *calls = turn.n_calls ? json_array() : NULL;
+  for (int k = 0; calls && k < turn.n_calls; k++) {
+    char id[32], *args = json_dumps(turn.calls[k].arguments, JSON_COMPACT);
+    snprintf(id, sizeof id, "call_%d", k);
+    json_t *c = args ? json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function",
+                                 "function", "name", turn.calls[k].name, "arguments", args)
+                     : NULL;
+    free(args);
+    if (!c || json_array_append_new(calls, c)) json_decref(calls), calls = NULL;
+  }
+  if (turn.n_calls && !calls) *oom = 1;
+  tc_turn_free(&turn);
+  return calls;
+}
+
 /* Judges responses ros[first .. first+n). Items that the judge could not judge keep judged = 0.
  * Returns 1 (job failed) when on_judge_error is fail and something failed. An environment's
  * episodes get its rewards (env_rewards). */
@@ -362,8 +389,14 @@ static int judge_range(struct trainer *t, const struct dataset *d, int first, in
   struct judge_item *items = calloc((size_t)n, sizeof *items);
   struct judge_result *res = calloc((size_t)n, sizeof *res);
   char(*idbuf)[48] = calloc((size_t)n, sizeof *idbuf);
-  if (!items || !res || !idbuf) {
-    free(items), free(res), free(idbuf);
+  json_t **calls = calloc((size_t)n, sizeof *calls);
+  int oom = !items || !res || !idbuf || !calls;
+  for (int i = 0; !oom && i < n; i++)
+    calls[i] =
+        single_turn_calls(t, ds_get(d, t->ros[first + i].item), t->ros[first + i].text, &oom);
+  if (oom) {
+    for (int i = 0; calls && i < n; i++) json_decref(calls[i]);
+    free(items), free(res), free(idbuf), free(calls);
     return trainer_fail(t, FAIL_OUT_OF_MEMORY, NULL, "out of memory judging");
   }
   for (int i = 0; i < n; i++) {
@@ -379,7 +412,8 @@ static int judge_range(struct trainer *t, const struct dataset *d, int first, in
         .answer = it->answer,
         .metadata = it->metadata,
         .response_tokens = r->len,
-        .truncated = r->truncated};
+        .truncated = r->truncated,
+        .tool_calls = calls[i]};
   }
   struct dapo_err e = {0};
   int rc = judge_run(t->judge, t->spec->job_id, t->step, items, n, res, st,
@@ -402,7 +436,8 @@ static int judge_range(struct trainer *t, const struct dataset *d, int first, in
   if (rc && !stop)
     stop = trainer_log(t, "warning", "judge errors; the affected groups are dropped: %s", e.msg);
   judge_results_release(res, n);
-  free(items), free(res), free(idbuf);
+  for (int i = 0; i < n; i++) json_decref(calls[i]);
+  free(items), free(res), free(idbuf), free(calls);
   if (!stop && toolbox_is_env(t->tools)) stop = env_rewards(t, first, n);
   return stop;
 }

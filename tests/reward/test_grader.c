@@ -213,6 +213,44 @@ static void test_string_check(void) {
   refused("[]", "grader: expected a grader object");
 }
 
+/* A sample's calls (a single-turn RFT response to a line with tools): sample.output_tools and the
+ * choice's message.tool_calls, finish_reason "tool_calls"; none: [] (a path into it does not
+ * resolve), no tool_calls, "stop". */
+static void test_output_tools(void) {
+  struct dapo_err e = {0};
+  struct grader *g =
+      mk("{\"type\":\"multi\",\"calculate_output\":\"name + args + fin + text\",\"graders\":{"
+         "\"name\":{\"type\":\"string_check\",\"name\":\"n\",\"operation\":\"eq\",\"input\":"
+         "\"{{sample.output_tools[0].function.name}}\",\"reference\":\"calc\"},"
+         "\"args\":{\"type\":\"string_check\",\"name\":\"a\",\"operation\":\"eq\",\"input\":"
+         "\"{{sample.choices[0].message.tool_calls[0].function.arguments}}\",\"reference\":"
+         "\"{\\\"x\\\":1}\"},"
+         "\"fin\":{\"type\":\"string_check\",\"name\":\"f\",\"operation\":\"eq\",\"input\":"
+         "\"{{sample.choices[0].finish_reason}}\",\"reference\":\"tool_calls\"},"
+         "\"text\":{\"type\":\"string_check\",\"name\":\"t\",\"operation\":\"eq\",\"input\":"
+         "\"{{sample.output_text}}\",\"reference\":\"@calc {\\\"x\\\": 1}\"}}}",
+         &e);
+  CHECK_MSG(g, "%s", e.msg);
+  json_t *calls = json_loads("[{\"id\": \"call_0\", \"type\": \"function\", \"function\": "
+                             "{\"name\": \"calc\", \"arguments\": \"{\\\"x\\\":1}\"}}]",
+                             0, NULL),
+         *none = json_array();
+  CHECK(calls != NULL);
+  struct grader_sample s[3] = {{.output_text = "@calc {\"x\": 1}", .output_tools = calls},
+                               {.output_text = "@calc {\"x\": 1}", .output_tools = none},
+                               {.output_text = "@calc {\"x\": 1}"}};
+  double sc[3];
+  struct grader_errs er[3];
+  CHECK(g && grader_grade(g, s, 3, sc, NULL, er) == 0);
+  CHECK_MSG(sc[0] == 4 && er[0].n[GE_INVALID_VARIABLE] == 0, "with calls: %g", sc[0]);
+  /* no calls: output_tools is [] (its [0] does not resolve), the message has no tool_calls */
+  for (int i = 1; i < 3; i++)
+    CHECK_MSG(sc[i] == 1 && er[i].n[GE_INVALID_VARIABLE] > 0, "without calls: %g", sc[i]);
+  json_decref(calls);
+  json_decref(none);
+  grader_free(g);
+}
+
 static void test_multi(void) {
   const char *spec =
       "{\"type\":\"multi\",\"name\":\"m\",\"graders\":{"
@@ -356,6 +394,7 @@ int main(void) {
   test_similarity();
   test_string_check();
   test_multi();
+  test_output_tools();
   test_python();
   test_judge();
   return check_done("test_grader");

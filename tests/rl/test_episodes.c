@@ -12,7 +12,13 @@
  *   observation follows it, the episode ended by `done` or its limits and closed; rewards as the
  *   environment gave them (`environment` and `sum`); the same rollouts and weights twice, when
  *   resumed, and when every call needs a retry; failures under on_env_error fail and drop;
- * - the body's `episode` refused field by field. */
+ * - the body's `episode` refused field by field;
+ * - a line's `tools` bind to the job's tools of their names: a turn on a line may call only the
+ *   tools the line lists (another of the job's is an unknown tool, answered and counted), a bare
+ *   '@' calls the line's one tool, and a line that names a tool the job lacks is refused at
+ *   submission and when the job starts; a single-turn job's response calls its line's tools for
+ *   the graders (sample.output_tools), nothing runs. */
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -415,6 +421,201 @@ static void test_one_turn(void) {
   json_decref(one);
 }
 
+/* The job's 52 tools "a".."z", "A".."Z" (every one the lookup) that a random model's "@X" turn
+ * calls; a line lists the lower-case ones, the upper-case ones, one ("k") or none. */
+static json_t *letters_episode(void) {
+  char url[128];
+  snprintf(url, sizeof url, "http://127.0.0.1:%d/lookup", tools.port);
+  json_t *ts = json_array();
+  for (int i = 0; i < 52; i++) {
+    char name[2] = {(char)(i < 26 ? 'a' + i : 'A' + i - 26), 0};
+    json_array_append_new(ts, json_pack("{s:s, s:{s:s}, s:s, s:i}", "type", "function", "function",
+                                        "name", name, "url", url, "concurrency", 4));
+  }
+  return json_pack("{s:i, s:i, s:o}", "max_turns", 3, "max_new_tokens_per_turn", 2, "tools", ts);
+}
+
+/* A line's tools: "kind" (lower, upper, k, any) and the list as JSON text. */
+static const char *line_tools(int k, const char **kind) {
+  static char list[4096];
+  static const char *const kinds[] = {"lower", "upper", "k", "any"};
+  *kind = kinds[k % 4];
+  int w = snprintf(list, sizeof list, "[");
+  for (int i = 0; i < 26 && k % 4 < 2; i++)
+    w += snprintf(list + w, sizeof list - (size_t)w,
+                  "%s{\"type\": \"function\", \"function\": {\"name\": \"%c\"}}", i ? ", " : "",
+                  (k % 4 ? 'A' : 'a') + i);
+  if (k % 4 == 2)
+    w += snprintf(list + w, sizeof list - (size_t)w,
+                  "{\"type\": \"function\", \"function\": {\"name\": \"k\"}}");
+  snprintf(list + w, sizeof list - (size_t)w, "]");
+  return k % 4 == 3 ? "null" : list;
+}
+
+/* Whether the one-letter tool name may be called on a line of kind. */
+static int listed(const char *kind, const char *name) {
+  if (!strcmp(kind, "any")) return 1;
+  if (!strcmp(kind, "k")) return !strcmp(name, "k");
+  return strlen(name) == 1 && (!strcmp(kind, "lower") ? islower(name[0]) : isupper(name[0]));
+}
+
+/* An episode job over the lines of path, rendered by the OpenAI route's template for presets. */
+static json_t *lines_job(int steps, const char *path) {
+  json_t *body = job(steps, letters_episode());
+  json_object_set_new(body, "training_file", json_string(path));
+  json_object_set_new(body, "chat_template",
+                      json_pack("{s:s, s:s, s:s}", "system", "{content}\n", "user", "{content}",
+                                "assistant", "{content}\n"));
+  return body;
+}
+
+/* Writes n lines "code K?" to tmpdir/name.jsonl (path), line K with the tools of
+ * line_tools(kinds[K % n_kinds]) and the id "<kind>-K", the answer when with_answer (else the RFT
+ * form); out: the folder tmpdir/name. */
+static void write_tool_lines(const char *name, int n, const int *kinds, int n_kinds,
+                             int with_answer, char *path, char *out) {
+  snprintf(path, 300, "%s/%s.jsonl", tmpdir, name);
+  snprintf(out, 300, "%s/%s", tmpdir, name);
+  FILE *f = fopen(path, "w");
+  for (int k = 0; f && k < n; k++) {
+    const char *kind, *list = line_tools(kinds[k % n_kinds], &kind);
+    char answer[32] = "";
+    if (with_answer) snprintf(answer, sizeof answer, "\"answer\": \"%d\", ", (k * 7 + 3) % 10);
+    fprintf(f,
+            "{\"id\": \"%s-%d\", \"messages\": [{\"role\": \"user\", \"content\": \"code %d?\"}], "
+            "%s\"tools\": %s}\n",
+            kind, k, k, answer, list);
+  }
+  if (f) fclose(f);
+}
+
+/* Every line of out's rollouts files of steps 1..steps, parsed, in order. */
+static json_t *all_rollouts(const char *out, int steps) {
+  json_t *all = json_array();
+  for (int s = 1; s <= steps; s++) {
+    char p[512], line[1 << 16];
+    snprintf(p, sizeof p, "%s/rollouts/step-%d.jsonl", out, s);
+    FILE *r = fopen(p, "r");
+    CHECK_MSG(r != NULL, "no %s", p);
+    while (r && fgets(line, sizeof line, r)) json_array_append_new(all, json_loads(line, 0, NULL));
+    if (r) fclose(r);
+  }
+  return all;
+}
+
+static void test_line_tools(void) {
+  char path[300], out[300];
+  static const int kinds[] = {0, 1, 2, 3};
+  write_tool_lines("lines", 40, kinds, 4, 1, path, out);
+  json_t *body = lines_job(6, path);
+  struct runner_result res;
+  CHECK(run(body, out, 0, &res) == RUNNER_SUCCEEDED);
+  int calls = 0, unknown = 0, bare = 0, several = 0;
+  json_t *ros = all_rollouts(out, 6), *ro;
+  size_t ri;
+  json_array_foreach(ros, ri, ro) {
+    const json_t *turns = json_object_get(ro, "turns");
+    const char *id = json_string_value(json_object_get(ro, "id"));
+    char kind[8] = "";
+    sscanf(id ? id : "", "%7[a-z]-", kind);
+    for (size_t k = 0; k < json_array_size(turns); k++) {
+      const json_t *t = json_array_get(turns, k), *tc = json_object_get(t, "tool_calls");
+      const char *text = json_string_value(json_object_get(t, "content"));
+      const char *why = json_string_value(json_object_get(t, "malformed"));
+      for (size_t c = 0; c < json_array_size(tc); c++) {
+        const char *name = json_string_value(json_object_get(json_array_get(tc, c), "name"));
+        CHECK_MSG(name && listed(kind, name), "rollout %zu: a call of '%s' on a line of %s tools",
+                  ri, name ? name : "?", kind);
+        calls++;
+        bare += text && !strcmp(kind, "k") && !strncmp(text, "@", 1) && !isalpha(text[1]);
+      }
+      char name[8] = "";
+      if (why && sscanf(why, "there is no tool '%7[^']'", name) == 1 && isalpha(name[0]) &&
+          !name[1]) {
+        /* a job's tool the line does not list: unknown there */
+        CHECK_MSG(!listed(kind, name), "rollout %zu: '%s' is listed on a %s line: %s", ri, name,
+                  kind, why);
+        unknown++;
+        const json_t *ans = json_object_get(json_array_get(turns, k + 1), "answers");
+        CHECK(!strcmp(json_string_value(json_object_get(json_array_get(ans, 0), "status")) ?: "",
+                      "unknown_tool") ||
+              k + 1 == json_array_size(turns));
+      }
+      several += why && !strcmp(kind, "any") && strstr(why, "this job has 52 tools");
+    }
+  }
+  json_decref(ros);
+  fprintf(stderr,
+          "line tools: %d calls (%d bare on one-tool lines), %d unknown, %d bare '@' "
+          "with 52 tools\n",
+          calls, bare, unknown, several);
+  CHECK_MSG(calls > 0 && unknown > 0 && bare > 0,
+            "too few calls to tell: %d calls (%d bare), %d unknown", calls, bare, unknown);
+  json_decref(body);
+
+  /* a line naming a tool the job lacks: refused at submission and when the job starts */
+  FILE *f = fopen(path, "a");
+  fprintf(f, "{\"messages\": [{\"role\": \"user\", \"content\": \"c\"}], \"answer\": \"1\", "
+             "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"a\"}}, {\"type\": "
+             "\"function\", \"function\": {\"name\": \"zz\"}}]}\n");
+  fclose(f);
+  body = lines_job(1, path);
+  json_t *errs = json_array();
+  struct job_spec spec;
+  CHECK(jobspec_parse(body, NULL, &spec, errs) == 0);
+  struct mem_plan plan;
+  CHECK(runner_check_job(&spec, &plan, errs) >= 1);
+  char *d = json_dumps(errs, 0);
+  const char *want = "line 41: field 'tools[1].function.name': the job has no tool named 'zz'";
+  CHECK_MSG(d && strstr(d, want) && strstr(d, "\"training_file\""), "submission: %s", d);
+  free(d);
+  jobspec_deinit(&spec);
+  snprintf(out, sizeof out, "%s/lines-bad", tmpdir);
+  CHECK(run(body, out, 0, &res) == RUNNER_FAILED && strstr(res.message, want));
+  json_decref(errs);
+  json_decref(body);
+}
+
+/* A single-turn job (no `episode`) on RFT lines with tools: each response ("@x", two tokens) is
+ * read for calls of its line's tools (dapod's format here: a custom template) and the graders see
+ * them as sample.output_tools; nothing is called. A line without tools has none, and a response
+ * naming a tool its line does not list ("@X" on a lower-case line) calls none. */
+static void test_single_turn_tools(void) {
+  char path[300], out[300];
+  static const int kinds[] = {0, 3};
+  write_tool_lines("single", 16, kinds, 2, 0, path, out);
+  json_t *body = lines_job(2, path);
+  json_object_del(body, "episode");
+  json_object_set_new(json_object_get(body, "hyperparameters"), "max_new_tokens", json_integer(2));
+  json_object_set_new(body, "judge",
+                      json_pack("{s:s, s:{s:s, s:s, s:s, s:s, s:s}}", "type", "grader", "grader",
+                                "type", "string_check", "name", "called", "operation", "ne",
+                                "input", "{{sample.output_tools[0].function.name}}", "reference",
+                                ""));
+  struct runner_result res;
+  CHECK(run(body, out, 0, &res) == RUNNER_SUCCEEDED);
+  int called = 0, upper = 0;
+  json_t *ros = all_rollouts(out, 2), *ro;
+  size_t ri;
+  json_array_foreach(ros, ri, ro) {
+    const char *id = json_string_value(json_object_get(ro, "id")),
+               *text = json_string_value(json_object_get(ro, "response"));
+    double reward = json_number_value(json_object_get(ro, "reward_raw"));
+    int lower = id && !strncmp(id, "lower-", 6), at = text && text[0] == '@';
+    int call = lower && at && islower(text[1]) && !text[2];
+    CHECK_MSG(reward == call, "rollout %zu: reward %g for '%s' on %s", ri, reward, text ? text : "",
+              id ? id : "?");
+    called += call;
+    upper += at && isupper(text[1]) && !text[2];
+  }
+  size_t lines = json_array_size(ros);
+  json_decref(ros);
+  fprintf(stderr, "single turn: %d of %zu responses called their line's tool (%d \"@X\": none)\n",
+          called, lines, upper);
+  CHECK_MSG(called > 0, "no response called in %zu", lines);
+  json_decref(body);
+}
+
 static void test_refusals(void) {
   static const struct {
     const char *episode, *field, *why;
@@ -428,8 +629,9 @@ static void test_refusals(void) {
       {"{\"reward\": \"sum\"}", "episode.reward", "need an episode.environment"},
       {"{\"reward\": \"best\"}", "episode.reward", "expected \"judge\""},
       {"{\"environment\": {\"type\": \"http\"}}", "episode.environment.url", "required"},
-      {"{\"environment\": {\"type\": \"openenv\", \"url\": \"ws://127.0.0.1/ws\"}}",
-       "episode.environment.type", "not supported yet"},
+      {"{\"environment\": {\"type\": \"openenv\", \"url\": \"ws://127.0.0.1/ws\", "
+       "\"actionfield\": \"message\"}}",
+       "episode.environment.actionfield", "unknown field"},
       {"{\"environment\": {\"type\": \"http\", \"url\": \"http://127.0.0.1/?x=1\"}}",
        "episode.environment.url", "no query"},
       {"{\"environment\": {\"type\": \"http\", \"url\": \"http://10.0.0.8/\"}}",
@@ -508,6 +710,10 @@ int main(void) {
     test_episodes();
     watchdog_section("refusals");
     test_refusals();
+    watchdog_section("a line's tools");
+    test_line_tools();
+    watchdog_section("a line's tools, single turn");
+    test_single_turn_tools();
   }
   if (env.pid > 0) {
     watchdog_section("environment: run a");
