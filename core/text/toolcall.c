@@ -177,13 +177,13 @@ int tc_render_answers(enum tc_format f, const struct tc_answer *a, int n, char *
   char *buf = malloc(need), *p = buf;
   *out = buf;
   if (!buf) return DAPO_ENOMEM;
-  (void)f; /* TC_DAPOD: "=" content "\n" per answer, ">" content "\n" per observation */
+  (void)f; /* TC_DAPOD: "=" content per answer, ">" content per observation, "\n" between */
   for (int i = 0; i < n; i++) {
     size_t k = strlen(a[i].content);
+    if (i) *p++ = '\n';
     *p++ = !a[i].role || !strcmp(a[i].role, "tool") ? '=' : '>';
     memcpy(p, a[i].content, k);
     p += k;
-    *p++ = '\n';
   }
   *p = '\0';
   return 0;

@@ -4,8 +4,9 @@
  *   dapod   the default of the presets and of custom chat templates, made to be learnable from
  *           random weights by a character model: a turn that starts with '@' is a call,
  *           "@name {json arguments}", "@name" (no arguments), or a bare "@" when the job has one
- *           tool; the answer is written back as "=" content "\n", an environment's
- *           observation as ">" content "\n".
+ *           tool; the answer is written back as "=" content, an environment's observation
+ *           as ">" content, "\n" between two of them, and the model's next turn follows the
+ *           last character at once (what it reads last is what it most often copies).
  *   qwen    Qwen2.5's and Qwen3's (Hermes-style): calls after the turn's text, each
  *           "<tool_call>\n{\"name\": ..., \"arguments\": {...}}\n</tool_call>"
  *   llama3_json  Llama 3.1's and 3.2's: the whole turn is one {"name": ..., "parameters": {...}}
@@ -60,8 +61,8 @@ struct tc_answer {
 
 /* The text that follows a model's turn when the world said these n >= 0 messages, ending where
  * the model's next turn starts, into *out (malloc'd, NUL-terminated). dapod writes a tool's
- * answer "=" content "\n" and a user's or system's message ">" content "\n". Returns 0 or
- * DAPO_ENOMEM. */
+ * answer "=" content and a user's or system's message ">" content, "\n" between two of them
+ * and nothing after the last. Returns 0 or DAPO_ENOMEM. */
 int tc_render_answers(enum tc_format f, const struct tc_answer *a, int n, char **out);
 
 #endif

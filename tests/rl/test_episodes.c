@@ -201,7 +201,7 @@ static int check_env_rollouts(const char *out, int step, int sum, int *lines) {
       /* the world first, then the model and the world by turns */
       bad |= assistant != (int)(k % 2) || (!assistant && strcmp(role, "environment"));
       if (k == 0)
-        bad |= strcmp(json_string_value(json_object_get(t, "content")), ">digits\n>guess\n") != 0;
+        bad |= strcmp(json_string_value(json_object_get(t, "content")), ">digits\n>guess") != 0;
       if (!assistant) {
         const json_t *rw = json_object_get(t, "reward");
         bad |= !json_equal((json_t *)rw, json_array_get(rewards, k / 2));

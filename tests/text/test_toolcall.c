@@ -72,19 +72,18 @@ static void test_dapod(void) {
   read_turn(longname, two, 2, &t);
   CHECK(t.malformed && strstr(t.why, "longer than 64 bytes"));
 
-  /* answers: "=" content "\n" each, in order */
+  /* answers: "=" content each, in order, "\n" between (the model goes on right after the last) */
   struct tc_answer a[2] = {{"lookup", "7", NULL}, {"calc", "error: division by zero", "tool"}};
   char *out = NULL;
-  CHECK(tc_render_answers(TC_DAPOD, a, 1, &out) == 0 && !strcmp(out, "=7\n"));
+  CHECK(tc_render_answers(TC_DAPOD, a, 1, &out) == 0 && !strcmp(out, "=7"));
   free(out);
   CHECK(tc_render_answers(TC_DAPOD, a, 2, &out) == 0 &&
-        !strcmp(out, "=7\n=error: division by zero\n"));
+        !strcmp(out, "=7\n=error: division by zero"));
   free(out);
-  /* an environment's observations: ">" content "\n"; no message at all: nothing */
+  /* an environment's observations: ">" content; no message at all: nothing */
   struct tc_answer obs[3] = {
       {"", "guess again", "user"}, {"", "rules", "system"}, {"x", "1", "tool"}};
-  CHECK(tc_render_answers(TC_DAPOD, obs, 3, &out) == 0 &&
-        !strcmp(out, ">guess again\n>rules\n=1\n"));
+  CHECK(tc_render_answers(TC_DAPOD, obs, 3, &out) == 0 && !strcmp(out, ">guess again\n>rules\n=1"));
   free(out);
   CHECK(tc_render_answers(TC_DAPOD, obs, 0, &out) == 0 && !strcmp(out, ""));
   free(out);
