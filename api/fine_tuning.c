@@ -155,6 +155,10 @@ static json_t *ft_job_json(const struct store_job *j) {
       "response_format",
       json_object_get(judge, "response_format") ? json_object_get(judge, "response_format")
                                                 : json_null());
+  /* dapod's extension, resolved (every field), when the job has one */
+  const json_t *episode = json_object_get(res, "episode");
+  if (method && episode && !json_is_null(episode))
+    json_object_set(json_object_get(method, "reinforcement"), "episode", (json_t *)episode);
   json_t *o = json_pack(
       "{s:s, s:s, s:I, s:s, s:s, s:s, s:o, s:s, s:o, s:o, s:o, s:o, s:[], s:o, s:o, s:o, s:o, "
       "s:o, s:o, s:o, s:I, s:I, s:o}",
@@ -251,7 +255,8 @@ static json_t *native_body(struct api_req *r, const json_t *b, json_t *errors) {
     return NULL;
   }
   json_object_foreach((json_t *)rl, key, v) {
-    if (strcmp(key, "grader") && strcmp(key, "hyperparameters") && strcmp(key, "response_format")) {
+    if (strcmp(key, "grader") && strcmp(key, "hyperparameters") && strcmp(key, "response_format") &&
+        strcmp(key, "episode")) {
       char field[128];
       snprintf(field, sizeof field, "method.reinforcement.%.64s", key);
       dapo_errors_add(errors, field, "unknown field");
@@ -353,6 +358,10 @@ static json_t *native_body(struct api_req *r, const json_t *b, json_t *errors) {
   const json_t *seed = json_object_get(b, "seed"), *suffix = json_object_get(b, "suffix");
   if (seed && !json_is_null(seed)) json_object_set(nb, "seed", (json_t *)seed);
   if (suffix && !json_is_null(suffix)) json_object_set(nb, "suffix", (json_t *)suffix);
+  /* dapod's extension: the native `episode` (tools with URLs, the python tool), checked by the
+   * job service, its errors named method.reinforcement.episode.* */
+  const json_t *episode = json_object_get(rl, "episode");
+  if (episode && !json_is_null(episode)) json_object_set(nb, "episode", (json_t *)episode);
   /* models without a chat template (the presets) render messages with the default one */
   const char *model = json_string_value(json_object_get(b, "model"));
   struct registry_entry ent;
@@ -367,7 +376,7 @@ static void oai_field(const char *f, char *out, size_t cap) {
     snprintf(out, cap, "method.reinforcement.grader%s", f + 12);
   else if (!strncmp(f, "judge.", 6))
     snprintf(out, cap, "method.reinforcement.%s", f + 6);
-  else if (!strncmp(f, "hyperparameters", 15))
+  else if (!strncmp(f, "hyperparameters", 15) || !strncmp(f, "episode", 7))
     snprintf(out, cap, "method.reinforcement.%s", f);
   else
     snprintf(out, cap, "%s", f);
