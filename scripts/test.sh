@@ -26,16 +26,16 @@ echo "== server and worker tests under ThreadSanitizer"
 # The tests that run threads of ours: the daemon (labels api and security; openapi_lint only lints
 # YAML; tests also labelled torch or slow are numeric and too slow under TSan), the
 # bus/store/HTTP unit tests, the pool's and the sampler's (its pool splits decoding steps with
-# barriers), the tools' (their calls run on threads of their own) and the episodes' (the runner
-# taking their answers), and the daemon relaying a multi-process job's events from its launcher
-# (mpi_jobs).
+# barriers), the tools' (their calls run on threads of their own), the episodes' (the runner
+# taking their answers; test_openenv also the OpenEnv sessions' socket thread), and the daemon
+# relaying a multi-process job's events from its launcher (mpi_jobs).
 # Any report fails the stage: halt_on_error stops the process, and every report is also written under build-tsan/tsan (log_path), which must stay
 # empty. tests/security/tsan.supp lists races inside uninstrumented libraries only.
 rm -rf build-tsan/tsan && mkdir -p build-tsan/tsan
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/security/tsan.supp:log_path=$PWD/build-tsan/tsan/report}
 tsan_rc=0
 (cd build-tsan && ctest --output-on-failure --timeout 1800 -j"$jobs" \
-  -R '^(test_bus|test_store|test_api_units|test_pool|test_sampler|test_tools|test_episodes|security_judge_ssrf|mpi_jobs)$') || tsan_rc=1
+  -R '^(test_bus|test_store|test_api_units|test_pool|test_sampler|test_tools|test_episodes|test_openenv|security_judge_ssrf|mpi_jobs)$') || tsan_rc=1
 (cd build-tsan && ctest --output-on-failure --timeout 1800 -j"$jobs" -L 'api|security' \
   -LE 'torch|slow' -E '^(openapi_lint|security_judge_ssrf)$') || tsan_rc=1
 if [ -n "$(ls -A build-tsan/tsan)" ]; then

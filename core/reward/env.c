@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int refuse(struct env_reply *out, char *why, size_t cap, const char *fmt, ...)
@@ -21,6 +22,21 @@ static int message(json_t *list, const char *role, const char *content, const ch
   json_t *m = json_pack("{s:s, s:s}", "role", role, "content", content);
   if (m && name) json_object_set_new(m, "name", json_string(name));
   return !m || json_array_append_new(list, m);
+}
+
+/* A reply's reward (a finite number, null or absent) and done (a boolean or absent) into out;
+ * at prefixes the fields' names in why. */
+static int reward_done(const json_t *rw, const json_t *done, const char *at, struct env_reply *out,
+                       char *why, size_t cap) {
+  if (rw && !json_is_null(rw)) {
+    if (!json_is_number(rw) || !isfinite(json_number_value(rw)))
+      return refuse(out, why, cap, "%sreward: expected a finite number or null", at);
+    out->reward = json_number_value(rw), out->has_reward = 1;
+  }
+  if (done && !json_is_boolean(done))
+    return refuse(out, why, cap, "%sdone: expected true or false", at);
+  out->done = json_is_true(done);
+  return 0;
 }
 
 int env_reply_parse(const char *text, size_t n, struct env_reply *out, char *why, size_t cap) {
@@ -63,15 +79,7 @@ int env_reply_parse(const char *text, size_t n, struct env_reply *out, char *why
   } else if (obs && !json_is_null(obs)) {
     rc = refuse(out, why, cap, "observation: expected a string, {\"messages\": [...]} or null");
   }
-  if (!rc && rw && !json_is_null(rw)) {
-    if (!json_is_number(rw) || !isfinite(json_number_value(rw)))
-      rc = refuse(out, why, cap, "reward: expected a finite number or null");
-    else
-      out->reward = json_number_value(rw), out->has_reward = 1;
-  }
-  if (!rc && done && !json_is_boolean(done))
-    rc = refuse(out, why, cap, "done: expected true or false");
-  if (!rc) out->done = json_is_true(done);
+  if (!rc) rc = reward_done(rw, done, "", out, why, cap);
   if (!rc && info && !json_is_null(info)) {
     if (!json_is_object(info))
       rc = refuse(out, why, cap, "info: expected an object");
@@ -86,4 +94,56 @@ void env_reply_clear(struct env_reply *r) {
   json_decref(r->messages);
   json_decref(r->info);
   memset(r, 0, sizeof *r);
+}
+
+/* The user message an OpenEnv observation gives (docs/AGENTS.md), appended to out->messages. */
+static int openenv_message(const json_t *obs, const char *field, struct env_reply *out, char *why,
+                           size_t cap) {
+  const json_t *v = obs;
+  if (field) {
+    if (!json_is_object(obs)) return refuse(out, why, cap, "data.observation: expected an object");
+    if (!(v = json_object_get(obs, field)))
+      return refuse(out, why, cap, "data.observation.%.64s: missing", field);
+    if (json_is_null(v)) return 0;
+  }
+  char *text = json_is_string(v) ? NULL : json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+  if (!json_is_string(v) && !text) return refuse(out, why, cap, "out of memory");
+  int bad = message(out->messages, "user", text ? text : json_string_value(v), NULL);
+  free(text);
+  return bad ? refuse(out, why, cap, "out of memory") : 0;
+}
+
+int env_openenv_reply_parse(const char *text, size_t n, const char *observation_field,
+                            struct env_reply *out, char *why, size_t cap) {
+  memset(out, 0, sizeof *out);
+  json_error_t je;
+  json_t *root = json_loadb(text ? text : "", n, JSON_REJECT_DUPLICATES, &je);
+  const char *type = json_string_value(json_object_get(root, "type"));
+  const json_t *data = json_object_get(root, "data");
+  int rc = 0;
+  if (!json_is_object(root)) {
+    rc = refuse(out, why, cap, "the reply is not a JSON object (%.100s)",
+                root ? "another JSON value" : je.text);
+  } else if (!type || (strcmp(type, "observation") && strcmp(type, "error"))) {
+    rc = refuse(out, why, cap, "type: expected \"observation\" or \"error\"");
+  } else if (!json_is_object(data)) {
+    rc = refuse(out, why, cap, "data: expected an object");
+  } else if (!strcmp(type, "error")) {
+    const char *msg = json_string_value(json_object_get(data, "message")),
+               *code = json_string_value(json_object_get(data, "code"));
+    refuse(out, why, cap, "the environment answered an error: %.200s%s%.40s%s",
+           msg ? msg : "(no message)", code ? " (" : "", code ? code : "", code ? ")" : "");
+    rc = 1;
+  } else if (!json_object_get(data, "observation")) {
+    rc = refuse(out, why, cap, "data.observation: missing");
+  } else if (!(out->messages = json_array())) {
+    rc = refuse(out, why, cap, "out of memory");
+  } else {
+    rc = openenv_message(json_object_get(data, "observation"), observation_field, out, why, cap);
+    if (!rc)
+      rc = reward_done(json_object_get(data, "reward"), json_object_get(data, "done"), "data.", out,
+                       why, cap);
+  }
+  json_decref(root);
+  return rc;
 }

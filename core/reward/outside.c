@@ -2,6 +2,7 @@
  * connect-time address check (netaddr.h) and the classification of a finished attempt. */
 #include "outside.h"
 
+#include <netdb.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -32,6 +33,10 @@ struct outside {
   int n_literals;
   int allow_private;
   struct curl_slist *resolve; /* tests: CURLOPT_RESOLVE entries (judge_policy.resolve) */
+  /* a WebSocket party's (outside_new_ws) */
+  int ws;       /* the headers are the handshake's: no fixed ones */
+  int port;     /* the URL's, or 80 */
+  char *target; /* the path to request ("/ws" when the URL has none) */
 };
 
 /* ---- libcurl's global state ---- */
@@ -105,7 +110,8 @@ static int build_headers(struct outside *o, const char *field, const json_t *hdr
                          "%s.headers.%.64s: header values cannot contain CR, LF or NUL", field,
                          name);
       if (!strcasecmp(name, "content-length") || !strcasecmp(name, "transfer-encoding") ||
-          !strcasecmp(name, "host") || !strcasecmp(name, "connection"))
+          !strcasecmp(name, "host") || !strcasecmp(name, "connection") ||
+          (o->ws && (!strcasecmp(name, "upgrade") || !strncasecmp(name, "sec-websocket-", 14))))
         return dapo_errf(e, DAPO_EINVAL, "%s.headers.%.64s: set by the daemon, not the spec", field,
                          name);
       if (!strcasecmp(name, "content-type")) has_ctype = 1;
@@ -113,7 +119,7 @@ static int build_headers(struct outside *o, const char *field, const json_t *hdr
       char *line = malloc(len);
       if (!line) return dapo_errf(e, DAPO_ENOMEM, "%s.headers: out of memory", field);
       /* "Name;" is curl's way to send a header with an empty value. */
-      if (vl)
+      if (vl || o->ws)
         snprintf(line, len, "%s: %s", name, val);
       else
         snprintf(line, len, "%s;", name);
@@ -123,6 +129,7 @@ static int build_headers(struct outside *o, const char *field, const json_t *hdr
       o->headers = l;
     }
   }
+  if (o->ws) return 0; /* a handshake takes no body headers */
   static const char *const fixed[] = {"Accept: application/json", "Expect:"};
   for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) {
     struct curl_slist *l = curl_slist_append(o->headers, fixed[i]);
@@ -157,6 +164,31 @@ static int is_ip_literal(const char *s) {
   return inet_pton(AF_INET, t, buf) == 1 || inet_pton(AF_INET6, t, buf) == 1;
 }
 
+/* A WebSocket URL's port (80 when it names none) and the path to request: the URL's, or "/ws"
+ * (OpenEnv's endpoint) when it has none; no query or fragment. */
+static int ws_target(struct outside *o, const char *field, CURLU *u, struct dapo_err *e) {
+  char *port = NULL, *path = NULL, *query = NULL, *frag = NULL;
+  int rc = 0;
+  curl_url_get(u, CURLUPART_QUERY, &query, 0);
+  curl_url_get(u, CURLUPART_FRAGMENT, &frag, 0);
+  if (query || frag) {
+    rc = dapo_errf(e, DAPO_EINVAL, "%s.url: no query or fragment", field);
+  } else if (!curl_url_get(u, CURLUPART_PORT, &port, 0)) {
+    o->port = (int)strtol(port, NULL, 10); /* digits, 0 to 65535: curl checked them */
+  } else {
+    o->port = 80;
+  }
+  if (!rc && curl_url_get(u, CURLUPART_PATH, &path, 0))
+    rc = dapo_errf(e, DAPO_ENOMEM, "%s.url: out of memory", field);
+  if (!rc && !(o->target = strdup(!path[0] || !strcmp(path, "/") ? "/ws" : path)))
+    rc = dapo_errf(e, DAPO_ENOMEM, "%s.url: out of memory", field);
+  curl_free(port);
+  curl_free(path);
+  curl_free(query);
+  curl_free(frag);
+  return rc;
+}
+
 static int check_url(struct outside *o, const char *field, const char *url,
                      const struct judge_policy *pol, struct dapo_err *e) {
   static const char *const loopback[] = {"127.0.0.1", "localhost", "::1"};
@@ -179,18 +211,23 @@ static int check_url(struct outside *o, const char *field, const char *url,
   char *scheme = NULL, *host = NULL, *full = NULL;
   CURLU *u = curl_url();
   if (!u) return dapo_errf(e, DAPO_ENOMEM, "%s.url: out of memory", field);
-  CURLUcode uc = curl_url_set(u, CURLUPART_URL, url, 0);
+  /* curl knows no ws:// (Debian 12's is built without WebSockets): parsed as any scheme */
+  CURLUcode uc = curl_url_set(u, CURLUPART_URL, url, o->ws ? CURLU_NON_SUPPORT_SCHEME : 0);
   if (uc) {
     rc = dapo_errf(e, DAPO_EINVAL, "%s.url: '%.200s' is not a valid URL (%s)", field, url,
                    curl_url_strerror(uc));
     goto out;
   }
   if (curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) ||
-      (strcasecmp(scheme, "http") && strcasecmp(scheme, "https"))) {
-    rc = dapo_errf(e, DAPO_EINVAL, "%s.url: scheme '%.20s' is not http or https", field,
-                   scheme ? scheme : "");
+      (o->ws ? strcasecmp(scheme, "ws") != 0
+             : strcasecmp(scheme, "http") && strcasecmp(scheme, "https"))) {
+    rc = dapo_errf(e, DAPO_EINVAL, "%s.url: scheme '%.20s' is not %s", field, scheme ? scheme : "",
+                   !o->ws                                 ? "http or https"
+                   : scheme && !strcasecmp(scheme, "wss") ? "ws (wss:// is not supported yet)"
+                                                          : "ws");
     goto out;
   }
+  if (o->ws && (rc = ws_target(o, field, u, e))) goto out;
   if (curl_url_get(u, CURLUPART_HOST, &host, 0) || !host || !*host) {
     rc = dapo_errf(e, DAPO_EINVAL, "%s.url: '%.200s' names no host", field, url);
     goto out;
@@ -236,12 +273,14 @@ void outside_free(struct outside *o) {
   free(o->literals);
   free(o->host);
   free(o->url);
+  free(o->target);
   free(o);
 }
 
-struct outside *outside_new(const char *field, const char *what, const json_t *url,
-                            const json_t *headers, const struct judge_policy *pol,
-                            struct dapo_err *e) {
+/* An outside party of either kind (ws: a WebSocket party), built as outside_new says. */
+static struct outside *build(const char *field, const char *what, int ws, const json_t *url,
+                             const json_t *headers, const struct judge_policy *pol,
+                             struct dapo_err *e) {
   pthread_once(&curl_once, curl_init_once);
   if (curl_init_rc != CURLE_OK) {
     dapo_errf(e, DAPO_EIO, "%s: libcurl failed to initialise (%s)", field,
@@ -254,10 +293,12 @@ struct outside *outside_new(const char *field, const char *what, const json_t *u
     return NULL;
   }
   o->what = what;
+  o->ws = ws;
   snprintf(o->user_agent, sizeof o->user_agent, "dapod-%s/0.1", what);
   int rc = 0;
   if (!json_is_string(url))
-    rc = dapo_errf(e, DAPO_EINVAL, "%s.url: required, an http:// or https:// URL", field);
+    rc = dapo_errf(e, DAPO_EINVAL, "%s.url: required, %s", field,
+                   ws ? "a ws:// URL" : "an http:// or https:// URL");
   if (!rc) rc = check_url(o, field, json_string_value(url), pol, e);
   if (!rc) rc = build_headers(o, field, headers, e);
   for (int i = 0; !rc && pol && pol->resolve && i < pol->n_resolve; i++) {
@@ -272,6 +313,18 @@ struct outside *outside_new(const char *field, const char *what, const json_t *u
     return NULL;
   }
   return o;
+}
+
+struct outside *outside_new(const char *field, const char *what, const json_t *url,
+                            const json_t *headers, const struct judge_policy *pol,
+                            struct dapo_err *e) {
+  return build(field, what, 0, url, headers, pol, e);
+}
+
+struct outside *outside_new_ws(const char *field, const char *what, const json_t *url,
+                               const json_t *headers, const struct judge_policy *pol,
+                               struct dapo_err *e) {
+  return build(field, what, 1, url, headers, pol, e);
 }
 
 const char *outside_url(const struct outside *o) {
@@ -345,6 +398,74 @@ static curl_socket_t open_socket(void *clientp, curlsocktype purpose, struct cur
     return CURL_SOCKET_BAD;
   }
   return socket(addr->family, addr->socktype | SOCK_CLOEXEC, addr->protocol);
+}
+
+/* ---- a WebSocket party's connection (outside_new_ws) ---- */
+
+void outside_ws_endpoint(const struct outside *o, const char **host, int *port,
+                         const char **target) {
+  *host = o->host;
+  *port = o->port;
+  *target = o->target;
+}
+
+int outside_ws_headers(const struct outside *o, char *buf, size_t cap) {
+  size_t n = 0;
+  for (const struct curl_slist *l = o->headers; l; l = l->next) {
+    size_t k = strlen(l->data);
+    if (n + k + 3 > cap) return -1;
+    memcpy(buf + n, l->data, k);
+    memcpy(buf + n + k, "\r\n", 2);
+    n += k + 2;
+  }
+  if (cap) buf[n] = '\0';
+  return (int)n;
+}
+
+/* The address a test's "HOST:PORT:ADDRESS" entry gives o's host and port, into out; 0 when
+ * none does. */
+static int resolve_entry(const struct outside *o, char *out, size_t cap) {
+  for (const struct curl_slist *l = o->resolve; l; l = l->next) {
+    const char *c1 = strchr(l->data, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+    if (!c2 || (size_t)(c1 - l->data) != strlen(o->host) ||
+        strncasecmp(l->data, o->host, (size_t)(c1 - l->data)) ||
+        strtol(c1 + 1, NULL, 10) != o->port)
+      continue;
+    snprintf(out, cap, "%s", c2 + 1);
+    return 1;
+  }
+  return 0;
+}
+
+enum outside_outcome outside_ws_address(const struct outside *o, char *addr, size_t cap, char *what,
+                                        size_t wcap) {
+  char name[300], port[16];
+  if (!resolve_entry(o, name, sizeof name)) snprintf(name, sizeof name, "%s", o->host);
+  snprintf(port, sizeof port, "%d", o->port);
+  struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                           .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_NUMERICSERV},
+                  *res = NULL;
+  int gai = getaddrinfo(name, port, &hints, &res);
+  if (gai) {
+    snprintf(what, wcap, "could not resolve '%.100s' (%s)", o->host, gai_strerror(gai));
+    return OUT_CONNECT;
+  }
+  enum outside_outcome out = OUT_REFUSED;
+  char why[256] = "", first[INET6_ADDRSTRLEN] = "";
+  for (const struct addrinfo *a = res; a && out != OUT_OK; a = a->ai_next) {
+    char w[256];
+    if (!address_refusal(o, a->ai_addr, w, sizeof w)) {
+      netaddr_format(a->ai_addr, addr, cap);
+      out = OUT_OK;
+    } else if (!first[0]) {
+      netaddr_format(a->ai_addr, first, sizeof first);
+      snprintf(why, sizeof why, "%s", w);
+    }
+  }
+  freeaddrinfo(res);
+  if (out != OUT_OK) snprintf(what, wcap, "refused to connect to %s: %s", first, why);
+  return out;
 }
 
 void outside_xfer_free(struct outside_xfer *x) {

@@ -1,5 +1,6 @@
 /* Internal to core/reward: an outside party over HTTP (a judge, a tool, an environment) and how
- * every request to one is made. Its URL is checked against the host policy when the party is
+ * every request to one is made (an OpenEnv environment's WebSocket party is checked here too,
+ * and connected by openenv.h). Its URL is checked against the host policy when the party is
  * built (struct judge_policy, judge.h); every request goes out with one set of hardened curl
  * options (http and https only, no redirects, no proxy from the environment, bounded replies)
  * and every address curl is about to connect to is checked at connect time (the SSRF defence,
@@ -25,6 +26,14 @@ struct outside;
 struct outside *outside_new(const char *field, const char *what, const json_t *url,
                             const json_t *headers, const struct judge_policy *pol,
                             struct dapo_err *e);
+/* The same for a WebSocket party (an OpenEnv environment, openenv.h): a ws:// URL (wss:// is
+ * refused: not supported yet) with no query or fragment, whose path defaults to "/ws"; the
+ * headers go into the handshake (Upgrade and Sec-WebSocket-* are the client's, refused). It is
+ * never requested through curl: outside_ws_address and outside_ws_endpoint say where to
+ * connect. */
+struct outside *outside_new_ws(const char *field, const char *what, const json_t *url,
+                               const json_t *headers, const struct judge_policy *pol,
+                               struct dapo_err *e);
 void outside_free(struct outside *o);
 /* The URL as curl re-serialised it: what was checked is what is requested. */
 const char *outside_url(const struct outside *o);
@@ -60,6 +69,21 @@ enum outside_outcome outside_classify(CURL *c, CURLcode cc, const struct outside
 
 /* The first 200 bytes of the reply, quoted (valid UTF-8 kept, other bytes as \xNN), into out. */
 void outside_quote_reply(const struct outside_xfer *x, char *out, size_t cap);
+
+/* A WebSocket party's host (as the URL names it, without brackets), port and path (borrowed,
+ * live with o). */
+void outside_ws_endpoint(const struct outside *o, const char **host, int *port,
+                         const char **target);
+/* The party's extra handshake headers as "Name: value\r\n" lines into buf (NUL-terminated):
+ * their length, or -1 when they do not fit in cap bytes. */
+int outside_ws_headers(const struct outside *o, char *buf, size_t cap);
+/* Resolves a WebSocket party's host (the policy's test entries first) and checks every
+ * address in turn as curl's connections are checked: the first one allowed goes into addr (cap
+ * >= INET6_ADDRSTRLEN, numeric text: the one to connect to, so that no second lookup can
+ * differ), OUT_OK. OUT_REFUSED when none is allowed, OUT_CONNECT when the name does not
+ * resolve; what (wcap bytes) says why. Blocks on the resolver. */
+enum outside_outcome outside_ws_address(const struct outside *o, char *addr, size_t cap, char *what,
+                                        size_t wcap);
 
 /* Retry k waits 200 ms * 2^(k-1), at most 10 s, no jitter. */
 int64_t outside_backoff_ms(int attempts);

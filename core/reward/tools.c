@@ -1,8 +1,9 @@
 /* A job's tools (tools.h): the specs checked once; each tool's calls run on `concurrency` threads
  * of its own, HTTP calls through the outside-party transfer (outside.h) with retries, python
- * calls in the sandbox (sandbox.h). An environment is one more kind of tool: its reset, step
- * and close calls go the HTTP tools' way, to three routes under its URL. One mutex guards the
- * queue of calls and the list of answers. */
+ * calls in the sandbox (sandbox.h). An environment is one more kind of tool: an http one's
+ * reset, step and close calls go the HTTP tools' way, to three routes under its URL; an openenv
+ * one's go over the episode's WebSocket session (openenv.h). One mutex guards the queue of calls
+ * and the list of answers. */
 #include "tools.h"
 
 #include <pthread.h>
@@ -13,6 +14,7 @@
 #include <time.h>
 
 #include "jsonschema.h"
+#include "openenv.h"
 #include "outside.h"
 #include "sandbox.h"
 #include "utf8.h"
@@ -30,7 +32,9 @@ struct tool {
   json_t *function;       /* owned: {"type": "function", "function": {...}} */
   struct jschema *params; /* NULL: any arguments */
   struct outside *out;    /* HTTP tools */
-  struct outside *env[3]; /* an environment's routes, by enum env_op */
+  struct outside *env[3]; /* an http environment's routes, by enum env_op */
+  struct openenv *oe;     /* an openenv environment's sessions */
+  char action_field[NAME_MAX_LEN + 1], observation_field[NAME_MAX_LEN + 1]; /* its fields */
   int timeout_ms, concurrency, max_retries;
   size_t max_answer_bytes;
 };
@@ -368,11 +372,92 @@ static int read_env_reply(const struct call *c, const struct outside_xfer *x, st
   return 0;
 }
 
+static const char *const OPENENV_TYPES[3] = {"reset", "step", "close"}; /* by enum env_op */
+
+/* The message an openenv call sends (docs/AGENTS.md): /reset's body as reset's data, the
+ * action's text under action_field as step's, a close bare. Owned text; NULL out of memory. */
+static char *openenv_message(const struct tool *t, const struct call *c) {
+  json_t *m = json_pack("{s:s}", "type", OPENENV_TYPES[c->op]);
+  if (m && c->op == ENV_RESET) {
+    json_object_set(m, "data", c->args);
+  } else if (m && c->op == ENV_STEP) {
+    const char *text =
+        json_string_value(json_object_get(json_object_get(c->args, "action"), "content"));
+    json_object_set_new(m, "data", json_pack("{s:s}", t->action_field, text ? text : ""));
+  }
+  char *out = m ? json_dumps(m, JSON_COMPACT) : NULL;
+  json_decref(m);
+  return out;
+}
+
+/* One openenv call on the episode's WebSocket session: a reset opens a fresh socket, retried
+ * (each time on a new one) as an http environment's calls are; a step is not retried (the
+ * session's state would be lost or doubled); a close is best effort. The reply read into
+ * a->env, or why it failed in a->content. */
+static void run_openenv(struct toolbox *tb, const struct tool *t, const struct call *c,
+                        struct tool_answer *a) {
+  const char *id = json_string_value(json_object_get(c->args, "episode_id"));
+  char *text = openenv_message(t, c), what[400] = "";
+  a->attempts = 0;
+  if (!text || !id) {
+    a->err = TOOL_ERROR;
+    a->content = strdup("out of memory calling the environment");
+    free(text);
+    return;
+  }
+  enum openenv_op op = c->op == ENV_RESET  ? OPENENV_OPEN
+                       : c->op == ENV_STEP ? OPENENV_SEND
+                                           : OPENENV_CLOSE;
+  for (a->attempts = 1;; a->attempts++) {
+    char *reply = NULL, why[300];
+    size_t n = 0;
+    enum outside_outcome o = openenv_call(t->oe, id, op, text, strlen(text), t->timeout_ms,
+                                          t->max_answer_bytes, &reply, &n, what, sizeof what);
+    int retry = o != OUT_REFUSED;
+    if (o == OUT_OK && op == OPENENV_CLOSE) {
+      a->err = TOOL_OK;
+    } else if (o == OUT_OK) {
+      int r =
+          env_openenv_reply_parse(reply, n, t->observation_field[0] ? t->observation_field : NULL,
+                                  &a->env, why, sizeof why);
+      if (r == 0) {
+        a->err = TOOL_OK;
+      } else if (r > 0) {
+        a->err = TOOL_HTTP_ERROR;
+        snprintf(what, sizeof what, "%s", why);
+      } else {
+        struct outside_xfer x = {.reply = reply, .reply_n = n};
+        char q[256];
+        outside_quote_reply(&x, q, sizeof q);
+        a->err = TOOL_PARSE_ERROR;
+        snprintf(what, sizeof what, "malformed reply: %.160s: %.200s", why, q);
+      }
+    } else {
+      a->err = o == OUT_TIMEOUT     ? TOOL_TIMEOUT
+               : o == OUT_TOO_LARGE ? TOOL_PARSE_ERROR
+                                    : TOOL_HTTP_ERROR;
+    }
+    free(reply);
+    if (a->err == TOOL_OK || op != OPENENV_OPEN || !retry || a->attempts > t->max_retries ||
+        stopping(tb))
+      break;
+    pause_ms(tb, outside_backoff_ms(a->attempts));
+  }
+  if (a->err != TOOL_OK)
+    a->content = dup_printf("the environment's %s failed (%s after %d attempt%s)",
+                            OPENENV_TYPES[c->op], what, a->attempts, a->attempts == 1 ? "" : "s");
+  free(text);
+}
+
 /* One environment call (its body is the call's), with its retries: the reply read into a->env,
  * or why it failed in a->content. A /step is retried as a judge's call is; the body carries the
  * turn so that an environment can recognise a step it has already taken (docs/AGENTS.md). */
 static void run_env(struct toolbox *tb, const struct tool *t, const struct call *c,
                     struct tool_answer *a) {
+  if (t->oe) {
+    run_openenv(tb, t, c, a);
+    return;
+  }
   char *text = json_dumps(c->args, JSON_COMPACT);
   if (!text) {
     a->err = TOOL_ERROR;
@@ -566,6 +651,7 @@ void toolbox_free(struct toolbox *tb) {
   __atomic_store_n(&tb->stop, 1, __ATOMIC_RELAXED);
   pthread_cond_broadcast(&tb->work);
   pthread_mutex_unlock(&tb->mu);
+  for (int i = 0; i < tb->n; i++) openenv_abort(tb->tools[i].oe);
   for (int i = 0; i < tb->n_workers; i++)
     if (tb->workers[i].started) pthread_join(tb->workers[i].th, NULL);
   free(tb->workers);
@@ -585,6 +671,7 @@ void toolbox_free(struct toolbox *tb) {
     jschema_free(tb->tools[i].params);
     outside_free(tb->tools[i].out);
     for (int k = 0; k < 3; k++) outside_free(tb->tools[i].env[k]);
+    openenv_free(tb->tools[i].oe);
   }
   pthread_mutex_destroy(&tb->mu);
   pthread_cond_destroy(&tb->work);
@@ -661,27 +748,52 @@ struct toolbox *toolbox_new(const json_t *spec, const struct judge_policy *pol, 
   return toolbox_start(tb, rc, field, e);
 }
 
-/* An environment's spec into t: its three routes under the URL, each an outside party. */
+/* An openenv environment's own fields (action_field, observation_field: names) into t, and
+ * its client. */
+static int build_openenv(struct tool *t, const json_t *spec, const char *field,
+                         const struct judge_policy *pol, struct dapo_err *e) {
+  static const char *const names[2] = {"action_field", "observation_field"};
+  char *const into[2] = {t->action_field, t->observation_field};
+  for (int k = 0; k < 2; k++) {
+    const json_t *v = json_object_get(spec, names[k]);
+    if (v && !json_is_null(v) && (!json_is_string(v) || !valid_name(json_string_value(v))))
+      return dapo_errf(e, DAPO_EINVAL, "%s.%s: expected 1 to 64 of a-z, A-Z, 0-9, _ and -", field,
+                       names[k]);
+    snprintf(into[k], NAME_MAX_LEN + 1, "%s",
+             json_is_string(v) ? json_string_value(v)
+             : k == 0          ? "message"
+                               : "");
+  }
+  t->oe =
+      openenv_new(field, json_object_get(spec, "url"), json_object_get(spec, "headers"), pol, e);
+  return t->oe ? 0 : e->code;
+}
+
+/* An environment's spec into t: an http environment's three routes under the URL, each an
+ * outside party, or an openenv environment's WebSocket client. */
 static int build_env(struct tool *t, const json_t *spec, const char *field,
                      const struct judge_policy *pol, struct dapo_err *e) {
-  static const char *const fields[] = {
+  static const char *const http_fields[] = {
       "type",        "url",         "headers",          "timeout_ms",
       "concurrency", "max_retries", "max_answer_bytes", NULL};
+  static const char *const openenv_fields[] = {
+      "type",       "url",         "action_field", "observation_field", "headers",
+      "timeout_ms", "concurrency", "max_retries",  "max_answer_bytes",  NULL};
   if (!json_is_object(spec))
     return dapo_errf(e, DAPO_EINVAL,
                      "%s: expected an object such as {\"type\": \"http\", \"url\": "
                      "\"http://127.0.0.1:8000\"}",
                      field);
-  int rc = check_fields(spec, field, fields, e);
-  if (rc) return rc;
   const char *type = json_string_value(json_object_get(spec, "type"));
-  if (!type || strcmp(type, "http"))
-    return dapo_errf(e, type && !strcmp(type, "openenv") ? DAPO_EUNSUPPORTED : DAPO_EINVAL,
-                     "%s.type: %s", field,
-                     type && !strcmp(type, "openenv")
-                         ? "\"openenv\" (a WebSocket session) is not supported yet; use \"http\""
-                         : "expected \"http\"");
-  if ((rc = get_http_limits(t, spec, field, e))) return rc;
+  int openenv = type && !strcmp(type, "openenv");
+  if (!openenv && (!type || strcmp(type, "http")))
+    return dapo_errf(e, DAPO_EINVAL, "%s.type: expected \"http\" or \"openenv\"", field);
+  int rc = check_fields(spec, field, openenv ? openenv_fields : http_fields, e);
+  if (!rc) rc = get_http_limits(t, spec, field, e);
+  if (rc) return rc;
+  snprintf(t->name, sizeof t->name, "%s", "environment");
+  t->kind = TK_ENV;
+  if (openenv) return build_openenv(t, spec, field, pol, e);
   const char *url = json_string_value(json_object_get(spec, "url"));
   if (!url) return dapo_errf(e, DAPO_EINVAL, "%s.url: required, an http:// or https:// URL", field);
   if (strpbrk(url, "?#"))
@@ -700,10 +812,7 @@ static int build_env(struct tool *t, const json_t *spec, const char *field,
     json_decref(u);
     if (!t->env[k]) rc = e->code;
   }
-  if (rc) return rc;
-  snprintf(t->name, sizeof t->name, "%s", "environment");
-  t->kind = TK_ENV;
-  return 0;
+  return rc;
 }
 
 struct toolbox *toolbox_new_env(const json_t *spec, const struct judge_policy *pol,

@@ -12,10 +12,12 @@
  * failed, and the failure is counted by kind.
  *
  * A toolbox may instead hold one environment (toolbox_new_env): a program that keeps an
- * episode's state and answers each model turn over HTTP, POST {url}/reset, /step and /close
+ * episode's state and answers each model turn, over HTTP (`http`: POST {url}/reset, /step and
+ * /close) or an OpenEnv server's WebSocket session (`openenv`: one socket an episode, openenv.h)
  * (docs/AGENTS.md "Environments"), its calls run on `concurrency` threads as a tool's are, with
- * the same retries, error classes (counted as env_timeout, env_http_error, env_parse_error) and
- * host policy; its replies are read by env_reply_parse (env.h). */
+ * the same retries (an openenv step is never retried), error classes (counted as env_timeout,
+ * env_http_error, env_parse_error) and host policy; its replies are read by env_reply_parse and
+ * env_openenv_reply_parse (env.h). */
 #ifndef DAPO_TOOLS_H
 #define DAPO_TOOLS_H
 
@@ -93,15 +95,17 @@ void tool_answer_clear(struct tool_answer *a);
 /* ---- environments ---- */
 
 /* Builds a toolbox holding the environment spec (borrowed; {"type": "http", "url", "headers",
- * "timeout_ms", "concurrency", "max_retries", "max_answer_bytes"}) under pol; field names it in
- * errors. NULL + e on failure. */
+ * "timeout_ms", "concurrency", "max_retries", "max_answer_bytes"}, or {"type": "openenv", "url":
+ * "ws://...", "action_field", "observation_field", and the same limits}) under pol; field names
+ * it in errors. NULL + e on failure. */
 struct toolbox *toolbox_new_env(const json_t *spec, const struct judge_policy *pol,
                                 const char *field, struct dapo_err *e);
 /* Whether tb holds an environment (else tools). */
 int toolbox_is_env(const struct toolbox *tb);
 
 enum env_op { ENV_RESET = 0, ENV_STEP, ENV_CLOSE };
-/* Submits op with body (stolen: {"episode_id", ...}, docs/AGENTS.md) to the environment. The
+/* Submits op with body (stolen: {"episode_id", ...}, docs/AGENTS.md; an openenv environment's
+ * reset opens the episode's socket, a step reads body.action.content) to the environment. The
  * answer comes back with tag; ENV_CLOSE is best effort: no answer comes back, and closes still
  * queued when the toolbox is freed are not sent. 0, or DAPO_ENOMEM (body released).
  * Thread-safe. */

@@ -1,9 +1,13 @@
-/* libFuzzer target: an environment's reply (core/reward/env.h, env_reply_parse), what dapod
- * reads from an environment's /reset and /step. The input is the reply's body. It is read, or
- * refused with a reason that names a field ("observation...", "reward...", "done...",
- * "info...") or the reply itself; a reply read has at most ENV_MESSAGES_MAX messages, each with
- * a role of user, tool or system and string content, a finite reward when it has one, and
- * renders in the dapod format as one ">...\n" or "=...\n" line per message. */
+/* libFuzzer target: an environment's reply (core/reward/env.h), what dapod reads from an
+ * environment. An input that starts with a NUL byte is an OpenEnv server's WebSocket message
+ * (env_openenv_reply_parse), its second byte picking the observation_field (none, "text",
+ * "message", "board"), the rest the message; any other input is an http environment's /reset or
+ * /step body (env_reply_parse). It is read, or refused with a reason that names a field
+ * ("observation...", "reward...", "done...", "info..."; OpenEnv's "type...", "data...") or the
+ * reply itself (an OpenEnv error reply is told apart: "the environment answered an error");
+ * a reply read has at most ENV_MESSAGES_MAX messages (an OpenEnv one, one user message or none),
+ * each with a role of user, tool or system and string content, a finite reward when it has one,
+ * and renders in the dapod format as one ">..." or "=..." line per message, "\n" between. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -15,17 +19,32 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size > 1 << 16) return 0;
+  static const char *const FIELDS[4] = {NULL, "text", "message", "board"};
   struct env_reply r;
   char why[256];
-  if (env_reply_parse((const char *)data, size, &r, why, sizeof why)) {
+  int openenv = size >= 2 && data[0] == 0, rc;
+  if (openenv)
+    rc = env_openenv_reply_parse((const char *)data + 2, size - 2, FIELDS[data[1] % 4], &r, why,
+                                 sizeof why);
+  else
+    rc = env_reply_parse((const char *)data, size, &r, why, sizeof why);
+  if (rc) {
     FUZZ_CHECK(r.messages == NULL && r.info == NULL);
-    FUZZ_CHECK(!strncmp(why, "observation", 11) || !strncmp(why, "reward", 6) ||
-               !strncmp(why, "done", 4) || !strncmp(why, "info", 4) ||
-               !strncmp(why, "the reply", 9) || !strcmp(why, "out of memory"));
+    if (openenv)
+      FUZZ_CHECK(rc == 1
+                     ? !strncmp(why, "the environment answered an error: ", 35)
+                     : rc == -1 && (!strncmp(why, "type", 4) || !strncmp(why, "data.", 5) ||
+                                    !strncmp(why, "data:", 5) || !strncmp(why, "the reply", 9) ||
+                                    !strcmp(why, "out of memory")));
+    else
+      FUZZ_CHECK(!strncmp(why, "observation", 11) || !strncmp(why, "reward", 6) ||
+                 !strncmp(why, "done", 4) || !strncmp(why, "info", 4) ||
+                 !strncmp(why, "the reply", 9) || !strcmp(why, "out of memory"));
     return 0;
   }
   size_t n = json_array_size(r.messages);
-  FUZZ_CHECK(json_is_array(r.messages) && n <= ENV_MESSAGES_MAX);
+  FUZZ_CHECK(json_is_array(r.messages) && n <= (openenv ? 1 : ENV_MESSAGES_MAX));
+  FUZZ_CHECK(!openenv || r.info == NULL);
   FUZZ_CHECK(!r.has_reward || isfinite(r.reward));
   FUZZ_CHECK(r.info == NULL || json_is_object(r.info));
   struct tc_answer a[ENV_MESSAGES_MAX];
@@ -40,10 +59,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   FUZZ_CHECK(tc_render_answers(TC_DAPOD, a, (int)n, &out) == 0 && out);
   size_t lines = 0;
   for (const char *p = out; *p; p++) lines += *p == '\n';
-  size_t newlines = 0; /* the contents' own newlines, beside one ending each message */
+  size_t newlines = 0; /* the contents' own newlines, beside one between messages */
   for (size_t i = 0; i < n; i++)
     for (const char *p = a[i].content; *p; p++) newlines += *p == '\n';
-  FUZZ_CHECK(lines == n + newlines && (n == 0 || out[0] == '>' || out[0] == '='));
+  FUZZ_CHECK(lines == (n ? n - 1 : 0) + newlines && (n == 0 || out[0] == '>' || out[0] == '='));
   free(out);
   env_reply_clear(&r);
   return 0;
