@@ -180,7 +180,7 @@ static int check_tools(const json_t *jt, char *msg, size_t cap) {
                   TC_NAME_MAX);
     static const struct {
       const char *key;
-      json_type type;
+      json_type type; /* JSON_TRUE: a boolean */
       const char *want;
     } OPT[] = {{"description", JSON_STRING, "a string"},
                {"parameters", JSON_OBJECT, "a JSON Schema object"},

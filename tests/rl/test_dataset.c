@@ -256,8 +256,8 @@ static void test_line_tools(void) {
                   i);
   snprintf(many + w, sizeof many - (size_t)w, "]}");
   CHECK_LINE_ERR(many, 8, "line 8: field 'tools': at most 64 tools, got 65");
-  many[w - 2 - (int)strlen(FN("{\"name\": \"t64\"}"))] = '\0'; /* cut after the 64th */
-  strcat(many, "]}");
+  int cut = w - 2 - (int)strlen(FN("{\"name\": \"t64\"}")); /* after the 64th */
+  snprintf(many + cut, sizeof many - (size_t)cut, "]}");
   CHECK_MSG(line_rc(many, 8, &e) == 0, "64 tools: %s", e.msg);
 #undef FN
 #undef MSGS
