@@ -19,98 +19,24 @@
 # Exit 77 (skipped) when curl or python3 is missing. Usage: test_quickstart.sh DAPOD
 set -euo pipefail
 dapod=$1
-root=$(cd "$(dirname "$0")/../.." && pwd)
-readme=$root/README.md
-default_url=http://127.0.0.1:8080
-
-for tool in curl python3; do
-  if ! command -v "$tool" >/dev/null 2>&1; then
-    echo "test_quickstart: $tool not found; skipping" >&2
-    exit 77
-  fi
-done
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/dapod-quickstart.XXXXXX")
-pid=
-cleanup() {
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM HUP # the EXIT trap then stops the daemon
-fail() {
-  echo "test_quickstart: FAIL: $*" >&2
-  if [ -f "$tmp/dapod.log" ]; then
-    echo "--- dapod log (end) ---" >&2
-    tail -n 40 "$tmp/dapod.log" >&2
-  fi
-  exit 1
-}
-
-# ---- the commands, exactly as the README has them ----
-# (only ```sh / ```bash blocks run: a block of example output in between would not)
-awk '/<!-- quickstart:begin -->/ { on = 1; next }
-     /<!-- quickstart:end -->/ { on = 0 }
-     on && /^```/ { if (fence) fence = 0; else { fence = 1; run = ($0 ~ /^```(sh|bash)[ \t]*$/) } next }
-     on && fence && run { print }' "$readme" >"$tmp/readme.sh"
-[ -s "$tmp/readme.sh" ] || fail "no shell block between the quickstart markers of README.md"
-grep -q "$default_url" "$tmp/readme.sh" || fail "the quick start never names $default_url"
-
-# ---- a daemon on a free port ----
-mkdir -p "$tmp/models" "$tmp/work"
-"$dapod" serve --listen 127.0.0.1:0 --data-dir "$tmp/var" --models-dir "$tmp/models" \
-  --workers 1 2>"$tmp/dapod.log" &
-pid=$!
-url=
-for _ in $(seq 600); do # 60 s at most (the sanitizer build starts slower)
-  url=$(sed -n 's/^dapod: listening on \(http:\/\/[^ ]*\)$/\1/p' "$tmp/dapod.log" | head -n 1)
-  [ -n "$url" ] && break
-  kill -0 "$pid" 2>/dev/null || fail "dapod exited before listening"
-  sleep 0.1
-done
-[ -n "$url" ] || fail "dapod did not report its port within 60 s"
-for _ in $(seq 600); do
-  curl -sf "$url/readyz" >/dev/null 2>&1 && break
-  sleep 0.1
-done
-curl -sf "$url/readyz" >/dev/null || fail "dapod at $url is not ready"
-
-# only the base URL changes
-sed "s#$default_url#$url#g" "$tmp/readme.sh" >"$tmp/work/quickstart.sh"
-if grep -q "$default_url" "$tmp/work/quickstart.sh"; then fail "substitution left $default_url"; fi
-ln -s "$root/tests" "$tmp/work/tests"
-[ -d "$root/examples" ] && ln -s "$root/examples" "$tmp/work/examples"
-
-echo "test_quickstart: running the README's quick start against $url" >&2
-start=$(date +%s)
-if ! (cd "$tmp/work" && timeout 300 bash -e -o pipefail quickstart.sh >"$tmp/out.txt" 2>"$tmp/err.txt"); then
-  cat "$tmp/out.txt" "$tmp/err.txt" >&2
-  fail "the quick start's commands failed"
-fi
-echo "test_quickstart: the commands ran in $(($(date +%s) - start)) s" >&2
+test=test_quickstart
+# shellcheck source=readme_block.sh
+. "$(dirname "$0")/readme_block.sh"
+readme_init
+readme_extract quickstart
+readme_serve "$dapod"
+readme_run 300
 
 # ---- what they did ----
-python3 - "$url" "$tmp/work" "$tmp/out.txt" <<'PY' || fail "the quick start's results are wrong"
+python3 - "$url" "$tmp/work" "$tmp/out.txt" "$root/tests/api" <<'PY' || fail "the quick start's results are wrong"
 import hashlib, json, os, re, struct, sys, urllib.request
 
 url, work, out = sys.argv[1:4]
-def get(path):
-    with urllib.request.urlopen(url + path, timeout=30) as r:
-        return json.load(r)
-
-def check(cond, what):
-    if not cond:
-        print("test_quickstart: " + what, file=sys.stderr)
-        sys.exit(1)
-
-text = open(out, encoding="utf-8").read()
-lines = text.splitlines()
-check("end succeeded" in lines, "the followed stream did not print `end succeeded`:\n"
-      + text[-2000:])
-jobs = get("/v1/jobs")["data"]
-check(len(jobs) == 1, "expected one job, found %d" % len(jobs))
-job = jobs[0]
-check(job["status"] == "succeeded", "the job is %s: %s" % (job["status"], job.get("error")))
+sys.dont_write_bytecode = True
+sys.path.insert(0, sys.argv[4])
+from readme_job import Readme
+readme = Readme("test_quickstart", url, out)
+get, check, lines, job = readme.get, readme.check, readme.lines, readme.job
 
 # ---- it learned ----
 FIRST_MAX, LAST_MIN, GREEDY_MIN = 0.2, 0.7, 0.7
@@ -200,9 +126,5 @@ print("test_quickstart: job %s succeeded; step %d checkpoint: %d tensors, %d byt
       % (job["id"], final, len(header), len(blob)), file=sys.stderr)
 PY
 
-kill -TERM "$pid"
-rc=0
-wait "$pid" || rc=$?
-pid=
-[ "$rc" -eq 0 ] || fail "dapod exited $rc after SIGTERM"
+readme_stop
 echo "test_quickstart: 1 passed, 0 failed" >&2
