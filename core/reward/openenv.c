@@ -433,10 +433,15 @@ enum outside_outcome openenv_call(struct openenv *oe, const char *id, enum opene
   struct session *s = find(oe, id);
   if (op == OPENENV_OPEN) {
     if (s) release(oe, s);
-    s = calloc(1, sizeof *s);
+    int live = 0;
+    for (const struct session *o = oe->sessions; o; o = o->next) live += o->wsi || o->connect;
+    s = live < SOCKETS_MAX ? calloc(1, sizeof *s) : NULL;
     if (!s) {
       free(m);
-      snprintf(what, cap, "out of memory");
+      if (live < SOCKETS_MAX)
+        snprintf(what, cap, "out of memory");
+      else
+        snprintf(what, cap, "%d sessions are open already (lower gen_batch_size)", SOCKETS_MAX);
       pthread_mutex_unlock(&oe->mu);
       return OUT_CONNECT;
     }
