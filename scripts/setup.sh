@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PKGS=(build-essential cmake pkg-config git
       libopenblas-dev libjansson-dev libmicrohttpd-dev libcurl4-openssl-dev libpcre2-dev libutf8proc-dev
       uuid-dev libsqlite3-dev nettle-dev libwebsockets-dev
-      python3 python3-torch python3-numpy python3-jinja2
+      python3 python3-torch python3-numpy python3-jinja2 python3-fastapi python3-uvicorn
       clang-format curl openssl
       clang libclang-rt-14-dev wrk
       chromium

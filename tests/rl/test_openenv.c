@@ -31,6 +31,9 @@
 #ifndef DAPO_OPENENV_SERVER_SCRIPT
 #define DAPO_OPENENV_SERVER_SCRIPT "openenv_server.py"
 #endif
+#ifndef DAPO_OPENENV_UVICORN_SCRIPT
+#define DAPO_OPENENV_UVICORN_SCRIPT "openenv_uvicorn.py"
+#endif
 #define PYTHON "/usr/bin/python3"
 
 static char tmpdir[] = "/tmp/dapo-openenv-XXXXXX";
@@ -369,6 +372,52 @@ static void test_connect_policy(void) {
   free(log);
 }
 
+/* One reset, a step, 3 s of nothing, a step and a close on a session of OpenEnv's own server
+ * stack (openenv_uvicorn.py: FastAPI on uvicorn, pinging every 0.5 s and dropping a client
+ * that does not answer within 0.5 s): the session outlives the idle time, the whole observation
+ * is read as JSON, the Host header is the URL's ("localhost", resolved and connected by
+ * address). Skipped when Debian's python3-fastapi or python3-uvicorn is missing. */
+static void test_uvicorn(void) {
+  if (system(PYTHON " -c 'import fastapi, uvicorn' 2>/dev/null")) {
+    fprintf(stderr, "test_openenv: uvicorn part skipped (no python3-fastapi, python3-uvicorn)\n");
+    return;
+  }
+  struct child uv;
+  const char *argv[] = {PYTHON, DAPO_OPENENV_UVICORN_SCRIPT, NULL};
+  CHECK(child_start(&uv, argv) == 0);
+  if (uv.pid <= 0) return;
+  char url[96], host[64];
+  snprintf(url, sizeof url, "ws://localhost:%d", uv.port);
+  snprintf(host, sizeof host, "\"host\":\"localhost:%d\"", uv.port);
+  json_t *spec = json_pack("{s:s, s:s, s:i}", "type", "openenv", "url", url, "timeout_ms", 5000);
+  struct dapo_err e = {0};
+  struct toolbox *tb = toolbox_new_env(spec, NULL, "episode.environment", &e);
+  json_decref(spec);
+  CHECK_MSG(tb != NULL, "%s", e.msg);
+  static const char *const ACTS[3] = {NULL, "7", "3"}, *const SAYS[3] = {NULL, "\"no\"", "right"};
+  for (int k = 0; tb && k < 3; k++) {
+    if (k == 2) child_nap_ms(3000); /* six pings */
+    json_t *body = k == 0 ? json_pack("{s:s, s:{s:s}}", "episode_id", "uv-0", "item", "answer", "3")
+                          : json_pack("{s:s, s:{s:s, s:s}}", "episode_id", "uv-0", "action", "role",
+                                      "assistant", "content", ACTS[k]);
+    toolbox_submit_env(tb, 1, k == 0 ? ENV_RESET : ENV_STEP, body);
+    struct tool_answer a = {0};
+    CHECK(toolbox_take(tb, &a, 1, 10000, NULL) == 1);
+    const char *said =
+        json_string_value(json_object_get(json_array_get(a.env.messages, 0), "content"));
+    CHECK_MSG(a.err == TOOL_OK && said && strstr(said, k == 0 ? host : SAYS[k]) &&
+                  a.env.done == (k == 2),
+              "uvicorn, call %d: %s", k,
+              a.content ? a.content
+              : said    ? said
+                        : "(no message)");
+    tool_answer_clear(&a);
+  }
+  if (tb) toolbox_submit_env(tb, -1, ENV_CLOSE, json_pack("{s:s}", "episode_id", "uv-0"));
+  toolbox_free(tb);
+  child_stop(&uv);
+}
+
 static void test_refusals(void) {
   static const struct {
     const char *env, *field, *why;
@@ -443,6 +492,8 @@ int main(void) {
     test_connect_policy();
     test_failures();
   }
+  watchdog_section("OpenEnv's server stack");
+  test_uvicorn();
   watchdog_section("stopping the server");
   child_stop(&server);
   pool_free(g_pool);
