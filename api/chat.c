@@ -341,27 +341,36 @@ static double now_unix(void) {
   return (double)time(NULL);
 }
 
-/* One entry of logprobs.content: the token (decoded alone), its log-prob and bytes. */
-static json_t *logprob_entry(const struct chat_req *q, const char *piece, double lp) {
-  if (!piece) piece = "";
+/* {token, logprob, bytes} of a token shown alone: its text (invalid UTF-8 as U+FFFD) and its
+ * raw bytes (a piece of a character keeps its own). */
+static json_t *token_json(const struct completion_piece *p, double lp) {
   json_t *bytes = json_array();
-  for (const unsigned char *b = (const unsigned char *)piece; *b; b++)
-    json_array_append_new(bytes, json_integer(*b));
-  json_t *top = json_array();
-  if (q->top_logprobs > 0) /* the sampled token only: the sampler keeps no others */
-    json_array_append_new(top, json_pack("{s:o, s:f, s:O}", "token", dapo_json_text(piece),
-                                         "logprob", lp, "bytes", bytes));
-  return json_pack("{s:o, s:f, s:o, s:o}", "token", dapo_json_text(piece), "logprob", lp, "bytes",
-                   bytes, "top_logprobs", top);
+  for (size_t i = 0; p && p->bytes && bytes && i < p->n_bytes; i++)
+    json_array_append_new(bytes, json_integer((unsigned char)p->bytes[i]));
+  return json_pack("{s:o, s:f, s:o}", "token", dapo_json_text(p && p->text ? p->text : ""),
+                   "logprob", lp, "bytes", bytes);
+}
+
+/* One entry of logprobs.content: the sampled token with its n_top alternatives (most likely
+ * first; [] when top_logprobs is 0). */
+static json_t *logprob_entry(const struct completion_piece *p, double lp, int n_top,
+                             const float *top_logp, const struct completion_piece *top) {
+  json_t *e = token_json(p, lp), *alts = json_array();
+  for (int j = 0; alts && j < n_top; j++)
+    json_array_append_new(alts, token_json(&top[j], top_logp[j]));
+  if (e) json_object_set_new(e, "top_logprobs", alts);
+  return e;
 }
 
 /* Every token of choice i, up to the one that ended it (as usage counts them). */
-static json_t *logprobs_json(const struct chat_req *q, const struct completion_result *res, int i) {
+static json_t *logprobs_json(const struct completion_result *res, int i) {
   const struct lm_samples *go = &res->samples;
   json_t *content = json_array();
   for (int t = 0; t < go->len[i]; t++) {
-    size_t at = (size_t)i * go->max_new + t;
-    json_array_append_new(content, logprob_entry(q, res->pieces[at], go->logp[at]));
+    size_t at = (size_t)i * go->max_new + t, aj = at * (size_t)go->top_k;
+    json_array_append_new(content, logprob_entry(&res->pieces[at], go->logp[at], go->top_k,
+                                                 go->top_logp ? go->top_logp + aj : NULL,
+                                                 res->top_pieces ? res->top_pieces + aj : NULL));
   }
   return json_pack("{s:o, s:n}", "content", content, "refusal");
 }
@@ -389,7 +398,7 @@ static int render(struct api_req *r, void *arg, const struct completion_result *
     json_array_append_new(
         choices, json_pack("{s:i, s:o, s:s, s:o}", "index", i, "message", msg, "finish_reason",
                            calls ? "tool_calls" : finish_name(go->finish[i]), "logprobs",
-                           q->logprobs ? logprobs_json(q, res, i) : json_null()));
+                           q->logprobs ? logprobs_json(res, i) : json_null()));
   }
   return api_reply_json_steal(
       r, 200,
@@ -446,9 +455,11 @@ static int chat_token(void *arg, int i, int k, const struct completion_token *tk
                       struct completion *t, json_t *frames) {
   struct chat_req *q = arg;
   (void)k, (void)t;
-  json_t *lp = q->logprobs ? json_pack("{s:[o], s:n}", "content",
-                                       logprob_entry(q, tk->piece, tk->logp), "refusal")
-                           : json_null();
+  json_t *lp = q->logprobs
+                   ? json_pack("{s:[o], s:n}", "content",
+                               logprob_entry(tk->piece, tk->logp, tk->n_top, tk->top_logp, tk->top),
+                               "refusal")
+                   : json_null();
   const char *out = tk->text;
   char *held = NULL;
   if (q->tools_on && i < N_MAX) { /* hold back what may be (or is) a call */
@@ -596,10 +607,19 @@ int api_chat_completions(struct api_req *r) {
   double temperature = 1, top_p = 1;
   if (get_int(r, b, "max_tokens", 1, MAX_TOKENS_MAX, &max_tokens) ||
       get_int(r, b, "max_completion_tokens", 1, MAX_TOKENS_MAX, &max_tokens) ||
-      get_int(r, b, "n", 1, N_MAX, &n) || get_int(r, b, "top_logprobs", 0, 20, &top_logprobs) ||
+      get_int(r, b, "n", 1, N_MAX, &n) ||
+      get_int(r, b, "top_logprobs", 0, SAMPLER_TOP_MAX, &top_logprobs) ||
       get_num(r, b, "temperature", 0, 2, &temperature) || get_num(r, b, "top_p", 0, 1, &top_p))
     return 0;
   if (top_p == 0) top_p = 1e-6;
+  /* OpenAI's rule: top_logprobs only beside logprobs: true */
+  const json_t *lpv = json_object_get(b, "logprobs"), *tlv = json_object_get(b, "top_logprobs");
+  if (lpv && !json_is_null(lpv) && !json_is_boolean(lpv))
+    return api_oai_error(r, 400, NULL, "logprobs", "invalid_value",
+                         "logprobs: expected true or false");
+  if (tlv && !json_is_null(tlv) && !json_is_true(lpv))
+    return api_oai_error(r, 400, NULL, "top_logprobs", "invalid_value",
+                         "top_logprobs: only allowed when logprobs is true");
   const json_t *seed = json_object_get(b, "seed");
   if (seed && !json_is_null(seed) && !json_is_integer(seed))
     return api_oai_error(r, 400, NULL, "seed", "invalid_value", "seed: expected an integer");
@@ -695,6 +715,7 @@ int api_chat_completions(struct api_req *r) {
                                .max_tokens = max_tokens,
                                .n = n,
                                .logprobs = q->logprobs,
+                               .top_logprobs = q->top_logprobs,
                                .temperature = (float)temperature,
                                .top_p = (float)top_p,
                                .seed = seed ? (uint64_t)json_integer_value(seed) : 0,

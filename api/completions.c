@@ -1,7 +1,9 @@
 /* Handler: POST /v1/completions — sample from a base model (preset or folder) or a fine-tuned
  * checkpoint ("{job_id}:step-{n}"): {model, prompt, max_tokens, temperature, top_p, n, seed,
  * logprobs, stop, stream, stream_options} -> {object: "text_completion", model, choices: [{index,
- * text, finish_reason, logprobs?: {tokens, token_ids, token_logprobs, prompt_token_ids}}], usage};
+ * text, finish_reason, logprobs?: {tokens, token_ids, token_logprobs, prompt_token_ids,
+ * top_logprobs?}}], usage} (logprobs true, or OpenAI's integer 0..5: with 1..5, top_logprobs
+ * lists per token a {token: logprob} object of that many alternatives);
  * with stream: true, one text_completion chunk per token as it is sampled (server-sent events,
  * then `data: [DONE]`; the stream engine below is chat's too).
  *
@@ -29,6 +31,7 @@
 #define MAX_TOKENS_MAX 512
 #define N_MAX 16
 #define PROMPT_MAX_BYTES (16 * 1024)
+#define LOGPROBS_MAX 5 /* OpenAI's bound on the legacy route's integer logprobs */
 /* Once sampling started, the longest the request waits for it (as the longest long-poll). */
 #define RUN_WAIT_MAX_S 600
 /* The most framed bytes a stream holds at once: all the chunks of a whole completion (N_MAX
@@ -39,7 +42,7 @@ struct creq {
   const char *model, *prompt;
   const char *stop[COMPLETION_STOP_MAX];
   int n_stop, stream, include_usage;
-  int max_tokens, n, logprobs;
+  int max_tokens, n, logprobs, top_logprobs;
   double temperature, top_p;
   uint64_t seed;
 };
@@ -113,13 +116,17 @@ static void parse_body(const json_t *b, struct creq *q, json_t *errors) {
     else
       q->seed = (uint64_t)json_integer_value(seed);
   }
+  /* dapod's boolean, or OpenAI's integer: how many alternatives each token lists */
   json_t *lp = json_object_get(b, "logprobs");
-  q->logprobs = 0;
-  if (lp && !json_is_null(lp)) {
-    if (!json_is_boolean(lp))
-      add_err(errors, "logprobs", "expected true or false");
-    else
-      q->logprobs = json_is_true(lp);
+  q->logprobs = q->top_logprobs = 0;
+  if (json_is_boolean(lp)) {
+    q->logprobs = json_is_true(lp);
+  } else if (json_is_integer(lp) && json_integer_value(lp) >= 0 &&
+             json_integer_value(lp) <= LOGPROBS_MAX) {
+    q->logprobs = 1;
+    q->top_logprobs = (int)json_integer_value(lp);
+  } else if (lp && !json_is_null(lp)) {
+    add_err(errors, "logprobs", "expected true, false or an integer in [0, 5]");
   }
   const json_t *stop = json_object_get(b, "stop");
   q->n_stop = 0;
@@ -162,6 +169,21 @@ json_t *api_completion_usage(const struct completion_result *res) {
                    (json_int_t)(completion + res->n_prompt));
 }
 
+/* OpenAI's legacy top_logprobs entry of one token: {token: logprob} of its n alternatives (the
+ * likelier first; a text two of them decode to keeps the likelier's). */
+static json_t *top_dict(int n, const float *logp, const struct completion_piece *top) {
+  json_t *d = json_object();
+  for (int j = 0; d && j < n; j++) {
+    const char *key = top[j].text ? top[j].text : "";
+    if (!json_object_get(d, key)) json_object_set_new(d, key, json_real(logp[j]));
+  }
+  return d;
+}
+
+static json_t *piece_text(const struct completion_piece *p) {
+  return p && p->text ? dapo_json_text(p->text) : json_string("");
+}
+
 /* The choices and usage of a finished generation. */
 static json_t *choices_json(const char *model, int logprobs, const struct completion_result *res) {
   const struct lm_samples *go = &res->samples;
@@ -173,11 +195,14 @@ static json_t *choices_json(const char *model, int logprobs, const struct comple
                           "finish_reason", go->finish[i] == FINISH_STOP ? "stop" : "length");
     if (c && logprobs) {
       json_t *tokens = json_array(), *ids = json_array(), *lps = json_array();
+      json_t *tops = go->top_k ? json_array() : NULL;
       for (int t = 0; t < go->len[i]; t++) {
-        const char *piece = res->pieces[(size_t)i * go->max_new + t];
-        json_array_append_new(tokens, piece ? dapo_json_text(piece) : json_string(""));
+        size_t at = (size_t)i * go->max_new + t, aj = at * (size_t)go->top_k;
+        json_array_append_new(tokens, piece_text(&res->pieces[at]));
         json_array_append_new(ids, json_integer(toks[t]));
         json_array_append_new(lps, json_real(lp[t]));
+        if (tops)
+          json_array_append_new(tops, top_dict(go->top_k, go->top_logp + aj, res->top_pieces + aj));
       }
       json_t *pids = json_array();
       for (int t = 0; t < res->n_prompt; t++)
@@ -185,6 +210,7 @@ static json_t *choices_json(const char *model, int logprobs, const struct comple
       json_object_set_new(c, "logprobs",
                           json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_ids", ids,
                                     "token_logprobs", lps, "prompt_token_ids", pids));
+      if (tops) json_object_set_new(json_object_get(c, "logprobs"), "top_logprobs", tops);
     } else if (c) {
       json_object_set_new(c, "logprobs", json_null());
     }
@@ -443,9 +469,11 @@ static int native_token(void *arg, int i, int k, const struct completion_token *
   const struct native_stream *ns = arg;
   json_t *lp = json_null();
   if (ns->logprobs) {
-    lp = json_pack("{s:[o], s:[i], s:[f]}", "tokens",
-                   tk->piece ? dapo_json_text(tk->piece) : json_string(""), "token_ids", tk->id,
+    lp = json_pack("{s:[o], s:[i], s:[f]}", "tokens", piece_text(tk->piece), "token_ids", tk->id,
                    "token_logprobs", (double)tk->logp);
+    if (lp && tk->n_top)
+      json_object_set_new(lp, "top_logprobs",
+                          json_pack("[o]", top_dict(tk->n_top, tk->top_logp, tk->top)));
     if (lp && k == 0) {
       int np = 0;
       const int *ids = completion_prompt_ids(t, &np);
@@ -508,6 +536,7 @@ int api_completions_create(struct api_req *r) {
                                .max_tokens = q.max_tokens,
                                .n = q.n,
                                .logprobs = q.logprobs,
+                               .top_logprobs = q.top_logprobs,
                                .temperature = (float)q.temperature,
                                .top_p = (float)q.top_p,
                                .seed = q.seed,

@@ -61,7 +61,7 @@ struct completion {
   char *model, *spec, *prompt;
   size_t prompt_len;
   struct model_config cfg;
-  int max_tokens, n, logprobs;
+  int max_tokens, n, logprobs, top_logprobs;
   float temperature, top_p;
   uint64_t seed;
   char *stop[COMPLETION_STOP_MAX];
@@ -128,10 +128,18 @@ static uint64_t weights_bytes(const struct model_config *cfg) {
   return (uint64_t)model_param_count(cfg) * sizeof(float);
 }
 
-uint64_t completion_memory(const struct model_config *cfg, int n, int seq_len, int max_new) {
-  /* lm_sample's arrays: tokens and log-probs of every slot, then per sample its length, finish,
-   * stream and prompt pointer/length */
-  uint64_t arrays = (uint64_t)n * (uint64_t)max_new * (sizeof(int) + sizeof(float)) +
+/* What one alternative's piece holds beside its struct: its text and bytes, malloc'd (a token
+ * is a few bytes; a long added token is rare, and covered by the allowance of the others). */
+#define PIECE_BYTES 64
+
+uint64_t completion_memory(const struct model_config *cfg, int n, int seq_len, int max_new,
+                           int top_k) {
+  /* lm_sample's arrays: tokens and log-probs of every slot (with top_k alternatives each, and
+   * their pieces), then per sample its length, finish, stream and prompt pointer/length */
+  uint64_t per_slot = sizeof(int) + sizeof(float) +
+                      (uint64_t)top_k * (sizeof(int) + sizeof(float) +
+                                         sizeof(struct completion_piece) + PIECE_BYTES);
+  uint64_t arrays = (uint64_t)n * (uint64_t)max_new * per_slot +
                     (uint64_t)n * (3 * sizeof(int) + sizeof(struct rng) + sizeof(int *));
   return (uint64_t)gen_state_bytes(cfg, NULL, n, seq_len) + arrays;
 }
@@ -280,14 +288,31 @@ static void unpin(struct completions *c, struct cmodel *m, struct to_close *tc) 
 
 /* ---- results ---- */
 
+static void piece_deinit(struct completion_piece *p) {
+  free(p->text);
+  free(p->bytes);
+}
+
+/* p: token id as a reply shows it alone. Returns 1 when out of memory (an id without a token
+ * leaves p empty). */
+static int piece_fill(const struct tokenizer *tok, int id, struct completion_piece *p) {
+  struct dapo_err e = {0};
+  if (!(p->text = tok_decode_alloc(tok, &id, 1, 0, &e)) && e.code == DAPO_ENOMEM) return 1;
+  e = (struct dapo_err){0};
+  return tok_token_bytes(tok, id, &p->bytes, &p->n_bytes, &e) == DAPO_ENOMEM;
+}
+
 static void result_deinit(struct completion_result *r) {
   json_decref(r->errors);
   free(r->prompt_ids);
   for (int i = 0; r->text && i < r->samples.n; i++) free(r->text[i]);
   free(r->text);
-  for (size_t i = 0; r->pieces && i < (size_t)r->samples.n * (size_t)r->samples.max_new; i++)
-    free(r->pieces[i]);
+  size_t slots = (size_t)r->samples.n * (size_t)r->samples.max_new;
+  for (size_t i = 0; r->pieces && i < slots; i++) piece_deinit(&r->pieces[i]);
   free(r->pieces);
+  for (size_t i = 0; r->top_pieces && i < slots * (size_t)r->samples.top_k; i++)
+    piece_deinit(&r->top_pieces[i]);
+  free(r->top_pieces);
   lm_samples_free(&r->samples);
   memset(r, 0, sizeof *r);
 }
@@ -391,7 +416,8 @@ static int pin_model(struct completions *c, struct completion *t, uint64_t stamp
     return 0;
   }
   uint64_t limit = admit_limit(c->ledger), w = weights_bytes(&t->cfg);
-  uint64_t least = w + completion_memory(&t->cfg, t->n, 1 + t->max_tokens, t->max_tokens);
+  uint64_t least =
+      w + completion_memory(&t->cfg, t->n, 1 + t->max_tokens, t->max_tokens, t->top_logprobs);
   char msg[512];
   if (w > limit || least > limit) {
     if (w > limit)
@@ -491,8 +517,8 @@ static int admit(struct completions *c, struct completion *t, struct hold *h, st
     return 1;
   }
   uint64_t limit = admit_limit(c->ledger);
-  uint64_t mem =
-      completion_memory(&h->m->lm.cfg, t->n, t->res.n_prompt + t->max_tokens, t->max_tokens);
+  uint64_t mem = completion_memory(&h->m->lm.cfg, t->n, t->res.n_prompt + t->max_tokens,
+                                   t->max_tokens, t->top_logprobs);
   if (h->m->bytes + mem > limit) {
     char msg[512];
     snprintf(msg, sizeof msg,
@@ -598,11 +624,12 @@ static void on_step(void *ctx, struct gen_out *out, int n, int max_new) {
       size_t before = ch->len, pl;
       const char *p = tok_stream_push(ch->ts, toks[k], &pl, &e);
       if (p ? text_add(ch, p, pl) : e.code == DAPO_ENOMEM) x->failed = 1;
-      if (t->logprobs &&
-          !(t->res.pieces[(size_t)i * max_new + k] =
-                tok_decode_alloc(x->tok, toks + k, 1, 0, &e)) &&
-          e.code == DAPO_ENOMEM)
-        x->failed = 1;
+      size_t at = (size_t)i * max_new + k;
+      if (t->logprobs && piece_fill(x->tok, toks[k], &t->res.pieces[at])) x->failed = 1;
+      for (int j = 0; t->res.top_pieces && j < t->top_logprobs; j++) {
+        size_t aj = at * (size_t)t->top_logprobs + (size_t)j;
+        if (piece_fill(x->tok, out->top_ids[aj], &t->res.top_pieces[aj])) x->failed = 1;
+      }
       int stopped = cut_at_stop(t, ch, before);
       for (int j = 0; j < x->n_id_stops; j++) stopped |= toks[k] == x->id_stops[j];
       int end = stopped || gone || k + 1 >= max_new || out->finish[i] == FINISH_STOP;
@@ -633,8 +660,10 @@ static void on_step(void *ctx, struct gen_out *out, int n, int max_new) {
 static void run(struct completion *t, struct hold *h) {
   const struct lm *lm = &h->m->lm;
   struct completion_result *r = &t->res;
-  struct sampler_opts so = {
-      .temperature = t->temperature, .top_p = t->top_p, .max_new_tokens = t->max_tokens};
+  struct sampler_opts so = {.temperature = t->temperature,
+                            .top_p = t->top_p,
+                            .max_new_tokens = t->max_tokens,
+                            .top_k = t->top_logprobs};
   struct run_ctx x = {.t = t, .tok = lm->tok};
   struct dapo_err e = {0};
   /* a stop string that is exactly one token is a stop id too, while the sampler has room beside
@@ -651,7 +680,9 @@ static void run(struct completion *t, struct hold *h) {
   }
   size_t slots = (size_t)t->n * (size_t)t->max_tokens;
   if (!(r->text = calloc((size_t)t->n, sizeof *r->text)) ||
-      (t->logprobs && !(r->pieces = calloc(slots, sizeof *r->pieces)))) {
+      (t->logprobs && !(r->pieces = calloc(slots, sizeof *r->pieces))) ||
+      (t->top_logprobs &&
+       !(r->top_pieces = calloc(slots * (size_t)t->top_logprobs, sizeof *r->top_pieces)))) {
     fail(t, COMPLETION_NO_MEMORY, "out of memory");
     return;
   }
@@ -864,6 +895,9 @@ int completions_submit(struct completions *c, const struct completion_req *req,
   t->cfg = *req->cfg;
   t->max_tokens = req->max_tokens;
   t->logprobs = req->logprobs;
+  t->top_logprobs = req->logprobs && req->top_logprobs > 0 && req->top_logprobs <= SAMPLER_TOP_MAX
+                        ? req->top_logprobs
+                        : 0;
   t->stream = req->stream;
   t->temperature = req->temperature;
   t->top_p = req->top_p;
@@ -947,7 +981,14 @@ int completion_token(struct completion *t, int i, int k, struct completion_token
   size_t at = (size_t)i * (size_t)t->max_tokens + (size_t)k;
   tk->id = t->res.samples.tokens[at];
   tk->logp = t->res.samples.logp[at];
-  tk->piece = t->res.pieces ? t->res.pieces[at] : NULL;
+  tk->piece = t->res.pieces ? &t->res.pieces[at] : NULL;
+  if (t->res.top_pieces) {
+    size_t aj = at * (size_t)t->top_logprobs;
+    tk->n_top = t->top_logprobs;
+    tk->top_ids = t->res.samples.top_ids + aj;
+    tk->top_logp = t->res.samples.top_logp + aj;
+    tk->top = t->res.top_pieces + aj;
+  }
   return 1;
 }
 

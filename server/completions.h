@@ -66,6 +66,8 @@ struct completion_req {
   size_t prompt_len;
   int max_tokens, n; /* >= 1 */
   int logprobs;      /* 1: also decode each sampled token alone (result pieces) */
+  int top_logprobs;  /* with logprobs, 0..SAMPLER_TOP_MAX: each token's most likely alternatives
+                        (samples.top_ids, top_logp, result top_pieces) */
   float temperature, top_p;
   uint64_t seed;
   /* Stop strings (non-empty UTF-8, at most COMPLETION_STOP_MAX): a choice ends as soon as its
@@ -101,6 +103,15 @@ enum completion_outcome {
 /* Stable snake_case name of an outcome ("ok", "too_large", ...): the /metrics label. */
 const char *completion_outcome_name(enum completion_outcome o);
 
+/* A token as a reply shows it alone. */
+struct completion_piece {
+  char *text;  /* decoded alone, special tokens kept, invalid UTF-8 as U+FFFD (owned; NULL:
+                  not decodable) */
+  char *bytes; /* the raw bytes it stands for (tok_token_bytes: a piece of a character keeps
+                  its own) (owned; NULL: not decodable) */
+  size_t n_bytes;
+};
+
 struct completion_result {
   enum completion_outcome outcome;
   json_t *errors;    /* INVALID, TOO_LARGE: [{field, message}] (owned) */
@@ -110,10 +121,13 @@ struct completion_result {
   struct lm_samples samples; /* OK: samples.n rows (owned); len[i] counts sample i's tokens up
                                 to the one that ended it (a stop id, or the token that completed
                                 a stop string: usage and logprobs describe exactly these) */
-  char **text;   /* OK: [samples.n] each sample decoded, special tokens left out, cut before the
-                    first stop string */
-  char **pieces; /* OK with logprobs: [samples.n * samples.max_new], row i's first len[i] set:
-                    each token decoded alone, special tokens kept (NULL: not decodable) */
+  char **text; /* OK: [samples.n] each sample decoded, special tokens left out, cut before the
+                  first stop string */
+  struct completion_piece *pieces;     /* OK with logprobs: [samples.n * samples.max_new], row i's
+                                          first len[i] set: each sampled token */
+  struct completion_piece *top_pieces; /* OK with top_logprobs (samples.top_k > 0):
+                                          [samples.n * samples.max_new * top_k], as
+                                          samples.top_ids: each alternative */
 };
 
 /* Starts the service (srv->admit, srv->bus and srv->cfg ready). Owned; NULL with e set. */
@@ -151,13 +165,18 @@ int64_t completion_version(struct completion *t);
 
 struct completion_token {
   int id;
-  float logp;        /* as lm_samples.logp */
-  const char *piece; /* with logprobs: the token decoded alone, special tokens kept (borrowed
-                        until completion_release; NULL: not decodable, or no logprobs) */
-  char *text;        /* the text this token releases (owned: free()), len bytes: what follows
-                        the previous token's, never part of a stop string; "" while the text
-                        ends in what may begin one, or in an unfinished UTF-8 character; the
-                        last token releases the rest. The concatenation over k is result text */
+  float logp;                           /* as lm_samples.logp */
+  const struct completion_piece *piece; /* with logprobs: the token shown alone (borrowed until
+                                           completion_release; NULL: no logprobs) */
+  int n_top; /* top_logprobs: its alternatives, most likely first (borrowed as
+                piece; n_top entries each) */
+  const int *top_ids;
+  const float *top_logp;
+  const struct completion_piece *top;
+  char *text; /* the text this token releases (owned: free()), len bytes: what follows
+                 the previous token's, never part of a stop string; "" while the text
+                 ends in what may begin one, or in an unfinished UTF-8 character; the
+                 last token releases the rest. The concatenation over k is result text */
   size_t len;
   int finish; /* -1, or on the choice's last token its enum finish_reason */
 };
@@ -197,7 +216,8 @@ void completions_stats(struct completions *c, struct completions_stats *out);
 
 /* The memory a completion holds while it samples, beside its model's weights: the generation
  * state of n sequences of seq_len tokens (gen_state_bytes) and the samples' arrays for max_new
- * tokens each. */
-uint64_t completion_memory(const struct model_config *cfg, int n, int seq_len, int max_new);
+ * tokens each, with top_k alternatives each (their ids, log-probs and pieces). */
+uint64_t completion_memory(const struct model_config *cfg, int n, int seq_len, int max_new,
+                           int top_k);
 
 #endif

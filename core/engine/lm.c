@@ -331,6 +331,7 @@ fail:
 
 void lm_samples_free(struct lm_samples *out) {
   free(out->tokens), free(out->logp), free(out->len), free(out->finish);
+  free(out->top_ids), free(out->top_logp);
   memset(out, 0, sizeof *out);
 }
 
@@ -363,7 +364,13 @@ int lm_sample_step(const struct lm *lm, const int *ids, int n_ids, int n,
   out->logp = malloc(sizeof(float) * slots);
   out->len = malloc(sizeof(int) * (size_t)n);
   out->finish = malloc(sizeof(int) * (size_t)n);
-  if (!rngs || !prompts || !plens || !out->tokens || !out->logp || !out->len || !out->finish) {
+  if (o->top_k > 0 && o->top_k <= SAMPLER_TOP_MAX) {
+    out->top_k = o->top_k;
+    out->top_ids = malloc(sizeof(int) * slots * (size_t)o->top_k);
+    out->top_logp = malloc(sizeof(float) * slots * (size_t)o->top_k);
+  }
+  if (!rngs || !prompts || !plens || !out->tokens || !out->logp || !out->len || !out->finish ||
+      (out->top_k && (!out->top_ids || !out->top_logp))) {
     rc = dapo_errf(e, DAPO_ENOMEM, "out of memory");
     goto out;
   }
@@ -378,7 +385,12 @@ int lm_sample_step(const struct lm *lm, const int *ids, int n_ids, int n,
     goto out;
   }
   gen_state_set_step(gs, step, step_ctx);
-  struct gen_out go = {out->tokens, out->logp, out->len, out->finish};
+  struct gen_out go = {.tokens = out->tokens,
+                       .logp = out->logp,
+                       .len = out->len,
+                       .finish = out->finish,
+                       .top_ids = out->top_ids,
+                       .top_logp = out->top_logp};
   rc = gen_run(gs, lm->model, n, prompts, plens, rngs, &so, &go, NULL, e);
 out:
   gen_state_free(gs);

@@ -90,11 +90,14 @@ int lm_encode_prompt(const struct lm *lm, const char *text, size_t len, enum lm_
 
 /* n samples continuing one prompt, as /v1/completions and `dapod generate` draw them. */
 struct lm_samples {
-  int n, max_new; /* n samples; the rows of tokens and logp hold max_new slots each */
-  int *tokens;    /* [n * max_new] the sampled ids (owned) */
-  float *logp;    /* [n * max_new] their log-probs (struct gen_out's) (owned) */
-  int *len;       /* [n] tokens of each sample, a stop token included (owned) */
-  int *finish;    /* [n] enum finish_reason (owned) */
+  int n, max_new;  /* n samples; the rows of tokens and logp hold max_new slots each */
+  int *tokens;     /* [n * max_new] the sampled ids (owned) */
+  float *logp;     /* [n * max_new] their log-probs (struct gen_out's) (owned) */
+  int *len;        /* [n] tokens of each sample, a stop token included (owned) */
+  int *finish;     /* [n] enum finish_reason (owned) */
+  int top_k;       /* sampler_opts.top_k as asked; with it (else NULL): */
+  int *top_ids;    /* [n * max_new * top_k] each token's alternatives (struct gen_out's) (owned) */
+  float *top_logp; /* [n * max_new * top_k] their log-probs (owned) */
 };
 
 /* Samples n >= 1 continuations of ids (borrowed, n_ids >= 1 tokens, as lm_encode_prompt gives
@@ -102,9 +105,9 @@ struct lm_samples {
  * thread. Sample i draws from its own stream rng_seed(seed, i), so a (prompt, seed, options)
  * gives the same samples every time, and sample i is the same whatever n. o gives temperature,
  * top_p, max_new_tokens and any stop ids of the caller's; lm's own stop ids (lm->stop_ids) are
- * added to them. *out is filled with arrays allocated here (lm_samples_free; also on failure).
- * Returns 0, DAPO_ENOMEM, or a sampler error. The run state (KV cache) is this call's own and lm
- * is only read. */
+ * added to them; with o->top_k, each token's top_k alternatives are listed too. *out is filled with
+ * arrays allocated here (lm_samples_free; also on failure). Returns 0, DAPO_ENOMEM, or a sampler
+ * error. The run state (KV cache) is this call's own and lm is only read. */
 int lm_sample(const struct lm *lm, const int *ids, int n_ids, int n, const struct sampler_opts *o,
               uint64_t seed, struct lm_samples *out, struct dapo_err *e);
 /* lm_sample with gen_run's step hook (sampler.h, gen_state_set_step; NULL: none), told on the

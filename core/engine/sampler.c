@@ -256,6 +256,48 @@ int sampler_pick(float *logits, int V, const struct sampler_opts *o, struct rng 
   return pick;
 }
 
+void sampler_top(const float *logits, int V, float temperature, int k, int *ids, float *logp) {
+  /* logits: [V]; the arithmetic is sampler_pick's, expression for expression */
+  float mx = -INFINITY;
+  for (int j = 0; j < V; j++)
+    if (logits[j] > mx) mx = logits[j];
+  int greedy = temperature <= 0.0f;
+  float inv_t = greedy ? 1.0f : 1.0f / temperature, zmax = mx * inv_t, lse;
+  double sum = 0;
+  if (greedy) {
+    for (int j = 0; j < V; j++) sum += expf(logits[j] - mx);
+    lse = (float)log(sum);
+  } else {
+    for (int j = 0; j < V; j++) sum += expf(logits[j] * inv_t - zmax);
+    lse = zmax + (float)log(sum);
+  }
+  if (k > V) k = V;
+  int n = 0;
+  for (int j = 0; j < V; j++) {
+    float lp = greedy ? (logits[j] - mx) - lse : logits[j] * inv_t - lse;
+    if (lp != lp) lp = -INFINITY; /* a NaN row still lists k ids */
+    /* j is above every listed id: it goes after the equal ones */
+    if (n == k && !(lp > logp[k - 1])) continue;
+    int at = n < k ? n++ : k - 1;
+    while (at > 0 && lp > logp[at - 1]) {
+      ids[at] = ids[at - 1];
+      logp[at] = logp[at - 1];
+      at--;
+    }
+    ids[at] = j;
+    logp[at] = lp;
+  }
+}
+
+/* With o->top_k: the alternatives of sequence q's next token (the slot its len points at), from
+ * the logits row it is drawn from. */
+static void record_top(struct gen_out *out, int q, int maxn, const float *logits, int V,
+                       const struct sampler_opts *o) {
+  if (o->top_k <= 0) return;
+  size_t at = ((size_t)q * maxn + (size_t)out->len[q]) * (size_t)o->top_k;
+  sampler_top(logits, V, o->temperature, o->top_k, out->top_ids + at, out->top_logp + at);
+}
+
 static int is_stop(const struct sampler_opts *o, int tok) {
   for (int i = 0; i < o->n_stop; i++)
     if (o->stop_ids[i] == tok) return 1;
@@ -438,6 +480,7 @@ static void decode_step(void *ctx, int ti, int nt) {
     if (x->skip && x->skip[g_lo + i]) continue;
     int qq = s->active[g_lo + i];
     float lp;
+    record_top(x->out, qq, x->maxn, logits + (size_t)i * V, V, x->o);
     int tok = sampler_pick(logits + (size_t)i * V, V, x->o, &x->rngs[qq], &lp, pick_idx, pick_p);
     append_token(x->out, qq, x->maxn, tok, lp, x->o);
   }
@@ -470,6 +513,9 @@ static int gen_run_impl(struct gen_state *s, const struct model *m, int n,
   if (!(o->temperature >= 0.0f) || !(o->top_p > 0.0f && o->top_p <= 1.0f))
     return dapo_errf(e, DAPO_EINVAL, "temperature %g must be >= 0 and top_p %g in (0, 1]",
                      (double)o->temperature, (double)o->top_p);
+  if (o->top_k < 0 || o->top_k > SAMPLER_TOP_MAX || (o->top_k && (!out->top_ids || !out->top_logp)))
+    return dapo_errf(e, DAPO_EINVAL, "top_k %d must be in [0, %d], with its arrays", o->top_k,
+                     SAMPLER_TOP_MAX);
   for (int i = 0; i < n; i++) {
     if (prompt_len[i] < 1 || prompt_len[i] + maxn > s->cap_t)
       return dapo_errf(e, DAPO_ERANGE,
@@ -530,9 +576,10 @@ static int gen_run_impl(struct gen_state *s, const struct model *m, int n,
           }
         float lp;
         float *lg = s->logits + (size_t)k * V;
-        int tok = sampler_pick(lg, V, o, &rngs[q], &lp, s->pick_idx, s->pick_p);
         out->len[q] = 0;
         out->finish[q] = FINISH_LENGTH;
+        record_top(out, q, maxn, lg, V, o);
+        int tok = sampler_pick(lg, V, o, &rngs[q], &lp, s->pick_idx, s->pick_p);
         append_token(out, q, maxn, tok, lp, o);
       }
     }
@@ -696,6 +743,7 @@ static int advance_impl(struct gen_state *s, const struct model *m, int n,
   }
   struct sampler_opts od = *o;
   od.n_stop = 0; /* gen_out.finish is not used: the caller decides where a turn ends */
+  od.top_k = 0;  /* nowhere to list alternatives */
   struct gen_out out = {.tokens = tok, .logp = lp, .len = s->feed_len, .finish = NULL};
   for (int t = 0; t < steps; t++) {
     int n_act = 0;

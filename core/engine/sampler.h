@@ -11,6 +11,8 @@
 #include "rng.h"
 
 #define SAMPLER_MAX_STOP 8
+/* The most alternatives a step lists (sampler_opts.top_k): OpenAI's top_logprobs bound. */
+#define SAMPLER_TOP_MAX 20
 
 struct sampler_opts {
   float temperature;  /* 0: greedy (argmax) */
@@ -18,6 +20,10 @@ struct sampler_opts {
   int max_new_tokens; /* >= 1 */
   int n_stop;         /* stop ids (EOS); a sampled stop id is part of the response */
   int stop_ids[SAMPLER_MAX_STOP];
+  /* 0, or 1..SAMPLER_TOP_MAX: gen_run also lists, for every token it samples, the top_k most
+   * likely tokens of the distribution it drew from (gen_out.top_ids, top_logp). What is sampled
+   * never depends on it. gen_advance ignores it. */
+  int top_k;
 };
 
 enum finish_reason { FINISH_STOP = 0, FINISH_LENGTH = 1 };
@@ -29,6 +35,11 @@ struct gen_out {
                   softmax(logits / temperature) (softmax(logits) when greedy), untruncated */
   int *len;    /* [n] generated tokens, the stop token included */
   int *finish; /* [n] enum finish_reason */
+  /* With sampler_opts.top_k = k > 0 (else unused, may be NULL): [n * max_new_tokens * k], slot
+   * (q * max_new_tokens + t) * k + j holds the j-th most likely token of the distribution
+   * sequence q's token t was drawn from and its log-prob (sampler_top) */
+  int *top_ids;
+  float *top_logp;
 };
 
 struct gen_state;
@@ -114,5 +125,13 @@ int gen_slot_len(const struct gen_state *s, int slot);
  * the sampled token's log-prob (see gen_out.logp) to *logp. Exposed for statistical tests. */
 int sampler_pick(float *logits, int V, const struct sampler_opts *o, struct rng *r, float *logp,
                  int *scratch_idx, float *scratch_p);
+
+/* The k (1..V) most likely tokens of the distribution sampler_pick draws from logits[V] (read
+ * only) with this temperature: softmax(logits / temperature), softmax(logits) when greedy, before
+ * any top_p truncation; most likely first, ties by ascending id, into ids[k] and logp[k]. Each
+ * log-prob is computed as sampler_pick computes the sampled token's, so the sampled token, when
+ * listed, has exactly the log-prob it was sampled with. One pass over the row for the softmax's
+ * normaliser, one for the selection. */
+void sampler_top(const float *logits, int V, float temperature, int k, int *ids, float *logp);
 
 #endif

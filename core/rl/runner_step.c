@@ -146,7 +146,8 @@ static int generate(struct trainer *t, const struct dataset *d, int n, const int
                  trainer_stream(tag, (uint64_t)t->step, a,
                                 (uint64_t)(key0 + p0 + q) * 65536u + (uint64_t)i));
       }
-    struct gen_out go = {t->g_tok, t->g_logp, t->g_len, t->g_fin};
+    struct gen_out go = {
+        .tokens = t->g_tok, .logp = t->g_logp, .len = t->g_len, .finish = t->g_fin};
     struct dapo_err e = {0};
     gen_state_set_progress(t->gs, g.on ? on_gen_progress : NULL, &gp);
     int rc = gen_run(t->gs, t->lm.model, ns, t->g_prompts, t->g_plen, t->g_rng, so, &go,

@@ -2,6 +2,7 @@
  * streaming decoder shared by both. */
 #include "tokenizer.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -145,6 +146,37 @@ int tok_decode(const struct tokenizer *t, const int *ids, int n, char *buf, size
   int rc = copy_out(s, len, buf, cap, len_out, e);
   free(s);
   return rc;
+}
+
+int tok_token_bytes(const struct tokenizer *t, int id, char **out, size_t *len,
+                    struct dapo_err *e) {
+  *out = NULL;
+  *len = 0;
+  size_t n = 0;
+  const char *raw = NULL;
+  char one[2] = "";
+  if (t->kind == TOK_BPE && !bpe_decodes_by_chain(t->bpe)) {
+    raw = bpe_token_bytes(t->bpe, id, &n);
+  } else if (t->kind == TOK_BPE) { /* the token's text: a byte fallback is <0xNN> */
+    const char *tx = bpe_token_bytes(t->bpe, id, &n);
+    unsigned v = 0;
+    int used = 0;
+    if (tx && n == 6 && sscanf(tx, "<0x%2X>%n", &v, &used) == 1 && used == 6) {
+      one[0] = (char)v;
+      raw = one;
+      n = 1;
+    }
+  }
+  if (raw) {
+    if (!(*out = malloc(n + 1))) return dapo_errf(e, DAPO_ENOMEM, "out of memory");
+    memcpy(*out, raw, n);
+    (*out)[n] = '\0';
+    *len = n;
+    return 0;
+  }
+  if (!(*out = tok_decode_alloc(t, &id, 1, 0, e))) return e ? e->code : DAPO_EINVAL;
+  *len = strlen(*out);
+  return 0;
 }
 
 char *tok_decode_alloc(const struct tokenizer *t, const int *ids, int n, int skip_special,

@@ -45,6 +45,11 @@ int tok_token_to_id(const struct tokenizer *t, const char *token);
 /* The text of an id as tok_token_to_id takes it (borrowed, NUL-terminated, lives with t); NULL
  * for an id without a token. */
 const char *tok_id_to_token(const struct tokenizer *t, int id);
+/* The raw bytes id stands for, as a decode of it alone gives them before invalid UTF-8 becomes
+ * U+FFFD: a byte-level token's bytes (a piece of a character included), a ByteFallback token's
+ * (<0xNN>) byte, else the token decoded alone (special tokens kept). Into *out (owned: free();
+ * NUL-terminated beyond its *len bytes); DAPO_EINVAL for an id without a token, DAPO_ENOMEM. */
+int tok_token_bytes(const struct tokenizer *t, int id, char **out, size_t *len, struct dapo_err *e);
 /* 1 when id is a special token (dropped by skip_special decoding). */
 int tok_is_special(const struct tokenizer *t, int id);
 /* BOS: chartok's <s>; for BPE the first special token the post-processor puts before the text

@@ -412,7 +412,8 @@ class StopAndStream(DaemonCase):
     def test_3_chat_stream(self):
         whole = self.chat()
         stop = whole["choices"][1]["message"]["content"][3:5]
-        for kw in ({}, {"stop": stop}, {"logprobs": False, "max_tokens": 2}):
+        # (top_logprobs only beside logprobs: true, as OpenAI has it)
+        for kw in ({}, {"stop": stop}, {"logprobs": False, "top_logprobs": None, "max_tokens": 2}):
             whole = self.chat(**kw)
             chunks = self.stream("/v1/chat/completions", dict(self.CHAT, **kw))
             self.assertEqual(len({c["id"] for c in chunks}), 1)

@@ -383,6 +383,13 @@ def scenario(c):
                           "seed": 5, "logprobs": True, "stop": ["3+", "?"], "stream": True,
                           "stream_options": {"include_usage": True}})
     assert s.body.endswith(b"data: [DONE]\n\n"), s.body[-200:]
+    # OpenAI's integer logprobs: top_logprobs, whole and streamed
+    c.call("complete top logprobs", "POST", "/v1/completions", 200,
+           json_body={"model": "tiny", "prompt": "What is 2+3?", "max_tokens": 3, "seed": 5,
+                      "logprobs": 5})
+    c.call("complete top logprobs stream", "POST", "/v1/completions", 200,
+           json_body={"model": "tiny", "prompt": "What is 2+3?", "max_tokens": 3, "seed": 5,
+                      "logprobs": 2, "stream": True})
     c.call("complete empty prompt", "POST", "/v1/completions", 200,
            json_body={"model": "tiny", "prompt": ""})
     p = problem(c.call("complete invalid", "POST", "/v1/completions", 422,
@@ -709,7 +716,7 @@ def oai_scenario(c):
     c.call("chat preset", "POST", "/v1/chat/completions", 200,
            json_body={"model": "tiny", "messages": msgs, "n": 2, "seed": 3, "temperature": 0.7,
                       "top_p": 0.9, "max_tokens": 3, "stop": ["\n"], "logprobs": True,
-                      "top_logprobs": 1, "user": "ignored"})
+                      "top_logprobs": 20, "user": "ignored"})
     r = c.call("chat fine-tuned", "POST", "/v1/chat/completions", 200,
                json_body={"model": job["fine_tuned_model"], "messages": msgs,
                           "max_completion_tokens": 2, "temperature": 0}).json()

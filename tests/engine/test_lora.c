@@ -330,7 +330,7 @@ static void test_bf16_base(void) {
     struct rng gr;
     rng_seed(&gr, 11, 0);
     struct sampler_opts so = {.temperature = 1.0f, .top_p = 1.0f, .max_new_tokens = 12};
-    struct gen_out go = {toks[k], glp[k], &len[k], &fin[k]};
+    struct gen_out go = {.tokens = toks[k], .logp = glp[k], .len = &len[k], .finish = &fin[k]};
     CHECK_MSG(g && gen_run(g, ms[k], 1, &pp, &plen1, &gr, &so, &go, NULL, &e) == 0, "%s", e.msg);
     gen_state_free(g);
   }

@@ -87,7 +87,7 @@ static void gen(struct gen_state *s, const struct model *m, int n, const int *co
   memset(r, 0, sizeof *r);
   struct rng rngs[NSEQ];
   for (int i = 0; i < n; i++) rng_seed(&rngs[i], seeds[i], 0);
-  struct gen_out out = {r->tokens, r->logp, r->len, r->finish};
+  struct gen_out out = {.tokens = r->tokens, .logp = r->logp, .len = r->len, .finish = r->finish};
   struct dapo_err e;
   int rc = gen_run(s, m, n, prompts, plen, rngs, o, &out, NULL, &e);
   CHECK_MSG(rc == 0, "gen_run: %s", e.msg);
@@ -323,6 +323,176 @@ static void test_distribution(float temp, float top_p) {
     CHECK_MSG(fabs(got - want) <= 4.5 * se, "T=%g top_p=%g token %d: frequency %.5f, expected %.5f",
               (double)temp, (double)top_p, j, got, want);
   }
+}
+
+/* sampler_top against a float64 log-softmax: over random rows (with exact ties planted, and a
+ * NaN-free row of equal logits), every temperature (greedy included), k from 1 to
+ * SAMPLER_TOP_MAX: the list is the k likeliest (none left out), most likely first, ties by
+ * ascending id, each log-prob within 1e-5 of the reference; the token sampler_pick draws, when
+ * listed, has exactly the log-prob it was drawn with. */
+static void test_top_reference(void) {
+  enum { V = 301 };
+  const float temps[] = {0.0f, 0.3f, 0.7f, 1.0f, 1.7f};
+  struct rng r;
+  rng_seed(&r, 77, 0);
+  float logits[V], sp[V], lps[SAMPLER_TOP_MAX];
+  int idx[V], ids[SAMPLER_TOP_MAX], listed = 0;
+  double worst = 0;
+  for (int row = 0; row < 40; row++) {
+    for (int j = 0; j < V; j++) logits[j] = 3.0f * (float)rng_normal(&r);
+    if (row % 4 == 1) /* the likeliest three share a value */
+      for (int j = 0; j < 3; j++) logits[(row * 37 + j * 101) % V] = 20.0f;
+    if (row % 4 == 2) /* ties in the middle of the list */
+      for (int j = 0; j < 6; j++) logits[(row * 13 + j * 53) % V] = 7.25f;
+    if (row == 3)
+      for (int j = 0; j < V; j++) logits[j] = 1.5f; /* a flat row: ids 0..k-1 */
+    for (size_t ti = 0; ti < sizeof temps / sizeof temps[0]; ti++) {
+      double t = temps[ti] > 0 ? temps[ti] : 1.0, mx = -INFINITY, sum = 0, ref[V];
+      for (int j = 0; j < V; j++) mx = fmax(mx, logits[j] / t);
+      for (int j = 0; j < V; j++) sum += exp(logits[j] / t - mx);
+      for (int j = 0; j < V; j++) ref[j] = logits[j] / t - mx - log(sum);
+      int k = 1 + (row * 7 + (int)ti) % SAMPLER_TOP_MAX;
+      sampler_top(logits, V, temps[ti], k, ids, lps);
+      /* the k-th largest reference value: every listed one is at least it, every other at most */
+      for (int a = 0; a < k; a++) {
+        CHECK(ids[a] >= 0 && ids[a] < V);
+        worst = fmax(worst, fabs(lps[a] - ref[ids[a]]));
+        if (a) {
+          CHECK_MSG(lps[a] < lps[a - 1] || (lps[a] == lps[a - 1] && ids[a] > ids[a - 1]),
+                    "row %d T=%g: entries %d, %d out of order", row, t, a - 1, a);
+          if (logits[ids[a]] == logits[ids[a - 1]]) CHECK(ids[a] > ids[a - 1]);
+        }
+      }
+      for (int j = 0; j < V; j++) {
+        int in = 0;
+        for (int a = 0; a < k; a++) in |= ids[a] == j;
+        /* an unlisted id is no likelier than the last listed, and on an exact tie comes later */
+        if (!in)
+          CHECK_MSG(ref[j] <= ref[ids[k - 1]] + 1e-6 &&
+                        (logits[j] != logits[ids[k - 1]] || j > ids[k - 1]),
+                    "row %d T=%g k=%d: id %d left out", row, t, k, j);
+      }
+      if (row == 3)
+        for (int a = 0; a < k; a++) CHECK(ids[a] == a);
+      struct sampler_opts o = {.temperature = temps[ti], .top_p = 1.0f, .max_new_tokens = 1};
+      float lp, copy[V];
+      memcpy(copy, logits, sizeof copy);
+      int tok = sampler_pick(copy, V, &o, &r, &lp, idx, sp);
+      for (int a = 0; a < k; a++)
+        if (ids[a] == tok) {
+          listed++;
+          CHECK_MSG(lps[a] == lp, "row %d T=%g: the sampled token's %.9g, listed %.9g", row, t,
+                    (double)lp, (double)lps[a]);
+        }
+      if (temps[ti] == 0.0f) CHECK(ids[0] == tok); /* greedy: the argmax, the lowest id of ties */
+    }
+  }
+  CHECK_MSG(worst < 1e-5, "sampler_top: %g from the float64 log-softmax", worst);
+  CHECK(listed > 100); /* the sampled token was listed often enough to be compared */
+  printf("sampler_top: max |logp - float64 reference| %.3g, %d sampled tokens compared\n", worst,
+         listed);
+}
+
+/* gen_run with top_k: the same tokens, log-probs, lengths and finishes bit for bit as without
+ * (serial and on a pool, split by rows and by columns), and the same alternatives either way;
+ * each sampled token, when listed, with exactly its log-prob; greedy: the sampled token first.
+ * With top_p < 1 the alternatives are those of the untruncated distribution (their
+ * probabilities are those top_p = 1 lists for the first token, which both draw from the same
+ * logits). */
+static void test_top_gen(int arch) {
+  struct model *m = make_model(arch, 0, 2);
+  struct dapo_err e;
+  struct gen_state *s = gen_state_new(m, NSEQ, 64, &e);
+  CHECK(s != NULL);
+  int pa[5] = {5, 6, 7, 8, 9}, pb[3] = {10, 11, 12};
+  const int *prompts[NSEQ] = {pa, pa, pa, pa, pb, pb, pb, pa};
+  int plen[NSEQ] = {5, 5, 5, 5, 3, 3, 3, 2};
+  uint64_t seeds[NSEQ] = {1, 2, 3, 4, 5, 6, 7, 8};
+  enum { K = 7 };
+  static int ids[3][NSEQ * MAXN * K];
+  static float lps[3][NSEQ * MAXN * K];
+  const float temps[] = {0.0f, 0.8f, 0.8f}, top_ps[] = {1.0f, 1.0f, 0.5f};
+  struct pool *p = pool_new(3);
+  for (int v = 0; v < 3; v++) {
+    struct sampler_opts o = {.temperature = temps[v],
+                             .top_p = top_ps[v],
+                             .max_new_tokens = MAXN,
+                             .n_stop = 1,
+                             .stop_ids = {2}};
+    struct run plain, top;
+    gen(s, m, NSEQ, prompts, plen, seeds, &o, &plain);
+    o.top_k = K;
+    for (int par = 0; par < 3; par++) {
+      if (par) {
+        CHECK(gen_state_set_pool(s, p, &e) == 0);
+        gen_state_set_split(s, par == 1 ? GEN_SPLIT_ROWS : GEN_SPLIT_COLUMNS);
+      }
+      memset(&top, 0, sizeof top);
+      struct rng rngs[NSEQ];
+      for (int i = 0; i < NSEQ; i++) rng_seed(&rngs[i], seeds[i], 0);
+      static int ids2[NSEQ * MAXN * K];
+      static float lps2[NSEQ * MAXN * K];
+      struct gen_out out = {.tokens = top.tokens,
+                            .logp = top.logp,
+                            .len = top.len,
+                            .finish = top.finish,
+                            .top_ids = par ? ids2 : ids[v],
+                            .top_logp = par ? lps2 : lps[v]};
+      CHECK_MSG(gen_run(s, m, NSEQ, prompts, plen, rngs, &o, &out, NULL, &e) == 0, "%s", e.msg);
+      gen_state_set_pool(s, NULL, &e);
+      gen_state_set_split(s, GEN_SPLIT_AUTO);
+      CHECK_MSG(!memcmp(plain.tokens, top.tokens, sizeof top.tokens) &&
+                    !memcmp(plain.logp, top.logp, sizeof top.logp) &&
+                    !memcmp(plain.len, top.len, sizeof top.len) &&
+                    !memcmp(plain.finish, top.finish, sizeof top.finish),
+                "arch %d variant %d pool %d: top_k changed what is sampled", arch, v, par);
+      if (par) {
+        float d = 0;
+        for (int q = 0; q < NSEQ; q++)
+          for (int t = 0; t < top.len[q]; t++)
+            for (int a = 0; a < K; a++) {
+              size_t at = ((size_t)q * MAXN + t) * K + a;
+              CHECK(ids2[at] == ids[v][at]);
+              d = fmaxf(d, fabsf(lps2[at] - lps[v][at]));
+            }
+        CHECK_MSG(d < 1e-4f, "pool %d: alternatives' log-probs moved by %g", par, (double)d);
+      }
+    }
+    for (int q = 0; q < NSEQ; q++)
+      for (int t = 0; t < top.len[q]; t++) {
+        size_t at = ((size_t)q * MAXN + t) * K;
+        int tok = top.tokens[q * MAXN + t];
+        for (int a = 0; a < K; a++) {
+          if (a) CHECK(lps[v][at + a] <= lps[v][at + a - 1]);
+          if (ids[v][at + a] == tok) CHECK(lps[v][at + a] == top.logp[q * MAXN + t]);
+        }
+        if (temps[v] == 0.0f) CHECK(ids[v][at] == tok);
+      }
+  }
+  /* top_p 0.5 lists the untruncated distribution: the first token's alternatives (the same
+   * logits, the same temperature) equal those of top_p 1 */
+  for (int q = 0; q < NSEQ; q++)
+    for (int a = 0; a < K; a++) {
+      size_t at = (size_t)q * MAXN * K + a;
+      CHECK(ids[1][at] == ids[2][at] && lps[1][at] == lps[2][at]);
+    }
+  /* refusals: top_k out of range, or without its arrays */
+  struct sampler_opts bad = {
+      .temperature = 1.0f, .top_p = 1.0f, .max_new_tokens = 2, .top_k = SAMPLER_TOP_MAX + 1};
+  struct run rr;
+  struct gen_out out = {.tokens = rr.tokens,
+                        .logp = rr.logp,
+                        .len = rr.len,
+                        .finish = rr.finish,
+                        .top_ids = ids[0],
+                        .top_logp = lps[0]};
+  CHECK(gen_run(s, m, 1, prompts, plen, rngs_dummy(), &bad, &out, NULL, &e) == DAPO_EINVAL);
+  bad.top_k = 3;
+  out.top_ids = NULL;
+  CHECK(gen_run(s, m, 1, prompts, plen, rngs_dummy(), &bad, &out, NULL, &e) == DAPO_EINVAL);
+  pool_free(p);
+  gen_state_free(s);
+  model_free(m);
 }
 
 /* The pool's parallel paths (every kernel split, no work threshold) sample the same tokens. */
@@ -568,6 +738,9 @@ int main(void) {
   test_advance(ARCH_QWEN2);
   test_advance(ARCH_QWEN3);
   test_concurrent_pick();
+  test_top_reference();
+  test_top_gen(ARCH_QWEN2);
+  test_top_gen(ARCH_QWEN3);
   test_distribution(1.0f, 1.0f);
   test_distribution(0.7f, 1.0f);
   test_distribution(1.0f, 0.8f);
