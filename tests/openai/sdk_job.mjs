@@ -173,11 +173,28 @@ for await (const chunk of stream) {
   if (chunk.usage) usage = chunk.usage;
 }
 check(text.length === 1 && usage && usage.completion_tokens === 1, 'streamed chat: ' + text);
+// top_logprobs in the SDK's shape: per content entry the 5 likeliest, most likely first, the greedy
+// token first with its own logprob; the legacy route's integer logprobs as {token: logprob}
+const top = await client.chat.completions.create({ model: 'tiny', max_tokens: 3, temperature: 0,
+  messages: [{ role: 'user', content: 'What is 2+2?' }], logprobs: true, top_logprobs: 5 });
+check(top.choices[0].logprobs.content.length === 3 && top.choices[0].logprobs.content.every((e) =>
+  e.top_logprobs.length === 5 && e.top_logprobs[0].token === e.token &&
+  e.top_logprobs[0].logprob === e.logprob && JSON.stringify(e.top_logprobs[0].bytes) === JSON.stringify(e.bytes) &&
+  e.top_logprobs.every((a, i) => typeof a.token === 'string' && a.logprob <= 0 && Array.isArray(a.bytes) &&
+                                 (i === 0 || a.logprob <= e.top_logprobs[i - 1].logprob))),
+      'chat top_logprobs: ' + JSON.stringify(top.choices[0].logprobs.content[0]));
+const legacy = await client.completions.create({ model: 'tiny', prompt: 'What is 2+2?', max_tokens: 3,
+  temperature: 0, logprobs: 5 });
+check(legacy.choices[0].logprobs.top_logprobs.length === 3 &&
+      legacy.choices[0].logprobs.top_logprobs.every((d, t) =>
+        Object.keys(d).length === 5 && /* (JS lists integer-like keys first: compare the best) */
+        Math.max(...Object.values(d)) === top.choices[0].logprobs.content[t].logprob),
+      'completions top_logprobs: ' + JSON.stringify(legacy.choices[0].logprobs.top_logprobs[0]));
 const many = await client.chat.completions.create({ model: 'tiny', n: 2, seed: 3, stop: ['\n'],
   messages: [{ role: 'user', content: 'What is 2+2?' }], max_tokens: 4 });
 check(many.choices.length === 2, 'n=2 on a base model');
 // stop ends generation; streamed token by token, the concatenation is the whole answer (same seed)
-const req = { model: 'tiny', n: 2, seed: 4, max_tokens: 24, logprobs: true,
+const req = { model: 'tiny', n: 2, seed: 4, max_tokens: 24, logprobs: true, top_logprobs: 3,
   messages: [{ role: 'user', content: 'What is 3+4?' }] };
 const free = await client.chat.completions.create(req);
 const stopAt = free.choices[0].message.content.slice(2, 4);
@@ -201,7 +218,7 @@ check([0, 1].every((i) => parts[i].join('') === whole.choices[i].message.content
                           finish[i] === whole.choices[i].finish_reason &&
                           JSON.stringify(lps[i]) === JSON.stringify(whole.choices[i].logprobs.content)) &&
       JSON.stringify(streamed) === JSON.stringify(whole.usage) && parts[1].length > 3,
-      `streamed chat (n 2, stop, logprobs) equals the whole answer: ${parts[0].length + parts[1].length} chunks`);
+      `streamed chat (n 2, stop, logprobs, top_logprobs) equals the whole answer: ${parts[0].length + parts[1].length} chunks`);
 
 // a python grader inside a job (bubblewrap sandbox); skipped, saying why, where it cannot run
 const pyGrader = { type: 'python', name: 'py', source:
