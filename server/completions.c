@@ -660,6 +660,8 @@ static void on_step(void *ctx, struct gen_out *out, int n, int max_new) {
 static void run(struct completion *t, struct hold *h) {
   const struct lm *lm = &h->m->lm;
   struct completion_result *r = &t->res;
+  int vocab = model_vocab_used(&lm->cfg);
+  if (t->top_logprobs > vocab) t->top_logprobs = vocab; /* a smaller vocabulary lists it all */
   struct sampler_opts so = {.temperature = t->temperature,
                             .top_p = t->top_p,
                             .max_new_tokens = t->max_tokens,

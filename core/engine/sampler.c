@@ -513,8 +513,10 @@ static int gen_run_impl(struct gen_state *s, const struct model *m, int n,
   if (!(o->temperature >= 0.0f) || !(o->top_p > 0.0f && o->top_p <= 1.0f))
     return dapo_errf(e, DAPO_EINVAL, "temperature %g must be >= 0 and top_p %g in (0, 1]",
                      (double)o->temperature, (double)o->top_p);
-  if (o->top_k < 0 || o->top_k > SAMPLER_TOP_MAX || (o->top_k && (!out->top_ids || !out->top_logp)))
-    return dapo_errf(e, DAPO_EINVAL, "top_k %d must be in [0, %d], with its arrays", o->top_k,
+  if (o->top_k < 0 || o->top_k > SAMPLER_TOP_MAX || o->top_k > V ||
+      (o->top_k && (!out->top_ids || !out->top_logp)))
+    return dapo_errf(e, DAPO_EINVAL,
+                     "top_k %d must be in [0, %d] (and the vocabulary), with its arrays", o->top_k,
                      SAMPLER_TOP_MAX);
   for (int i = 0; i < n; i++) {
     if (prompt_len[i] < 1 || prompt_len[i] + maxn > s->cap_t)

@@ -20,9 +20,9 @@ struct sampler_opts {
   int max_new_tokens; /* >= 1 */
   int n_stop;         /* stop ids (EOS); a sampled stop id is part of the response */
   int stop_ids[SAMPLER_MAX_STOP];
-  /* 0, or 1..SAMPLER_TOP_MAX: gen_run also lists, for every token it samples, the top_k most
-   * likely tokens of the distribution it drew from (gen_out.top_ids, top_logp). What is sampled
-   * never depends on it. gen_advance ignores it. */
+  /* 0, or 1..SAMPLER_TOP_MAX (and at most the ids in use): gen_run also lists, for every token it
+   * samples, the top_k most likely tokens of the distribution it drew from (gen_out.top_ids,
+   * top_logp). What is sampled never depends on it. gen_advance ignores it. */
   int top_k;
 };
 
