@@ -80,16 +80,6 @@ static void chat_req_free(void *p) {
 
 /* ---- tools ---- */
 
-static int valid_tool_name(const char *s) {
-  size_t n = s ? strlen(s) : 0;
-  if (n < 1 || n > 64) return 0;
-  for (size_t i = 0; i < n; i++)
-    if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
-          (s[i] >= '0' && s[i] <= '9') || s[i] == '_' || s[i] == '-'))
-      return 0;
-  return 1;
-}
-
 /* Checks the request's tools, tool_choice and parallel_tool_calls into q; 0, or the error's
  * reply already sent (-1). */
 static int read_tools(struct api_req *r, const json_t *b, struct chat_req *q, const char **forced) {
@@ -129,10 +119,10 @@ static int read_tools(struct api_req *r, const json_t *b, struct chat_req *q, co
                            field),
              -1;
     }
-    if (!valid_tool_name(name)) {
+    if (!tc_valid_name(name)) {
       snprintf(field, sizeof field, "tools[%zu].function.name", i);
-      return api_oai_error(r, 400, NULL, field, "invalid_value",
-                           "%s: expected 1 to 64 of a-z, A-Z, 0-9, _ and -", field),
+      return api_oai_error(r, 400, NULL, field, "invalid_value", "%s: expected " TC_NAME_RULE,
+                           field),
              -1;
     }
     if ((params && !json_is_null(params) && !json_is_object(params)) ||

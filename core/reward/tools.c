@@ -17,10 +17,11 @@
 #include "openenv.h"
 #include "outside.h"
 #include "sandbox.h"
+#include "toolcall.h"
 #include "utf8.h"
 
 #define TOOL_THREADS_MAX 256 /* all tools' concurrency together */
-#define NAME_MAX_LEN 64
+#define NAME_MAX_LEN TC_NAME_MAX
 
 enum tool_kind { TK_HTTP, TK_PYTHON, TK_ENV };
 
@@ -108,18 +109,6 @@ static int check_fields(const json_t *o, const char *field, const char *const *a
   return 0;
 }
 
-static int valid_name(const char *s) {
-  size_t n = strlen(s);
-  if (n < 1 || n > NAME_MAX_LEN) return 0;
-  for (size_t i = 0; i < n; i++) {
-    char c = s[i];
-    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-          c == '-'))
-      return 0;
-  }
-  return 1;
-}
-
 static const char PYTHON_DESCRIPTION[] =
     "Runs Python 3 code in a sandbox (no network, no files kept, a time limit) and returns what "
     "it prints, errors included.";
@@ -159,8 +148,8 @@ static int build_python(struct tool *t, const json_t *spec, const char *field, s
       "type", "name", "timeout_ms", "concurrency", "max_answer_bytes", NULL};
   int rc = check_fields(spec, field, fields, e), mab = 0;
   const json_t *nm = json_object_get(spec, "name");
-  if (!rc && nm && (!json_is_string(nm) || !valid_name(json_string_value(nm))))
-    rc = dapo_errf(e, DAPO_EINVAL, "%s.name: expected 1 to 64 of a-z, A-Z, 0-9, _ and -", field);
+  if (!rc && nm && (!json_is_string(nm) || !tc_valid_name(json_string_value(nm))))
+    rc = dapo_errf(e, DAPO_EINVAL, "%s.name: expected " TC_NAME_RULE, field);
   if (!rc) snprintf(t->name, sizeof t->name, "%s", nm ? json_string_value(nm) : "python");
   if (!rc) rc = get_int(spec, field, "timeout_ms", 10000, 100, 60000, &t->timeout_ms, e);
   if (!rc) rc = get_int(spec, field, "concurrency", 2, 1, 16, &t->concurrency, e);
@@ -214,8 +203,8 @@ static int build_http(struct tool *t, const json_t *spec, const char *field,
   if ((rc = check_fields(fn, sub, fn_fields, e))) return rc;
   const json_t *nm = json_object_get(fn, "name"), *desc = json_object_get(fn, "description"),
                *params = json_object_get(fn, "parameters");
-  if (!json_is_string(nm) || !valid_name(json_string_value(nm)))
-    return dapo_errf(e, DAPO_EINVAL, "%s.name: expected 1 to 64 of a-z, A-Z, 0-9, _ and -", sub);
+  if (!json_is_string(nm) || !tc_valid_name(json_string_value(nm)))
+    return dapo_errf(e, DAPO_EINVAL, "%s.name: expected " TC_NAME_RULE, sub);
   if (desc && !json_is_string(desc))
     return dapo_errf(e, DAPO_EINVAL, "%s.description: expected a string", sub);
   snprintf(t->name, sizeof t->name, "%s", json_string_value(nm));
@@ -756,9 +745,8 @@ static int build_openenv(struct tool *t, const json_t *spec, const char *field,
   char *const into[2] = {t->action_field, t->observation_field};
   for (int k = 0; k < 2; k++) {
     const json_t *v = json_object_get(spec, names[k]);
-    if (v && !json_is_null(v) && (!json_is_string(v) || !valid_name(json_string_value(v))))
-      return dapo_errf(e, DAPO_EINVAL, "%s.%s: expected 1 to 64 of a-z, A-Z, 0-9, _ and -", field,
-                       names[k]);
+    if (v && !json_is_null(v) && (!json_is_string(v) || !tc_valid_name(json_string_value(v))))
+      return dapo_errf(e, DAPO_EINVAL, "%s.%s: expected " TC_NAME_RULE, field, names[k]);
     snprintf(into[k], NAME_MAX_LEN + 1, "%s",
              json_is_string(v) ? json_string_value(v)
              : k == 0          ? "message"

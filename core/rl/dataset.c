@@ -151,8 +151,6 @@ static int check_messages(const json_t *jm, char *msg, size_t cap) {
  * {"name", "description"?, "parameters"?, "strict"?}}], at most TOOLS_MAX of them, their names
  * unique and of the toolbox's rule (1 to TC_NAME_MAX of a-z, A-Z, 0-9, _ and -). */
 static int check_tools(const json_t *jt, char *msg, size_t cap) {
-  static const char NAME_CHARS[] =
-      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-";
   if (!json_is_array(jt))
     return msgf(msg, cap, DAPO_EFORMAT, "field 'tools': expected an array, got %s", json_kind(jt));
   if (json_array_size(jt) > TOOLS_MAX)
@@ -173,11 +171,9 @@ static int check_tools(const json_t *jt, char *msg, size_t cap) {
                   i);
     const json_t *nm = json_object_get(fn, "name");
     const char *name = json_string_value(nm);
-    size_t len = name ? json_string_length(nm) : 0;
-    if (!name || len < 1 || len > TC_NAME_MAX || strspn(name, NAME_CHARS) != len)
+    if (!tc_valid_name(name) || strlen(name) != json_string_length(nm))
       return msgf(msg, cap, DAPO_EFORMAT,
-                  "field 'tools[%zu].function.name': expected 1 to %d of a-z, A-Z, 0-9, _ and -", i,
-                  TC_NAME_MAX);
+                  "field 'tools[%zu].function.name': expected " TC_NAME_RULE, i);
     static const struct {
       const char *key;
       json_type type; /* JSON_TRUE: a boolean */

@@ -37,8 +37,16 @@ static int malformed(struct tc_turn *t, const char *fmt, ...) {
   return 0;
 }
 
-static int is_name_char(int c, int first) {
-  return isalpha(c) || c == '_' || (!first && (isdigit(c) || c == '-' || c == '.'));
+static int is_name_char(int c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+         c == '-';
+}
+
+int tc_valid_name(const char *s) {
+  size_t n = s ? strlen(s) : 0;
+  for (size_t i = 0; i < n; i++)
+    if (!is_name_char((unsigned char)s[i])) return 0;
+  return n >= 1 && n <= TC_NAME_MAX;
 }
 
 /* dapod: "@" [name] [spaces JSON-object] [spaces], the whole turn. */
@@ -49,7 +57,7 @@ static int read_dapod(const char *s, size_t n, const char *const *tools, int n_t
   if (i == n || s[i] != '@') return 0; /* a final answer */
   i++;
   size_t name0 = i;
-  while (i < n && is_name_char((unsigned char)s[i], i == name0)) i++;
+  while (i < n && is_name_char((unsigned char)s[i])) i++;
   size_t name_len = i - name0;
   if (name_len > TC_NAME_MAX)
     return malformed(t, "the tool's name is longer than %d bytes", TC_NAME_MAX);

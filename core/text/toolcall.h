@@ -27,6 +27,12 @@ const char *tc_format_name(enum tc_format f);
 
 #define TC_MAX_CALLS 8 /* calls one turn may make (the rest is malformed) */
 #define TC_NAME_MAX 64 /* bytes of a tool's name */
+#define TC_NAME_RULE "1 to 64 of a-z, A-Z, 0-9, _ and -" /* for messages */
+
+/* Whether the NUL-terminated s (NULL: no) is a tool's name: TC_NAME_RULE, OpenAI's rule for
+ * function names. Every part that takes a tool's name checks it here (the toolbox, a line's
+ * tools, a chat request's), and the dapod format reads a name of the same characters. */
+int tc_valid_name(const char *s);
 
 struct tc_call {
   char name[TC_NAME_MAX + 1];

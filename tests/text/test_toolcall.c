@@ -48,6 +48,29 @@ static void test_dapod(void) {
   read_turn("@lookup", two, 2, &t);
   CHECK(t.n_calls == 1 && !strcmp(t.calls[0].name, "lookup"));
   tc_turn_free(&t);
+  /* a name is read with the characters every part accepts (tc_valid_name): one that starts with
+   * a digit or holds '-' is callable; '.' ends the name */
+  const char *odd[] = {"2fa", "get-time"};
+  read_turn("@2fa", odd, 2, &t);
+  CHECK(t.n_calls == 1 && !strcmp(t.calls[0].name, "2fa"));
+  tc_turn_free(&t);
+  read_turn("@get-time {}", odd, 2, &t);
+  CHECK(t.n_calls == 1 && !strcmp(t.calls[0].name, "get-time"));
+  tc_turn_free(&t);
+  read_turn("@get.time", odd, 2, &t);
+  CHECK(t.n_calls == 0 && t.malformed && strstr(t.why, "there is no tool 'get'"));
+  static const char *const NAMES_OK[] = {"a", "2fa", "get-time", "_x", "A_9-z"};
+  for (size_t i = 0; i < sizeof NAMES_OK / sizeof NAMES_OK[0]; i++)
+    CHECK_MSG(tc_valid_name(NAMES_OK[i]), "'%s' refused", NAMES_OK[i]);
+  static const char *const NAMES_BAD[] = {"", "get.time", "a b", "caf\xc3\xa9", "x/y", "@"};
+  for (size_t i = 0; i < sizeof NAMES_BAD / sizeof NAMES_BAD[0]; i++)
+    CHECK_MSG(!tc_valid_name(NAMES_BAD[i]), "'%s' taken", NAMES_BAD[i]);
+  char name64[66];
+  memset(name64, 'n', 65);
+  name64[65] = '\0';
+  CHECK(!tc_valid_name(name64) && !tc_valid_name(NULL));
+  name64[64] = '\0';
+  CHECK(tc_valid_name(name64));
 
   /* malformed: each told what was wrong, no call made */
   static const struct {
