@@ -3,6 +3,7 @@
 
 #include "error.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,7 +24,10 @@ struct hrow {
   double grpo;                /* default under algorithm "grpo" (NAN: same as dflt) */
   const char *const *choices; /* H_ENUM */
   const char *help;
+  int only; /* 0: every method; HM_DAPO or HM_SFT: that method's knob alone */
 };
+
+enum { HM_DAPO = 1, HM_SFT = 2 };
 
 static const char *const ALGOS[] = {"dapo", "grpo", NULL};
 static const char *const SHORTFALLS[] = {"partial", "error", NULL};
@@ -31,76 +35,91 @@ static const char *const OVERLONG_MODES[] = {"min", "additive", NULL};
 static const char *const AGGS[] = {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm",
                                    NULL};
 static const char *const JUDGE_ERRS[] = {"fail", "drop", NULL};
+static const char *const SCHEDULES[] = {"constant", "linear", "cosine", NULL};
+static const char *const METHODS[] = {"dapo", "supervised", NULL};
 
 #define F(x) offsetof(struct hparams, x)
 #define SAME NAN
 static const struct hrow ROWS[] = {
     {"algorithm", H_ENUM, F(algorithm), 0, 0, ALGO_DAPO, SAME, ALGOS,
-     "dapo or grpo: chooses the defaults of the other knobs"},
+     "dapo or grpo: chooses the defaults of the other knobs", HM_DAPO},
     {"group_size", H_INT, F(group_size), 2, HPARAMS_GROUP_SIZE_MAX, 8, SAME, NULL,
-     "G, responses per prompt"},
+     "G, responses per prompt", HM_DAPO},
     {"prompt_batch_size", H_INT, F(prompt_batch_size), 1, 65536, 8, SAME, NULL,
-     "prompt groups trained on per step"},
+     "prompt groups trained on per step", HM_DAPO},
     {"gen_batch_multiplier", H_INT, F(gen_batch_multiplier), 1, 64, 3, 1, NULL,
-     "prompts drawn per generation round = prompt_batch_size * this"},
+     "prompts drawn per generation round = prompt_batch_size * this", HM_DAPO},
     {"max_gen_batches", H_INT, F(max_gen_batches), 1, 1000, 10, SAME, NULL,
-     "generation rounds per step before the shortfall policy applies"},
+     "generation rounds per step before the shortfall policy applies", HM_DAPO},
     {"on_sampling_shortfall", H_ENUM, F(on_sampling_shortfall), 0, 0, SHORTFALL_PARTIAL, SAME,
-     SHORTFALLS, "partial: train on the kept groups and warn; error: fail the job"},
+     SHORTFALLS, "partial: train on the kept groups and warn; error: fail the job", HM_DAPO},
     {"dynamic_sampling", H_BOOL, F(dynamic_sampling), 0, 1, 1, 0, NULL,
-     "keep only groups with 0 < correct < G"},
-    {"temperature", H_NUM, F(temperature), 1e-3, 10, 1.0, SAME, NULL, "rollout temperature"},
-    {"top_p", H_NUM, F(top_p), 1e-6, 1, 1.0, SAME, NULL, "rollout nucleus"},
-    {"max_new_tokens", H_INT, F(max_new_tokens), 1, 1 << 20, 64, SAME, NULL, "L_max"},
+     "keep only groups with 0 < correct < G", HM_DAPO},
+    {"temperature", H_NUM, F(temperature), 1e-3, 10, 1.0, SAME, NULL, "rollout temperature",
+     HM_DAPO},
+    {"top_p", H_NUM, F(top_p), 1e-6, 1, 1.0, SAME, NULL, "rollout nucleus", HM_DAPO},
+    {"max_new_tokens", H_INT, F(max_new_tokens), 1, 1 << 20, 64, SAME, NULL, "L_max", HM_DAPO},
     {"overlong_buffer", H_INT, F(overlong_buffer), 0, 1 << 20, D_DERIVED, 0, NULL,
-     "L_buf; default max_new_tokens / 5 (the paper's 4096 of 20480); 0 disables shaping"},
-    {"overlong_penalty", H_NUM, F(overlong_penalty), 0, 1e6, 1.0, SAME, NULL, "p"},
+     "L_buf; default max_new_tokens / 5 (the paper's 4096 of 20480); 0 disables shaping", HM_DAPO},
+    {"overlong_penalty", H_NUM, F(overlong_penalty), 0, 1e6, 1.0, SAME, NULL, "p", HM_DAPO},
     {"overlong_mode", H_ENUM, F(overlong_mode), 0, 0, OVERLONG_MIN, SAME, OVERLONG_MODES,
-     "min: r' = min(r, penalty) (the note); additive: r' = r + penalty (the paper, verl)"},
+     "min: r' = min(r, penalty) (the note); additive: r' = r + penalty (the paper, verl)", HM_DAPO},
     {"mask_truncated", H_BOOL, F(mask_truncated), 0, 1, 0, SAME, NULL,
-     "leave responses cut at max_new_tokens out of the loss"},
-    {"adv_eps", H_NUM, F(adv_eps), 0, 1, 1e-6, SAME, NULL, "A = (r - mean) / (std + adv_eps)"},
+     "leave responses cut at max_new_tokens out of the loss", HM_DAPO},
+    {"adv_eps", H_NUM, F(adv_eps), 0, 1, 1e-6, SAME, NULL, "A = (r - mean) / (std + adv_eps)",
+     HM_DAPO},
     {"scale_advantages", H_BOOL, F(scale_advantages), 0, 1, 1, SAME, NULL,
-     "false: Dr.GRPO's A = r - mean"},
+     "false: Dr.GRPO's A = r - mean", HM_DAPO},
     {"on_judge_error", H_ENUM, F(on_judge_error), 0, 0, JUDGE_ERR_FAIL, SAME, JUDGE_ERRS,
-     "fail the job, or drop the affected groups from the step"},
+     "fail the job, or drop the affected groups from the step", HM_DAPO},
     {"minibatch_size", H_INT, F(minibatch_size), 1, 1 << 24, D_DERIVED, SAME, NULL,
-     "responses per optimizer update; default a quarter of the step's responses"},
-    {"epochs", H_INT, F(epochs), 1, 64, 1, SAME, NULL, "passes over the step's responses"},
-    {"eps_low", H_NUM, F(eps_low), 0, 0.999999, 0.2, SAME, NULL, "clip 1 - eps_low"},
+     "responses per optimizer update; default a quarter of the step's responses", HM_DAPO},
+    {"epochs", H_INT, F(epochs), 1, 64, 1, SAME, NULL,
+     "passes over the step's responses (supervised: passes over the training file)", 0},
+    {"eps_low", H_NUM, F(eps_low), 0, 0.999999, 0.2, SAME, NULL, "clip 1 - eps_low", HM_DAPO},
     {"eps_high", H_NUM, F(eps_high), 0, 10, 0.28, D_DERIVED, NULL,
-     "clip 1 + eps_high (grpo: equal to eps_low)"},
+     "clip 1 + eps_high (grpo: equal to eps_low)", HM_DAPO},
     {"dual_clip_c", H_NUM, F(dual_clip_c), 0, 1e3, 0, SAME, NULL,
-     "0 off; else for A < 0 the loss is bounded by -c * A (c > 1)"},
+     "0 off; else for A < 0 the loss is bounded by -c * A (c > 1)", HM_DAPO},
     {"loss_agg", H_ENUM, F(loss_agg), 0, 0, AGG_TOKEN_MEAN, AGG_SEQ_MEAN_TOKEN_MEAN, AGGS,
-     "token-mean (DAPO), seq-mean-token-mean (GRPO), seq-mean-token-sum-norm (Dr.GRPO)"},
+     "token-mean (DAPO), seq-mean-token-mean (GRPO), seq-mean-token-sum-norm (Dr.GRPO)", HM_DAPO},
     {"kl_coef", H_NUM, F(kl_coef), 0, 100, 0, 0.001, NULL,
-     "k3 KL to the starting weights; > 0 keeps a second copy of the model in memory"},
-    {"learning_rate", H_NUM, F(learning_rate), 0, 1, 1e-5, SAME, NULL, "AdamW peak rate"},
+     "k3 KL to the starting weights; > 0 keeps a second copy of the model in memory", HM_DAPO},
+    {"learning_rate", H_NUM, F(learning_rate), 0, 1, 1e-5, SAME, NULL, "AdamW peak rate", 0},
     {"lr_warmup_steps", H_INT, F(lr_warmup_steps), 0, 1 << 24, 0, SAME, NULL,
-     "linear warm-up, in training steps"},
-    {"weight_decay", H_NUM, F(weight_decay), 0, 10, 0, SAME, NULL, "decoupled, matrices only"},
-    {"grad_clip", H_NUM, F(grad_clip), 0, 1e6, 1.0, SAME, NULL, "global L2 norm; 0 off"},
-    {"adam_beta1", H_NUM, F(adam_beta1), 0, 0.999999, 0.9, SAME, NULL, ""},
-    {"adam_beta2", H_NUM, F(adam_beta2), 0, 0.999999999, 0.999, SAME, NULL, ""},
-    {"adam_eps", H_NUM, F(adam_eps), 1e-30, 1, 1e-8, SAME, NULL, ""},
-    {"total_steps", H_INT, F(total_steps), 1, 1 << 24, 20, SAME, NULL, "training steps"},
+     "linear warm-up, in training steps", 0},
+    {"weight_decay", H_NUM, F(weight_decay), 0, 10, 0, SAME, NULL, "decoupled, matrices only", 0},
+    {"grad_clip", H_NUM, F(grad_clip), 0, 1e6, 1.0, SAME, NULL, "global L2 norm; 0 off", 0},
+    {"adam_beta1", H_NUM, F(adam_beta1), 0, 0.999999, 0.9, SAME, NULL, "", 0},
+    {"adam_beta2", H_NUM, F(adam_beta2), 0, 0.999999999, 0.999, SAME, NULL, "", 0},
+    {"adam_eps", H_NUM, F(adam_eps), 1e-30, 1, 1e-8, SAME, NULL, "", 0},
+    {"total_steps", H_INT, F(total_steps), 1, 1 << 24, 20, SAME, NULL, "training steps", HM_DAPO},
     {"checkpoint_every", H_INT, F(checkpoint_every), 0, 1 << 24, 0, SAME, NULL,
-     "steps between checkpoints (0: only step 0 and the final step)"},
+     "steps between checkpoints (0: only step 0 and the final step)", 0},
     {"keep_checkpoints", H_INT, F(keep_checkpoints), 0, 1 << 24, 0, SAME, NULL,
-     "0 keeps all; else the newest N (the final one always)"},
+     "0 keeps all; else the newest N (the final one always)", 0},
     {"eval_every", H_INT, F(eval_every), 0, 1 << 24, 0, SAME, NULL,
-     "steps between evaluations on the validation file (0: none)"},
+     "steps between evaluations on the validation file (0: none)", 0},
     {"eval_samples", H_INT, F(eval_samples), 1, 1024, 4, SAME, NULL,
-     "k responses per validation prompt (avg@k, pass@k)"},
+     "k responses per validation prompt (avg@k, pass@k)", HM_DAPO},
     {"eval_max_prompts", H_INT, F(eval_max_prompts), 0, 1 << 24, 0, SAME, NULL,
-     "0: every validation prompt"},
-    {"eval_temperature", H_NUM, F(eval_temperature), 0, 10, 1.0, SAME, NULL, ""},
-    {"eval_top_p", H_NUM, F(eval_top_p), 1e-6, 1, 0.7, SAME, NULL, ""},
+     "0: every validation prompt", HM_DAPO},
+    {"eval_temperature", H_NUM, F(eval_temperature), 0, 10, 1.0, SAME, NULL, "", HM_DAPO},
+    {"eval_top_p", H_NUM, F(eval_top_p), 1e-6, 1, 0.7, SAME, NULL, "", HM_DAPO},
     {"micro_batch_tokens", H_INT, F(micro_batch_tokens), 16, 1 << 24, 1024, SAME, NULL,
-     "tokens per forward/backward pass (memory); never changes the result's maths"},
+     "tokens per forward/backward pass (memory); never changes the result's maths", 0},
     {"gen_batch_size", H_INT, F(gen_batch_size), 1, 1 << 16, 64, SAME, NULL,
-     "sequences generated together (KV cache memory)"},
+     "sequences generated together (KV cache memory)", HM_DAPO},
+    {"batch_size", H_INT, F(batch_size), 1, 65536, 8, SAME, NULL, "examples per optimizer step",
+     HM_SFT},
+    {"lr_schedule", H_ENUM, F(lr_schedule), 0, 0, LR_LINEAR, SAME, SCHEDULES,
+     "after the warm-up: constant, or linear or cosine decay to 0 at the last step", HM_SFT},
+    {"max_sequence_tokens", H_INT, F(max_sequence_tokens), 2, 1 << 20, 2048, SAME, NULL,
+     "tokens of an example (prompt and completion); longer ones are refused, or cut with truncate",
+     HM_SFT},
+    {"truncate", H_BOOL, F(truncate), 0, 1, 0, SAME, NULL,
+     "cut examples longer than max_sequence_tokens (their end) instead of refusing the file",
+     HM_SFT},
 };
 #define NROWS ((int)(sizeof ROWS / sizeof ROWS[0]))
 
@@ -135,9 +154,23 @@ static const struct hrow *find_row(const char *name) {
   return NULL;
 }
 
+/* Whether row r is a knob of method m. */
+static int row_in(const struct hrow *r, int m) {
+  return !r->only || r->only == (m == METHOD_SUPERVISED ? HM_SFT : HM_DAPO);
+}
+
+const char *hparams_method_name(int method) {
+  return method >= 0 && method <= METHOD_SUPERVISED ? METHODS[method] : "?";
+}
+
 int hparams_parse(struct hparams *h, const json_t *j, json_t *errors) {
+  return hparams_parse_method(h, j, METHOD_DAPO, errors);
+}
+
+int hparams_parse_method(struct hparams *h, const json_t *j, int method, json_t *errors) {
   size_t before = json_array_size(errors);
   memset(h, 0, sizeof *h);
+  h->method = method;
   unsigned char given[NROWS] = {0};
   if (j && !json_is_object(j)) {
     json_array_append_new(errors, json_pack("{s:s,s:s}", "field", "hyperparameters", "message",
@@ -157,6 +190,11 @@ int hparams_parse(struct hparams *h, const json_t *j, json_t *errors) {
       const struct hrow *r = find_row(key);
       if (!r) {
         add_err(errors, key, "unknown hyperparameter");
+        continue;
+      }
+      if (!row_in(r, method)) {
+        add_err(errors, key, "not a hyperparameter of method %s (it is one of %s jobs)",
+                hparams_method_name(method), method == METHOD_SUPERVISED ? "dapo" : "supervised");
         continue;
       }
       int idx = (int)(r - ROWS);
@@ -214,10 +252,11 @@ int hparams_parse(struct hparams *h, const json_t *j, json_t *errors) {
     }
   for (int i = 0; i < NROWS; i++) {
     const struct hrow *r = &ROWS[i];
-    if (given[i]) continue;
+    if (given[i] || !row_in(r, method)) continue;
     double d = grpo && !isnan(r->grpo) ? r->grpo : r->dflt;
     if (d != D_DERIVED) set_val(h, r, d);
   }
+  if (method == METHOD_SUPERVISED) return (int)(json_array_size(errors) - before);
   /* derived defaults */
   if (!given[find_row("overlong_buffer") - ROWS] && !grpo)
     h->overlong_buffer = h->max_new_tokens / 5;
@@ -239,10 +278,29 @@ int hparams_parse(struct hparams *h, const json_t *j, json_t *errors) {
   return (int)(json_array_size(errors) - before);
 }
 
+int hparams_sft_total_steps(const struct hparams *h, int64_t lines) {
+  int64_t per_epoch = h->batch_size > 0 ? (lines + h->batch_size - 1) / h->batch_size : 1;
+  int64_t n = (per_epoch < 1 ? 1 : per_epoch) * (h->epochs < 1 ? 1 : h->epochs);
+  return n > INT_MAX ? INT_MAX : (int)n;
+}
+
+double hparams_lr_at(const struct hparams *h, int64_t step, int64_t total) {
+  int64_t w = h->lr_warmup_steps;
+  if (w > 0 && step + 1 < w) return h->learning_rate * (double)(step + 1) / (double)w;
+  if (h->method != METHOD_SUPERVISED || h->lr_schedule == LR_CONSTANT || total <= w)
+    return h->learning_rate;
+  double progress = (double)(step - (w > 0 ? w : 0)) / (double)(total - (w > 0 ? w : 0));
+  if (progress < 0) progress = 0;
+  if (progress > 1) progress = 1;
+  if (h->lr_schedule == LR_LINEAR) return h->learning_rate * (1 - progress);
+  return h->learning_rate * 0.5 * (1 + cos(M_PI * progress));
+}
+
 json_t *hparams_to_json(const struct hparams *h) {
   json_t *o = json_object();
   for (int i = 0; i < NROWS; i++) {
     const struct hrow *r = &ROWS[i];
+    if (!row_in(r, h->method)) continue;
     double x = get_val(h, r);
     json_t *v = NULL;
     switch (r->type) {
@@ -275,8 +333,10 @@ static json_t *row_value(const struct hrow *r, double x) {
 json_t *hparams_describe(void) {
   static const char *const TYPES[] = {"integer", "number", "boolean", "string"};
   json_t *a = json_array();
+  /* the dashboard's form is a DAPO job's: the knobs of supervised jobs alone are left out */
   for (int i = 0; a && i < NROWS; i++) {
     const struct hrow *r = &ROWS[i];
+    if (!row_in(r, METHOD_DAPO)) continue;
     json_t *o = json_pack("{s:s, s:s, s:o, s:o, s:s}", "name", r->name, "type", TYPES[r->type],
                           "default", row_value(r, r->dflt), "grpo_default",
                           row_value(r, isnan(r->grpo) ? r->dflt : r->grpo), "help", r->help);

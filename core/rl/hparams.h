@@ -14,12 +14,17 @@ enum shortfall { SHORTFALL_PARTIAL = 0, SHORTFALL_ERROR = 1 };
 enum overlong_mode { OVERLONG_MIN = 0, OVERLONG_ADDITIVE = 1 };
 enum loss_agg { AGG_TOKEN_MEAN = 0, AGG_SEQ_MEAN_TOKEN_MEAN = 1, AGG_SEQ_MEAN_TOKEN_SUM_NORM = 2 };
 enum judge_error_policy { JUDGE_ERR_FAIL = 0, JUDGE_ERR_DROP = 1 };
+/* What a job trains with (the job body's `method`): DAPO/GRPO from rewards, or supervised
+ * fine-tuning on demonstrations (docs/TRAINING.md#supervised-fine-tuning). */
+enum method { METHOD_DAPO = 0, METHOD_SUPERVISED = 1 };
+enum lr_schedule { LR_CONSTANT = 0, LR_LINEAR = 1, LR_COSINE = 2 };
 
 /* The largest group_size a spec may ask for: the DAPO step keeps a group's rewards and
  * advantages on the stack, sized by it. */
 #define HPARAMS_GROUP_SIZE_MAX 1024
 
 struct hparams {
+  int method;    /* enum method (the job body's top-level `method`) */
   int algorithm; /* enum algo */
   /* sampling */
   int group_size, prompt_batch_size, gen_batch_multiplier, max_gen_batches;
@@ -49,15 +54,35 @@ struct hparams {
   double eval_temperature, eval_top_p;
   /* resources */
   int micro_batch_tokens, gen_batch_size;
+  /* supervised fine-tuning only (method supervised; zero under dapo) */
+  int batch_size, lr_schedule, max_sequence_tokens, truncate;
 };
 
-/* Parses the `hyperparameters` object j (borrowed; NULL = all defaults) into h, resolving
- * defaults. Each problem is appended to errors (a JSON array, borrowed) as {"field":
- * "hyperparameters.<name>", "message": ...}. Returns the number of problems added. */
+/* Parses the `hyperparameters` object j (borrowed; NULL = all defaults) of a DAPO job into h,
+ * resolving defaults: hparams_parse_method(h, j, METHOD_DAPO, errors). */
 int hparams_parse(struct hparams *h, const json_t *j, json_t *errors);
 
-/* A new object with every resolved value (what the job object shows). */
+/* Parses the `hyperparameters` of a job of method `method` (enum method) into h, resolving
+ * defaults. A knob of the other method only is refused ("not a hyperparameter of method ..."),
+ * as an unknown one is. Each problem is appended to errors (a JSON array, borrowed) as {"field":
+ * "hyperparameters.<name>", "message": ...}. Returns the number of problems added. Under
+ * METHOD_SUPERVISED, total_steps is left 0: hparams_sft_total_steps derives it from the file. */
+int hparams_parse_method(struct hparams *h, const json_t *j, int method, json_t *errors);
+
+/* A supervised job's steps over a training file of `lines` examples:
+ * ceil(lines / batch_size) * epochs (at least 1). */
+int hparams_sft_total_steps(const struct hparams *h, int64_t lines);
+
+/* The learning rate of training step `step` (0-based) of `total` steps: a linear warm-up over
+ * lr_warmup_steps to learning_rate, then lr_schedule (constant; linear or cosine decay to 0 at
+ * step total). Under METHOD_DAPO only the warm-up applies (adamw_lr_at's rule). */
+double hparams_lr_at(const struct hparams *h, int64_t step, int64_t total);
+
+/* A new object with every resolved value of h's method (what the job object shows). */
 json_t *hparams_to_json(const struct hparams *h);
+
+/* The method's name as the job body writes it ("dapo", "supervised"). */
+const char *hparams_method_name(int method);
 
 /* A new array describing every knob in table order: {name, type ("integer", "number",
  * "boolean", "string"), default and grpo_default (null when derived from other knobs: the help

@@ -44,7 +44,7 @@ int jobspec_parse(const json_t *body, const struct judge_policy *pol, struct job
                                       "judge",         "hyperparameters",  "seed",
                                       "metadata",      "suffix",           "job_id",
                                       "chat_template", "checkpoint_dtype", "adapter",
-                                      "resources",     "episode"};
+                                      "resources",     "episode",          "method"};
   const char *key;
   json_t *v;
   json_object_foreach((json_t *)body, key, v) {
@@ -151,8 +151,33 @@ int jobspec_parse(const json_t *body, const struct judge_policy *pol, struct job
           s->processes = (int)json_integer_value(v);
       }
   }
-  hparams_parse(&s->hp, json_object_get(body, "hyperparameters"), errors);
-  episode_parse(json_object_get(body, "episode"), &s->hp, pol, &s->episode, errors);
+  int method = METHOD_DAPO;
+  json_t *mv = json_object_get(body, "method");
+  if (mv && !json_is_null(mv)) {
+    const char *m = json_string_value(mv);
+    if (m && !strcmp(m, "supervised"))
+      method = METHOD_SUPERVISED;
+    else if (m && !strcmp(m, "dpo"))
+      dapo_errors_add(errors, "method",
+                      "\"dpo\" is not supported yet (\"dapo\" or \"supervised\")");
+    else if (!m || strcmp(m, "dapo"))
+      dapo_errors_add(errors, "method", "expected \"dapo\" (the default) or \"supervised\"");
+  }
+  s->method_given = mv && !json_is_null(mv);
+  hparams_parse_method(&s->hp, json_object_get(body, "hyperparameters"), method, errors);
+  if (method == METHOD_SUPERVISED) {
+    /* a supervised job learns from the file's completions: no judge scores it, no episode runs */
+    if (judge && !json_is_null(judge))
+      dapo_errors_add(errors, "judge",
+                      "a supervised job has no judge (it trains on the file's "
+                      "completions); leave `judge` out");
+    json_t *ep = json_object_get(body, "episode");
+    if (ep && !json_is_null(ep))
+      dapo_errors_add(errors, "episode", "a supervised job runs no episodes; leave `episode` out");
+  } else {
+    episode_parse(json_object_get(body, "episode"), &s->hp, pol, &s->episode, errors);
+  }
+
   if (!s->model || !s->training_file || !s->job_id || !s->judge) {
     if ((model && !s->model) || (tf && !s->training_file) || !s->job_id || !s->judge)
       dapo_errors_add(errors, "", "out of memory");
@@ -166,14 +191,25 @@ const char *jobspec_dtype_name(enum ckpt_dtype d) {
 
 json_t *jobspec_to_json(const struct job_spec *s) {
   /* chat_template, checkpoint_dtype, adapter and episode only when given, so that specs (and the
-   * checkpoints that record them) of jobs without them stay as they were */
-  return json_pack("{s:s?,s:s?,s:s?,s:O?,s:o,s:I,s:O*,s:s*,s:o*,s:o*}", "model", s->model,
-                   "training_file", s->training_file, "validation_file", s->validation_file,
-                   "judge", s->judge, "hyperparameters", hparams_to_json(&s->hp), "seed",
-                   (json_int_t)s->seed, "chat_template", s->chat_template, "checkpoint_dtype",
-                   s->checkpoint_dtype_given ? jobspec_dtype_name(s->checkpoint_dtype) : NULL,
-                   "adapter", s->has_adapter ? lora_config_to_json(&s->adapter) : NULL, "episode",
-                   episode_to_json(&s->episode));
+   * checkpoints that record them) of jobs without them stay as they were; `method` likewise,
+   * for supervised jobs always (their judge is not theirs: left out) */
+  if (s->hp.method == METHOD_SUPERVISED)
+    return json_pack("{s:s,s:s?,s:s?,s:s?,s:o,s:I,s:O*,s:s*,s:o*}", "method",
+                     hparams_method_name(s->hp.method), "model", s->model, "training_file",
+                     s->training_file, "validation_file", s->validation_file, "hyperparameters",
+                     hparams_to_json(&s->hp), "seed", (json_int_t)s->seed, "chat_template",
+                     s->chat_template, "checkpoint_dtype",
+                     s->checkpoint_dtype_given ? jobspec_dtype_name(s->checkpoint_dtype) : NULL,
+                     "adapter", s->has_adapter ? lora_config_to_json(&s->adapter) : NULL);
+  json_t *o = json_pack("{s:s?,s:s?,s:s?,s:O?,s:o,s:I,s:O*,s:s*,s:o*,s:o*}", "model", s->model,
+                        "training_file", s->training_file, "validation_file", s->validation_file,
+                        "judge", s->judge, "hyperparameters", hparams_to_json(&s->hp), "seed",
+                        (json_int_t)s->seed, "chat_template", s->chat_template, "checkpoint_dtype",
+                        s->checkpoint_dtype_given ? jobspec_dtype_name(s->checkpoint_dtype) : NULL,
+                        "adapter", s->has_adapter ? lora_config_to_json(&s->adapter) : NULL,
+                        "episode", episode_to_json(&s->episode));
+  if (o && s->method_given) json_object_set_new(o, "method", json_string("dapo"));
+  return o;
 }
 
 void jobspec_deinit(struct job_spec *s) {

@@ -1,5 +1,5 @@
-/* A job spec: what a job trains (model, data, judge, hyperparameters, seed, chat template,
- * episodes),
+/* A job spec: what a job trains (method, model, data, judge, hyperparameters, seed, chat
+ * template, episodes),
  * parsed from the body of POST /v1/jobs or a `dapod train` job file and validated field by field.
  * The runner (runner.h) runs one; the daemon stores the body it was parsed from. */
 #ifndef DAPO_JOBSPEC_H
@@ -39,6 +39,8 @@ struct job_spec {
                     process). Not part of jobspec_to_json: where a job runs is not what it
                     computes, so a job may resume under another count */
   struct episode_spec episode; /* multi-turn episodes with tools (episode.h); .on 0: none */
+  int method_given; /* the body named `method` (hp.method holds it): a DAPO job's resolved spec
+                       then records it, so that specs of jobs without it stay as they were */
 };
 
 #define JOBSPEC_PROCESSES_MAX 4096

@@ -307,9 +307,18 @@ static int check_file(const struct job_spec *s, const struct lm *lm, struct chat
   return bad;
 }
 
+/* Supervised jobs parse and resolve (jobspec.h) but their step is not built yet (issue 27):
+ * refused before they are queued, and by runner_run, rather than run as something else. */
+#define SUPERVISED_NOT_RUNNABLE                                                                    \
+  "\"supervised\" jobs are validated but cannot run yet: the supervised step is not built"
+
 int runner_check_data(const struct job_spec *s, struct runner_data_facts *f, json_t *errors) {
   size_t before = json_array_size(errors);
   memset(f, 0, sizeof *f);
+  if (s->hp.method == METHOD_SUPERVISED) {
+    dapo_errors_add(errors, "method", SUPERVISED_NOT_RUNNABLE);
+    return (int)(json_array_size(errors) - before);
+  }
   struct lm lm;
   struct dapo_err e = {0};
   if (lm_open_meta(s->model, &lm, &e)) {
@@ -656,6 +665,8 @@ static int setup_tools(struct trainer *t) {
 static int setup(struct trainer *t, int64_t from) {
   const struct hparams *hp = t->hp;
   struct dapo_err e = {0};
+  if (hp->method == METHOD_SUPERVISED)
+    return trainer_fail(t, FAIL_INVALID_SPEC, "method", "%s", SUPERVISED_NOT_RUNNABLE);
   trainer_phase(t, "loading");
   char sub[PATH_MAX];
   if (trainer_rank(t) != 0) goto folders_made; /* rank 0 alone writes in the out folder */
