@@ -778,7 +778,9 @@ static struct grader *grader_of(struct api_req *r, const json_t *b) {
     api_oai_error(r, 400, NULL, "grader", "invalid_value", "grader: required");
     return NULL;
   }
-  struct grader *gr = grader_new(g, "grader", &e);
+  struct judge_policy pol;
+  server_judge_policy(r->srv, &pol);
+  struct grader *gr = grader_new(g, "grader", &pol, &e);
   if (!gr) {
     char param[128] = "grader";
     const char *colon = strstr(e.msg, ": ");
@@ -845,15 +847,27 @@ int api_ft_graders_run(struct api_req *r) {
   json_object_set_new(errs, "python_grader_runtime_error", json_boolean(er.n[GE_PYTHON_RUNTIME]));
   json_object_set_new(errs, "python_grader_runtime_error_details",
                       er.detail[0] ? dapo_json_text(er.detail) : json_null());
-  json_object_set_new(errs, "model_grader_server_error", json_false());
-  json_object_set_new(errs, "model_grader_refusal_error", json_false());
-  json_object_set_new(errs, "model_grader_parse_error", json_false());
-  json_object_set_new(errs, "model_grader_server_error_details", json_null());
-  json_t *o =
-      json_pack("{s:f, s:{s:s, s:s, s:o, s:f, s:O, s:n, s:n}, s:o, s:{}}", "reward", score,
-                "metadata", "name", grader_name(g), "type", grader_type(g), "errors", errs,
-                "execution_time", now_s() - t0, "scores", sub, "token_usage", "sampled_model_name",
-                "sub_rewards", sub, "model_grader_token_usage_per_model");
+  json_object_set_new(errs, "model_grader_server_error_details",
+                      er.model_detail[0] ? dapo_json_text(er.model_detail) : json_null());
+  /* the judge models' tokens: metadata.token_usage is their total (the SDK's integer), and
+     model_grader_token_usage_per_model each one's prompt, completion and total tokens */
+  json_t *per_model = json_object();
+  long total = 0;
+  for (int k = 0; per_model && k < er.n_usage; k++) {
+    const struct grader_usage *u = &er.usage[k];
+    total += u->prompt_tokens + u->completion_tokens;
+    json_object_set_new(per_model, u->model,
+                        json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)u->prompt_tokens,
+                                  "completion_tokens", (json_int_t)u->completion_tokens,
+                                  "total_tokens",
+                                  (json_int_t)(u->prompt_tokens + u->completion_tokens)));
+  }
+  json_t *o = json_pack(
+      "{s:f, s:{s:s, s:s, s:o, s:f, s:O, s:o, s:o}, s:o, s:o}", "reward", score, "metadata", "name",
+      grader_name(g), "type", grader_type(g), "errors", errs, "execution_time", now_s() - t0,
+      "scores", sub, "token_usage", er.n_usage ? json_integer((json_int_t)total) : json_null(),
+      "sampled_model_name", er.n_usage ? json_string(er.usage[0].model) : json_null(),
+      "sub_rewards", sub, "model_grader_token_usage_per_model", per_model);
   grader_free(g);
   return api_reply_json_steal(r, 200, o);
 }

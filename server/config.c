@@ -16,6 +16,8 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "grader.h"
+#include "judge.h"
 #include "log.h"
 #include "parse.h"
 
@@ -28,6 +30,7 @@ enum ctype {
   C_LIST, /* struct config_list of host names; min..max = entry count */
   C_ENUM, /* int index into choices */
   C_KEYS, /* struct config_api_keys; min..max = entry count */
+  C_JSON, /* owned json_t * object; min..max = entry count; checked by config_finish */
 };
 
 struct crow {
@@ -160,6 +163,12 @@ static const struct crow ROWS[] = {
      "let allowed judge host names resolve to private addresses (10/8, 172.16/12, 192.168/16, "
      "100.64/10, fc00::/7), e.g. an internal judge service; loopback and link-local still need "
      "the address in judge_allowed_hosts"},
+    {"judge_models", C_JSON, F(judge_models), 0, 64, "{}", NULL,
+     "the judge models that score_model and label_model graders name: an object name -> "
+     "{\"url\": an OpenAI-compatible upstream's base URL (\"http://127.0.0.1:8000/v1\", under "
+     "judge_allowed_hosts), \"model\", \"api_key_file\" (optional: its content is sent as "
+     "Authorization: Bearer), \"timeout_ms\" (default 60000), \"concurrency\" (4), "
+     "\"max_retries\" (2)}; a model dapod serves itself (\"serve\") is not supported yet"},
     {"shutdown_grace_s", C_INT, F(shutdown_grace_s), 0, 3600, "30", NULL,
      "on SIGTERM or SIGINT, seconds that running jobs get to reach a safe point before exit"},
     {"log_level", C_ENUM, F(log_level), 0, 0, "info", LEVELS, "least severe level that is logged"},
@@ -595,6 +604,9 @@ static int set_keys(struct config *c, const struct crow *r, const char *text, co
   return rc;
 }
 
+static int set_json(struct config *c, const struct crow *r, const json_t *v, const char *what,
+                    struct dapo_err *e);
+
 static int set_text(struct config *c, const struct crow *r, const char *s, const char *what,
                     struct dapo_err *e) {
   switch (r->type) {
@@ -627,6 +639,14 @@ static int set_text(struct config *c, const struct crow *r, const char *s, const
   case C_ENUM: return store_enum(c, r, s, what, e);
   case C_LIST: return set_list(c, r, s, NULL, what, e);
   case C_KEYS: return set_keys(c, r, s, NULL, what, e);
+  case C_JSON: {
+    json_error_t je;
+    json_t *v = json_loads(s, 0, &je);
+    if (!v) return dapo_errf(e, DAPO_EINVAL, "%s: not JSON: %.120s", what, je.text);
+    int rc = set_json(c, r, v, what, e);
+    json_decref(v);
+    return rc;
+  }
   }
   return dapo_errf(e, DAPO_EINVAL, "%s: unknown type", what);
 }
@@ -742,6 +762,17 @@ static int set_json(struct config *c, const struct crow *r, const json_t *v, con
     return store_enum(c, r, json_string_value(v), what, e);
   case C_LIST: return set_list(c, r, NULL, v, what, e);
   case C_KEYS: return set_keys(c, r, NULL, v, what, e);
+  case C_JSON: {
+    if (!json_is_object(v)) return dapo_errf(e, DAPO_EINVAL, "%s: expected an object", what);
+    if ((int64_t)json_object_size(v) > r->max)
+      return dapo_errf(e, DAPO_EINVAL, "%s: more than %" PRId64 " entries", what, r->max);
+    json_t *copy = json_deep_copy(v);
+    if (!copy) return dapo_errf(e, DAPO_ENOMEM, "%s: out of memory", what);
+    json_t **slot = field(c, r);
+    json_decref(*slot);
+    *slot = copy;
+    return 0;
+  }
   }
   return dapo_errf(e, DAPO_EINVAL, "%s: unknown type", what);
 }
@@ -907,6 +938,7 @@ void config_deinit(struct config *c) {
     if (r->type == C_STR) free(*(char **)field(c, r));
     if (r->type == C_LIST) list_free(field(c, r));
     if (r->type == C_KEYS) free(((struct config_api_keys *)field(c, r))->v);
+    if (r->type == C_JSON) json_decref(*(json_t **)field(c, r));
   }
   memset(c, 0, sizeof *c);
 }
@@ -987,6 +1019,10 @@ int config_finish(struct config *c, int ncpu, struct dapo_err *e) {
                      "sse_heartbeat_s (%d) must be less than connection_timeout_s (%d): idle "
                      "event streams would time out",
                      c->sse_heartbeat_s, c->connection_timeout_s);
+  struct judge_policy pol = {.allowed_hosts = (const char *const *)c->judge_allowed_hosts.v,
+                             .n_allowed = c->judge_allowed_hosts.n,
+                             .allow_private = c->judge_allow_private};
+  if (grader_models_check(c->judge_models, &pol, "judge_models", e)) return e ? e->code : 1;
   if (!c->api_keys.n && !config_is_loopback(c->listen.host)) {
     char a[300];
     return dapo_errf(e, DAPO_EINVAL,
@@ -1067,6 +1103,7 @@ static json_t *value_json(const struct config *c, const struct crow *r) {
       }
     return a;
   }
+  case C_JSON: return json_deep_copy(*(json_t *const *)p); /* paths, never a key's content */
   }
   return NULL;
 }
@@ -1124,6 +1161,7 @@ static void describe_type(const struct crow *r, char *buf, size_t cap) {
   }
   case C_LIST: snprintf(buf, cap, "array of host names or addresses"); break;
   case C_KEYS: snprintf(buf, cap, "array of {\"name\", \"sha256\", \"admin\"}"); break;
+  case C_JSON: snprintf(buf, cap, "JSON object of at most %" PRId64 " entries", r->max); break;
   }
 }
 
@@ -1167,6 +1205,7 @@ static const char *metavar(const struct crow *r) {
   case C_ENUM: return "LEVEL";
   case C_LIST: return "HOST,...";
   case C_KEYS: return "NAME:SHA256[:admin],...";
+  case C_JSON: return "JSON";
   }
   return "VALUE";
 }

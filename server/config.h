@@ -88,9 +88,11 @@ struct config {
   int sse_heartbeat_s;             /* comment line on an idle stream */
   struct config_list judge_allowed_hosts; /* hosts an http judge URL may name */
   int judge_allow_private;                /* allowed names may resolve to private addresses */
-  int shutdown_grace_s;                   /* SIGTERM: time for jobs to reach a safe point */
-  int log_level;                          /* enum log_level (log.h) */
-  int access_log;                         /* one log line per HTTP request */
+  json_t *judge_models; /* name -> {"url", "model", "api_key_file", ...}: the judge models of
+                           score_model and label_model graders (checked by config_finish) */
+  int shutdown_grace_s; /* SIGTERM: time for jobs to reach a safe point */
+  int log_level;        /* enum log_level (log.h) */
+  int access_log;       /* one log line per HTTP request */
 };
 
 /* What the command line asked for besides settings. */

@@ -250,5 +250,6 @@ void server_judge_policy(const struct server *srv, struct judge_policy *pol) {
   const struct config_list *hosts = &srv->cfg.judge_allowed_hosts;
   *pol = (struct judge_policy){.allowed_hosts = (const char *const *)hosts->v,
                                .n_allowed = hosts->n,
-                               .allow_private = srv->cfg.judge_allow_private};
+                               .allow_private = srv->cfg.judge_allow_private,
+                               .judge_models = srv->cfg.judge_models};
 }

@@ -16,7 +16,7 @@
 #define GRADER_MAX_TEMPLATE 65536  /* bytes of one input/reference template */
 #define GRADER_MAX_RENDERED 262144 /* bytes a rendered template may reach */
 
-enum gkind { G_STRING_CHECK, G_TEXT_SIMILARITY, G_PYTHON, G_MULTI };
+enum gkind { G_STRING_CHECK, G_TEXT_SIMILARITY, G_PYTHON, G_MULTI, G_MODEL };
 enum sop { OP_EQ, OP_NE, OP_LIKE, OP_ILIKE };
 
 struct grader {
@@ -30,12 +30,14 @@ struct grader {
   char **keys;
   struct grader **sub;
   struct formula *formula;
+  struct gmodel *model; /* score_model, label_model */
 };
 
 const char *grader_err_name(enum grader_err k) {
   static const char *const names[GE_COUNT] = {
       "formula_parse_error",         "sample_parse_error",         "invalid_variable_error",
-      "python_grader_runtime_error", "python_grader_server_error", "other_error"};
+      "python_grader_runtime_error", "python_grader_server_error", "model_grader_server_error",
+      "model_grader_parse_error",    "model_grader_refusal_error", "other_error"};
   return (int)k >= 0 && k < GE_COUNT ? names[k] : "unknown";
 }
 
@@ -60,6 +62,7 @@ void grader_free(struct grader *g) {
   free(g->keys);
   free(g->sub);
   formula_free(g->formula);
+  gmodel_free(g->model);
   free(g);
 }
 
@@ -97,7 +100,7 @@ static int take_string(const json_t *spec, const char *field, const char *key, i
 }
 
 /* Checks that a template's {{ }} are balanced and name item.* or sample.* paths. */
-static int check_template(const char *t, const char *field, const char *key, struct dapo_err *e) {
+int grader_check_template(const char *t, const char *field, const char *key, struct dapo_err *e) {
   for (const char *p = strstr(t, "{{"); p; p = strstr(p, "{{")) {
     const char *q = strstr(p + 2, "}}");
     if (!q) return dapo_errf(e, DAPO_EINVAL, "%s.%s: '{{' without '}}'", field, key);
@@ -114,10 +117,10 @@ static int check_template(const char *t, const char *field, const char *key, str
 }
 
 static int parse_one(struct grader *g, const json_t *spec, const char *field, int nested,
-                     struct dapo_err *e);
+                     const struct judge_policy *pol, struct dapo_err *e);
 
 static int parse_multi(struct grader *g, const json_t *spec, const char *field,
-                       struct dapo_err *e) {
+                       const struct judge_policy *pol, struct dapo_err *e) {
   static const char *const fields[] = {"type", "name", "graders", "calculate_output", NULL};
   if (check_fields(spec, field, fields, e)) return DAPO_EINVAL;
   const json_t *gs = json_object_get(spec, "graders");
@@ -145,7 +148,7 @@ static int parse_multi(struct grader *g, const json_t *spec, const char *field,
       g->n_sub++;
       if (!(g->sub[i] = calloc(1, sizeof *g->sub[i])))
         return dapo_errf(e, DAPO_ENOMEM, "out of memory");
-      int rc = parse_one(g->sub[i], v, sub_field, 1, e);
+      int rc = parse_one(g->sub[i], v, sub_field, 1, pol, e);
       if (rc) return rc;
     }
   } else {
@@ -156,7 +159,7 @@ static int parse_multi(struct grader *g, const json_t *spec, const char *field,
       int i = g->n_sub++;
       if (!(g->sub[i] = calloc(1, sizeof *g->sub[i])))
         return dapo_errf(e, DAPO_ENOMEM, "out of memory");
-      int rc = parse_one(g->sub[i], v, sub_field, 1, e);
+      int rc = parse_one(g->sub[i], v, sub_field, 1, pol, e);
       if (rc) return rc;
       const char *key = *g->sub[i]->name ? g->sub[i]->name : g->sub[i]->type;
       for (int j = 0; j < i; j++)
@@ -180,7 +183,7 @@ static int parse_multi(struct grader *g, const json_t *spec, const char *field,
 }
 
 static int parse_one(struct grader *g, const json_t *spec, const char *field, int nested,
-                     struct dapo_err *e) {
+                     const struct judge_policy *pol, struct dapo_err *e) {
   if (!json_is_object(spec))
     return dapo_errf(e, DAPO_EINVAL,
                      "%s: expected a grader object such as {\"type\": \"string_check\", ...}",
@@ -189,7 +192,8 @@ static int parse_one(struct grader *g, const json_t *spec, const char *field, in
   const char *type = json_string_value(jt);
   if (!type)
     return dapo_errf(e, DAPO_EINVAL,
-                     "%s.type: required, one of string_check, text_similarity, python, multi",
+                     "%s.type: required, one of string_check, text_similarity, python, "
+                     "score_model, label_model, multi",
                      field);
   if (!(g->type = strdup(type))) return dapo_errf(e, DAPO_ENOMEM, "out of memory");
   const json_t *jn = json_object_get(spec, "name");
@@ -203,8 +207,8 @@ static int parse_one(struct grader *g, const json_t *spec, const char *field, in
     if (check_fields(spec, field, fields, e) ||
         take_string(spec, field, "input", 1, GRADER_MAX_TEMPLATE, &g->input, e) ||
         take_string(spec, field, "reference", 1, GRADER_MAX_TEMPLATE, &g->reference, e) ||
-        check_template(g->input, field, "input", e) ||
-        check_template(g->reference, field, "reference", e))
+        grader_check_template(g->input, field, "input", e) ||
+        grader_check_template(g->reference, field, "reference", e))
       return e ? e->code : DAPO_EINVAL;
     const char *op = json_string_value(json_object_get(spec, "operation"));
     static const char *const ops[] = {"eq", "ne", "like", "ilike"};
@@ -224,8 +228,8 @@ static int parse_one(struct grader *g, const json_t *spec, const char *field, in
     if (check_fields(spec, field, fields, e) ||
         take_string(spec, field, "input", 1, GRADER_MAX_TEMPLATE, &g->input, e) ||
         take_string(spec, field, "reference", 1, GRADER_MAX_TEMPLATE, &g->reference, e) ||
-        check_template(g->input, field, "input", e) ||
-        check_template(g->reference, field, "reference", e))
+        grader_check_template(g->input, field, "input", e) ||
+        grader_check_template(g->reference, field, "reference", e))
       return e ? e->code : DAPO_EINVAL;
     const json_t *pt = json_object_get(spec, "pass_threshold");
     if (pt && !json_is_null(pt) && !json_is_number(pt))
@@ -267,26 +271,27 @@ static int parse_one(struct grader *g, const json_t *spec, const char *field, in
       return dapo_errf(e, DAPO_EINVAL, "%s.type: a multi grader cannot hold another multi grader",
                        field);
     g->kind = G_MULTI;
-    return parse_multi(g, spec, field, e);
+    return parse_multi(g, spec, field, pol, e);
   }
-  if (!strcmp(type, "score_model") || !strcmp(type, "label_model"))
-    return dapo_errf(e, DAPO_EUNSUPPORTED,
-                     "%s.type: %s asks a hosted model to grade, which dapod does not have; run "
-                     "your grading model behind the http judge ({\"type\": \"http\", \"url\": "
-                     "...}, docs/OPENAI.md), or use a python grader",
-                     field, type);
+  if (!strcmp(type, "score_model") || !strcmp(type, "label_model")) {
+    g->kind = G_MODEL;
+    g->model = gmodel_new(spec, field, !strcmp(type, "label_model"), pol, e);
+    return g->model ? 0 : e ? e->code : DAPO_EINVAL;
+  }
   return dapo_errf(e, DAPO_EINVAL,
-                   "%s.type: '%.40s' is not one of string_check, text_similarity, python, multi",
+                   "%s.type: '%.40s' is not one of string_check, text_similarity, python, "
+                   "score_model, label_model, multi",
                    field, type);
 }
 
-struct grader *grader_new(const json_t *spec, const char *field, struct dapo_err *e) {
+struct grader *grader_new(const json_t *spec, const char *field, const struct judge_policy *pol,
+                          struct dapo_err *e) {
   struct grader *g = calloc(1, sizeof *g);
   if (!g) {
     dapo_errf(e, DAPO_ENOMEM, "%s: out of memory", field);
     return NULL;
   }
-  if (parse_one(g, spec, field, 0, e)) {
+  if (parse_one(g, spec, field, 0, pol, e)) {
     grader_free(g);
     return NULL;
   }
@@ -472,6 +477,7 @@ static int grade_python(const struct grader *g, json_t *const *roots, int n, dou
 static int grade_leaf(const struct grader *g, json_t *const *roots, int n, double *scores,
                       struct grader_errs *errs) {
   if (g->kind == G_PYTHON) return grade_python(g, roots, n, scores, errs);
+  if (g->kind == G_MODEL) return gmodel_grade(g->model, roots, n, scores, errs);
   for (int i = 0; i < n; i++) {
     scores[i] = grade_text(g, roots[i], &errs[i]);
     if (scores[i] < 0) return DAPO_ENOMEM;

@@ -1,7 +1,8 @@
 /* OpenAI's graders as rewards (../shared/design/OPENAI_COMPAT.md section 4): string_check,
- * text_similarity, python (the user's grade(sample, item) in a bubblewrap sandbox) and multi
- * (sub-graders combined by a calculate_output formula, formula.h); score_model and label_model
- * are refused naming the field. Inputs are templates: {{item.x}}, {{sample.output_text}},
+ * text_similarity, python (the user's grade(sample, item) in a bubblewrap sandbox), multi
+ * (sub-graders combined by a calculate_output formula, formula.h), and score_model and
+ * label_model, which ask a judge model of the server's `judge_models` (an OpenAI-compatible
+ * upstream, grader_model.c). Inputs are templates: {{item.x}}, {{sample.output_text}},
  * {{sample.output_json.x}}, with dotted and [i] paths. A grader never changes after grader_new:
  * grader_grade may be called from several threads at once. */
 #ifndef DAPO_GRADER_H
@@ -20,25 +21,43 @@ enum grader_err {
   GE_PYTHON_RUNTIME,   /* python_grader_runtime_error: grade raised, returned a non-number,
                           looped past the time limit or printed junk */
   GE_PYTHON_SERVER,    /* python_grader_server_error: the sandbox could not run at all */
+  GE_MODEL_SERVER,     /* model_grader_server_error: the judge model's HTTP error, timeout or
+                          connection failure after its retries */
+  GE_MODEL_PARSE,      /* model_grader_parse_error: its content is not the JSON asked for */
+  GE_MODEL_REFUSAL,    /* model_grader_refusal_error: its message.refusal is not null */
   GE_OTHER,            /* other_error */
   GE_COUNT
 };
 /* "formula_parse_error", ... (static). */
 const char *grader_err_name(enum grader_err k);
 
+/* Tokens one judge model spent on a sample (its replies' `usage`). */
+#define GRADER_MAX_USAGE 4 /* judge models counted per sample; more are added to the last */
+struct grader_usage {
+  char model[96]; /* the upstream's model name (judge_models.<name>.model) */
+  long prompt_tokens, completion_tokens;
+};
+
 struct grader_errs {
   int n[GE_COUNT];
-  char detail[256]; /* the first python error's text ("ZeroDivisionError: ..."), or "" */
+  char detail[256];       /* the first python error's text ("ZeroDivisionError: ..."), or "" */
+  char model_detail[256]; /* the first judge model server error ("HTTP 500 after 3 attempts") */
+  int n_usage;
+  struct grader_usage usage[GRADER_MAX_USAGE];
 };
 
 struct grader;
 
+struct judge_policy;
+
 /* Validates spec (borrowed) and builds the grader. Messages name the field under `field`
  * ("grader.operation: 'is' is not one of eq, ne, like, ilike", "grader.graders.b.type: ...",
- * "grader.type: score_model needs a model server: use the http judge ..."). A python grader
+ * "grader.model: 'gpt-4o' is not one of the server's judge_models (judge)"). A python grader
  * needs the sandbox (grader_python_available): without it, DAPO_EUNSUPPORTED naming
- * grader.type. Owned: grader_free. */
-struct grader *grader_new(const json_t *spec, const char *field, struct dapo_err *e);
+ * grader.type. pol (may be NULL: loopback hosts, no judge models) gives score_model and
+ * label_model their judge_models and the host policy their URLs obey. Owned: grader_free. */
+struct grader *grader_new(const json_t *spec, const char *field, const struct judge_policy *pol,
+                          struct dapo_err *e);
 void grader_free(struct grader *g);
 
 /* type and name (name "" when the spec has none); borrowed, live as long as g. */
@@ -68,6 +87,16 @@ int grader_grade(const struct grader *g, const struct grader_sample *s, int n, d
  * (*out, free()). Returns 0; 1 when a variable does not resolve (*out NULL; bad names the first
  * variable, cut to cap bytes); DAPO_ENOMEM. Exposed for tests. */
 int grader_render(const char *tmpl, const json_t *root, char **out, char *bad, size_t cap);
+
+/* ---- judge models (grader_model.c) ---- */
+
+/* Checks the server config's judge_models (an object name -> {"url", "model", "api_key_file",
+ * "timeout_ms", "concurrency", "max_retries"}; borrowed) under pol's host policy: messages name
+ * the key under field ("judge_models.judge.url: host 'x' is not in the judge host allowlist",
+ * "judge_models.judge.api_key_file: cannot read '/k': No such file or directory",
+ * "judge_models.local.serve: not supported yet ..."). Reads no key into memory it keeps. */
+int grader_models_check(const json_t *models, const struct judge_policy *pol, const char *field,
+                        struct dapo_err *e);
 
 /* ---- the python sandbox (grader_python.c) ---- */
 

@@ -128,7 +128,8 @@ static int regex_init(struct judge *j, const json_t *spec, struct dapo_err *e) {
 }
 
 /* {"type": "grader", "grader": {...}, "response_format"?: {...}, "pass_threshold"?: 0.5} */
-static int grader_init(struct judge *j, const json_t *spec, struct dapo_err *e) {
+static int grader_init(struct judge *j, const json_t *spec, const struct judge_policy *pol,
+                       struct dapo_err *e) {
   static const char *const fields[] = {"type", "grader", "response_format", "pass_threshold", NULL};
   if (check_fields(spec, fields, e)) return DAPO_EINVAL;
   const json_t *rf = json_object_get(spec, "response_format");
@@ -152,7 +153,7 @@ static int grader_init(struct judge *j, const json_t *spec, struct dapo_err *e) 
       return dapo_errf(e, DAPO_EINVAL, "judge.pass_threshold: expected a number");
     j->pass_threshold = json_number_value(pt);
   }
-  if (!(j->grader = grader_new(json_object_get(spec, "grader"), "judge.grader", e)))
+  if (!(j->grader = grader_new(json_object_get(spec, "grader"), "judge.grader", pol, e)))
     return e ? e->code : DAPO_EINVAL;
   return 0;
 }
@@ -185,7 +186,7 @@ struct judge *judge_new(const json_t *spec, const struct judge_policy *pol, stru
     rc = regex_init(j, spec, e);
   } else if (!strcmp(type, "grader")) {
     j->kind = JK_GRADER;
-    rc = grader_init(j, spec, e);
+    rc = grader_init(j, spec, pol, e);
   } else if (!strcmp(type, "http")) {
     j->kind = JK_HTTP;
     j->http = judge_http_new(spec, pol, e);
@@ -349,6 +350,8 @@ static int run_grader(const struct judge *j, const struct judge_item *items, int
   double *scores = calloc((size_t)n, sizeof *scores);
   struct grader_errs *errs = calloc((size_t)n, sizeof *errs);
   unsigned char *bad = calloc((size_t)n, 1);
+  int n_server = 0;
+  char server[256] = "";
   int rc = s && own && sub && scores && errs && bad ? 0 : DAPO_ENOMEM;
   for (int i = 0; !rc && i < n; i++) {
     s[i].output_text = items[i].response ? items[i].response : "";
@@ -377,6 +380,13 @@ static int run_grader(const struct judge *j, const struct judge_item *items, int
                             errs[i].detail[0] ? errs[i].detail : NULL);
     sub[i] = NULL;
     if (!res[i].info) rc = DAPO_ENOMEM;
+    /* a judge model that could not answer: no verdict, so on_judge_error applies as for the
+       http judge (the other model_grader errors score 0 like any grader error) */
+    if (errs[i].n[GE_MODEL_SERVER]) {
+      res[i].err = JE_HTTP;
+      if (!n_server++ && errs[i].model_detail[0])
+        snprintf(server, sizeof server, "%s", errs[i].model_detail);
+    }
   }
   for (int i = 0; own && i < 2 * n; i++) json_decref(own[i]);
   for (int i = 0; sub && i < n; i++) json_decref(sub[i]);
@@ -387,6 +397,9 @@ static int run_grader(const struct judge *j, const struct judge_item *items, int
   free(errs);
   free(bad);
   if (rc) return dapo_errf(e, rc, "judge: out of memory");
+  if (n_server)
+    return dapo_errf(e, DAPO_EIO, "grader: %s (%d of %d samples)",
+                     server[0] ? server : "judge model server error", n_server, n);
   return 0;
 }
 

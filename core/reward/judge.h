@@ -81,6 +81,9 @@ struct judge_policy {
    * without DNS or /etc/hosts. NULL in the daemon. */
   const char *const *resolve;
   int n_resolve;
+  /* The server config's judge_models (grader.h grader_models_check: already checked), the
+   * judge models score_model and label_model graders may name; NULL: none. */
+  const json_t *judge_models;
 };
 
 struct judge;

@@ -30,6 +30,23 @@ int judge_http_run(const struct judge_http *h, const char *job_id, int64_t step,
 int judge_http_parse_reply(const char *body, size_t len, int openrlhf, const char *const *ids,
                            int n, double *rewards, char *what, size_t cap);
 
+/* score_model and label_model graders (grader_model.c), built and graded for grader.c. */
+struct gmodel;
+struct grader_errs;
+/* Validates spec (type checked; label: a label_model) under field; its model names one of
+ * pol's judge_models. NULL + e on failure. */
+struct gmodel *gmodel_new(const json_t *spec, const char *field, int label,
+                          const struct judge_policy *pol, struct dapo_err *e);
+void gmodel_free(struct gmodel *m);
+/* The upstream's model name (borrowed). */
+const char *gmodel_model(const struct gmodel *m);
+/* Grades roots[0..n) ({"item", "sample"}) into scores and errs (counts, token usage), up to the
+ * judge model's concurrency at once. Returns 0 or DAPO_ENOMEM. Thread-safe. */
+int gmodel_grade(const struct gmodel *m, json_t *const *roots, int n, double *scores,
+                 struct grader_errs *errs);
+/* grader.c's template check: {{ }} balanced, naming item.* or sample.* (field.key in errors). */
+int grader_check_template(const char *t, const char *field, const char *key, struct dapo_err *e);
+
 /* A new JSON string of s; invalid UTF-8 bytes become U+FFFD (jansson refuses them). NULL on
  * OOM. */
 json_t *judge_json_string(const char *s);

@@ -614,7 +614,7 @@ def oai_scenario(c):
     e = oai_error(c.call("ft grader score_model", "POST", "/v1/fine_tuning/alpha/graders/validate",
                          400, json_body={"grader": {"type": "score_model", "model": "m",
                                                     "input": []}}), "invalid_request_error")
-    assert e["param"] == "grader.type" and "http" in e["message"], e
+    assert e["param"] == "grader.model" and "judge_models" in e["message"], e
     run = c.call("ft grader run", "POST", "/v1/fine_tuning/alpha/graders/run", 200,
                  json_body={"grader": FT_GRADER, "model_sample": "5", "item": {"sum": "5"}}).json()
     assert abs(run["reward"] - 1) < 1e-9 and run["sub_rewards"] == {"exact": 1, "close": 1}, run

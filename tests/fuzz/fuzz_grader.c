@@ -72,7 +72,7 @@ static void fuzz_spec(const uint8_t *data, size_t size) {
     return;
   }
   struct dapo_err e = {0};
-  struct grader *g = grader_new(spec, "grader", &e);
+  struct grader *g = grader_new(spec, "grader", NULL, &e);
   if (!g) {
     FUZZ_CHECK(e.code != 0 && !strncmp(e.msg, "grader", 6));
   } else {

@@ -1,0 +1,326 @@
+#!/usr/bin/python3
+"""score_model and label_model graders through an OpenAI-compatible judge model (label api;
+docs/OPENAI.md "Graders", the server config's judge_models).
+
+A stand-in judge model (tests/reward/judge_model_server.py) runs on a free loopback port; the
+daemon's judge_models name it three times ("judge": timeout 1 s, 2 retries; "strict": no
+retries; "slow": timeout 300 ms, no retries), with a key file whose content must arrive as
+Authorization: Bearer. Checked through the daemon:
+- graders/run: score_model's reward is the stand-in's (1.0 for the reference answer, else 0.2),
+  the request carries the rendered messages, the strict json_schema and the bearer key;
+  metadata names the upstream model, its token usage (prompt words + 5) and no error;
+- clamping to range (7 -> 1, -3 -> the range's low end), each error flag with reward 0
+  (model_grader_parse_error for non-JSON content, a non-number result, a label not in labels;
+  model_grader_refusal_error; model_grader_server_error after retries, with details; a timeout),
+  a 500 followed by a success (retried: the reward of the success, two requests received);
+- label_model (passing label -> 1, other -> 0) alone and inside multi;
+- validate and run refuse an unknown judge model naming `model`, passing_labels outside labels,
+  a bad range, naming the field;
+- a short RFT job through POST /v1/fine_tuning/jobs graded by score_model: every rollout's
+  reward_raw equals the stand-in's score for its response.
+
+Run: /usr/bin/python3 tests/api/test_model_graders.py --dapod build/server/dapod
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "reward"))
+import harness  # noqa: E402
+import judge_model_server  # noqa: E402
+import test_jobs  # noqa: E402
+
+STANDIN = os.path.join(HERE, "..", "reward", "judge_model_server.py")
+KEY = "sk-standin-0123456789"
+INPUT = [{"role": "system", "content": "Grade the answer."},
+         {"role": "user", "content": "Answer: {{sample.output_text}}\nReference: {{item.answer}}"}]
+
+
+def score_grader(model="judge", **kw):
+    return dict({"type": "score_model", "name": "judge", "model": model, "input": INPUT}, **kw)
+
+
+def label_grader(**kw):
+    return dict({"type": "label_model", "name": "lab", "model": "judge", "input": INPUT,
+                 "labels": ["correct", "wrong"], "passing_labels": ["correct"]}, **kw)
+
+
+class ModelGraders(test_jobs.DaemonCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.standin = subprocess.Popen(["/usr/bin/python3", STANDIN], stdout=subprocess.PIPE)
+        cls.port = int(cls.standin.stdout.readline())
+        cls.tmp = tempfile.mkdtemp(prefix="dapod-jm-")
+        key_file = os.path.join(cls.tmp, "key")
+        with open(key_file, "w") as f:
+            f.write(KEY + "\n")
+        url = "http://127.0.0.1:%d/v1" % cls.port
+        models = {"judge": {"url": url, "model": "standin-judge", "api_key_file": key_file,
+                            "timeout_ms": 1000, "max_retries": 2, "concurrency": 4},
+                  "strict": {"url": url + "/", "model": "standin-strict", "max_retries": 0},
+                  "slow": {"url": url, "model": "standin-slow", "timeout_ms": 300,
+                           "max_retries": 0}}
+        cls.ARGS = test_jobs.DaemonCase.ARGS + ("--judge-models", json.dumps(models))
+        try:
+            super().setUpClass()
+        except BaseException:
+            cls.stop_standin()
+            raise
+
+    @classmethod
+    def stop_standin(cls):
+        cls.standin.terminate()
+        cls.standin.wait()
+        cls.standin.stdout.close()
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            super().tearDownClass()
+        finally:
+            cls.stop_standin()
+
+    def standin_requests(self):
+        return harness_get(self.port, "/requests")
+
+    def reset(self):
+        harness_post(self.port, "/reset")
+
+    def run_grader(self, grader, sample, item):
+        r = self.d.post_json("/v1/fine_tuning/alpha/graders/run",
+                             {"grader": grader, "model_sample": sample, "item": item})
+        return self.assertJson(r, 200)
+
+    def refused(self, grader, param, has):
+        for route in ("validate", "run"):
+            body = {"grader": grader}
+            if route == "run":
+                body["model_sample"] = "x"
+            r = self.d.post_json("/v1/fine_tuning/alpha/graders/" + route, body)
+            self.assertEqual(r.status, 400, r)
+            e = r.json()["error"]
+            self.assertEqual(e["param"], param, e)
+            self.assertIn(has, e["message"])
+            self.assertNotIn(KEY, r.body.decode())
+
+    def flags(self, out):
+        errs = out["metadata"]["errors"]
+        return sorted(k for k, v in errs.items() if v is True)
+
+    def test_score_model_run(self):
+        self.reset()
+        out = self.run_grader(score_grader(), "42", {"answer": "42"})
+        self.assertEqual(out["reward"], 1.0, out)
+        md = out["metadata"]
+        self.assertEqual((md["type"], md["name"]), ("score_model", "judge"))
+        self.assertEqual(md["sampled_model_name"], "standin-judge", md)
+        self.assertEqual(self.flags(out), [], md)
+        reqs = self.standin_requests()
+        self.assertEqual(len(reqs), 1, reqs)
+        self.assertEqual(reqs[0]["authorization"], "Bearer " + KEY)
+        body = reqs[0]["body"]
+        self.assertEqual(body["model"], "standin-judge")
+        self.assertEqual(body["messages"],
+                         [{"role": "system", "content": "Grade the answer."},
+                          {"role": "user", "content": "Answer: 42\nReference: 42"}])
+        rf = body["response_format"]
+        self.assertEqual(rf["type"], "json_schema")
+        self.assertTrue(rf["json_schema"]["strict"])
+        schema = rf["json_schema"]["schema"]
+        self.assertEqual(schema["required"], ["result", "steps"])
+        self.assertEqual(schema["properties"]["result"], {"type": "number"})
+        self.assertEqual(schema["properties"]["steps"]["items"]["required"],
+                         ["description", "conclusion"])
+        self.assertFalse(schema["additionalProperties"])
+        words = len("Grade the answer.\nAnswer: 42\nReference: 42".split())
+        self.assertEqual(md["token_usage"], words + 5, md)
+        self.assertEqual(out["model_grader_token_usage_per_model"],
+                         {"standin-judge": {"prompt_tokens": words, "completion_tokens": 5,
+                                            "total_tokens": words + 5}})
+        out = self.run_grader(score_grader(), "41", {"answer": "42"})
+        self.assertAlmostEqual(out["reward"], 0.2, out)
+        # sampling_params reach the request (max_completions_tokens as OpenAI's chat name)
+        self.reset()
+        sp = {"seed": 3, "temperature": 0.5, "top_p": 0.9, "max_completions_tokens": 64,
+              "reasoning_effort": "low"}
+        self.run_grader(score_grader(sampling_params=sp, pass_threshold=0.5), "1", {"answer": "1"})
+        body = self.standin_requests()[0]["body"]
+        self.assertEqual((body["seed"], body["temperature"], body["top_p"],
+                          body["max_completion_tokens"], body["reasoning_effort"]),
+                         (3, 0.5, 0.9, 64, "low"), body)
+        # the strict judge model has no key: no Authorization header at all
+        self.reset()
+        self.run_grader(score_grader("strict"), "1", {"answer": "1"})
+        self.assertIsNone(self.standin_requests()[0]["authorization"])
+        print("score_model: 1.0 / 0.2, %d prompt tokens + 5" % words, file=sys.stderr)
+
+    def test_clamp_and_errors(self):
+        out = self.run_grader(score_grader(), "CLAMP", {"answer": "x"})
+        self.assertEqual((out["reward"], self.flags(out)), (1.0, []), out)
+        out = self.run_grader(score_grader(range=[0, 5]), "CLAMP", {"answer": "x"})
+        self.assertEqual(out["reward"], 5.0, out)
+        out = self.run_grader(score_grader(range=[-1, 1]), "NEGATIVE", {"answer": "x"})
+        self.assertEqual(out["reward"], -1.0, out)
+        for marker, flag in (("NONJSON", "model_grader_parse_error"),
+                             ("NONUMBER", "model_grader_parse_error"),
+                             ("REFUSE", "model_grader_refusal_error")):
+            out = self.run_grader(score_grader(), marker, {"answer": marker})
+            self.assertEqual((out["reward"], self.flags(out)), (0, [flag]), (marker, out))
+        self.reset()
+        out = self.run_grader(score_grader(), "FAIL", {"answer": "FAIL"})
+        self.assertEqual((out["reward"], self.flags(out)), (0, ["model_grader_server_error"]), out)
+        self.assertIn("HTTP 500 after 3 attempts",
+                      out["metadata"]["errors"]["model_grader_server_error_details"])
+        self.assertEqual(len(self.standin_requests()), 3)  # 1 + max_retries 2
+        self.reset()
+        out = self.run_grader(score_grader(), "FLAKY", {"answer": "FLAKY"})
+        self.assertEqual((out["reward"], self.flags(out)), (1.0, []), out)
+        self.assertEqual(len(self.standin_requests()), 2)
+        self.reset()
+        out = self.run_grader(score_grader("strict"), "FLAKY", {"answer": "FLAKY"})
+        self.assertEqual(self.flags(out), ["model_grader_server_error"], out)
+        out = self.run_grader(score_grader("slow"), "SLOW", {"answer": "SLOW"})
+        self.assertEqual((out["reward"], self.flags(out)), (0, ["model_grader_server_error"]), out)
+        self.assertIn("timed out", out["metadata"]["errors"]["model_grader_server_error_details"])
+        # a template naming what the item lacks: no request, invalid_variable_error
+        self.reset()
+        out = self.run_grader(score_grader(), "x", {"other": 1})
+        self.assertEqual(self.flags(out), ["invalid_variable_error"], out)
+        self.assertEqual(self.standin_requests(), [])
+
+    def test_label_model(self):
+        out = self.run_grader(label_grader(), "7", {"answer": "7"})
+        self.assertEqual((out["reward"], out["metadata"]["type"]), (1.0, "label_model"), out)
+        out = self.run_grader(label_grader(), "8", {"answer": "7"})
+        self.assertEqual(out["reward"], 0, out)
+        self.reset()
+        out = self.run_grader(label_grader(), "BADLABEL", {"answer": "7"})
+        self.assertEqual((out["reward"], self.flags(out)), (0, ["model_grader_parse_error"]), out)
+        schema = self.standin_requests()[0]["body"]["response_format"]["json_schema"]
+        self.assertEqual(schema["name"], "label_model_result")
+        self.assertEqual(schema["schema"]["properties"]["label"],
+                         {"type": "string", "enum": ["correct", "wrong"]})
+        multi = {"type": "multi", "name": "m", "calculate_output": "0.5 * s + 0.5 * l",
+                 "graders": {"s": score_grader(), "l": label_grader()}}
+        out = self.run_grader(multi, "9", {"answer": "9"})
+        self.assertEqual(out["reward"], 1.0, out)
+        out = self.run_grader(multi, "8", {"answer": "9"})
+        self.assertAlmostEqual(out["reward"], 0.1, out)
+        self.assertAlmostEqual(out["sub_rewards"]["s"], 0.2)
+        self.assertEqual(out["sub_rewards"]["l"], 0)
+        r = self.d.post_json("/v1/fine_tuning/alpha/graders/validate", {"grader": multi})
+        self.assertEqual(self.assertJson(r, 200)["grader"], multi)
+
+    def test_refusals(self):
+        self.refused(score_grader("gpt-4o"), "grader.model",
+                     "'gpt-4o' is not one of the server's judge_models (judge, strict, slow)")
+        self.refused(label_grader(passing_labels=["correct", "maybe"]),
+                     "grader.passing_labels[1]", "'maybe' is not one of labels")
+        self.refused(label_grader(passing_labels=[]), "grader.passing_labels", "non-empty")
+        self.refused(score_grader(range=[1, 0]), "grader.range", "min < max")
+        self.refused(score_grader(sampling_params={"temperature": 9}),
+                     "grader.sampling_params.temperature", "[0, 2]")
+        self.refused(score_grader(input=[{"role": "user", "content": "{{foo}}"}]),
+                     "grader.input[0].content", "variables start with item. or sample.")
+        self.refused(score_grader(input=[{"role": "user", "content": {
+            "type": "input_image", "image_url": "x"}}]), "grader.input[0].content.type",
+            "text only")
+        multi = {"type": "multi", "name": "m", "calculate_output": "a",
+                 "graders": {"a": score_grader("nope")}}
+        self.refused(multi, "grader.graders.a.model", "'nope' is not one of")
+
+    def test_rft_job(self):
+        lines = [{"messages": [{"role": "user", "content": "digit %d?" % k}],
+                  "answer": str(k % 10)} for k in range(8)]
+        fid = self.upload(("\n".join(json.dumps(x) for x in lines) + "\n").encode())["id"]
+        grader = score_grader()
+        body = {"model": "tiny", "training_file": fid, "seed": 3,
+                "method": {"type": "reinforcement", "reinforcement": {
+                    "grader": grader,
+                    "hyperparameters": {"total_steps": 2, "group_size": 4, "prompt_batch_size": 4,
+                                        "max_new_tokens": 3, "dynamic_sampling": False}}}}
+        bad = json.loads(json.dumps(body))
+        bad["method"]["reinforcement"]["grader"]["model"] = "gpt-4o"
+        r = self.d.post_json("/v1/fine_tuning/jobs", bad)
+        self.assertEqual(r.status, 400, r)
+        self.assertEqual(r.json()["error"]["param"], "method.reinforcement.grader.model", r)
+        self.reset()
+        job = self.assertJson(self.d.post_json("/v1/fine_tuning/jobs", body), 200)
+        done = self.wait_status(job["id"], ("succeeded", "failed"))
+        self.assertEqual(done["status"], "succeeded", done)
+        n = high = 0
+        for step in (1, 2):
+            r = self.d.get("/v1/jobs/%s/rollouts?step=%d" % (job["id"], step))
+            for row in (json.loads(x) for x in r.body.decode().splitlines() if x.strip()):
+                text = "Answer: %s\nReference: %s" % (row["response"], row["answer"])
+                same = (judge_model_server.field(text, "Answer") ==
+                        judge_model_server.field(text, "Reference"))
+                self.assertAlmostEqual(row["reward_raw"], 1.0 if same else 0.2, msg=row)
+                n += 1
+                high += same
+        self.assertEqual(n, 2 * 4 * 4)
+        self.assertGreaterEqual(len(self.standin_requests()), n)
+        print("rft job: %d rollouts graded by the stand-in, %d scored 1.0" % (n, high),
+              file=sys.stderr)
+
+
+class StartChecks(test_jobs.unittest.TestCase):
+    """judge_models is checked at start, its errors naming the key; the key is never printed."""
+
+    def start(self, models, *extra):
+        return subprocess.run([test_jobs.DAPOD, "--judge-models", json.dumps(models)] +
+                              list(extra) + ["--print-config"], capture_output=True, text=True,
+                              timeout=60)
+
+    def test_checks(self):
+        tmp = tempfile.mkdtemp(prefix="dapod-jm-")
+        key = os.path.join(tmp, "key")
+        with open(key, "w") as f:
+            f.write(KEY + "\n")
+        ok = {"url": "http://127.0.0.1:9/v1", "model": "m"}
+        cases = [({"url": "http://example.com/v1", "model": "m"},
+                  "judge_models.j.url: host 'example.com' is not in the judge host allowlist"),
+                 (dict(ok, api_key_file=os.path.join(tmp, "none")),
+                  "judge_models.j.api_key_file: cannot read"),
+                 ({"serve": "tiny"}, "judge_models.j.serve: not supported yet"),
+                 ({"url": ok["url"]}, "judge_models.j.model: required"),
+                 (dict(ok, concurrency=0), "judge_models.j.concurrency: expected an integer"),
+                 (dict(ok, key="x"), "judge_models.j.key: unknown field"),
+                 (dict(ok, url="ftp://127.0.0.1/v1"), "judge_models.j.url: scheme 'ftp'")]
+        for spec, has in cases:
+            p = self.start({"j": spec})
+            self.assertNotEqual(p.returncode, 0, (spec, p.stdout))
+            self.assertIn(has, p.stderr, spec)
+        p = self.start({"j": dict(ok, api_key_file=key)})
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn(key, p.stdout)
+        self.assertNotIn(KEY, p.stdout + p.stderr)
+        # an allowed host name is fine under the host policy of judge_allowed_hosts
+        p = self.start({"j": dict(ok, url="http://judge.internal:8000/v1")},
+                       "--judge-allowed-hosts", "judge.internal")
+        self.assertEqual(p.returncode, 0, p.stderr)
+
+
+def harness_get(port, path):
+    import http.client
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", path)
+    out = json.loads(c.getresponse().read())
+    c.close()
+    return out
+
+
+def harness_post(port, path):
+    import http.client
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("POST", path, body=b"{}", headers={"Content-Type": "application/json"})
+    c.getresponse().read()
+    c.close()
+
+
+if __name__ == "__main__":
+    sys.exit(test_jobs.main())

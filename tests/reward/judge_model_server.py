@@ -1,0 +1,88 @@
+#!/usr/bin/python3
+"""A stand-in OpenAI-compatible judge model for the score_model and label_model graders' tests
+(Python standard library only; tests/standin.py): POST /v1/chat/completions answers from the
+rendered messages, deterministically; its port is printed first.
+
+The user message's lines "Answer: X" and "Reference: Y" decide: score_model (response_format
+name score_model_result) gives result 1.0 when X == Y, else 0.2; label_model
+(label_model_result) gives label "correct" or "wrong". A marker anywhere in the messages changes
+the answer: CLAMP (result 7), NEGATIVE (result -3), NONJSON (content not JSON), NONUMBER (result
+"high"), BADLABEL (label "maybe"), REFUSE (message.refusal set), FLAKY (HTTP 500 for the first
+attempt of each distinct body, then the answer), FAIL (HTTP 500 always), SLOW (answers after
+3 s). usage: prompt_tokens = the words of the messages, completion_tokens = 5.
+
+GET /requests gives every request received ([{"authorization", "body"}]); POST /reset clears
+them. Run: /usr/bin/python3 tests/reward/judge_model_server.py
+"""
+import json
+import os
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import standin  # noqa: E402
+
+LOCK = threading.Lock()
+REQUESTS = []
+SEEN = {}
+
+
+def field(text, name):
+    for line in text.splitlines():
+        if line.startswith(name + ": "):
+            return line[len(name) + 2:]
+    return None
+
+
+class Handler(standin.JsonHandler):
+    def do_GET(self):
+        if self.path != "/requests":
+            return self.reply(404, {"error": "not found"})
+        with LOCK:
+            return self.reply(200, list(REQUESTS))
+
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n)
+        if self.path == "/reset":
+            with LOCK:
+                REQUESTS.clear()
+                SEEN.clear()
+            return self.reply(200, {})
+        if self.path != "/v1/chat/completions":
+            return self.reply(404, {"error": "not found"})
+        body = json.loads(raw)
+        with LOCK:
+            REQUESTS.append({"authorization": self.headers.get("Authorization"), "body": body})
+            SEEN[raw] = SEEN.get(raw, 0) + 1
+            attempt = SEEN[raw]
+        text = "\n".join(m["content"] for m in body["messages"])
+        if "FAIL" in text or ("FLAKY" in text and attempt == 1):
+            return self.reply(500, {"error": {"message": "stand-in failure"}})
+        if "SLOW" in text:
+            time.sleep(3)
+        label = body["response_format"]["json_schema"]["name"] == "label_model_result"
+        same = field(text, "Answer") == field(text, "Reference")
+        if label:
+            answer = {"label": "maybe" if "BADLABEL" in text else "correct" if same else "wrong"}
+        else:
+            result = 7 if "CLAMP" in text else -3 if "NEGATIVE" in text else 1.0 if same else 0.2
+            if "NONUMBER" in text:
+                result = "high"
+            answer = {"result": result, "steps": [{"description": "compare",
+                                                   "conclusion": "same" if same else "differs"}]}
+        content = "this is not JSON" if "NONJSON" in text else json.dumps(answer)
+        message = {"role": "assistant", "content": content, "refusal": None}
+        if "REFUSE" in text:
+            message = {"role": "assistant", "content": None, "refusal": "I cannot grade this."}
+        words = len(text.split())
+        self.reply(200, {"id": "chatcmpl-standin", "object": "chat.completion",
+                         "model": body["model"],
+                         "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                         "usage": {"prompt_tokens": words, "completion_tokens": 5,
+                                   "total_tokens": words + 5}})
+
+
+if __name__ == "__main__":
+    standin.serve(Handler)
