@@ -189,7 +189,8 @@ struct jobs_service {
 
 /* The identity of what runner_check_data reads: the model's files (a preset's name; a folder's
  * config, tokenizer and tokenizer_config by size and modification time), the datasets (paths of
- * immutable uploads), the chat template and max_new_tokens. SHA-256 hex into out. */
+ * immutable uploads), the chat template, max_new_tokens and the method (a supervised job's lines
+ * are checked by other rules). SHA-256 hex into out. */
 static void check_key(const struct job_spec *spec, char out[65]) {
   struct dapo_sha256 c;
   dapo_sha256_begin(&c);
@@ -206,7 +207,8 @@ static void check_key(const struct job_spec *spec, char out[65]) {
                  (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
     dapo_sha256_feed(&c, line, (size_t)n);
   }
-  n = snprintf(line, sizeof line, "train=%s\nval=%s\nmax_new=%d\ntemplate=",
+  n = snprintf(line, sizeof line,
+               "method=%d\ntrain=%s\nval=%s\nmax_new=%d\ntemplate=", spec->hp.method,
                spec->training_file ? spec->training_file : "",
                spec->validation_file ? spec->validation_file : "", spec->hp.max_new_tokens);
   dapo_sha256_feed(&c, line, (size_t)(n < (int)sizeof line ? n : (int)sizeof line - 1));
