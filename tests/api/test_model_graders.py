@@ -17,7 +17,10 @@ Authorization: Bearer. Checked through the daemon:
 - validate and run refuse an unknown judge model naming `model`, passing_labels outside labels,
   a bad range, naming the field;
 - a short RFT job through POST /v1/fine_tuning/jobs graded by score_model: every rollout's
-  reward_raw equals the stand-in's score for its response.
+  reward_raw equals the stand-in's score for its response, and the stand-in held 4 requests at
+  once (the judge model's concurrency); a job whose judge model fails (HTTP 500, no retries)
+  fails with on_judge_error "fail" quoting the error, and with "drop" succeeds with its groups
+  dropped.
 
 Run: /usr/bin/python3 tests/api/test_model_graders.py --dapod build/server/dapod
 """
@@ -233,16 +236,32 @@ class ModelGraders(test_jobs.DaemonCase):
                  "graders": {"a": score_grader("nope")}}
         self.refused(multi, "grader.graders.a.model", "'nope' is not one of")
 
-    def test_rft_job(self):
+    def rft_body(self, grader, **hp):
         lines = [{"messages": [{"role": "user", "content": "digit %d?" % k}],
                   "answer": str(k % 10)} for k in range(8)]
         fid = self.upload(("\n".join(json.dumps(x) for x in lines) + "\n").encode())["id"]
-        grader = score_grader()
-        body = {"model": "tiny", "training_file": fid, "seed": 3,
+        return {"model": "tiny", "training_file": fid, "seed": 3,
                 "method": {"type": "reinforcement", "reinforcement": {
                     "grader": grader,
-                    "hyperparameters": {"total_steps": 2, "group_size": 4, "prompt_batch_size": 4,
-                                        "max_new_tokens": 3, "dynamic_sampling": False}}}}
+                    "hyperparameters": dict({"total_steps": 2, "group_size": 4,
+                                             "prompt_batch_size": 4, "max_new_tokens": 3,
+                                             "dynamic_sampling": False}, **hp)}}}
+
+    def test_rft_judge_errors(self):
+        failing = score_grader("strict", input=[{"role": "user", "content": "FAIL {{item.answer}}"}])
+        job = self.assertJson(self.d.post_json("/v1/fine_tuning/jobs", self.rft_body(failing)), 200)
+        done = self.wait_status(job["id"], ("succeeded", "failed"))
+        self.assertEqual(done["status"], "failed", done)
+        self.assertIn("judge model 'strict': HTTP 500 after 1 attempt", done["error"]["message"])
+        body = self.rft_body(failing, on_judge_error="drop")
+        job = self.assertJson(self.d.post_json("/v1/fine_tuning/jobs", body), 200)
+        done = self.wait_status(job["id"], ("succeeded", "failed"))
+        self.assertEqual(done["status"], "succeeded", done)
+
+    def test_rft_job(self):
+        paused = [dict(INPUT[0], content="PAUSE " + INPUT[0]["content"]), INPUT[1]]
+        grader = score_grader(input=paused)
+        body = self.rft_body(grader)
         bad = json.loads(json.dumps(body))
         bad["method"]["reinforcement"]["grader"]["model"] = "gpt-4o"
         r = self.d.post_json("/v1/fine_tuning/jobs", bad)
@@ -264,8 +283,10 @@ class ModelGraders(test_jobs.DaemonCase):
                 high += same
         self.assertEqual(n, 2 * 4 * 4)
         self.assertGreaterEqual(len(self.standin_requests()), n)
-        print("rft job: %d rollouts graded by the stand-in, %d scored 1.0" % (n, high),
-              file=sys.stderr)
+        in_flight = harness_get(self.port, "/stats")["max_in_flight"]
+        self.assertEqual(in_flight, 4)  # the judge model's concurrency
+        print("rft job: %d rollouts graded by the stand-in, %d scored 1.0, %d requests at once" %
+              (n, high, in_flight), file=sys.stderr)
 
 
 class StartChecks(test_jobs.unittest.TestCase):

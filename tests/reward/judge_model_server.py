@@ -9,10 +9,10 @@ name score_model_result) gives result 1.0 when X == Y, else 0.2; label_model
 the answer: CLAMP (result 7), NEGATIVE (result -3), NONJSON (content not JSON), NONUMBER (result
 "high"), BADLABEL (label "maybe"), REFUSE (message.refusal set), FLAKY (HTTP 500 for the first
 attempt of each distinct body, then the answer), FAIL (HTTP 500 always), SLOW (answers after
-3 s). usage: prompt_tokens = the words of the messages, completion_tokens = 5.
+3 s), PAUSE (answers after 0.2 s: overlapping requests show). usage: prompt_tokens = the words of the messages, completion_tokens = 5.
 
-GET /requests gives every request received ([{"authorization", "body"}]); POST /reset clears
-them. Run: /usr/bin/python3 tests/reward/judge_model_server.py
+GET /requests gives every request received ([{"authorization", "body"}]), GET /stats
+{"max_in_flight"} the most PAUSE requests it held at once; POST /reset clears them. Run: /usr/bin/python3 tests/reward/judge_model_server.py
 """
 import json
 import os
@@ -26,6 +26,7 @@ import standin  # noqa: E402
 LOCK = threading.Lock()
 REQUESTS = []
 SEEN = {}
+FLIGHT = {"now": 0, "max": 0}
 
 
 def field(text, name):
@@ -37,10 +38,12 @@ def field(text, name):
 
 class Handler(standin.JsonHandler):
     def do_GET(self):
-        if self.path != "/requests":
-            return self.reply(404, {"error": "not found"})
         with LOCK:
-            return self.reply(200, list(REQUESTS))
+            if self.path == "/stats":
+                return self.reply(200, {"max_in_flight": FLIGHT["max"]})
+            if self.path == "/requests":
+                return self.reply(200, list(REQUESTS))
+        return self.reply(404, {"error": "not found"})
 
     def do_POST(self):
         n = int(self.headers.get("Content-Length") or 0)
@@ -49,9 +52,23 @@ class Handler(standin.JsonHandler):
             with LOCK:
                 REQUESTS.clear()
                 SEEN.clear()
+                FLIGHT["max"] = 0
             return self.reply(200, {})
         if self.path != "/v1/chat/completions":
             return self.reply(404, {"error": "not found"})
+        paused = b"PAUSE" in raw  # counted: a SLOW request of an earlier test may still sleep
+        with LOCK:
+            FLIGHT["now"] += paused
+            FLIGHT["max"] = max(FLIGHT["max"], FLIGHT["now"])
+        try:
+            status, reply = self.answer(raw)
+        finally:
+            with LOCK:  # before the reply goes out: the client may send its next request then
+                FLIGHT["now"] -= paused
+        self.reply(status, reply)
+
+    def answer(self, raw):
+        """The status and reply for the request body raw."""
         body = json.loads(raw)
         with LOCK:
             REQUESTS.append({"authorization": self.headers.get("Authorization"), "body": body})
@@ -59,9 +76,11 @@ class Handler(standin.JsonHandler):
             attempt = SEEN[raw]
         text = "\n".join(m["content"] for m in body["messages"])
         if "FAIL" in text or ("FLAKY" in text and attempt == 1):
-            return self.reply(500, {"error": {"message": "stand-in failure"}})
+            return 500, {"error": {"message": "stand-in failure"}}
         if "SLOW" in text:
             time.sleep(3)
+        if "PAUSE" in text:
+            time.sleep(0.2)
         label = body["response_format"]["json_schema"]["name"] == "label_model_result"
         same = field(text, "Answer") == field(text, "Reference")
         if label:
@@ -77,11 +96,10 @@ class Handler(standin.JsonHandler):
         if "REFUSE" in text:
             message = {"role": "assistant", "content": None, "refusal": "I cannot grade this."}
         words = len(text.split())
-        self.reply(200, {"id": "chatcmpl-standin", "object": "chat.completion",
-                         "model": body["model"],
-                         "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-                         "usage": {"prompt_tokens": words, "completion_tokens": 5,
-                                   "total_tokens": words + 5}})
+        return 200, {"id": "chatcmpl-standin", "object": "chat.completion", "model": body["model"],
+                     "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                     "usage": {"prompt_tokens": words, "completion_tokens": 5,
+                               "total_tokens": words + 5}}
 
 
 if __name__ == "__main__":
