@@ -3,7 +3,12 @@
  * problem named by line and field. */
 #include "sft.h"
 
+#include <stdlib.h>
 #include <string.h>
+
+#include "chat.h"
+#include "lm.h"
+#include "tokenizer.h"
 
 /* "a string", "an integer", ... for messages about a value of the wrong kind. */
 static const char *kind_of(const json_t *v) {
@@ -99,4 +104,175 @@ int sft_check_line(const json_t *line, int lineno, struct dapo_err *e) {
                      "train on)",
                      lineno);
   return 0;
+}
+
+/* ---- encoding ---------------------------------------------------------------------------- */
+
+/* A growing example (cap grows by doubling; the caller's max_tokens bounds what is kept). */
+static int push(struct sft_example *x, int *cap, const int *ids, int n, int trained) {
+  if (x->n + n > *cap) {
+    int c = *cap ? *cap : 64;
+    while (c < x->n + n) c *= 2;
+    int *t = realloc(x->tokens, (size_t)c * sizeof *t);
+    if (!t) return DAPO_ENOMEM;
+    x->tokens = t;
+    unsigned char *m = realloc(x->trained, (size_t)c);
+    if (!m) return DAPO_ENOMEM;
+    x->trained = m;
+    *cap = c;
+  }
+  memcpy(x->tokens + x->n, ids, (size_t)n * sizeof *ids);
+  memset(x->trained + x->n, trained ? 1 : 0, (size_t)n);
+  x->n += n;
+  if (trained) x->n_trained += n;
+  return 0;
+}
+
+/* text's own tokens (no special tokens added) appended to x. */
+static int push_text(const struct lm *lm, struct sft_example *x, int *cap, const char *text,
+                     size_t len, int trained, int lineno, const char *field, struct dapo_err *e) {
+  int n = 0;
+  if (!len) return 0;
+  int rc = tok_encode(lm->tok, text, len, NULL, 0, &n, e);
+  if (rc && rc != DAPO_ERANGE) return dapo_err_prefix(e, "line %d: field '%s': ", lineno, field);
+  int *ids = malloc((size_t)(n ? n : 1) * sizeof *ids);
+  if (!ids) return dapo_errf(e, DAPO_ENOMEM, "out of memory");
+  rc = tok_encode(lm->tok, text, len, ids, n, &n, e);
+  if (!rc) rc = push(x, cap, ids, n, trained);
+  free(ids);
+  if (rc == DAPO_ENOMEM) return dapo_errf(e, DAPO_ENOMEM, "out of memory");
+  return rc ? dapo_err_prefix(e, "line %d: field '%s': ", lineno, field) : 0;
+}
+
+/* messages[0 .. end) rendered with the generation prompt into *out (owned). */
+static int render_upto(const struct chat_template *chat, const json_t *ms, const json_t *tools,
+                       size_t end, char **out, int lineno, struct dapo_err *e) {
+  json_t *part = json_array();
+  if (!part) return dapo_errf(e, DAPO_ENOMEM, "out of memory");
+  for (size_t i = 0; i < end; i++) json_array_append(part, json_array_get(ms, i));
+  int rc = json_array_size(part) != end ? dapo_errf(e, DAPO_ENOMEM, "out of memory")
+                                        : chat_render_tools(chat, part, tools, 1, out, e);
+  json_decref(part);
+  if (rc && rc != DAPO_ENOMEM)
+    return dapo_err_prefix(e, "line %d: field 'messages[%zu]': ", lineno, end);
+  return rc;
+}
+
+static int encode_messages(const struct lm *lm, const struct chat_template *chat,
+                           const json_t *line, int lineno, struct sft_example *x, int *cap,
+                           struct dapo_err *e) {
+  const json_t *ms = json_object_get(line, "messages"), *tools = json_object_get(line, "tools");
+  if (!chat)
+    return dapo_errf(e, DAPO_EINVAL,
+                     "line %d: field 'messages': the model has no chat template (give the job "
+                     "a chat_template, or write prompt/completion lines)",
+                     lineno);
+  const char *stop = chat_stop_text(chat);
+  int stop_id = -1, k = 0;
+  if (!stop || tok_encode(lm->tok, stop, strlen(stop), &stop_id, 1, &k, e) || k != 1)
+    return dapo_errf(e, DAPO_EINVAL,
+                     "line %d: field 'messages': the chat template's end of turn is not one token "
+                     "of this model's tokenizer",
+                     lineno);
+  char *done = NULL; /* the conversation's text encoded so far */
+  size_t done_len = 0;
+  int rc = 0;
+  for (size_t a = 0; a < json_array_size(ms) && !rc; a++) {
+    const json_t *m = json_array_get(ms, a);
+    if (strcmp(json_string_value(json_object_get(m, "role")), "assistant")) continue;
+    if (json_object_get(m, "tool_calls")) {
+      rc = dapo_errf(e, DAPO_EUNSUPPORTED,
+                     "line %d: field 'messages[%zu].tool_calls': not supported in supervised "
+                     "lines yet",
+                     lineno, a);
+      break;
+    }
+    char *text = NULL;
+    if ((rc = render_upto(chat, ms, tools, a, &text, lineno, e))) break;
+    size_t len = strlen(text);
+    if (!done) { /* the first context: the template's own special tokens, nothing added */
+      int *ids = NULL, n = 0;
+      rc = lm_encode_prompt(lm, text, len, LM_PROMPT_CHAT, 0, &ids, &n, e);
+      if (!rc) rc = push(x, cap, ids, n, 0);
+      free(ids);
+      if (rc && rc != DAPO_ENOMEM) dapo_err_prefix(e, "line %d: field 'messages': ", lineno);
+    } else if (len < done_len || memcmp(text, done, done_len)) {
+      rc = dapo_errf(e, DAPO_EINVAL,
+                     "line %d: field 'messages[%zu]': the chat template renders the turns "
+                     "before it otherwise once it follows them, so its tokens cannot be taken "
+                     "piecewise",
+                     lineno, a);
+    } else {
+      rc = push_text(lm, x, cap, text + done_len, len - done_len, 0, lineno, "messages", e);
+    }
+    const json_t *w = json_object_get(m, "weight");
+    int trained = !w || json_integer_value(w) == 1;
+    const char *content = json_string_value(json_object_get(m, "content"));
+    char field[48];
+    snprintf(field, sizeof field, "messages[%zu].content", a);
+    if (!rc) rc = push_text(lm, x, cap, content, strlen(content), trained, lineno, field, e);
+    if (!rc && push(x, cap, &stop_id, 1, trained)) rc = dapo_errf(e, DAPO_ENOMEM, "out of memory");
+    /* what this turn adds to the text: its content and the end of turn */
+    size_t cl = strlen(content), sl = strlen(stop);
+    char *next = rc ? NULL : malloc(len + cl + sl + 1);
+    if (!rc && !next) rc = dapo_errf(e, DAPO_ENOMEM, "out of memory");
+    if (next) {
+      memcpy(next, text, len);
+      memcpy(next + len, content, cl);
+      memcpy(next + len + cl, stop, sl + 1);
+      free(done);
+      done = next;
+      done_len = len + cl + sl;
+    }
+    free(text);
+  }
+  free(done);
+  return rc;
+}
+
+int sft_encode(const struct lm *lm, const struct chat_template *chat, int end_id,
+               const json_t *line, int lineno, int max_tokens, int truncate,
+               struct sft_example *out, struct dapo_err *e) {
+  memset(out, 0, sizeof *out);
+  int cap = 0, rc = 0;
+  const char *prompt = json_string_value(json_object_get(line, "prompt"));
+  if (prompt) {
+    int *ids = NULL, n = 0;
+    rc = lm_encode_prompt(lm, prompt, strlen(prompt), LM_PROMPT_TEXT, 0, &ids, &n, e);
+    if (!rc) rc = push(out, &cap, ids, n, 0);
+    free(ids);
+    if (rc && rc != DAPO_ENOMEM) dapo_err_prefix(e, "line %d: field 'prompt': ", lineno);
+    const json_t *c = json_object_get(line, "completion");
+    if (!rc)
+      rc = push_text(lm, out, &cap, json_string_value(c), json_string_length(c), 1, lineno,
+                     "completion", e);
+    if (!rc && end_id < 0)
+      rc = dapo_errf(e, DAPO_EINVAL, "line %d: the model has no end-of-sequence token", lineno);
+    if (!rc && push(out, &cap, &end_id, 1, 1)) rc = DAPO_ENOMEM;
+  } else {
+    rc = encode_messages(lm, chat, line, lineno, out, &cap, e);
+  }
+  if (rc == DAPO_ENOMEM) dapo_errf(e, DAPO_ENOMEM, "out of memory");
+  if (!rc && out->n > max_tokens && !truncate)
+    rc = dapo_errf(e, DAPO_ERANGE,
+                   "line %d: %d tokens exceed max_sequence_tokens (%d; or set truncate: true)",
+                   lineno, out->n, max_tokens);
+  if (!rc && out->n > max_tokens) {
+    for (int i = max_tokens; i < out->n; i++) out->n_trained -= out->trained[i];
+    out->cut = out->n - max_tokens;
+    out->n = max_tokens;
+    if (!out->n_trained)
+      rc = dapo_errf(e, DAPO_ERANGE,
+                     "line %d: nothing to train within max_sequence_tokens (%d) once cut", lineno,
+                     max_tokens);
+  }
+  if (rc) sft_example_deinit(out);
+  return rc;
+}
+
+void sft_example_deinit(struct sft_example *x) {
+  if (!x) return;
+  free(x->tokens);
+  free(x->trained);
+  memset(x, 0, sizeof *x);
 }

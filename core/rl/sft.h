@@ -24,4 +24,36 @@
  * field than prompt, completion, messages, tools, id, metadata. */
 int sft_check_line(const json_t *line, int lineno, struct dapo_err *e);
 
+struct lm;
+struct chat_template;
+
+/* One example as the step trains it: tokens[n], and trained[n] 1 on the tokens whose
+ * prediction is trained (the completion or the weight-1 assistant messages, each with its end
+ * token), 0 on the context. Arrays owned (sft_example_deinit). */
+struct sft_example {
+  int *tokens;
+  unsigned char *trained;
+  int n, n_trained;
+  int cut; /* tokens dropped from its end by truncate */
+};
+
+/* Encodes a line that passed sft_check_line, token in, token out:
+ *   prompt/completion: lm_encode_prompt(prompt) (what the model's encoding of a plain prompt
+ *     adds, BOS alone for an empty prompt) as context, then the completion's own tokens and
+ *     end_id, trained;
+ *   messages: up to each assistant message, the conversation rendered by chat (its generation
+ *     prompt included) as context; the message's content tokenized alone and the template's
+ *     end-of-turn token (chat_stop_text, one token), trained when its weight is 1; the text the
+ *     template writes between it and the next assistant message as context, taken as the suffix
+ *     that rendering the longer conversation adds (a template that renders an earlier turn
+ *     otherwise, as qwen3 drops <think>, is refused). Messages after the last assistant one are
+ *     not encoded (nothing after them is trained). Assistant tool_calls are refused (not yet).
+ * end_id: the id that ends a completion (the model's EOS); chat: NULL refuses `messages` lines.
+ * Longer than max_tokens: refused (DAPO_ERANGE) or, with truncate, cut at max_tokens (refused
+ * when nothing trained remains). Errors name the line (and field); DAPO_ENOMEM. */
+int sft_encode(const struct lm *lm, const struct chat_template *chat, int end_id,
+               const json_t *line, int lineno, int max_tokens, int truncate,
+               struct sft_example *out, struct dapo_err *e);
+void sft_example_deinit(struct sft_example *x);
+
 #endif
