@@ -380,6 +380,17 @@ static int run_grader(const struct judge *j, const struct judge_item *items, int
                             errs[i].detail[0] ? errs[i].detail : NULL);
     sub[i] = NULL;
     if (!res[i].info) rc = DAPO_ENOMEM;
+    /* the judge models' tokens for this sample: {"model": {"prompt_tokens", ...}} */
+    for (int k = 0; !rc && k < errs[i].n_usage; k++) {
+      const struct grader_usage *u = &errs[i].usage[k];
+      json_t *tu = json_object_get(res[i].info, "token_usage");
+      if (!tu && json_object_set_new(res[i].info, "token_usage", tu = json_object())) tu = NULL;
+      if (!tu ||
+          json_object_set_new(tu, u->model,
+                              json_pack("{s:I, s:I}", "prompt_tokens", (json_int_t)u->prompt_tokens,
+                                        "completion_tokens", (json_int_t)u->completion_tokens)))
+        rc = DAPO_ENOMEM;
+    }
     /* a judge model that could not answer: no verdict, so on_judge_error applies as for the
        http judge (the other model_grader errors score 0 like any grader error) */
     if (errs[i].n[GE_MODEL_SERVER]) {

@@ -17,7 +17,8 @@ Authorization: Bearer. Checked through the daemon:
 - validate and run refuse an unknown judge model naming `model`, passing_labels outside labels,
   a bad range, naming the field;
 - a short RFT job through POST /v1/fine_tuning/jobs graded by score_model: every rollout's
-  reward_raw equals the stand-in's score for its response, and the stand-in held 4 requests at
+  reward_raw equals the stand-in's score for its response, its judge info the tokens of its
+  call (prompt words + 5), and the stand-in held 4 requests at
   once (the judge model's concurrency); a job whose judge model fails (HTTP 500, no retries)
   fails with on_judge_error "fail" quoting the error, and with "drop" succeeds with its groups
   dropped.
@@ -279,6 +280,11 @@ class ModelGraders(test_jobs.DaemonCase):
                 same = (judge_model_server.field(text, "Answer") ==
                         judge_model_server.field(text, "Reference"))
                 self.assertAlmostEqual(row["reward_raw"], 1.0 if same else 0.2, msg=row)
+                # the judge model's tokens for the sample, in the rollout's judge info
+                words = len(("PAUSE Grade the answer.\n" + text).split())
+                self.assertEqual(row["info"]["token_usage"],
+                                 {"standin-judge": {"prompt_tokens": words,
+                                                    "completion_tokens": 5}}, row)
                 n += 1
                 high += same
         self.assertEqual(n, 2 * 4 * 4)
