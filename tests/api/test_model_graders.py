@@ -12,7 +12,8 @@ Authorization: Bearer. Checked through the daemon:
 - clamping to range (7 -> 1, -3 -> the range's low end), each error flag with reward 0
   (model_grader_parse_error for non-JSON content, a non-number result, a label not in labels;
   model_grader_refusal_error; model_grader_server_error after retries, with details; a timeout),
-  a 500 followed by a success (retried: the reward of the success, two requests received);
+  a 500 followed by a success (retried: the reward of the success, two requests received); a
+  2xx reply that is no chat completion (server error) and usage that is no count (0 tokens);
 - label_model (passing label -> 1, other -> 0) alone and inside multi;
 - validate and run refuse an unknown judge model naming `model`, passing_labels outside labels,
   a bad range, naming the field;
@@ -190,6 +191,14 @@ class ModelGraders(test_jobs.DaemonCase):
         out = self.run_grader(score_grader("slow"), "SLOW", {"answer": "SLOW"})
         self.assertEqual((out["reward"], self.flags(out)), (0, ["model_grader_server_error"]), out)
         self.assertIn("timed out", out["metadata"]["errors"]["model_grader_server_error_details"])
+        # a hostile upstream: a 2xx reply that is no chat completion, usage that is no count
+        out = self.run_grader(score_grader(), "NOTCHAT", {"answer": "NOTCHAT"})
+        self.assertEqual((out["reward"], self.flags(out)), (0, ["model_grader_server_error"]), out)
+        self.assertIn("not a chat completion",
+                      out["metadata"]["errors"]["model_grader_server_error_details"])
+        out = self.run_grader(score_grader(), "BADUSAGE", {"answer": "BADUSAGE"})
+        self.assertEqual((out["reward"], self.flags(out)), (1.0, []), out)
+        self.assertEqual(out["metadata"]["token_usage"], 0, out)
         # a template naming what the item lacks: no request, invalid_variable_error
         self.reset()
         out = self.run_grader(score_grader(), "x", {"other": 1})

@@ -9,7 +9,8 @@ name score_model_result) gives result 1.0 when X == Y, else 0.2; label_model
 the answer: CLAMP (result 7), NEGATIVE (result -3), NONJSON (content not JSON), NONUMBER (result
 "high"), BADLABEL (label "maybe"), REFUSE (message.refusal set), FLAKY (HTTP 500 for the first
 attempt of each distinct body, then the answer), FAIL (HTTP 500 always), SLOW (answers after
-3 s), PAUSE (answers after 0.2 s: overlapping requests show). usage: prompt_tokens = the words of the messages, completion_tokens = 5.
+3 s), PAUSE (answers after 0.2 s: overlapping requests show), NOTCHAT (a 2xx reply that is no
+chat completion), BADUSAGE (usage of strings and negative numbers: counted as 0). usage: prompt_tokens = the words of the messages, completion_tokens = 5.
 
 GET /requests gives every request received ([{"authorization", "body"}]), GET /stats
 {"max_in_flight"} the most PAUSE requests it held at once; POST /reset clears them. Run: /usr/bin/python3 tests/reward/judge_model_server.py
@@ -81,6 +82,8 @@ class Handler(standin.JsonHandler):
             time.sleep(3)
         if "PAUSE" in text:
             time.sleep(0.2)
+        if "NOTCHAT" in text:
+            return 200, {"result": 1}
         label = body["response_format"]["json_schema"]["name"] == "label_model_result"
         same = field(text, "Answer") == field(text, "Reference")
         if label:
@@ -96,6 +99,9 @@ class Handler(standin.JsonHandler):
         if "REFUSE" in text:
             message = {"role": "assistant", "content": None, "refusal": "I cannot grade this."}
         words = len(text.split())
+        if "BADUSAGE" in text:
+            return 200, {"choices": [{"index": 0, "message": message}],
+                         "usage": {"prompt_tokens": "many", "completion_tokens": -4}}
         return 200, {"id": "chatcmpl-standin", "object": "chat.completion", "model": body["model"],
                      "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
                      "usage": {"prompt_tokens": words, "completion_tokens": 5,
