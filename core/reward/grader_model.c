@@ -423,7 +423,8 @@ struct gmodel *gmodel_new(const json_t *spec, const char *field, int label,
                 n ? list : "none configured");
     else
       dapo_errf(e, DAPO_EINVAL, "%s.model: '%.64s' is not one of the server's judge_models (%s)",
-                field, name, n ? list : "none configured: see judge_models in docs/CONFIG.md");
+                field, name,
+                n ? list : "none configured: the server config's judge_models, docs/OPENAI.md");
     goto fail;
   }
   struct jm_entry en;
