@@ -67,6 +67,8 @@ static json_t *job_json(struct server *srv, const struct store_job *j) {
   json_object_set_new(o, "training_file", json_string(j->training_file));
   json_object_set_new(o, "validation_file",
                       j->validation_file ? json_string(j->validation_file) : json_null());
+  const char *method = json_string_value(json_object_get(res, "method"));
+  json_object_set_new(o, "method", json_string(method ? method : "dapo"));
   json_object_set_new(o, "judge", or_null(json_object_get(res, "judge")));
   json_object_set_new(o, "hyperparameters", or_null(json_object_get(res, "hyperparameters")));
   json_object_set_new(o, "seed", or_null(json_object_get(res, "seed")));

@@ -257,7 +257,14 @@ static int train_metrics(void *ctx, const struct runner_metrics *m) {
   printf("%s\n", line);
   fflush(stdout);
   free(line);
-  if (!m->eval)
+  const json_t *loss = json_object_get(data, "train/loss"),
+               *vloss = json_object_get(data, "valid/loss");
+  if (loss || vloss) /* a supervised job's */
+    fprintf(stderr, "step %lld: %s loss %.4f token accuracy %.3f\n", (long long)m->step,
+            loss ? "train" : "valid", json_real_value(loss ? loss : vloss),
+            json_real_value(json_object_get(data, loss ? "train/mean_token_accuracy"
+                                                       : "valid/mean_token_accuracy")));
+  else if (!m->eval)
     fprintf(stderr,
             "step %lld: reward %.3f accuracy %.3f entropy %.3f length %.1f kept %lld/%lld "
             "(%.1f s)\n",

@@ -36,7 +36,11 @@ static int map_file(struct server *srv, json_t *body, const char *field, const c
     snprintf(msg, sizeof msg, "file '%.64s' cannot be read: %.200s", id, e.msg);
     return dapo_errors_add(errors, field, msg) ? -1 : 0;
   }
-  if (!f.valid) {
+  /* an upload is validated as a DAPO file; a supervised job's lines (completion, weights) are
+   * checked by its own rules when the job is (runner_check_data), each named by line */
+  const char *method = json_string_value(json_object_get(body, "method"));
+  int supervised = method && !strcmp(method, "supervised");
+  if (!f.valid && !supervised) {
     snprintf(msg, sizeof msg,
              "file '%.64s' is invalid (%zu problems reported; GET /v1/files/%.64s lists them): "
              "upload a corrected file",
@@ -136,13 +140,15 @@ static json_t *resolved_of(const struct job_spec *spec, const struct mem_plan *p
     json_decref(mem);
     mem = NULL;
   }
-  json_t *o = all && mem ? json_pack("{s:O, s:O, s:O, s:o, s:O, s:O*, s:O*}", "judge",
-                                     json_object_get(all, "judge"), "hyperparameters",
-                                     json_object_get(all, "hyperparameters"), "seed",
-                                     json_object_get(all, "seed"), "memory", mem, "run", run,
-                                     "adapter", json_object_get(all, "adapter"), "episode",
-                                     json_object_get(all, "episode"))
-                         : (json_decref(mem), NULL);
+  /* a supervised job has no judge and always a method; a DAPO job's method only when named */
+  json_t *o =
+      all && mem
+          ? json_pack("{s:O*, s:O*, s:O, s:O, s:o, s:O, s:O*, s:O*}", "method",
+                      json_object_get(all, "method"), "judge", json_object_get(all, "judge"),
+                      "hyperparameters", json_object_get(all, "hyperparameters"), "seed",
+                      json_object_get(all, "seed"), "memory", mem, "run", run, "adapter",
+                      json_object_get(all, "adapter"), "episode", json_object_get(all, "episode"))
+          : (json_decref(mem), NULL);
   json_decref(all);
   return o;
 }
@@ -405,7 +411,9 @@ static int finish_admission(struct server *srv, const json_t *body, const char *
       .suffix = json_string_value(json_object_get(body, "suffix")),
       .training_file = json_string_value(json_object_get(body, "training_file")),
       .validation_file = json_string_value(json_object_get(body, "validation_file")),
-      .total_steps = spec->hp.total_steps,
+      .total_steps = spec->hp.method == METHOD_SUPERVISED
+                         ? hparams_sft_total_steps(&spec->hp, f->train_examples)
+                         : spec->hp.total_steps,
       .idempotency_key = key,
       .max_queued = srv->cfg.max_queued_jobs,
       .max_live_owner = owner ? srv->cfg.max_jobs_per_key : 0,

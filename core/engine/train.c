@@ -43,6 +43,7 @@ struct train_state {
 
   /* the batch of the last forward */
   int have_fwd, N, R, n_seq;
+  int V; /* the vocabulary the rows of probs span */
   float inv_temp;
 };
 
@@ -309,6 +310,7 @@ static int forward(struct train_state *s, const struct model *m, const struct fw
   s->have_fwd = grad;
   s->N = N;
   s->R = R;
+  s->V = V;
   s->n_seq = b->n_seq;
   s->inv_temp = inv_temp;
   memcpy(s->tokens, b->tokens, sizeof(int) * (size_t)N);
@@ -374,6 +376,20 @@ static void lora_backward(struct train_state *s, const struct lora *lo, int l, i
   /* u = s x A^T: dA += (s du)^T x, dx += (s du) A */
   for (size_t i = 0; i < (size_t)N * r; i++) s->dlora[i] *= lo->scale;
   matmul_backward(dx, lo->g[l].a[t], NULL, s->dlora, x, lo->w[l].a[t], N, IN, r, 1.0f);
+}
+
+int train_argmax_hits(const struct train_state *s, unsigned char *hit, struct dapo_err *e) {
+  if (!s->have_fwd)
+    return dapo_errf(e, DAPO_EINVAL, "train_argmax_hits: no forward awaits its backward");
+  for (int r = 0; r < s->R; r++) {
+    /* probs [R, V]: softmax is monotone, so its first maximum is the logits' */
+    const float *p = s->probs + (size_t)r * s->V;
+    int best = 0;
+    for (int j = 1; j < s->V; j++)
+      if (p[j] > p[best]) best = j;
+    hit[r] = best == s->targets[r];
+  }
+  return 0;
 }
 
 int train_backward(struct train_state *s, struct model *m, const float *dlogp, struct dapo_err *e) {

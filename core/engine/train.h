@@ -72,6 +72,12 @@ int train_forward(struct train_state *s, const struct model *m, const struct fwd
 int train_logprobs(struct train_state *s, const struct model *m, const struct fwd_batch *b,
                    float inv_temp, float *logp, struct dapo_err *e);
 
+/* After train_forward and before train_backward: hit[r] = 1 when trained token r is the most
+ * likely next token of its distribution (the first maximum, as torch.argmax), else 0; one entry
+ * per (trained) response token, as logp. Reads the probabilities the forward left (no pass over
+ * the model). Returns 0, or DAPO_EINVAL when no train_forward awaits its backward. */
+int train_argmax_hits(const struct train_state *s, unsigned char *hit, struct dapo_err *e);
+
 /* Backward of sum_t dlogp[t] * logp[t] for the batch of the last train_forward: accumulates
  * (+=) into m->grads (model_alloc_grads first). Consumes the saved state: call once per forward. */
 int train_backward(struct train_state *s, struct model *m, const float *dlogp, struct dapo_err *e);

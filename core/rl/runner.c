@@ -143,6 +143,13 @@ static int mkdir_p(const char *path) {
  * a whole minibatch fits either way. */
 static void caps(const struct hparams *hp, const struct episode_spec *ep, int max_prompt,
                  int with_val, int *cap_t, int *cap_tokens, int *cap_resp, int *gen_cap) {
+  if (hp->method == METHOD_SUPERVISED) { /* max_prompt: the longest example; nothing generated */
+    *cap_t = max_prompt;
+    *cap_tokens = *cap_resp =
+        hp->micro_batch_tokens > max_prompt ? hp->micro_batch_tokens : max_prompt;
+    *gen_cap = 0;
+    return;
+  }
   *cap_t = max_prompt + episode_after_prompt(ep, hp);
   int64_t most = (int64_t)hp->minibatch_size * *cap_t;
   *cap_tokens = hp->micro_batch_tokens < most ? hp->micro_batch_tokens : (int)most;
@@ -307,27 +314,26 @@ static int check_file(const struct job_spec *s, const struct lm *lm, struct chat
   return bad;
 }
 
-/* Supervised jobs parse and resolve (jobspec.h) but their step is not built yet (issue 27):
- * refused before they are queued, and by runner_run, rather than run as something else. */
-#define SUPERVISED_NOT_RUNNABLE                                                                    \
-  "\"supervised\" jobs are validated but cannot run yet: the supervised step is not built"
+int trainer_open_meta(const struct job_spec *s, struct runner_data_facts *f, struct lm *lm,
+                      json_t *errors) {
+  struct dapo_err e = {0};
+  if (lm_open_meta(s->model, lm, &e)) {
+    dapo_errors_add(errors, "model", e.msg);
+    return 1;
+  }
+  f->model_ok = 1;
+  f->cfg = lm->cfg;
+  if (lm->lora) f->model_adapter = 1, f->adapter_cfg = lm->lora->cfg;
+  return 0;
+}
 
 int runner_check_data(const struct job_spec *s, struct runner_data_facts *f, json_t *errors) {
   size_t before = json_array_size(errors);
   memset(f, 0, sizeof *f);
-  if (s->hp.method == METHOD_SUPERVISED) {
-    dapo_errors_add(errors, "method", SUPERVISED_NOT_RUNNABLE);
-    return (int)(json_array_size(errors) - before);
-  }
+  if (s->hp.method == METHOD_SUPERVISED) return sft_check_data(s, f, errors);
   struct lm lm;
   struct dapo_err e = {0};
-  if (lm_open_meta(s->model, &lm, &e)) {
-    dapo_errors_add(errors, "model", e.msg);
-    return (int)(json_array_size(errors) - before);
-  }
-  f->model_ok = 1;
-  f->cfg = lm.cfg;
-  if (lm.lora) f->model_adapter = 1, f->adapter_cfg = lm.lora->cfg;
+  if (trainer_open_meta(s, f, &lm, errors)) return (int)(json_array_size(errors) - before);
   struct chat_template *chat = NULL;
   struct prompt_form pf = {TC_DAPOD, NULL, 1, 0};
   int id, max_prompt = 0;
@@ -662,11 +668,9 @@ static int setup_tools(struct trainer *t) {
  * Resumes from the checkpoint of step `from` (-1: a fresh run). Returns 0, or 1 with res saying
  * why (the failing part's code and field). Allocates everything the run needs: a step allocates
  * only its rollouts. teardown frees it all, after a failure too. */
-static int setup(struct trainer *t, int64_t from) {
+int trainer_setup_model(struct trainer *t, int64_t from) {
   const struct hparams *hp = t->hp;
   struct dapo_err e = {0};
-  if (hp->method == METHOD_SUPERVISED)
-    return trainer_fail(t, FAIL_INVALID_SPEC, "method", "%s", SUPERVISED_NOT_RUNNABLE);
   trainer_phase(t, "loading");
   char sub[PATH_MAX];
   if (trainer_rank(t) != 0) goto folders_made; /* rank 0 alone writes in the out folder */
@@ -788,7 +792,13 @@ folders_made:
     if (exact_file && ckpt_load_tensors(p, t->lm.model, 1, prefix, buf, NULL, &e))
       return trainer_fail_err(t, FAIL_INVALID_CHECKPOINT, NULL, &e);
   }
+  return 0;
+}
 
+static int setup(struct trainer *t, int64_t from) {
+  const struct hparams *hp = t->hp;
+  struct dapo_err e = {0};
+  if (trainer_setup_model(t, from)) return 1;
   if (load_dataset(t, t->spec->training_file, "training_file", &t->train)) return 1;
   if (t->spec->validation_file &&
       load_dataset(t, t->spec->validation_file, "validation_file", &t->val))
@@ -928,13 +938,17 @@ int runner_run(const struct job_spec *spec, const char *out_dir, const struct ru
   if (trainer_rank(t) != 0) t->h = NULL;
   int64_t from = trainer_rank(t) == 0 ? runner_latest_checkpoint(t->out) : 0;
   dist_bcast(trainer_dist(t), &from, sizeof from, 0);
-  int stop = trainer_agree(t, setup(t, from));
+  /* a supervised job: its own set-up, step, evaluation and teardown (runner_sft.c) */
+  int sft = spec->hp.method == METHOD_SUPERVISED;
+  int (*evaluate)(struct trainer *) = sft ? trainer_sft_evaluate : trainer_evaluate;
+  int stop = trainer_agree(t, sft ? trainer_sft_setup(t, from) : setup(t, from));
+  int64_t total = sft ? t->sft_total_steps : t->hp->total_steps;
   if (!stop && t->step == 0) {
     /* step 0: the starting weights, and a baseline evaluation */
-    if (t->hp->eval_every > 0) stop = trainer_evaluate(t);
+    if (t->hp->eval_every > 0) stop = evaluate(t);
     if (!stop) stop = trainer_agree(t, trainer_checkpoint(t, NULL));
   }
-  while (!stop && t->step < t->hp->total_steps) {
+  while (!stop && t->step < total) {
     int req = trainer_requests(t);
     if (req & TRAINER_CANCEL) {
       stop = trainer_fail(t, FAIL_CANCELLED, NULL, "cancelled");
@@ -947,7 +961,8 @@ int runner_run(const struct job_spec *spec, const char *out_dir, const struct ru
     t->step++;
     json_t *m = NULL;
     int64_t gen_tokens = 0, train_tokens = 0;
-    int rc = trainer_step(t, &m, &gen_tokens, &train_tokens);
+    int rc = sft ? trainer_sft_step(t, &m, &train_tokens)
+                 : trainer_step(t, &m, &gen_tokens, &train_tokens);
     if (rc == STEP_PAUSED) {
       t->step--;
       res->status = RUNNER_PAUSED;
@@ -961,10 +976,10 @@ int runner_run(const struct job_spec *spec, const char *out_dir, const struct ru
       json_decref(m);
       break;
     }
-    int last = t->step == t->hp->total_steps;
+    int last = t->step == total;
     int paused_now = t->o && t->o->stop_after_step > 0 && t->step == t->o->stop_after_step;
     int pausing = trainer_requests(t) & TRAINER_PAUSE;
-    stop = trainer_write_rollouts(t);
+    stop = sft ? 0 : trainer_write_rollouts(t); /* a supervised step samples nothing */
     if (!stop && (last || (t->hp->checkpoint_every > 0 && t->step % t->hp->checkpoint_every == 0) ||
                   paused_now || pausing))
       stop = trainer_checkpoint(t, m);
@@ -972,7 +987,7 @@ int runner_run(const struct job_spec *spec, const char *out_dir, const struct ru
     json_decref(m);
     stop = trainer_agree(t, stop);
     if (!stop && t->hp->eval_every > 0 && (t->step % t->hp->eval_every == 0 || last))
-      stop = trainer_evaluate(t);
+      stop = evaluate(t);
     if (!stop && paused_now && !last) {
       res->status = RUNNER_PAUSED;
       break;
@@ -994,7 +1009,10 @@ int runner_run(const struct job_spec *spec, const char *out_dir, const struct ru
       res->status = RUNNER_FAILED;
   } else if (res->status != RUNNER_PAUSED)
     res->status = RUNNER_SUCCEEDED;
-  teardown(t);
+  if (sft)
+    trainer_sft_teardown(t);
+  else
+    teardown(t);
   free(t);
   return 0;
 }

@@ -182,6 +182,8 @@ struct runner_data_facts {
   int max_prompt_tokens;
   int model_adapter;              /* the model is an adapter checkpoint ... */
   struct lora_config adapter_cfg; /* ... whose adapter this is */
+  int train_examples;             /* a supervised job's training examples (its steps:
+                                     hparams_sft_total_steps); 0 for DAPO jobs */
 };
 
 /* The adapter a job trains: its own `adapter`, or on an adapter checkpoint that checkpoint's

@@ -23,6 +23,7 @@
 #include "rng.h"
 #include "runner.h"
 #include "sampler.h"
+#include "sft.h"
 #include "toolcall.h"
 #include "tools.h"
 #include "train.h"
@@ -140,6 +141,13 @@ struct trainer {
   float *g_logp;
   struct rng *g_rng;
   const int **g_prompts;
+  /* a supervised job's (runner_sft.c): its examples, steps and this epoch's order */
+  struct sft_example *sft_train, *sft_val;
+  int n_sft_train, n_sft_val;
+  int64_t sft_total_steps;
+  int *sft_order, sft_order_epoch; /* [n_sft_train], the permutation of epoch sft_order_epoch */
+  float *sft_logp;                 /* [cap_tokens] */
+  unsigned char *sft_hit;          /* [cap_tokens] */
 };
 
 /* How a step ended: trained (STEP_OK), stopped with res set (STEP_STOP), or paused between
@@ -206,6 +214,28 @@ int trainer_log(struct trainer *t, const char *level, const char *fmt, ...)
 /* out/checkpoints/step-N into buf. */
 void trainer_ckpt_path(const struct trainer *t, int64_t step, char *buf, size_t cap);
 
+/* The start of a run (runner.c), for both methods: the out folder, the model (from the checkpoint
+ * of step `from`, whose spec must be this one, or fresh; -1: a fresh run), the adapter, the KL
+ * reference, AdamW and the gradients. 0, or 1 with res set. */
+int trainer_setup_model(struct trainer *t, int64_t from);
+/* The model's config and tokenizer (no weights) into *lm for runner_check_data, its facts into
+ * f; 1 with a problem under "model" when it does not open (lm then needs no lm_close). */
+int trainer_open_meta(const struct job_spec *s, struct runner_data_facts *f, struct lm *lm,
+                      json_t *errors);
+/* ---- runner_sft.c ---- */
+/* A supervised job's parts of runner_run's loop. Set-up (trainer_setup_model, the files
+ * encoded, t->sft_total_steps, the buffers; one process only); step t->step (already
+ * incremented) with its metrics in *metrics_out (owned) and its trained tokens; valid/loss and
+ * valid/mean_token_accuracy over the whole validation file; teardown (after a failure too).
+ * 0, or 1 with res set. */
+int trainer_sft_setup(struct trainer *t, int64_t from);
+int trainer_sft_step(struct trainer *t, json_t **metrics_out, int64_t *train_tokens_out);
+int trainer_sft_evaluate(struct trainer *t);
+void trainer_sft_teardown(struct trainer *t);
+/* runner_check_data for a supervised job: the model's config and tokenizer, its chat template,
+ * every line of its files checked and encoded (field training_file or validation_file, the
+ * message naming the line); f->max_prompt_tokens the longest example. */
+int sft_check_data(const struct job_spec *s, struct runner_data_facts *f, json_t *errors);
 /* ---- runner_step.c ---- */
 
 /* Progress of a long pass (runner_hooks.progress): told at its start and at each twentieth. */

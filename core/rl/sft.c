@@ -3,10 +3,14 @@
  * problem named by line and field. */
 #include "sft.h"
 
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 
 #include "chat.h"
+#include "dataset.h"
 #include "lm.h"
 #include "tokenizer.h"
 
@@ -275,4 +279,66 @@ void sft_example_deinit(struct sft_example *x) {
   free(x->tokens);
   free(x->trained);
   memset(x, 0, sizeof *x);
+}
+
+/* ---- files ------------------------------------------------------------------------------- */
+
+void sft_examples_free(struct sft_example *x, int n) {
+  for (int i = 0; x && i < n; i++) sft_example_deinit(&x[i]);
+  free(x);
+}
+
+int sft_load_file(const char *path, const struct lm *lm, const struct chat_template *chat,
+                  int end_id, int max_tokens, int truncate, struct sft_example **out, int *n,
+                  struct dapo_err *e) {
+  *out = NULL;
+  *n = 0;
+  FILE *f = fopen(path, "rb");
+  if (!f) return dapo_errf(e, DAPO_EIO, "cannot open %s: %s", path, strerror(errno));
+  char *buf = NULL;
+  size_t bcap = 0;
+  int cap = 0, lineno = 0, rc = 0;
+  ssize_t len;
+  while (!rc && (len = getline(&buf, &bcap, f)) >= 0) {
+    lineno++;
+    if ((size_t)len > DS_DEFAULT_MAX_LINE_BYTES) {
+      rc = dapo_errf(e, DAPO_EFORMAT, "line %d: longer than %zu bytes", lineno,
+                     DS_DEFAULT_MAX_LINE_BYTES);
+      break;
+    }
+    size_t i = 0;
+    while (i < (size_t)len && strchr(" \t\r\n", buf[i])) i++;
+    if (i == (size_t)len) continue; /* a blank line */
+    json_error_t je;
+    json_t *j = json_loadb(buf, (size_t)len, JSON_REJECT_DUPLICATES, &je);
+    if (!j) {
+      rc = dapo_errf(e, DAPO_EFORMAT, "line %d: not valid JSON: %s", lineno, je.text);
+      break;
+    }
+    if (*n == DS_DEFAULT_MAX_ITEMS)
+      rc = dapo_errf(e, DAPO_EFORMAT, "line %d: more than %d examples", lineno,
+                     DS_DEFAULT_MAX_ITEMS);
+    if (!rc && *n == cap) {
+      int c = cap ? cap * 2 : 64;
+      struct sft_example *x = realloc(*out, (size_t)c * sizeof *x);
+      if (!x)
+        rc = dapo_errf(e, DAPO_ENOMEM, "out of memory");
+      else
+        *out = x, cap = c;
+    }
+    if (!rc) rc = sft_check_line(j, lineno, e);
+    if (!rc) rc = sft_encode(lm, chat, end_id, j, lineno, max_tokens, truncate, &(*out)[*n], e);
+    if (!rc) (*n)++;
+    json_decref(j);
+  }
+  if (!rc && ferror(f)) rc = dapo_errf(e, DAPO_EIO, "reading %s failed", path);
+  if (!rc && *n == 0) rc = dapo_errf(e, DAPO_EFORMAT, "no examples (every line is blank)");
+  free(buf);
+  fclose(f);
+  if (rc) {
+    sft_examples_free(*out, *n);
+    *out = NULL;
+    *n = 0;
+  }
+  return rc;
 }

@@ -56,4 +56,13 @@ int sft_encode(const struct lm *lm, const struct chat_template *chat, int end_id
                struct sft_example *out, struct dapo_err *e);
 void sft_example_deinit(struct sft_example *x);
 
+/* Reads the supervised file at path: each non-blank line parsed, checked (sft_check_line) and
+ * encoded (sft_encode) into (*out)[0 .. *n) (owned: sft_examples_free), lines of at most
+ * DS_DEFAULT_MAX_LINE_BYTES, at most DS_DEFAULT_MAX_ITEMS examples, at least one. Returns 0 or
+ * the first line's error (e names the line and field; DAPO_EIO for the file itself). */
+int sft_load_file(const char *path, const struct lm *lm, const struct chat_template *chat,
+                  int end_id, int max_tokens, int truncate, struct sft_example **out, int *n,
+                  struct dapo_err *e);
+void sft_examples_free(struct sft_example *x, int n);
+
 #endif

@@ -91,10 +91,10 @@ static void test_supervised(void) {
   jobspec_deinit(&s2);
   json_decref(errs2);
   json_decref(js);
-  /* not runnable yet: refused before queueing, naming `method` */
+  /* checked against its files before queueing (test_sft_run checks a bad line) */
   struct runner_data_facts f;
   json_t *rerrs = json_array();
-  CHECK(runner_check_data(&s, &f, rerrs) == 1 && has_err(rerrs, "method", "cannot run yet"));
+  CHECK(runner_check_data(&s, &f, rerrs) == 1 && has_err(rerrs, "training_file", "t.jsonl"));
   json_decref(rerrs);
   jobspec_deinit(&s);
   json_decref(errs);
