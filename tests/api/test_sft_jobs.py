@@ -11,11 +11,9 @@
 Run: /usr/bin/python3 tests/api/test_sft_jobs.py --dapod build/server/dapod
 """
 
-import argparse
 import json
 import os
 import sys
-import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -84,14 +82,5 @@ class SupervisedJobs(test_jobs.DaemonCase):
         self.assertIn("line 2: field 'weight': unknown", msg)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--dapod", required=True)
-    args, rest = ap.parse_known_args()
-    test_jobs.DAPOD = os.path.abspath(args.dapod)
-    prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
-    return 0 if prog.result.wasSuccessful() else 1
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(test_jobs.main())  # --dapod, then this module's tests
