@@ -655,19 +655,7 @@ static int setup_tools(struct trainer *t) {
   return 0;
 }
 
-/* Brings t from a spec to the state before its next step, in this order:
- *   1. the output folder (checkpoints/, rollouts/) exists and holds no temporaries of a crash;
- *   2. the model: from the newest complete checkpoint (whose trainer_state.json must record this
- *      very spec: else FAIL_CHECKPOINT_MISMATCH), with the step and the dataset cursor it
- *      recorded, or fresh from spec->model at step 0; the frozen reference when kl_coef > 0;
- *   3. AdamW (its moments from the checkpoint when resuming) and the gradients;
- *   4. the datasets, every prompt rendered and tokenized once (prompt + max_new_tokens must fit);
- *   5. the judge and the tools (under the daemon's policy);
- *   6. the buffers, by the one plan the memory plan counts with (caps, scratch_layout);
- *   7. the sampler's options and stop tokens (model, generation config, chat template).
- * Resumes from the checkpoint of step `from` (-1: a fresh run). Returns 0, or 1 with res saying
- * why (the failing part's code and field). Allocates everything the run needs: a step allocates
- * only its rollouts. teardown frees it all, after a failure too. */
+/* Steps 1-3 of setup (below), shared with supervised jobs (runner_impl.h). */
 int trainer_setup_model(struct trainer *t, int64_t from) {
   const struct hparams *hp = t->hp;
   struct dapo_err e = {0};
@@ -795,6 +783,20 @@ folders_made:
   return 0;
 }
 
+/* Brings a DAPO job's t from a spec to the state before its next step, in this order:
+ *   1-3: trainer_setup_model:
+ *   1. the output folder (checkpoints/, rollouts/) exists and holds no temporaries of a crash;
+ *   2. the model: from the newest complete checkpoint (whose trainer_state.json must record this
+ *      very spec: else FAIL_CHECKPOINT_MISMATCH), with the step and the dataset cursor it
+ *      recorded, or fresh from spec->model at step 0; the frozen reference when kl_coef > 0;
+ *   3. AdamW (its moments from the checkpoint when resuming) and the gradients;
+ *   4. the datasets, every prompt rendered and tokenized once (prompt + max_new_tokens must fit);
+ *   5. the judge and the tools (under the daemon's policy);
+ *   6. the buffers, by the one plan the memory plan counts with (caps, scratch_layout);
+ *   7. the sampler's options and stop tokens (model, generation config, chat template).
+ * Resumes from the checkpoint of step `from` (-1: a fresh run). Returns 0, or 1 with res saying
+ * why (the failing part's code and field). Allocates everything the run needs: a step allocates
+ * only its rollouts. teardown frees it all, after a failure too. */
 static int setup(struct trainer *t, int64_t from) {
   const struct hparams *hp = t->hp;
   struct dapo_err e = {0};
