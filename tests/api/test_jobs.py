@@ -460,7 +460,7 @@ class TestFlow(DaemonCase):
                                                                  "max_tokens": 3}), 200)
         self.assertIsNone(c["choices"][0]["logprobs"])
         p = self.assertProblem(self.d.post_json("/v1/completions", {
-            "model": "nope", "max_tokens": 0, "top_p": 0, "n": 99, "logprobs": 1, "x": 1}),
+            "model": "nope", "max_tokens": 0, "top_p": 0, "n": 99, "logprobs": 6, "x": 1}),
             422, "validation_failed")
         self.assertFields(p, "model", "prompt", "max_tokens", "top_p", "n", "logprobs", "x")
 
