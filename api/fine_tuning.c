@@ -1,14 +1,18 @@
 /* Handlers: OpenAI's fine-tuning surface as the official `openai` SDK drives it
  * (../shared/design/OPENAI_COMPAT.md, docs/OPENAI.md), a translation onto the native job service:
  *   POST /v1/fine_tuning/jobs            method.reinforcement -> a native body (judge "grader",
- *                                        the RFT hyperparameters mapped onto DAPO's knobs), then
+ *                                        the RFT hyperparameters mapped onto DAPO's knobs);
+ *                                        method.supervised -> a native supervised body; then
  *                                        jobs_create; SDK retries give the same job back
+ *                                        (a succeeded supervised job's result CSV is made when
+ *                                        the job is first rendered: sft_result_file)
  *   GET  /v1/fine_tuning/jobs[/{id}]     FineTuningJob objects (list: after, limit, metadata[k])
  *   POST /v1/fine_tuning/jobs/{id}/cancel|pause|resume (empty bodies)
  *   GET  /v1/fine_tuning/jobs/{id}/events       FineTuningJobEvent, newest first
  *   GET  /v1/fine_tuning/jobs/{id}/checkpoints  FineTuningJobCheckpoint, newest first
  *   POST /v1/fine_tuning/alpha/graders/run|validate
  * Errors are OpenAI's {"error": {...}} (openai.h). */
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -23,9 +27,11 @@
 #include "http.h"
 #include "jobs.h"
 #include "judge.h"
+#include "log.h"
 #include "openai.h"
 #include "registry.h"
 #include "server.h"
+#include "sha256.h"
 #include "store.h"
 
 #define FT_LIST_MAX 100
@@ -33,10 +39,16 @@
 #define AUTO_BATCH 8       /* batch_size "auto": the native prompt_batch_size default */
 #define BASE_LR 1e-5       /* learning_rate_multiplier 1: the native learning_rate default */
 #define BASE_GROUP 8       /* compute_multiplier 1: the native group_size default */
+#define SFT_AUTO_BATCH 8   /* supervised batch_size "auto": the native batch_size default */
+#define SFT_AUTO_EPOCHS 3  /* supervised n_epochs "auto": OpenAI's usual pick for small files */
+#define SFT_MAX_LRM 1000   /* learning_rate_multiplier at most: 1e-2 with BASE_LR */
 
 /* The template of models without one (the presets): the message texts, one after another. */
 static const char DEFAULT_TEMPLATE[] =
     "{\"system\": \"{content}\\n\", \"user\": \"{content}\", \"assistant\": \"{content}\\n\"}";
+/* The same for supervised jobs, whose trained end of an assistant turn is its newline. */
+static const char SFT_TEMPLATE[] = "{\"system\": \"{content}\\n\", \"user\": \"{content}\", "
+                                   "\"assistant\": \"{content}\\n\", \"stop\": \"\\n\"}";
 
 /* ---- shared with chat.c (openai.h) ---- */
 
@@ -130,7 +142,106 @@ static json_t *rft_hparams(const json_t *hp, const json_t *meta) {
   return o;
 }
 
-static json_t *ft_job_json(const struct store_job *j) {
+/* The OpenAI hyperparameters of a supervised job, from its resolved native knobs. */
+static json_t *sft_hparams(const json_t *hp) {
+  return json_pack("{s:O?, s:f, s:O?}", "batch_size", json_object_get(hp, "batch_size"),
+                   "learning_rate_multiplier",
+                   json_number_value(json_object_get(hp, "learning_rate")) / BASE_LR, "n_epochs",
+                   json_object_get(hp, "epochs"));
+}
+
+/* A supervised job's metrics rows as its result CSV (one row a trained step, the step's
+ * validation beside it or empty cells) into *csv (malloc'd), and its trained tokens (the sum of
+ * train/tokens). 0, or an error code. */
+static int sft_results(struct store *st, const char *job_id, char **csv, int64_t *tokens) {
+  struct store_metric_list l = {0};
+  struct dapo_err e = {0};
+  *tokens = 0;
+  if (csv) *csv = NULL;
+  int rc = store_metrics_list(st, job_id, &l, &e);
+  if (rc) return rc;
+  size_t cap = 128 + l.n * 192, used = 0; /* a row: 5 cells of at most 25 characters */
+  char *out = csv ? malloc(cap) : NULL;
+  if (csv && !out) {
+    store_metric_list_deinit(&l);
+    return DAPO_ENOMEM;
+  }
+  if (out)
+    used = (size_t)snprintf(out, cap,
+                            "step,train_loss,train_accuracy,valid_loss,"
+                            "valid_mean_token_accuracy\n");
+  for (size_t i = 0; i < l.n; i++) {
+    const struct store_metric *m = &l.v[i];
+    if (strcmp(m->kind, "train")) continue;
+    *tokens += json_integer_value(json_object_get(m->data, "train/tokens"));
+    if (!out) continue;
+    const json_t *ev = NULL; /* the eval row of this step follows it */
+    if (i + 1 < l.n && l.v[i + 1].step == m->step && !strcmp(l.v[i + 1].kind, "eval"))
+      ev = l.v[i + 1].data;
+    char vl[40] = "", va[40] = "";
+    if (ev) {
+      snprintf(vl, sizeof vl, "%.17g", json_number_value(json_object_get(ev, "valid/loss")));
+      snprintf(va, sizeof va, "%.17g",
+               json_number_value(json_object_get(ev, "valid/mean_token_accuracy")));
+    }
+    int k =
+        snprintf(out + used, cap - used, "%lld,%.17g,%.17g,%s,%s\n", (long long)m->step,
+                 json_number_value(json_object_get(m->data, "train/loss")),
+                 json_number_value(json_object_get(m->data, "train/mean_token_accuracy")), vl, va);
+    if (k < 0 || (size_t)k >= cap - used) break; /* cannot happen: the cells are bounded */
+    used += (size_t)k;
+  }
+  store_metric_list_deinit(&l);
+  if (csv) *csv = out;
+  return 0;
+}
+
+/* The result file of a succeeded supervised job: "file-<the job's uuid>", made the first time
+ * the job is rendered after success (a second rendering, or a racing one, finds it). Its id into
+ * id, or "" when it cannot be made (logged). */
+static void sft_result_file(struct api_req *r, const struct store_job *j, char *csv,
+                            char id[STORE_ID_MAX]) {
+  struct store_file f = {0};
+  struct dapo_err e = {0};
+  snprintf(id, STORE_ID_MAX, "file-%.36s", strchr(j->id, '-') ? strchr(j->id, '-') + 1 : j->id);
+  if (!store_file_get(r->srv->store, id, NULL, &f, &e)) {
+    store_file_deinit(&f);
+    return;
+  }
+  char path[4096], tmp[4112];
+  snprintf(path, sizeof path, "%s/%s.csv", r->srv->files_dir, id);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  size_t n = strlen(csv);
+  FILE *fp = fopen(tmp, "wb");
+  int ok = fp && fwrite(csv, 1, n, fp) == n;
+  if (fp && fclose(fp)) ok = 0;
+  if (!ok || rename(tmp, path)) {
+    LOG(ERROR, "writing %s: %s", path, strerror(errno));
+    unlink(tmp);
+    id[0] = '\0';
+    return;
+  }
+  struct dapo_sha256 sha;
+  dapo_sha256_begin(&sha);
+  dapo_sha256_feed(&sha, csv, n);
+  dapo_sha256_end_hex(&sha, f.sha256);
+  char filename[96];
+  snprintf(filename, sizeof filename, "%s_results.csv", j->id);
+  f.owner = j->owner ? j->owner : "";
+  f.filename = filename;
+  f.purpose = "fine-tune-results";
+  f.bytes = (int64_t)n;
+  f.valid = 1;
+  f.path = path;
+  snprintf(f.id, sizeof f.id, "%s", id);
+  int rc = store_file_insert(r->srv->store, &f, &e);
+  if (rc && rc != STORE_EEXISTS) {
+    LOG(ERROR, "the result file of %s: %s", j->id, e.msg);
+    id[0] = '\0';
+  }
+}
+
+static json_t *ft_job_json(struct api_req *r, const struct store_job *j) {
   const json_t *spec = j->spec, *res = j->resolved ? j->resolved : j->spec;
   const char *model = json_string_value(json_object_get(spec, "model"));
   const json_t *judge = json_object_get(res, "judge");
@@ -148,19 +259,38 @@ static json_t *ft_job_json(const struct store_job *j) {
                     json_object_get(j->error, "message"), "param",
                     json_object_get(j->error, "param") ? json_object_get(j->error, "param")
                                                        : json_null());
-  json_t *method = json_pack(
-      "{s:s, s:{s:O, s:o, s:O}}", "type", "reinforcement", "reinforcement", "grader",
-      json_object_get(judge, "grader") ? json_object_get(judge, "grader") : json_null(),
-      "hyperparameters", rft_hparams(json_object_get(res, "hyperparameters"), echo),
-      "response_format",
-      json_object_get(judge, "response_format") ? json_object_get(judge, "response_format")
-                                                : json_null());
+  const char *mname = json_string_value(json_object_get(res, "method"));
+  int sft = mname && !strcmp(mname, "supervised");
+  const json_t *nhp = json_object_get(res, "hyperparameters");
+  json_t *trained = json_null(), *files = json_array();
+  if (sft && j->step > 0) { /* trained_tokens, and the result file once the job succeeded */
+    char *csv = NULL, fid[STORE_ID_MAX] = "";
+    int64_t tokens = 0;
+    int done = j->status == STORE_JOB_SUCCEEDED;
+    if (!sft_results(r->srv->store, j->id, done ? &csv : NULL, &tokens)) {
+      trained = json_integer((json_int_t)tokens);
+      if (csv) sft_result_file(r, j, csv, fid);
+      if (fid[0]) json_array_append_new(files, json_string(fid));
+    }
+    free(csv);
+  }
+  json_t *method =
+      sft ? json_pack("{s:s, s:{s:o}}", "type", "supervised", "supervised", "hyperparameters",
+                      sft_hparams(nhp))
+          : json_pack(
+                "{s:s, s:{s:O, s:o, s:O}}", "type", "reinforcement", "reinforcement", "grader",
+                json_object_get(judge, "grader") ? json_object_get(judge, "grader") : json_null(),
+                "hyperparameters", rft_hparams(json_object_get(res, "hyperparameters"), echo),
+                "response_format",
+                json_object_get(judge, "response_format")
+                    ? json_object_get(judge, "response_format")
+                    : json_null());
   /* dapod's extension, resolved (every field), when the job has one */
   const json_t *episode = json_object_get(res, "episode");
-  if (method && episode && !json_is_null(episode))
+  if (!sft && method && episode && !json_is_null(episode))
     json_object_set(json_object_get(method, "reinforcement"), "episode", (json_t *)episode);
   json_t *o = json_pack(
-      "{s:s, s:s, s:I, s:s, s:s, s:s, s:o, s:s, s:o, s:o, s:o, s:o, s:[], s:o, s:o, s:o, s:o, "
+      "{s:s, s:s, s:I, s:s, s:s, s:s, s:o, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, "
       "s:o, s:o, s:o, s:I, s:I, s:o}",
       "id", j->id, "object", "fine_tuning.job", "created_at", (json_int_t)j->created_at, "model",
       model ? model : "", "organization_id", "org-dapod", "training_file", j->training_file,
@@ -168,8 +298,8 @@ static json_t *ft_job_json(const struct store_job *j) {
       "status", oai_status(j->status), "error", err ? err : json_null(), "fine_tuned_model",
       j->status == STORE_JOB_SUCCEEDED && last >= 0 ? json_string(name) : json_null(),
       "finished_at", j->finished_at ? json_integer(j->finished_at) : json_null(), "trained_tokens",
-      json_null(), "result_files", "seed", or_null(json_object_get(res, "seed")), "hyperparameters",
-      rft_hparams(json_object_get(res, "hyperparameters"), echo), "method",
+      trained, "result_files", files, "seed", or_null(json_object_get(res, "seed")),
+      "hyperparameters", sft ? sft_hparams(nhp) : rft_hparams(nhp, echo), "method",
       method ? method : json_null(), "metadata", meta ? meta : json_null(), "estimated_finish",
       json_null(), "integrations", json_array(), "user_provided_suffix",
       j->suffix ? json_string(j->suffix) : json_null(), "step", (json_int_t)j->step, "total_steps",
@@ -179,7 +309,7 @@ static json_t *ft_job_json(const struct store_job *j) {
 }
 
 static int reply_ft_job(struct api_req *r, int status, const struct store_job *j) {
-  return api_reply_json_steal(r, status, ft_job_json(j));
+  return api_reply_json_steal(r, status, ft_job_json(r, j));
 }
 
 static int load_job(struct api_req *r, struct store_job *job) {
@@ -195,23 +325,139 @@ static int load_job(struct api_req *r, struct store_job *job) {
 
 /* ---- create: the RFT body as a native one ---- */
 
-/* "auto" (0 returned, *out untouched) or a number in [lo, hi] (1); -1 after adding an error. */
-static int auto_or_num(const json_t *hp, const char *key, double lo, double hi, int integer,
-                       double *out, json_t *errors) {
+#define NUM_INT 1     /* auto_or_num: an integer */
+#define NUM_OPEN_LO 2 /* auto_or_num: lo itself refused */
+#define RFT_HP "method.reinforcement.hyperparameters"
+
+/* "auto" (0 returned, *out untouched) or a number in [lo, hi] (1); -1 after adding an error
+ * named prefix.key. flags: NUM_INT, NUM_OPEN_LO. */
+static int auto_or_num(const json_t *hp, const char *prefix, const char *key, double lo, double hi,
+                       int flags, double *out, json_t *errors) {
   const json_t *v = json_object_get(hp, key);
   if (!v || json_is_null(v) || (json_is_string(v) && !strcmp(json_string_value(v), "auto")))
     return 0;
   double x = json_number_value(v);
-  if (!json_is_number(v) || (integer && !json_is_integer(v)) || x < lo || x > hi) {
+  int integer = flags & NUM_INT;
+  if (!json_is_number(v) || (integer && !json_is_integer(v)) || x < lo || x > hi ||
+      ((flags & NUM_OPEN_LO) && x <= lo)) {
     char field[128], msg[128];
-    snprintf(field, sizeof field, "method.reinforcement.hyperparameters.%s", key);
-    snprintf(msg, sizeof msg, "expected \"auto\" or %s in [%g, %g]",
-             integer ? "an integer" : "a number", lo, hi);
+    snprintf(field, sizeof field, "%s.%s", prefix, key);
+    snprintf(msg, sizeof msg, "expected \"auto\" or %s in %c%g, %g]",
+             integer ? "an integer" : "a number", flags & NUM_OPEN_LO ? '(' : '[', lo, hi);
     dapo_errors_add(errors, field, msg);
     return -1;
   }
   *out = x;
   return 1;
+}
+
+/* Training items of the caller's file id (0 when unknown): what n_epochs turns into steps. */
+static int64_t file_items(struct api_req *r, const char *id) {
+  struct store_file f;
+  struct dapo_err e = {0};
+  int64_t n = 0;
+  if (id && !store_file_get(r->srv->store, id, r->owner, &f, &e)) {
+    n = f.n_items;
+    store_file_deinit(&f);
+  }
+  return n;
+}
+
+/* What every method's native body shares: seed, suffix, and the default chat template on models
+ * without one (the presets render messages with it). Takes nb (NULL passes through). */
+static json_t *finish_body(struct api_req *r, const json_t *b, json_t *nb, json_t *errors) {
+  if (!nb) return NULL;
+  const json_t *seed = json_object_get(b, "seed"), *suffix = json_object_get(b, "suffix");
+  if (seed && !json_is_null(seed)) json_object_set(nb, "seed", (json_t *)seed);
+  if (suffix && !json_is_null(suffix)) json_object_set(nb, "suffix", (json_t *)suffix);
+  json_t *meta = json_object_get(b, "metadata");
+  if (meta && !json_is_null(meta) && !json_is_object(meta))
+    dapo_errors_add(errors, "metadata", "expected an object of strings");
+  if (!json_object_get(nb, "metadata"))
+    json_object_set_new(nb, "metadata",
+                        json_is_object(meta) ? json_deep_copy(meta) : json_object());
+  const char *model = json_string_value(json_object_get(b, "model"));
+  struct registry_entry ent;
+  if (model && registry_find(r->srv, model, r->owner, &ent) == 0 && ent.kind == REGISTRY_PRESET)
+    json_object_set_new(
+        nb, "chat_template",
+        json_loads(json_object_get(nb, "judge") ? DEFAULT_TEMPLATE : SFT_TEMPLATE, 0, NULL));
+  return nb;
+}
+
+/* The native supervised body of method.supervised (or the deprecated top-level
+ * hyperparameters when method.supervised has none): batch_size 1..256 (auto SFT_AUTO_BATCH),
+ * n_epochs 1..50 (auto SFT_AUTO_EPOCHS), learning_rate_multiplier in (0, SFT_MAX_LRM] of
+ * BASE_LR (or of a native learning_rate); any other member is a native supervised knob. */
+static json_t *sft_body(struct api_req *r, const json_t *b, const json_t *method, json_t *errors) {
+  const json_t *sup = json_object_get(method, "supervised");
+  const char *key;
+  json_t *v;
+  if (sup && !json_is_null(sup) && !json_is_object(sup)) {
+    dapo_errors_add(errors, "method.supervised", "expected an object");
+    return NULL;
+  }
+  json_object_foreach((json_t *)sup, key, v) {
+    if (strcmp(key, "hyperparameters")) {
+      char field[128];
+      snprintf(field, sizeof field, "method.supervised.%.64s", key);
+      dapo_errors_add(errors, field, "unknown field");
+    }
+  }
+  json_object_foreach((json_t *)method, key, v) {
+    if (strcmp(key, "type") && strcmp(key, "supervised")) {
+      char field[128];
+      snprintf(field, sizeof field, "method.%.64s", key);
+      dapo_errors_add(errors, field, "not a member of a supervised method");
+    }
+  }
+  const char *prefix = "method.supervised.hyperparameters";
+  const json_t *hp = json_object_get(sup, "hyperparameters");
+  const json_t *top = json_object_get(b, "hyperparameters");
+  if (hp && !json_is_null(hp) && top && !json_is_null(top) && json_object_size(top))
+    dapo_errors_add(errors, "hyperparameters",
+                    "give the hyperparameters once, in method.supervised.hyperparameters (the "
+                    "top-level ones are deprecated)");
+  else if ((!hp || json_is_null(hp)) && top && !json_is_null(top)) {
+    hp = top; /* OpenAI's deprecated place, still accepted for supervised jobs */
+    prefix = "hyperparameters";
+  }
+  if (hp && !json_is_null(hp) && !json_is_object(hp)) {
+    dapo_errors_add(errors, prefix, "expected an object");
+    return NULL;
+  }
+  json_t *nhp = json_object();
+  json_object_foreach((json_t *)hp, key, v) {
+    if (strcmp(key, "n_epochs") && strcmp(key, "learning_rate_multiplier"))
+      json_object_set(nhp, key, v); /* batch_size is the native name too */
+  }
+  double epochs = SFT_AUTO_EPOCHS, batch = SFT_AUTO_BATCH, lrm = 1;
+  if (auto_or_num(hp, prefix, "batch_size", 1, 256, NUM_INT, &batch, errors) >= 0)
+    json_object_set_new(nhp, "batch_size", json_integer((json_int_t)batch));
+  auto_or_num(hp, prefix, "n_epochs", 1, 50, NUM_INT, &epochs, errors);
+  auto_or_num(hp, prefix, "learning_rate_multiplier", 0, SFT_MAX_LRM, NUM_OPEN_LO, &lrm, errors);
+  if (!json_object_get(nhp, "epochs"))
+    json_object_set_new(nhp, "epochs", json_integer((json_int_t)epochs));
+  const json_t *lr = json_object_get(nhp, "learning_rate"); /* not a number: the service says */
+  if (!lr || json_is_number(lr))
+    json_object_set_new(nhp, "learning_rate",
+                        json_real((lr ? json_number_value(lr) : BASE_LR) * lrm));
+  if (json_is_integer(json_object_get(nhp, "epochs")))
+    epochs = (double)json_integer_value(json_object_get(nhp, "epochs"));
+  /* with a validation file, an evaluation and a checkpoint every quarter, as RFT jobs */
+  int64_t n = file_items(r, json_string_value(json_object_get(b, "training_file")));
+  if (json_is_string(json_object_get(b, "validation_file")) && n > 0 &&
+      !json_object_get(nhp, "eval_every")) {
+    int64_t per = (n + (int64_t)batch - 1) / (int64_t)batch, total = per * (int64_t)epochs;
+    total = total < 1 ? 1 : total;
+    json_object_set_new(nhp, "eval_every", json_integer(total > 4 ? total / 4 : 1));
+  }
+  if (!json_object_get(nhp, "checkpoint_every") && json_object_get(nhp, "eval_every"))
+    json_object_set(nhp, "checkpoint_every", json_object_get(nhp, "eval_every"));
+  return json_pack("{s:s, s:O?, s:O?, s:O?, s:o}", "method", "supervised", "model",
+                   json_object_get(b, "model"), "training_file",
+                   json_object_get(b, "training_file"), "validation_file",
+                   json_object_get(b, "validation_file"), "hyperparameters", nhp);
 }
 
 /* The native job body of an RFT create body; problems go to errors with OpenAI's field names. */
@@ -229,16 +475,16 @@ static json_t *native_body(struct api_req *r, const json_t *b, json_t *errors) {
   const json_t *method = json_object_get(b, "method");
   const char *mtype = json_string_value(json_object_get(method, "type"));
   if (!mtype) {
-    dapo_errors_add(
-        errors, "method.type",
-        "required: dapod trains with reinforcement learning only, so \"reinforcement\"");
+    dapo_errors_add(errors, "method.type", "required: \"supervised\" or \"reinforcement\"");
     return NULL;
   }
+  if (!strcmp(mtype, "supervised"))
+    return finish_body(r, b, sft_body(r, b, method, errors), errors);
   if (strcmp(mtype, "reinforcement")) {
     char msg[200];
     snprintf(msg, sizeof msg,
-             "'%.32s' is not supported: dapod fine-tunes with reinforcement learning (DAPO) "
-             "only; use \"reinforcement\" with a grader",
+             "'%.32s' is not supported yet: dapod fine-tunes with \"supervised\" or "
+             "\"reinforcement\" (with a grader)",
              mtype);
     dapo_errors_add(errors, "method.type", msg);
     return NULL;
@@ -268,16 +514,7 @@ static json_t *native_body(struct api_req *r, const json_t *b, json_t *errors) {
     hp = NULL;
   }
   /* the training file's size decides the steps of n_epochs */
-  const char *tf = json_string_value(json_object_get(b, "training_file"));
-  int64_t n_items = 0;
-  if (tf) {
-    struct store_file f;
-    struct dapo_err e = {0};
-    if (!store_file_get(r->srv->store, tf, r->owner, &f, &e)) {
-      n_items = f.n_items;
-      store_file_deinit(&f);
-    }
-  }
+  int64_t n_items = file_items(r, json_string_value(json_object_get(b, "training_file")));
   json_t *nhp = json_object(); /* native knobs */
   json_t *echo = json_object();
   const char *rft_keys[] = {"n_epochs",        "batch_size",   "learning_rate_multiplier",
@@ -293,12 +530,12 @@ static json_t *native_body(struct api_req *r, const json_t *b, json_t *errors) {
       json_object_set(nhp, key, v);
   }
   double epochs = 1, batch = AUTO_BATCH, lrm = 1, eval_int = 0, eval_samples = 0, cm = 1;
-  int has_batch = auto_or_num(hp, "batch_size", 1, 65536, 1, &batch, errors);
-  auto_or_num(hp, "n_epochs", 1, 1000, 1, &epochs, errors);
-  int has_lrm = auto_or_num(hp, "learning_rate_multiplier", 1e-6, 1e6, 0, &lrm, errors);
-  int has_eval = auto_or_num(hp, "eval_interval", 1, 1 << 24, 1, &eval_int, errors);
-  int has_es = auto_or_num(hp, "eval_samples", 1, 1024, 1, &eval_samples, errors);
-  int has_cm = auto_or_num(hp, "compute_multiplier", 0.01, 64, 0, &cm, errors);
+  int has_batch = auto_or_num(hp, RFT_HP, "batch_size", 1, 65536, NUM_INT, &batch, errors);
+  auto_or_num(hp, RFT_HP, "n_epochs", 1, 1000, NUM_INT, &epochs, errors);
+  int has_lrm = auto_or_num(hp, RFT_HP, "learning_rate_multiplier", 1e-6, 1e6, 0, &lrm, errors);
+  int has_eval = auto_or_num(hp, RFT_HP, "eval_interval", 1, 1 << 24, NUM_INT, &eval_int, errors);
+  int has_es = auto_or_num(hp, RFT_HP, "eval_samples", 1, 1024, NUM_INT, &eval_samples, errors);
+  int has_cm = auto_or_num(hp, RFT_HP, "compute_multiplier", 0.01, 64, 0, &cm, errors);
   const json_t *re = json_object_get(hp, "reasoning_effort");
   if (re && !json_is_null(re)) {
     const char *s = json_string_value(re);
@@ -344,8 +581,6 @@ static json_t *native_body(struct api_req *r, const json_t *b, json_t *errors) {
   if (judge && rf && !json_is_null(rf)) json_object_set(judge, "response_format", (json_t *)rf);
   json_t *meta = json_object_get(b, "metadata");
   json_t *nmeta = json_is_object(meta) ? json_deep_copy(meta) : json_object();
-  if (meta && !json_is_null(meta) && !json_is_object(meta))
-    dapo_errors_add(errors, "metadata", "expected an object of strings");
   char *echo_text = json_dumps(echo, JSON_COMPACT | JSON_SORT_KEYS);
   if (echo_text) json_object_set_new(nmeta, "dapod_rft", json_string(echo_text));
   free(echo_text);
@@ -355,31 +590,38 @@ static json_t *native_body(struct api_req *r, const json_t *b, json_t *errors) {
                          nhp, "metadata", nmeta);
   json_decref(echo);
   if (!nb) return NULL;
-  const json_t *seed = json_object_get(b, "seed"), *suffix = json_object_get(b, "suffix");
-  if (seed && !json_is_null(seed)) json_object_set(nb, "seed", (json_t *)seed);
-  if (suffix && !json_is_null(suffix)) json_object_set(nb, "suffix", (json_t *)suffix);
   /* dapod's extension: the native `episode` (tools with URLs, the python tool), checked by the
    * job service, its errors named method.reinforcement.episode.* */
   const json_t *episode = json_object_get(rl, "episode");
   if (episode && !json_is_null(episode)) json_object_set(nb, "episode", (json_t *)episode);
-  /* models without a chat template (the presets) render messages with the default one */
-  const char *model = json_string_value(json_object_get(b, "model"));
-  struct registry_entry ent;
-  if (model && registry_find(r->srv, model, r->owner, &ent) == 0 && ent.kind == REGISTRY_PRESET)
-    json_object_set_new(nb, "chat_template", json_loads(DEFAULT_TEMPLATE, 0, NULL));
-  return nb;
+  return finish_body(r, b, nb, errors);
 }
 
-/* A native field name in OpenAI's words. */
-static void oai_field(const char *f, char *out, size_t cap) {
+/* A native field name in OpenAI's words; hp: where the body gave the hyperparameters
+ * ("method.reinforcement.", "method.supervised." or "" for the top-level ones). */
+static void oai_field(const char *f, const char *hp, char *out, size_t cap) {
   if (!strncmp(f, "judge.grader", 12))
     snprintf(out, cap, "method.reinforcement.grader%s", f + 12);
   else if (!strncmp(f, "judge.", 6))
     snprintf(out, cap, "method.reinforcement.%s", f + 6);
-  else if (!strncmp(f, "hyperparameters", 15) || !strncmp(f, "episode", 7))
+  else if (!strncmp(f, "hyperparameters", 15))
+    snprintf(out, cap, "%s%s", hp, f);
+  else if (!strncmp(f, "episode", 7))
     snprintf(out, cap, "method.reinforcement.%s", f);
   else
     snprintf(out, cap, "%s", f);
+}
+
+/* Where body b gives its hyperparameters, as oai_field's hp. */
+static const char *hp_place(const json_t *b) {
+  const json_t *m = json_object_get(b, "method");
+  const char *type = json_string_value(json_object_get(m, "type"));
+  if (!type || strcmp(type, "supervised")) return "method.reinforcement.";
+  const json_t *hp = json_object_get(json_object_get(m, "supervised"), "hyperparameters");
+  const json_t *top = json_object_get(b, "hyperparameters");
+  return ((!hp || json_is_null(hp)) && json_is_object(top)) || json_object_size(top)
+             ? ""
+             : "method.supervised.";
 }
 
 static int reply_errors(struct api_req *r, const json_t *errors) {
@@ -391,7 +633,7 @@ static int reply_errors(struct api_req *r, const json_t *errors) {
     const char *m = json_string_value(json_object_get(it, "message"));
     char field[192];
     if (!f) f = json_is_integer(json_object_get(it, "line")) ? "training_file" : "";
-    oai_field(f, field, sizeof field);
+    oai_field(f, hp_place(r->json), field, sizeof field);
     if (i == 0) snprintf(first, sizeof first, "%s", field);
     int k = snprintf(msg + used, sizeof msg - used, "%s%s%s%s", i ? "; " : "", field,
                      *field ? ": " : "", m ? m : "invalid");
@@ -540,7 +782,7 @@ int api_ft_jobs_list(struct api_req *r) {
         has_more = 1;
         break;
       }
-      json_array_append_new(data, ft_job_json(&l.v[i]));
+      json_array_append_new(data, ft_job_json(r, &l.v[i]));
     }
     int more = l.has_more && !has_more;
     if (l.n) snprintf(cursor, sizeof cursor, "%s", l.v[l.n - 1].id);
@@ -591,6 +833,19 @@ static double num(const json_t *o, const char *k) {
   return json_number_value(json_object_get(o, k));
 }
 
+/* A supervised step's native metrics d in OpenAI's names, into out: train/loss as train_loss,
+ * train/mean_token_accuracy as train_mean_token_accuracy, valid/... as valid_... */
+static void sft_metrics(const json_t *d, json_t *out) {
+  static const char *const names[][2] = {
+      {"train/loss", "train_loss"},
+      {"train/mean_token_accuracy", "train_mean_token_accuracy"},
+      {"valid/loss", "valid_loss"},
+      {"valid/mean_token_accuracy", "valid_mean_token_accuracy"}};
+  for (size_t i = 0; d && i < sizeof names / sizeof names[0]; i++)
+    if (json_is_number(json_object_get(d, names[i][0])))
+      json_object_set_new(out, names[i][1], json_real(num(d, names[i][0])));
+}
+
 /* RFT's errors.graders of a step's native metrics d: one entry with the count of the step's
  * samples that hit each error of the grader taxonomy (judge/errors/<kind>, core/reward/grader.h);
  * an empty list when the job's judge is not a grader. */
@@ -633,7 +888,17 @@ static json_t *ft_event_json(const char *job_id, const struct store_event *ev, i
   } else if (!strcmp(ev->type, "metrics")) {
     long long step = (long long)json_integer_value(json_object_get(d, "step"));
     type = "metrics";
-    if (json_object_get(d, "eval/accuracy")) {
+    if (json_object_get(d, "train/loss") || json_object_get(d, "valid/loss")) {
+      data = json_pack("{s:I, s:I}", "step", (json_int_t)step, "total_steps", (json_int_t)total);
+      sft_metrics(d, data);
+      json_object_set(data, "dapod", (json_t *)d);
+      if (json_object_get(d, "train/loss"))
+        snprintf(msg, sizeof msg, "Step %lld/%lld: training loss=%.4f, token accuracy=%.4f", step,
+                 (long long)total, num(d, "train/loss"), num(d, "train/mean_token_accuracy"));
+      else
+        snprintf(msg, sizeof msg, "Step %lld/%lld: validation loss=%.4f, token accuracy=%.4f", step,
+                 (long long)total, num(d, "valid/loss"), num(d, "valid/mean_token_accuracy"));
+    } else if (json_object_get(d, "eval/accuracy")) {
       double v = num(d, "eval/accuracy");
       snprintf(msg, sizeof msg, "Step %lld/%lld, full validation mean reward=%.4f", step,
                (long long)total, v);
@@ -743,6 +1008,7 @@ int api_ft_checkpoints_list(struct api_req *r) {
     api_oai_model_name(model ? model : "", job.suffix, job.id, (long long)c->step, name,
                        sizeof name);
     json_t *m = json_pack("{s:I}", "step", (json_int_t)c->step);
+    sft_metrics(c->metrics, m);
     if (c->metrics && json_object_get(c->metrics, "reward/mean"))
       json_object_set_new(m, "train_reward_mean", json_real(num(c->metrics, "reward/mean")));
     if (c->metrics && json_object_get(c->metrics, "eval/accuracy"))

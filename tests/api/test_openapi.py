@@ -648,9 +648,9 @@ def oai_scenario(c):
     again = c.call("ft create retried", "POST", "/v1/fine_tuning/jobs", 200, json_body=body,
                    headers={"X-Stainless-Retry-Count": "1"}).json()
     assert again["id"] == jid, (again["id"], jid)
-    e = oai_error(c.call("ft create supervised", "POST", "/v1/fine_tuning/jobs", 400,
+    e = oai_error(c.call("ft create dpo", "POST", "/v1/fine_tuning/jobs", 400,
                          json_body={"model": "tiny", "training_file": fid,
-                                    "method": {"type": "supervised", "supervised": {}}}),
+                                    "method": {"type": "dpo", "dpo": {}}}),
                   "invalid_request_error")
     assert e["param"] == "method.type", e
     e = oai_error(c.call("ft create invalid", "POST", "/v1/fine_tuning/jobs", 400,
@@ -747,6 +747,32 @@ def oai_scenario(c):
               "invalid_request_error")
     c.call("ft delete", "DELETE", "/v1/jobs/" + jid, 200)
     c.call("delete rft file", "DELETE", "/v1/files/" + fid, 200)
+    sft_scenario(c)
+
+
+def sft_scenario(c):
+    """A supervised job through /v1/fine_tuning/jobs: its object, events, checkpoints and result
+    file validated against the document."""
+    lines = "".join(json.dumps({"messages": [{"role": "user", "content": "%d+1=" % k},
+                                             {"role": "assistant", "content": str(k + 1)}]})
+                    + "\n" for k in range(6)).encode()
+    fid = c.call("upload sft", "POST", "/v1/files?purpose=fine-tune&filename=sft.jsonl", 201,
+                 body=lines, headers={"Content-Type": "application/x-ndjson"}).json()["id"]
+    body = {"model": "tiny", "training_file": fid, "validation_file": fid,
+            "method": {"type": "supervised", "supervised": {"hyperparameters": {
+                "batch_size": 3, "n_epochs": 2, "learning_rate_multiplier": "auto"}}}}
+    jid = c.call("ft create supervised", "POST", "/v1/fine_tuning/jobs", 200,
+                 json_body=body).json()["id"]
+    oai_error(c.call("ft create supervised n_epochs 0", "POST", "/v1/fine_tuning/jobs", 400,
+                     json_body=dict(body, method={"type": "supervised", "supervised": {
+                         "hyperparameters": {"n_epochs": 0}}})), "invalid_request_error")
+    c.wait_status(jid, lambda j: j["status"] in TERMINAL, "the end of the supervised job")
+    job = c.call("ft get supervised", "GET", "/v1/fine_tuning/jobs/" + jid, 200).json()
+    assert job["status"] == "succeeded" and len(job["result_files"]) == 1, job
+    c.call("ft events supervised", "GET", "/v1/fine_tuning/jobs/%s/events?limit=100" % jid, 200)
+    c.call("ft checkpoints supervised", "GET", "/v1/fine_tuning/jobs/%s/checkpoints" % jid, 200)
+    c.call("ft result file", "GET", "/v1/files/" + job["result_files"][0], 200)
+    c.call("ft delete supervised", "DELETE", "/v1/jobs/" + jid, 200)
 
 
 def agent_job(c, fid):

@@ -4,8 +4,10 @@ fine-tuning job on a daemon of its own (sdk_job.mjs); then the README's "Coming 
 reinforcement fine-tuning" examples run as they are: the Node one always, the Python one where
 the `openai` Python package is installed (said and skipped otherwise); then the SDK drives a
 checkpoint through tool calls (sdk_tools.mjs), the checkpoint trained here to call (the tiny
-preset against tests/rl/env_server.py's /ask route). Installs the npm package with
-tests/npm_ci.sh. Usage: test_openai_sdk.py --dapod PATH --work DIR"""
+preset against tests/rl/env_server.py's /ask route). With --script NAME only that script of
+tests/openai runs on the daemon (ctest openai_sft_sdk: sdk_sft.mjs, a supervised job). Installs
+the npm package with tests/npm_ci.sh.
+Usage: test_openai_sdk.py --dapod PATH --work DIR [--script NAME]"""
 import argparse
 import hashlib
 import json
@@ -25,9 +27,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dapod", required=True)
     ap.add_argument("--work", required=True)
+    ap.add_argument("--script", help="run only this script of tests/openai (e.g. sdk_sft.mjs)")
     a = ap.parse_args()
     rc = subprocess.run(["sh", os.path.join(HERE, "..", "npm_ci.sh"), HERE, a.work, "sdk_job.mjs",
-                         "sdk_tools.mjs"])
+                         "sdk_tools.mjs", "sdk_sft.mjs"])
     if rc.returncode:
         return rc.returncode
     # an API key (the SDK's apiKey; a wrong one is AuthenticationError) and a queue of one job
@@ -39,43 +42,53 @@ def main():
                                           "--api-keys", spec, "--max-queued-jobs", "1"]) as d:
         url = "http://127.0.0.1:%d/v1" % d.port
         env = dict(os.environ, OPENAI_API_KEY=key, OPENAI_BASE_URL=url)
-        p = subprocess.run(["node", os.path.join(a.work, "sdk_job.mjs"), url, tmp], env=env,
-                           timeout=900)
+        p = subprocess.run(["node", os.path.join(a.work, a.script or "sdk_job.mjs"), url, tmp],
+                           env=env, timeout=900)
         if p.returncode:
             sys.stderr.write(d.log()[-4000:])
             return p.returncode
-        for lang, cmd in (("node", ["node"]), ("python", [sys.executable])):
-            if lang == "python" and subprocess.run(cmd + ["-c", "from openai import OpenAI"],
-                                                   cwd=tmp, capture_output=True).returncode:
-                print("README python example: skipped, no `openai` Python package")
-                continue
-            # the module resolves the npm package from the work dir; it writes into tmp
-            path = os.path.join(a.work if lang == "node" else tmp,
-                                "readme_rft." + ("mjs" if lang == "node" else "py"))
-            with open(path, "w") as f:
-                f.write(harness.readme_block("openai-" + lang))
-            p = subprocess.run(cmd + [path], env=env, cwd=tmp, timeout=600,
-                               capture_output=True, text=True)
-            sys.stdout.write(p.stdout)
-            last = p.stdout.strip().splitlines()[-1:] or [""]
-            if p.returncode or not last[0].startswith("succeeded ft:tiny:"):
-                sys.stderr.write("README %s example failed (%d):\n%s\n%s" % (
-                    lang, p.returncode, p.stderr[-3000:], d.log()[-3000:]))
-                return 1
-            print("README %s example: %s" % (lang, last[0]))
-        # tool calls: a checkpoint that calls, driven by the SDK
-        model = train_caller(url, key, tmp)
-        p = subprocess.run(["node", os.path.join(a.work, "sdk_tools.mjs"), url, model], env=env,
-                           timeout=600)
-        if p.returncode:
-            sys.stderr.write(d.log()[-4000:])
-            return p.returncode
+        if not a.script:
+            rc = readme_examples(a, env, tmp, d)
+            if rc:
+                return rc
+            # tool calls: a checkpoint that calls, driven by the SDK
+            model = train_caller(url, key, tmp)
+            p = subprocess.run(["node", os.path.join(a.work, "sdk_tools.mjs"), url, model],
+                               env=env, timeout=600)
+            if p.returncode:
+                sys.stderr.write(d.log()[-4000:])
+                return p.returncode
         # a clean stop (under ASan: no leak, no error report)
         rc = d.stop()
         if rc != 0:
             sys.stderr.write("dapod exited %s after SIGTERM:\n%s" % (rc, d.log()[-4000:]))
             return 1
         return 0
+
+
+def readme_examples(a, env, tmp, d):
+    """The README's "Coming from OpenAI" examples: the Node one, and the Python one where the
+    `openai` Python package is installed. 0 when each ran to a succeeded job (or was skipped)."""
+    for lang, cmd in (("node", ["node"]), ("python", [sys.executable])):
+        if lang == "python" and subprocess.run(cmd + ["-c", "from openai import OpenAI"],
+                                               cwd=tmp, capture_output=True).returncode:
+            print("README python example: skipped, no `openai` Python package")
+            continue
+        # the module resolves the npm package from the work dir; it writes into tmp
+        path = os.path.join(a.work if lang == "node" else tmp,
+                            "readme_rft." + ("mjs" if lang == "node" else "py"))
+        with open(path, "w") as f:
+            f.write(harness.readme_block("openai-" + lang))
+        p = subprocess.run(cmd + [path], env=env, cwd=tmp, timeout=600,
+                           capture_output=True, text=True)
+        sys.stdout.write(p.stdout)
+        last = p.stdout.strip().splitlines()[-1:] or [""]
+        if p.returncode or not last[0].startswith("succeeded ft:tiny:"):
+            sys.stderr.write("README %s example failed (%d):\n%s\n%s" % (
+                lang, p.returncode, p.stderr[-3000:], d.log()[-3000:]))
+            return 1
+        print("README %s example: %s" % (lang, last[0]))
+    return 0
 
 
 def train_caller(url, key, tmp):
