@@ -351,13 +351,16 @@ static int auto_or_num(const json_t *hp, const char *prefix, const char *key, do
   return 1;
 }
 
-/* Training items of the caller's file id (0 when unknown): what n_epochs turns into steps. */
-static int64_t file_items(struct api_req *r, const char *id) {
+/* Training items of the caller's file id (0 when unknown): what n_epochs turns into steps.
+ * lines (or NULL): its lines, for a file that is no valid DAPO file (a supervised one). */
+static int64_t file_items(struct api_req *r, const char *id, int64_t *lines) {
   struct store_file f;
   struct dapo_err e = {0};
   int64_t n = 0;
+  if (lines) *lines = 0;
   if (id && !store_file_get(r->srv->store, id, r->owner, &f, &e)) {
     n = f.n_items;
+    if (lines) *lines = f.n_lines;
     store_file_deinit(&f);
   }
   return n;
@@ -445,7 +448,9 @@ static json_t *sft_body(struct api_req *r, const json_t *b, const json_t *method
   if (json_is_integer(json_object_get(nhp, "epochs")))
     epochs = (double)json_integer_value(json_object_get(nhp, "epochs"));
   /* with a validation file, an evaluation and a checkpoint every quarter, as RFT jobs */
-  int64_t n = file_items(r, json_string_value(json_object_get(b, "training_file")));
+  int64_t lines = 0,
+          n = file_items(r, json_string_value(json_object_get(b, "training_file")), &lines);
+  n = n > 0 ? n : lines; /* prompt/completion lines are no DAPO items */
   if (json_is_string(json_object_get(b, "validation_file")) && n > 0 &&
       !json_object_get(nhp, "eval_every")) {
     int64_t per = (n + (int64_t)batch - 1) / (int64_t)batch, total = per * (int64_t)epochs;
@@ -514,7 +519,7 @@ static json_t *native_body(struct api_req *r, const json_t *b, json_t *errors) {
     hp = NULL;
   }
   /* the training file's size decides the steps of n_epochs */
-  int64_t n_items = file_items(r, json_string_value(json_object_get(b, "training_file")));
+  int64_t n_items = file_items(r, json_string_value(json_object_get(b, "training_file")), NULL);
   json_t *nhp = json_object(); /* native knobs */
   json_t *echo = json_object();
   const char *rft_keys[] = {"n_epochs",        "batch_size",   "learning_rate_multiplier",

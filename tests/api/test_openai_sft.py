@@ -164,6 +164,17 @@ class OpenAISupervised(test_jobs.DaemonCase):
                          {"batch_size": 5, "learning_rate_multiplier": 1.0, "n_epochs": 1})
         self.assertEqual(j["total_steps"], 5)
         self.d.post_json("/v1/fine_tuning/jobs/%s/cancel" % j["id"], {})
+        # prompt/completion lines (no DAPO items: the upload is invalid as a DAPO file) count by
+        # line for the evaluation cadence: 10 lines / 2 x 2 epochs = 10 steps, eval_every 10 / 4
+        pc = "".join(json.dumps({"prompt": "%d+1=" % k, "completion": str(k + 1)}) + "\n"
+                     for k in range(10)).encode()
+        pid = self.upload(pc)["id"]
+        r = self.create({"batch_size": 2, "n_epochs": 2}, training_file=pid, validation_file=pid)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json()["total_steps"], 10)
+        nhp = self.job(r.json()["id"])["hyperparameters"]
+        self.assertEqual((nhp["eval_every"], nhp["checkpoint_every"]), (2, 2))
+        self.d.post_json("/v1/fine_tuning/jobs/%s/cancel" % r.json()["id"], {})
         self.oai_error(self.create(method={"type": "supervised"}, hyperparameters={"n_epochs": 0}),
                        "hyperparameters.n_epochs", "expected")
         self.oai_error(self.create({"n_epochs": 1}, hyperparameters={"n_epochs": 2}),
