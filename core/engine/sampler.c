@@ -37,6 +37,8 @@ struct gen_state {
   void *progress_ctx;
   gen_step_fn step; /* told after each round of sampling (gen_state_set_step); NULL: none */
   void *step_ctx;
+  gen_mask_fn mask; /* masks the logits before each draw (gen_state_set_mask); NULL: none */
+  void *mask_ctx;
 };
 
 struct glayout {
@@ -166,6 +168,11 @@ void gen_state_set_progress(struct gen_state *s, gen_progress_fn fn, void *ctx) 
 void gen_state_set_step(struct gen_state *s, gen_step_fn fn, void *ctx) {
   s->step = fn;
   s->step_ctx = ctx;
+}
+
+void gen_state_set_mask(struct gen_state *s, gen_mask_fn fn, void *ctx) {
+  s->mask = fn;
+  s->mask_ctx = ctx;
 }
 
 /* Above this many bytes of weights a decoding step splits by columns: measured on the 2-core
@@ -480,6 +487,7 @@ static void decode_step(void *ctx, int ti, int nt) {
     if (x->skip && x->skip[g_lo + i]) continue;
     int qq = s->active[g_lo + i];
     float lp;
+    if (s->mask) s->mask(s->mask_ctx, qq, logits + (size_t)i * V, V);
     record_top(x->out, qq, x->maxn, logits + (size_t)i * V, V, x->o);
     int tok = sampler_pick(logits + (size_t)i * V, V, x->o, &x->rngs[qq], &lp, pick_idx, pick_p);
     append_token(x->out, qq, x->maxn, tok, lp, x->o);
@@ -580,6 +588,7 @@ static int gen_run_impl(struct gen_state *s, const struct model *m, int n,
         float *lg = s->logits + (size_t)k * V;
         out->len[q] = 0;
         out->finish[q] = FINISH_LENGTH;
+        if (s->mask) s->mask(s->mask_ctx, q, lg, V);
         record_top(out, q, maxn, lg, V, o);
         int tok = sampler_pick(lg, V, o, &rngs[q], &lp, s->pick_idx, s->pick_p);
         append_token(out, q, maxn, tok, lp, o);
@@ -731,6 +740,7 @@ static int advance_impl(struct gen_state *s, const struct model *m, int n,
           memcpy(s->cache_k + b, s->cache_k + a, cnt * sizeof(float));
           memcpy(s->cache_v + b, s->cache_v + a, cnt * sizeof(float));
         }
+      if (s->mask) s->mask(s->mask_ctx, q, s->logits, V);
       tok[q] = sampler_pick(s->logits, V, o, &rngs[q], &lp[q], s->pick_idx, s->pick_p);
     }
   }

@@ -82,6 +82,19 @@ void gen_state_set_progress(struct gen_state *s, gen_progress_fn fn, void *ctx);
 typedef void (*gen_step_fn)(void *ctx, struct gen_out *out, int n, int max_new);
 void gen_state_set_step(struct gen_state *s, gen_step_fn fn, void *ctx);
 
+/* Constrained decoding (structured outputs): called just before each token is drawn, with the
+ * row of logits[V] it is drawn from; it may set the logits of disallowed tokens to -INFINITY (at
+ * least one must stay finite). seq is gen_run's sequence index q (gen_out row q), or gen_advance's
+ * feed index. Called on gen_run's or gen_advance's thread for the prefill's first token, but from
+ * the pool's threads for decoding steps (decode_step), for different seqs at once: it must be
+ * safe to call concurrently for distinct seqs. Everything after it (top_k's alternatives, the
+ * draw, the log-prob) sees the masked row: the log-prob is that of the constrained distribution
+ * the token was drawn from. It learns the tokens drawn from gen_state_set_step (gen_run calls it
+ * after every round) or from gen_advance's results. fn NULL: none (the default). ctx is borrowed
+ * until the next gen_state_set_mask. */
+typedef void (*gen_mask_fn)(void *ctx, int seq, float *logits, int V);
+void gen_state_set_mask(struct gen_state *s, gen_mask_fn fn, void *ctx);
+
 /* Generates n <= cap_batch sequences. prompts[i] (borrowed) has prompt_len[i] >= 1 tokens;
  * rngs[i] advances as sequence i samples. Returns 0, DAPO_ECANCELLED when *cancel becomes
  * non-zero (checked between tokens; may be NULL), or an error. */
