@@ -24,10 +24,13 @@ struct hrow {
   double grpo;                /* default under algorithm "grpo" (NAN: same as dflt) */
   const char *const *choices; /* H_ENUM */
   const char *help;
-  int only; /* 0: every method; HM_DAPO or HM_SFT: that method's knob alone */
+  /* the methods (HM_*, or-ed) whose knob it is (none: every method), or-ed with the bounds
+   * left out of the range: OPEN_MIN (min, ...), OPEN_MAX (..., max) */
+  int only;
 };
 
-enum { HM_DAPO = 1, HM_SFT = 2 };
+enum { HM_DAPO = 1, HM_SFT = 2, HM_DPO = 4, HM_ALL = 7, HM_DEMO = HM_SFT | HM_DPO };
+enum { OPEN_MIN = 8, OPEN_MAX = 16 };
 
 static const char *const ALGOS[] = {"dapo", "grpo", NULL};
 static const char *const SHORTFALLS[] = {"partial", "error", NULL};
@@ -36,7 +39,8 @@ static const char *const AGGS[] = {"token-mean", "seq-mean-token-mean", "seq-mea
                                    NULL};
 static const char *const JUDGE_ERRS[] = {"fail", "drop", NULL};
 static const char *const SCHEDULES[] = {"constant", "linear", "cosine", NULL};
-static const char *const METHODS[] = {"dapo", "supervised", NULL};
+static const char *const METHODS[] = {"dapo", "supervised", "dpo", NULL};
+static const char *const DPO_LOSSES[] = {"sigmoid", NULL};
 
 #define F(x) offsetof(struct hparams, x)
 #define SAME NAN
@@ -75,7 +79,7 @@ static const struct hrow ROWS[] = {
     {"minibatch_size", H_INT, F(minibatch_size), 1, 1 << 24, D_DERIVED, SAME, NULL,
      "responses per optimizer update; default a quarter of the step's responses", HM_DAPO},
     {"epochs", H_INT, F(epochs), 1, 64, 1, SAME, NULL,
-     "passes over the step's responses (supervised: passes over the training file)", 0},
+     "passes over the step's responses (supervised, dpo: passes over the training file)", 0},
     {"eps_low", H_NUM, F(eps_low), 0, 0.999999, 0.2, SAME, NULL, "clip 1 - eps_low", HM_DAPO},
     {"eps_high", H_NUM, F(eps_high), 0, 10, 0.28, D_DERIVED, NULL,
      "clip 1 + eps_high (grpo: equal to eps_low)", HM_DAPO},
@@ -110,16 +114,24 @@ static const struct hrow ROWS[] = {
      "tokens per forward/backward pass (memory); never changes the result's maths", 0},
     {"gen_batch_size", H_INT, F(gen_batch_size), 1, 1 << 16, 64, SAME, NULL,
      "sequences generated together (KV cache memory)", HM_DAPO},
-    {"batch_size", H_INT, F(batch_size), 1, 65536, 8, SAME, NULL, "examples per optimizer step",
-     HM_SFT},
+    {"batch_size", H_INT, F(batch_size), 1, 65536, 8, SAME, NULL,
+     "examples (dpo: pairs) per optimizer step", HM_DEMO},
     {"lr_schedule", H_ENUM, F(lr_schedule), 0, 0, LR_LINEAR, SAME, SCHEDULES,
-     "after the warm-up: constant, or linear or cosine decay to 0 at the last step", HM_SFT},
+     "after the warm-up: constant, or linear or cosine decay to 0 at the last step", HM_DEMO},
     {"max_sequence_tokens", H_INT, F(max_sequence_tokens), 2, 1 << 20, 2048, SAME, NULL,
      "tokens of an example (prompt and completion); longer ones are refused, or cut with truncate",
-     HM_SFT},
+     HM_DEMO},
     {"truncate", H_BOOL, F(truncate), 0, 1, 0, SAME, NULL,
      "cut examples longer than max_sequence_tokens (their end) instead of refusing the file",
-     HM_SFT},
+     HM_DEMO},
+    {"beta", H_NUM, F(beta), 0, 2, 0.1, SAME, NULL,
+     "DPO's beta: how far the policy may move from the reference (rewards are beta * log-ratio)",
+     HM_DPO | OPEN_MIN},
+    {"loss_type", H_ENUM, F(loss_type), 0, 0, DPO_LOSS_SIGMOID, SAME, DPO_LOSSES,
+     "sigmoid: -log sigmoid(beta * h), the DPO paper's loss", HM_DPO},
+    {"label_smoothing", H_NUM, F(label_smoothing), 0, 0.5, 0, SAME, NULL,
+     "in [0, 0.5): the chance a pair's preference is flipped (conservative DPO, TRL's sigmoid)",
+     HM_DPO | OPEN_MAX},
 };
 #define NROWS ((int)(sizeof ROWS / sizeof ROWS[0]))
 
@@ -156,11 +168,21 @@ static const struct hrow *find_row(const char *name) {
 
 /* Whether row r is a knob of method m. */
 static int row_in(const struct hrow *r, int m) {
-  return !r->only || r->only == (m == METHOD_SUPERVISED ? HM_SFT : HM_DAPO);
+  return !(r->only & HM_ALL) || (r->only & (1 << m));
 }
 
 const char *hparams_method_name(int method) {
-  return method >= 0 && method <= METHOD_SUPERVISED ? METHODS[method] : "?";
+  return method >= 0 && method <= METHOD_DPO ? METHODS[method] : "?";
+}
+
+/* "dapo", "supervised and dpo": the methods of row r, into buf. */
+static const char *methods_of(const struct hrow *r, char *buf, size_t cap) {
+  size_t n = 0;
+  buf[0] = '\0';
+  for (int m = 0; METHODS[m] && n < cap; m++)
+    if (r->only & (1 << m))
+      n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? " and " : "", METHODS[m]);
+  return buf;
 }
 
 int hparams_parse(struct hparams *h, const json_t *j, json_t *errors) {
@@ -193,8 +215,9 @@ int hparams_parse_method(struct hparams *h, const json_t *j, int method, json_t 
         continue;
       }
       if (!row_in(r, method)) {
+        char of[64];
         add_err(errors, key, "not a hyperparameter of method %s (it is one of %s jobs)",
-                hparams_method_name(method), method == METHOD_SUPERVISED ? "dapo" : "supervised");
+                hparams_method_name(method), methods_of(r, of, sizeof of));
         continue;
       }
       int idx = (int)(r - ROWS);
@@ -239,8 +262,13 @@ int hparams_parse_method(struct hparams *h, const json_t *j, int method, json_t 
       }
       }
       if (r->type == H_INT || r->type == H_NUM) {
-        if (!(x >= r->min && x <= r->max)) {
-          if (r->type == H_INT)
+        int open = r->only & (OPEN_MIN | OPEN_MAX);
+        if (!(x >= r->min && x <= r->max) || ((open & OPEN_MIN) && x == r->min) ||
+            ((open & OPEN_MAX) && x == r->max)) {
+          if (open)
+            add_err(errors, key, "%g not in %c%g, %g%c", x, open & OPEN_MIN ? '(' : '[', r->min,
+                    r->max, open & OPEN_MAX ? ')' : ']');
+          else if (r->type == H_INT)
             add_err(errors, key, "%.0f not in [%.0f, %.0f]", x, r->min, r->max);
           else
             add_err(errors, key, "%g not in [%g, %g]", x, r->min, r->max);
@@ -256,7 +284,7 @@ int hparams_parse_method(struct hparams *h, const json_t *j, int method, json_t 
     double d = grpo && !isnan(r->grpo) ? r->grpo : r->dflt;
     if (d != D_DERIVED) set_val(h, r, d);
   }
-  if (method == METHOD_SUPERVISED) return (int)(json_array_size(errors) - before);
+  if (method != METHOD_DAPO) return (int)(json_array_size(errors) - before);
   /* derived defaults */
   if (!given[find_row("overlong_buffer") - ROWS] && !grpo)
     h->overlong_buffer = h->max_new_tokens / 5;
@@ -287,7 +315,7 @@ int hparams_sft_total_steps(const struct hparams *h, int64_t lines) {
 double hparams_lr_at(const struct hparams *h, int64_t step, int64_t total) {
   int64_t w = h->lr_warmup_steps;
   if (w > 0 && step + 1 < w) return h->learning_rate * (double)(step + 1) / (double)w;
-  if (h->method != METHOD_SUPERVISED || h->lr_schedule == LR_CONSTANT || total <= w)
+  if (h->method == METHOD_DAPO || h->lr_schedule == LR_CONSTANT || total <= w)
     return h->learning_rate;
   double progress = (double)(step - (w > 0 ? w : 0)) / (double)(total - (w > 0 ? w : 0));
   if (progress < 0) progress = 0;

@@ -14,9 +14,12 @@ enum shortfall { SHORTFALL_PARTIAL = 0, SHORTFALL_ERROR = 1 };
 enum overlong_mode { OVERLONG_MIN = 0, OVERLONG_ADDITIVE = 1 };
 enum loss_agg { AGG_TOKEN_MEAN = 0, AGG_SEQ_MEAN_TOKEN_MEAN = 1, AGG_SEQ_MEAN_TOKEN_SUM_NORM = 2 };
 enum judge_error_policy { JUDGE_ERR_FAIL = 0, JUDGE_ERR_DROP = 1 };
-/* What a job trains with (the job body's `method`): DAPO/GRPO from rewards, or supervised
- * fine-tuning on demonstrations (docs/TRAINING.md#supervised-fine-tuning). */
-enum method { METHOD_DAPO = 0, METHOD_SUPERVISED = 1 };
+/* What a job trains with (the job body's `method`): DAPO/GRPO from rewards, supervised
+ * fine-tuning on demonstrations (docs/TRAINING.md#supervised-fine-tuning), or DPO on preference
+ * pairs (docs/TRAINING.md#dpo). */
+enum method { METHOD_DAPO = 0, METHOD_SUPERVISED = 1, METHOD_DPO = 2 };
+/* DPO's loss (the job's loss_type): the sigmoid loss of the DPO paper, with label smoothing. */
+enum dpo_loss { DPO_LOSS_SIGMOID = 0 };
 enum lr_schedule { LR_CONSTANT = 0, LR_LINEAR = 1, LR_COSINE = 2 };
 
 /* The largest group_size a spec may ask for: the DAPO step keeps a group's rewards and
@@ -54,8 +57,11 @@ struct hparams {
   double eval_temperature, eval_top_p;
   /* resources */
   int micro_batch_tokens, gen_batch_size;
-  /* supervised fine-tuning only (method supervised; zero under dapo) */
+  /* supervised fine-tuning and DPO (methods supervised and dpo; zero under dapo) */
   int batch_size, lr_schedule, max_sequence_tokens, truncate;
+  /* DPO only (zero under the other methods) */
+  double beta, label_smoothing;
+  int loss_type; /* enum dpo_loss */
 };
 
 /* Parses the `hyperparameters` object j (borrowed; NULL = all defaults) of a DAPO job into h,
@@ -66,10 +72,11 @@ int hparams_parse(struct hparams *h, const json_t *j, json_t *errors);
  * defaults. A knob of the other method only is refused ("not a hyperparameter of method ..."),
  * as an unknown one is. Each problem is appended to errors (a JSON array, borrowed) as {"field":
  * "hyperparameters.<name>", "message": ...}. Returns the number of problems added. Under
- * METHOD_SUPERVISED, total_steps is left 0: hparams_sft_total_steps derives it from the file. */
+ * METHOD_SUPERVISED and METHOD_DPO, total_steps is left 0: hparams_sft_total_steps derives it
+ * from the file. */
 int hparams_parse_method(struct hparams *h, const json_t *j, int method, json_t *errors);
 
-/* A supervised job's steps over a training file of `lines` examples:
+/* A supervised or DPO job's steps over a training file of `lines` examples (pairs):
  * ceil(lines / batch_size) * epochs (at least 1). */
 int hparams_sft_total_steps(const struct hparams *h, int64_t lines);
 
@@ -81,7 +88,7 @@ double hparams_lr_at(const struct hparams *h, int64_t step, int64_t total);
 /* A new object with every resolved value of h's method (what the job object shows). */
 json_t *hparams_to_json(const struct hparams *h);
 
-/* The method's name as the job body writes it ("dapo", "supervised"). */
+/* The method's name as the job body writes it ("dapo", "supervised", "dpo"). */
 const char *hparams_method_name(int method);
 
 /* A new array describing every knob in table order: {name, type ("integer", "number",

@@ -158,22 +158,29 @@ int jobspec_parse(const json_t *body, const struct judge_policy *pol, struct job
     if (m && !strcmp(m, "supervised"))
       method = METHOD_SUPERVISED;
     else if (m && !strcmp(m, "dpo"))
-      dapo_errors_add(errors, "method",
-                      "\"dpo\" is not supported yet (\"dapo\" or \"supervised\")");
+      method = METHOD_DPO;
     else if (!m || strcmp(m, "dapo"))
-      dapo_errors_add(errors, "method", "expected \"dapo\" (the default) or \"supervised\"");
+      dapo_errors_add(errors, "method",
+                      "expected \"dapo\" (the default), \"supervised\" or \"dpo\"");
   }
   s->method_given = mv && !json_is_null(mv);
   hparams_parse_method(&s->hp, json_object_get(body, "hyperparameters"), method, errors);
-  if (method == METHOD_SUPERVISED) {
-    /* a supervised job learns from the file's completions: no judge scores it, no episode runs */
-    if (judge && !json_is_null(judge))
-      dapo_errors_add(errors, "judge",
-                      "a supervised job has no judge (it trains on the file's "
-                      "completions); leave `judge` out");
+  if (method != METHOD_DAPO) {
+    /* a supervised or DPO job learns from the file's completions or preferences: no judge
+     * scores it, no episode runs */
+    char msg[160];
+    const char *name = hparams_method_name(method);
+    if (judge && !json_is_null(judge)) {
+      snprintf(msg, sizeof msg,
+               "a %s job has no judge (it trains on the file's %s); leave `judge` out", name,
+               method == METHOD_DPO ? "preference pairs" : "completions");
+      dapo_errors_add(errors, "judge", msg);
+    }
     json_t *ep = json_object_get(body, "episode");
-    if (ep && !json_is_null(ep))
-      dapo_errors_add(errors, "episode", "a supervised job runs no episodes; leave `episode` out");
+    if (ep && !json_is_null(ep)) {
+      snprintf(msg, sizeof msg, "a %s job runs no episodes; leave `episode` out", name);
+      dapo_errors_add(errors, "episode", msg);
+    }
   } else {
     episode_parse(json_object_get(body, "episode"), &s->hp, pol, &s->episode, errors);
   }
@@ -192,8 +199,8 @@ const char *jobspec_dtype_name(enum ckpt_dtype d) {
 json_t *jobspec_to_json(const struct job_spec *s) {
   /* chat_template, checkpoint_dtype, adapter and episode only when given, so that specs (and the
    * checkpoints that record them) of jobs without them stay as they were; `method` likewise,
-   * for supervised jobs always (their judge is not theirs: left out) */
-  if (s->hp.method == METHOD_SUPERVISED)
+   * for supervised and DPO jobs always (their judge is not theirs: left out) */
+  if (s->hp.method != METHOD_DAPO)
     return json_pack("{s:s,s:s?,s:s?,s:s?,s:o,s:I,s:O*,s:s*,s:o*}", "method",
                      hparams_method_name(s->hp.method), "model", s->model, "training_file",
                      s->training_file, "validation_file", s->validation_file, "hyperparameters",

@@ -331,6 +331,10 @@ int runner_check_data(const struct job_spec *s, struct runner_data_facts *f, jso
   size_t before = json_array_size(errors);
   memset(f, 0, sizeof *f);
   if (s->hp.method == METHOD_SUPERVISED) return sft_check_data(s, f, errors);
+  if (s->hp.method == METHOD_DPO) { /* the knobs parse; the step is not built yet */
+    dapo_errors_add(errors, "method", "dpo jobs do not run yet (the step is being built)");
+    return (int)(json_array_size(errors) - before);
+  }
   struct lm lm;
   struct dapo_err e = {0};
   if (trainer_open_meta(s, f, &lm, errors)) return (int)(json_array_size(errors) - before);

@@ -5,7 +5,7 @@
   supervised knob resolved and total_steps = ceil(lines / batch_size) * epochs; it succeeds and
   its metrics carry train/loss and train/mean_token_accuracy, its validation valid/loss;
 - a DAPO job's object shows method "dapo";
-- refusals name the field: "dpo" (not supported yet), an unknown method, a DAPO knob on a
+- refusals name the field: an unknown method, a DAPO knob on a
   supervised job, a judge on it, a bad line of its file (by line and field).
 
 Run: /usr/bin/python3 tests/api/test_sft_jobs.py --dapod build/server/dapod
@@ -63,7 +63,6 @@ class SupervisedJobs(test_jobs.DaemonCase):
     def test_refusals(self):
         fid = self.upload(SUMS)["id"]
         for body, field, part in (
-                ({"method": "dpo"}, "method", "not supported yet"),
                 ({"method": "rl"}, "method", "expected"),
                 ({"hyperparameters": {"group_size": 4}}, "hyperparameters.group_size",
                  "not a hyperparameter of method supervised"),

@@ -1,8 +1,8 @@
 /* The job body's `method` (issue 27): "dapo" by default with its resolved spec unchanged,
  * "supervised" with its own knobs (epochs, batch_size, lr_schedule, max_sequence_tokens,
- * truncate) and the shared ones, "dpo" and anything else refused naming `method`; knobs of the
- * other method, a judge or an episode on a supervised job refused naming them; the supervised
- * step count and learning-rate schedule against hand-computed values. */
+ * truncate) and the shared ones, anything else refused naming `method` (dpo: test_dpo_spec); knobs
+ * of the other method, a judge or an episode on a supervised job refused naming them; the
+ * supervised step count and learning-rate schedule against hand-computed values. */
 #include <math.h>
 #include <string.h>
 
@@ -117,12 +117,7 @@ static void test_supervised(void) {
 static void test_refusals(void) {
   struct job_spec s;
   json_t *errs;
-  /* dpo: not yet; anything else: not a method */
-  CHECK(parse(json_pack("{s:s,s:s,s:s}", "method", "dpo", "model", "tiny", "training_file", "t"),
-              &s, &errs) == 1);
-  CHECK(has_err(errs, "method", "not supported yet"));
-  jobspec_deinit(&s);
-  json_decref(errs);
+  /* anything else than dapo, supervised and dpo: not a method */
   CHECK(parse(json_pack("{s:s,s:s,s:s}", "method", "sft", "model", "tiny", "training_file", "t"),
               &s, &errs) == 1);
   CHECK(has_err(errs, "method", "expected \"dapo\""));
@@ -159,7 +154,7 @@ static void test_refusals(void) {
             &s, &errs);
   CHECK_MSG(n == 2, "%d problems", n);
   CHECK(has_err(errs, "hyperparameters.batch_size", "not a hyperparameter of method dapo"));
-  CHECK(has_err(errs, "hyperparameters.truncate", "it is one of supervised jobs"));
+  CHECK(has_err(errs, "hyperparameters.truncate", "it is one of supervised and dpo jobs"));
   jobspec_deinit(&s);
   json_decref(errs);
 }
