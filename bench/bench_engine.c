@@ -242,6 +242,17 @@ static int model_shape(const char *name, struct model_config *c) {
   } else if (!strcmp(name, "medium")) {
     c->vocab_size = 4096, c->hidden_size = 512, c->intermediate_size = 1376, c->num_layers = 8;
     c->num_heads = c->num_kv_heads = 8;
+  } else if (!strcmp(name, "qwen-small")) {
+    /* issue 26's small model with Qwen3's tokenizer: 2.36M parameters in the blocks, the
+     * 19.4M-parameter tied embedding as the LM head (151,669 ids used of 151,936 rows) */
+    c->arch = ARCH_QWEN3, c->qk_norm = 1, c->tie_word_embeddings = 1;
+    c->vocab_size = 151936, c->vocab_used = 151669, c->hidden_size = 128;
+    c->intermediate_size = 1408, c->num_layers = 4, c->num_heads = 4, c->num_kv_heads = 2;
+  } else if (!strcmp(name, "qwen-0.5b")) {
+    /* Qwen2.5-0.5B's shape (q/k/v biases, tied, GQA 14/2) */
+    c->arch = ARCH_QWEN2, c->qkv_bias = 1, c->tie_word_embeddings = 1;
+    c->vocab_size = 151936, c->vocab_used = 151665, c->hidden_size = 896;
+    c->intermediate_size = 4864, c->num_layers = 24, c->num_heads = 14, c->num_kv_heads = 2;
   } else {
     return -1;
   }
@@ -260,7 +271,7 @@ static double block_mm_params(const struct model_config *c) {
 static double fwd_flops(const struct model_config *c, int t_new, int past, int heads) {
   double pairs = 0;
   for (int i = 0; i < t_new; i++) pairs += past + i + 1;
-  return 2.0 * t_new * block_mm_params(c) + 2.0 * heads * c->vocab_size * c->hidden_size +
+  return 2.0 * t_new * block_mm_params(c) + 2.0 * heads * model_vocab_used(c) * c->hidden_size +
          (double)c->num_layers * 4.0 * c->num_heads * c->head_dim * pairs;
 }
 
@@ -303,8 +314,10 @@ static int bench_init(struct bench *b, const char *name, int train, int gen, int
   b->gen_new = gen_new;
   rng_seed(&b->r, 5, 0);
   if (model_shape(name, &cfg))
-    return dapo_errf(e, DAPO_EINVAL, "unknown model '%s' (tiny, small, medium)", name);
-  if (!(b->m = model_new(&cfg, e)) || (rc = model_alloc_grads(b->m, e))) return rc ? rc : e->code;
+    return dapo_errf(e, DAPO_EINVAL,
+                     "unknown model '%s' (tiny, small, medium, qwen-small, qwen-0.5b)", name);
+  if (!(b->m = model_new(&cfg, e)) || (train && (rc = model_alloc_grads(b->m, e))))
+    return rc ? rc : e->code;
   model_init_random(b->m, 1);
   for (int i = 0; i <= N_SEQ; i++) b->off[i] = i * SEQ_LEN;
   for (int i = 0; i < N_SEQ; i++) b->plen[i] = PROMPT_LEN;
@@ -367,6 +380,87 @@ static int bench_gen(struct bench *b, int n, uint64_t seed, double *secs, struct
   double t0 = now_s();
   int rc = gen_run(b->gs, b->m, n, prompts, plens, rngs, &so, &go, NULL, e);
   *secs = now_s() - t0;
+  return rc;
+}
+
+/* The two per-step passes over the vocabulary that a decoding step of n rows makes after the
+ * blocks, timed apart on the pool as decode_step runs them (sampler.c): the LM head, each thread
+ * its share of the output columns in tiles of 4; then sampling (temperature 1, no top-p), each
+ * thread its share of the rows. The rows fed to the head are random unit-RMS vectors (the final
+ * norm's output); the logits it gives are the ones sampled. */
+struct split_args {
+  const struct model *m;
+  const float *x;
+  float *logits, *p; /* [n, V]; per thread [V] */
+  int *idx;          /* per thread [V] */
+  int n, V, head;    /* head: the LM head, else sampling */
+  struct rng *rngs;
+};
+
+static void split_task(void *ctx, int ti, int nt) {
+  struct split_args *a = ctx;
+  int C = a->m->cfg.hidden_size, lo, hi;
+  struct pool *saved = pool_current();
+  pool_set_current(NULL);
+  if (a->head) {
+    pool_split((a->V + 3) / 4, ti, nt, &lo, &hi);
+    lo *= 4, hi = hi * 4 < a->V ? hi * 4 : a->V;
+    if (a->m->w.lm_head16)
+      linear_few_bf16(a->logits, a->x, a->m->w.lm_head16, NULL, a->n, C, a->V, lo, hi, 0.0f);
+    else
+      linear_few(a->logits, a->x, a->m->w.lm_head, NULL, a->n, C, a->V, lo, hi, 0.0f);
+  } else {
+    struct sampler_opts so = {.temperature = 1.0f, .top_p = 1.0f, .max_new_tokens = 1};
+    pool_split(a->n, ti, nt, &lo, &hi);
+    for (int i = lo; i < hi; i++) {
+      float lp;
+      sampler_pick(a->logits + (size_t)i * a->V, a->V, &so, &a->rngs[i], &lp,
+                   a->idx + (size_t)ti * a->V, a->p + (size_t)ti * a->V);
+    }
+  }
+  pool_set_current(saved);
+}
+
+/* Seconds per decoding step of n rows in the LM head (*head) and in sampling (*pick), medians of
+ * reps. 0 or DAPO_ENOMEM. */
+static int gen_split(struct bench *b, int n, int reps, double *head, double *pick,
+                     struct dapo_err *e) {
+  int C = b->m->cfg.hidden_size, V = model_vocab_used(&b->m->cfg);
+  int nt = g_pool ? pool_threads(g_pool) : 1;
+  struct split_args a = {.m = b->m, .n = n, .V = V};
+  float *x = malloc(sizeof(float) * (size_t)n * C);
+  a.logits = malloc(sizeof(float) * (size_t)n * V);
+  a.p = malloc(sizeof(float) * (size_t)nt * V);
+  a.idx = malloc(sizeof(int) * (size_t)nt * V);
+  a.rngs = malloc(sizeof(struct rng) * (size_t)n);
+  double th[64], tp[64];
+  int rc = 0;
+  if (!x || !a.logits || !a.p || !a.idx || !a.rngs) {
+    rc = dapo_errf(e, DAPO_ENOMEM, "out of memory");
+    goto out;
+  }
+  for (size_t i = 0; i < (size_t)n * C; i++) x[i] = (float)rng_normal(&b->r);
+  for (int i = 0; i < n; i++) rng_seed(&a.rngs[i], 7, (uint64_t)i);
+  a.x = x;
+  if (reps > 64) reps = 64;
+  for (int r = -1; r < reps; r++) { /* r -1 warms up */
+    for (a.head = 1; a.head >= 0; a.head--) {
+      double t0 = now_s();
+      if (g_pool)
+        pool_run(g_pool, split_task, &a);
+      else
+        split_task(&a, 0, 1);
+      if (r >= 0) (a.head ? th : tp)[r] = now_s() - t0;
+    }
+  }
+  *head = median(th, reps);
+  *pick = median(tp, reps);
+out:
+  free(x);
+  free(a.logits);
+  free(a.p);
+  free(a.idx);
+  free(a.rngs);
   return rc;
 }
 
@@ -461,6 +555,20 @@ static int run_model(const char *name, int train_steps, int gen_reps, int gen_ne
               name, n, GEN_PROMPT, gen_new, tok_s, fl / secs * 1e-9, isa_name(kernels_isa()));
       json_t *g = json_pack("{s:i, s:f, s:f, s:s}", "batch", n, "tok_s", tok_s, "seconds", secs,
                             "isa", isa_name(kernels_isa()));
+      /* where a decoding step's time goes: the LM head and sampling measured apart, the rest
+       * (the blocks, embedding, norms) is what remains of the step */
+      double head = 0, pick = 0, step = secs / gen_new;
+      if ((rc = gen_split(&b, n, gen_reps < 5 ? 5 : gen_reps, &head, &pick, &e))) goto out;
+      fprintf(stderr,
+              "%s: batch %2d, per step %.3f ms: LM head %.3f ms (%.1f GFLOP/s, %.0f%%), sampling "
+              "%.3f ms (%.0f%%), the rest %.3f ms (%.0f%%)\n",
+              name, n, step * 1e3, head * 1e3,
+              2.0 * n * model_vocab_used(&b.m->cfg) * b.m->cfg.hidden_size / head * 1e-9,
+              100 * head / step, pick * 1e3, 100 * pick / step, (step - head - pick) * 1e3,
+              100 * (step - head - pick) / step);
+      json_object_set_new(
+          g, "split",
+          json_pack("{s:f, s:f, s:f}", "step_s", step, "head_s", head, "sample_s", pick));
       if (g_vs_isa) {
         double vsecs = median(sv, gen_reps), r = median(ratio, gen_reps);
         fprintf(stderr,
