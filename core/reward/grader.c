@@ -275,7 +275,7 @@ static int parse_one(struct grader *g, const json_t *spec, const char *field, in
   }
   if (!strcmp(type, "score_model") || !strcmp(type, "label_model")) {
     g->kind = G_MODEL;
-    g->model = gmodel_new(spec, field, !strcmp(type, "label_model"), pol, e);
+    g->model = gmodel_new(spec, field, !strcmp(type, "label_model") ? GM_LABEL : GM_SCORE, pol, e);
     return g->model ? 0 : e ? e->code : DAPO_EINVAL;
   }
   return dapo_errf(e, DAPO_EINVAL,

@@ -24,7 +24,8 @@
 #define GM_MAX_TEMPLATE 65536
 
 struct gmodel {
-  int label; /* 0 score_model, 1 label_model */
+  enum gmodel_kind kind;
+  int label; /* kind == GM_LABEL */
   char *judge, *model;
   struct outside *out;
   int timeout_ms, concurrency, max_retries;
@@ -386,14 +387,38 @@ static json_t *response_format(const struct gmodel *m) {
                 : NULL;
 }
 
-struct gmodel *gmodel_new(const json_t *spec, const char *field, int label,
+/* The judge_models entry named name (NULL: none given): 0 with *entry, or an error under
+ * field.key listing the names there are. */
+int gmodel_judge_entry(const char *name, const struct judge_policy *pol, const char *field,
+                       const char *key, const json_t **entry, struct dapo_err *e) {
+  const json_t *models = pol ? pol->judge_models : NULL;
+  *entry = name ? json_object_get(models, name) : NULL;
+  if (*entry) return 0;
+  char list[300] = "";
+  size_t n = 0;
+  const char *k;
+  json_t *x;
+  json_object_foreach((json_t *)models, k, x) {
+    if (n < sizeof list) n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", n ? ", " : "", k);
+  }
+  if (!name)
+    return dapo_errf(e, DAPO_EINVAL, "%s.%s: required, one of the server's judge_models (%s)",
+                     field, key, n ? list : "none configured");
+  return dapo_errf(e, DAPO_EINVAL, "%s.%s: '%.64s' is not one of the server's judge_models (%s)",
+                   field, key, name,
+                   n ? list : "none configured: the server config's judge_models, docs/OPENAI.md");
+}
+
+struct gmodel *gmodel_new(const json_t *spec, const char *field, enum gmodel_kind kind,
                           const struct judge_policy *pol, struct dapo_err *e) {
+  int label = kind == GM_LABEL;
   static const char *const score_fields[] = {
       "type", "name", "model", "input", "range", "sampling_params", "pass_threshold", NULL};
   static const char *const label_fields[] = {"type",   "name",           "model", "input",
                                              "labels", "passing_labels", NULL};
   struct gmodel *m = calloc(1, sizeof *m);
   if (!m) return dapo_errf(e, DAPO_ENOMEM, "%s: out of memory", field), NULL;
+  m->kind = kind;
   m->label = label;
   const char *key;
   json_t *v;
@@ -406,27 +431,9 @@ struct gmodel *gmodel_new(const json_t *spec, const char *field, int label,
       goto fail;
     }
   }
-  const json_t *models = pol ? pol->judge_models : NULL;
   const char *name = json_string_value(json_object_get(spec, "model"));
-  const json_t *entry = name ? json_object_get(models, name) : NULL;
-  if (!entry) {
-    char list[300] = "";
-    size_t n = 0;
-    const char *k;
-    json_t *x;
-    json_object_foreach((json_t *)models, k, x) {
-      if (n < sizeof list)
-        n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", n ? ", " : "", k);
-    }
-    if (!name)
-      dapo_errf(e, DAPO_EINVAL, "%s.model: required, one of the server's judge_models (%s)", field,
-                n ? list : "none configured");
-    else
-      dapo_errf(e, DAPO_EINVAL, "%s.model: '%.64s' is not one of the server's judge_models (%s)",
-                field, name,
-                n ? list : "none configured: the server config's judge_models, docs/OPENAI.md");
-    goto fail;
-  }
+  const json_t *entry = NULL;
+  if (gmodel_judge_entry(name, pol, field, "model", &entry, e)) goto fail;
   struct jm_entry en;
   char ef[160];
   snprintf(ef, sizeof ef, "judge_models.%.64s", name);
@@ -462,7 +469,7 @@ struct gmodel *gmodel_new(const json_t *spec, const char *field, int label,
     if (!(m->extra = json_object())) goto oom;
     if (parse_labels(m, spec, field, e)) goto fail;
   }
-  if (!(m->format = response_format(m))) goto oom;
+  if (kind != GM_RANK && !(m->format = response_format(m))) goto oom;
   return m;
 oom:
   dapo_errf(e, DAPO_ENOMEM, "%s: out of memory", field);
@@ -499,14 +506,13 @@ static long usage_of(const json_t *u, const char *key) {
              : 0;
 }
 
-/* The score of a 2xx reply body; kind GE_COUNT when it is fine. */
-static double read_reply(const struct gmodel *m, const char *body, size_t len,
-                         struct grader_errs *er, enum grader_err *kind) {
-  json_t *root = json_loadb(body, len, 0, NULL);
+/* The answer in a 2xx reply body: its message's content parsed as JSON (new reference), or
+ * NULL with *kind the error (a refusal, no chat completion, content that is not JSON). */
+static json_t *read_reply(const struct gmodel *m, const char *body, size_t len,
+                          struct grader_errs *er, enum grader_err *kind) {
+  json_t *root = json_loadb(body, len, 0, NULL), *ans = NULL;
   const json_t *msg =
       json_object_get(json_array_get(json_object_get(root, "choices"), 0), "message");
-  double score = 0;
-  *kind = GE_COUNT;
   if (json_is_object(json_object_get(root, "usage"))) {
     const json_t *u = json_object_get(root, "usage");
     add_usage(er, m->model, usage_of(u, "prompt_tokens"), usage_of(u, "completion_tokens"));
@@ -516,37 +522,17 @@ static double read_reply(const struct gmodel *m, const char *body, size_t len,
     if (!er->model_detail[0])
       snprintf(er->model_detail, sizeof er->model_detail,
                "judge model '%.64s': the reply is not a chat completion", m->judge);
-    goto out;
-  }
-  const json_t *ref = json_object_get(msg, "refusal");
-  if (ref && !json_is_null(ref)) {
+  } else if (json_object_get(msg, "refusal") && !json_is_null(json_object_get(msg, "refusal"))) {
     *kind = GE_MODEL_REFUSAL;
-    goto out;
-  }
-  const json_t *content = json_object_get(msg, "content");
-  json_t *ans = json_is_string(content)
-                    ? json_loadb(json_string_value(content), json_string_length(content), 0, NULL)
-                    : NULL;
-  *kind = GE_MODEL_PARSE;
-  if (!m->label) {
-    const json_t *r = json_object_get(ans, "result");
-    if (json_is_number(r) && isfinite(json_number_value(r))) {
-      double x = json_number_value(r);
-      score = x < m->lo ? m->lo : x > m->hi ? m->hi : x;
-      *kind = GE_COUNT;
-    }
   } else {
-    const char *l = json_string_value(json_object_get(ans, "label"));
-    for (int k = 0; l && k < m->n_labels; k++)
-      if (!strcmp(l, m->labels[k])) {
-        score = m->passing[k];
-        *kind = GE_COUNT;
-      }
+    const json_t *content = json_object_get(msg, "content");
+    ans = json_is_string(content)
+              ? json_loadb(json_string_value(content), json_string_length(content), 0, NULL)
+              : NULL;
+    *kind = ans ? GE_COUNT : GE_MODEL_PARSE;
   }
-  json_decref(ans);
-out:
   json_decref(root);
-  return *kind == GE_COUNT ? score : 0;
+  return ans;
 }
 
 static void sleep_ms(int64_t ms) {
@@ -555,10 +541,12 @@ static void sleep_ms(int64_t ms) {
   }
 }
 
-/* Grades one sample (root {"item", "sample"}) into *score; -1 out of memory. */
-static int grade_one(const struct gmodel *m, const json_t *root, double *score,
-                     struct grader_errs *er) {
-  *score = 0;
+/* One call of the judge model: m's messages rendered against root ({"item", "sample"}), the
+ * answer in format, retried with backoff. Returns 0 with *ans the answer parsed (NULL when there
+ * is none: the error is then counted in er); -1 out of memory. */
+static int ask(const struct gmodel *m, const json_t *root, const json_t *format, json_t **ans,
+               struct grader_errs *er) {
+  *ans = NULL;
   json_t *msgs = json_array();
   if (!msgs) return -1;
   for (int i = 0; i < m->n_msg; i++) {
@@ -577,8 +565,8 @@ static int grade_one(const struct gmodel *m, const json_t *root, double *score,
       return -1;
     }
   }
-  json_t *body = json_pack("{s:s, s:o, s:O}", "model", m->model, "messages", msgs,
-                           "response_format", m->format);
+  json_t *body =
+      json_pack("{s:s, s:o, s:O}", "model", m->model, "messages", msgs, "response_format", format);
   if (body) json_object_update(body, m->extra);
   char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
   json_decref(body);
@@ -602,7 +590,7 @@ static int grade_one(const struct gmodel *m, const json_t *root, double *score,
         outside_classify(c, cc, &x, m->timeout_ms, &status, &retry, what, sizeof what);
     curl_easy_cleanup(c);
     if (o == OUT_OK) {
-      *score = read_reply(m, x.reply, x.reply_n, er, &kind);
+      *ans = read_reply(m, x.reply, x.reply_n, er, &kind);
       break;
     }
     if (!retry || attempts > m->max_retries) break;
@@ -618,9 +606,72 @@ static int grade_one(const struct gmodel *m, const json_t *root, double *score,
   return oom ? -1 : 0;
 }
 
+static double clamp(const struct gmodel *m, double x) {
+  return x < m->lo ? m->lo : x > m->hi ? m->hi : x;
+}
+
+/* Grades one sample (root {"item", "sample"}) into *score; -1 out of memory. */
+static int grade_one(const struct gmodel *m, const json_t *root, double *score,
+                     struct grader_errs *er) {
+  json_t *ans = NULL;
+  *score = 0;
+  if (ask(m, root, m->format, &ans, er)) return -1;
+  if (!ans) return 0;
+  int ok = 0;
+  if (!m->label) {
+    const json_t *r = json_object_get(ans, "result");
+    if ((ok = json_is_number(r) && isfinite(json_number_value(r))))
+      *score = clamp(m, json_number_value(r));
+  } else {
+    const char *l = json_string_value(json_object_get(ans, "label"));
+    for (int k = 0; l && k < m->n_labels && !ok; k++)
+      if ((ok = !strcmp(l, m->labels[k]))) *score = m->passing[k];
+  }
+  if (!ok) er->n[GE_MODEL_PARSE]++;
+  json_decref(ans);
+  return 0;
+}
+
+/* The strict json_schema of a ranking of n responses: {"scores": [n numbers]}. */
+static json_t *rank_format(int n) {
+  return json_pack("{s:s, s:{s:s, s:b, s:{s:s, s:{s:{s:s, s:{s:s}, s:i, s:i}}, s:[s], s:b}}}",
+                   "type", "json_schema", "json_schema", "name", "model_rank_result", "strict", 1,
+                   "schema", "type", "object", "properties", "scores", "type", "array", "items",
+                   "type", "number", "minItems", n, "maxItems", n, "required", "scores",
+                   "additionalProperties", 0);
+}
+
+/* Ranks one group (root {"item", "sample": {"responses", "count": n}}) into scores[0..n) and
+ * er[0..n) (the call's errors counted for each of the n samples, its tokens with the first);
+ * -1 out of memory. */
+static int rank_one(const struct gmodel *m, const json_t *root, int n, double *scores,
+                    struct grader_errs *er) {
+  json_t *format = rank_format(n), *ans = NULL;
+  for (int i = 0; i < n; i++) scores[i] = 0;
+  if (!format || ask(m, root, format, &ans, &er[0])) {
+    json_decref(format);
+    return -1;
+  }
+  json_decref(format);
+  const json_t *a = json_object_get(ans, "scores");
+  int ok = json_is_array(a) && json_array_size(a) == (size_t)n;
+  for (int i = 0; ok && i < n; i++)
+    ok = json_is_number(json_array_get(a, i)) && isfinite(json_number_value(json_array_get(a, i)));
+  for (int i = 0; ok && i < n; i++) scores[i] = clamp(m, json_number_value(json_array_get(a, i)));
+  if (ans && !ok) er[0].n[GE_MODEL_PARSE]++;
+  json_decref(ans);
+  for (int i = 1; i < n; i++) { /* what the call hit, each sample of the group hit */
+    memcpy(er[i].n, er[0].n, sizeof er[i].n);
+    memcpy(er[i].model_detail, er[0].model_detail, sizeof er[i].model_detail);
+  }
+  return 0;
+}
+
+/* The calls of a gmodel_grade or gmodel_rank, handed out to up to concurrency threads. */
 struct gm_pool {
   const struct gmodel *m;
   json_t *const *roots;
+  const int *first, *count; /* rank: group g's samples are first[g] .. first[g] + count[g] */
   double *scores;
   struct grader_errs *errs;
   int n, next, oom;
@@ -631,23 +682,41 @@ static void *gm_worker(void *arg) {
   for (;;) {
     int i = __atomic_fetch_add(&p->next, 1, __ATOMIC_RELAXED);
     if (i >= p->n) break;
-    if (grade_one(p->m, p->roots[i], &p->scores[i], &p->errs[i]))
-      __atomic_store_n(&p->oom, 1, __ATOMIC_RELAXED);
+    int rc = p->count ? rank_one(p->m, p->roots[i], p->count[i], p->scores + p->first[i],
+                                 p->errs + p->first[i])
+                      : grade_one(p->m, p->roots[i], &p->scores[i], &p->errs[i]);
+    if (rc) __atomic_store_n(&p->oom, 1, __ATOMIC_RELAXED);
   }
   return NULL;
+}
+
+static int gm_run(struct gm_pool *p) {
+  int nt = p->m->concurrency < p->n ? p->m->concurrency : p->n;
+  pthread_t th[256];
+  int started = 0;
+  for (int k = 1; k < nt; k++) {
+    if (pthread_create(&th[started], NULL, gm_worker, p)) break;
+    started++;
+  }
+  gm_worker(p);
+  for (int k = 0; k < started; k++) pthread_join(th[k], NULL);
+  return p->oom ? DAPO_ENOMEM : 0;
 }
 
 int gmodel_grade(const struct gmodel *m, json_t *const *roots, int n, double *scores,
                  struct grader_errs *errs) {
   struct gm_pool p = {.m = m, .roots = roots, .scores = scores, .errs = errs, .n = n};
-  int nt = m->concurrency < n ? m->concurrency : n;
-  pthread_t th[256];
-  int started = 0;
-  for (int k = 1; k < nt; k++) {
-    if (pthread_create(&th[started], NULL, gm_worker, &p)) break;
-    started++;
-  }
-  gm_worker(&p);
-  for (int k = 0; k < started; k++) pthread_join(th[k], NULL);
-  return p.oom ? DAPO_ENOMEM : 0;
+  return gm_run(&p);
+}
+
+int gmodel_rank(const struct gmodel *m, json_t *const *roots, const int *first, const int *count,
+                int n_groups, double *scores, struct grader_errs *errs) {
+  struct gm_pool p = {.m = m,
+                      .roots = roots,
+                      .first = first,
+                      .count = count,
+                      .scores = scores,
+                      .errs = errs,
+                      .n = n_groups};
+  return gm_run(&p);
 }

@@ -4,6 +4,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "judge.h"
 
+#include <math.h>
 #include <pcre2.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +22,7 @@
 #define REGEX_DEPTH_LIMIT 10000
 #define REGEX_HEAP_LIMIT_KIB 65536
 
-enum judge_kind { JK_EXACT, JK_MATH, JK_REGEX, JK_HTTP, JK_GRADER };
+enum judge_kind { JK_EXACT, JK_MATH, JK_REGEX, JK_HTTP, JK_GRADER, JK_MODEL, JK_RANK };
 
 struct judge {
   enum judge_kind kind;
@@ -29,9 +30,10 @@ struct judge {
   pcre2_match_context *mctx; /* regex: match limits (read-only) */
   uint32_t n_captures;       /* regex: capture groups in the pattern */
   struct judge_http *http;   /* http */
-  struct grader *grader;     /* grader */
+  struct grader *grader;     /* grader, model (a score_model grader) */
+  struct gmodel *rank;       /* model_rank */
   json_t *response_format;   /* grader: {"type": "json_schema", ...} or NULL (owned) */
-  double pass_threshold;     /* grader: a score at least this is "correct" */
+  double pass_threshold;     /* grader, model, model_rank: a score at least this is "correct" */
 };
 
 const char *judge_err_name(enum judge_err_kind k) {
@@ -47,8 +49,13 @@ const char *judge_err_name(enum judge_err_kind k) {
   return "unknown";
 }
 
+int judge_grades(const struct judge *j) {
+  return j->kind == JK_GRADER || j->kind == JK_MODEL || j->kind == JK_RANK;
+}
+
 const char *judge_type(const struct judge *j) {
-  static const char *const names[] = {"exact", "math", "regex", "http", "grader"};
+  static const char *const names[] = {"exact",  "math",  "regex",     "http",
+                                      "grader", "model", "model_rank"};
   return j ? names[j->kind] : NULL;
 }
 
@@ -158,6 +165,94 @@ static int grader_init(struct judge *j, const json_t *spec, const struct judge_p
   return 0;
 }
 
+/* A template field of a model judge: a string within bounds whose {{ }} name item.* or sample.*;
+ * required or not. */
+static int model_template(const json_t *spec, const char *key, int required, const char **out,
+                          struct dapo_err *e) {
+  const json_t *v = json_object_get(spec, key);
+  *out = NULL;
+  if (!v && !required) return 0;
+  if (!json_is_string(v) || !json_string_length(v) || json_string_length(v) > 65536)
+    return dapo_errf(e, DAPO_EINVAL,
+                     "judge.%s: %sa template of 1 to 65536 bytes (docs/TRAINING.md, model judges)",
+                     key, required ? "required, " : "expected ");
+  *out = json_string_value(v);
+  return grader_check_template(*out, "judge", key, e);
+}
+
+/* {"type": "model" | "model_rank", "judge_model", "prompt", "system"?, "scale"?: [lo, hi],
+ * "pass_threshold"?, "sampling_params"?}: a score_model grader on the judge model (model), or one
+ * call per group asking a score for each of its responses (model_rank). */
+static int model_init(struct judge *j, const json_t *spec, int rank, const struct judge_policy *pol,
+                      struct dapo_err *e) {
+  static const char *const fields[] = {"type",  "judge_model",    "prompt",          "system",
+                                       "scale", "pass_threshold", "sampling_params", NULL};
+  if (check_fields(spec, fields, e)) return DAPO_EINVAL;
+  const json_t *entry;
+  if (gmodel_judge_entry(json_string_value(json_object_get(spec, "judge_model")), pol, "judge",
+                         "judge_model", &entry, e))
+    return DAPO_EINVAL;
+  const char *prompt, *system;
+  if (model_template(spec, "prompt", 1, &prompt, e) ||
+      model_template(spec, "system", 0, &system, e))
+    return DAPO_EINVAL;
+  for (int k = 0; k < 2; k++) {
+    const char *t = k ? system : prompt, *what = k ? "system" : "prompt";
+    if (t && rank && strstr(t, "sample.output_"))
+      return dapo_errf(e, DAPO_EINVAL,
+                       "judge.%s: a model_rank judge sees its group's responses together, as "
+                       "{{sample.responses}}, not {{sample.output_*}}",
+                       what);
+    if (t && !rank && strstr(t, "sample.responses"))
+      return dapo_errf(e, DAPO_EINVAL,
+                       "judge.%s: {{sample.responses}} is a model_rank judge's; a model judge "
+                       "sees one response, {{sample.output_text}}",
+                       what);
+  }
+  if (rank && !strstr(prompt, "sample.responses") &&
+      !(system && strstr(system, "sample.responses")))
+    return dapo_errf(e, DAPO_EINVAL,
+                     "judge.prompt: a model_rank judge's prompt places the group's responses "
+                     "with {{sample.responses}}");
+  const json_t *sc = json_object_get(spec, "scale");
+  double lo = 0, hi = 1;
+  if (sc) {
+    if (!json_is_array(sc) || json_array_size(sc) != 2 || !json_is_number(json_array_get(sc, 0)) ||
+        !json_is_number(json_array_get(sc, 1)) ||
+        !(json_number_value(json_array_get(sc, 0)) < json_number_value(json_array_get(sc, 1))) ||
+        !(fabs(json_number_value(json_array_get(sc, 0))) <= 1e6) ||
+        !(fabs(json_number_value(json_array_get(sc, 1))) <= 1e6))
+      return dapo_errf(e, DAPO_EINVAL,
+                       "judge.scale: expected [min, max], numbers with min < max within 1e6");
+    lo = json_number_value(json_array_get(sc, 0)), hi = json_number_value(json_array_get(sc, 1));
+  }
+  const json_t *pt = json_object_get(spec, "pass_threshold");
+  j->pass_threshold = (lo + hi) / 2;
+  if (pt) {
+    if (!json_is_number(pt) || !(fabs(json_number_value(pt)) <= 1e6))
+      return dapo_errf(e, DAPO_EINVAL, "judge.pass_threshold: expected a number");
+    j->pass_threshold = json_number_value(pt);
+  }
+  json_t *input = json_array(), *g = NULL;
+  if (input && system)
+    json_array_append_new(input, json_pack("{s:s, s:s}", "role", "system", "content", system));
+  if (input)
+    json_array_append_new(input, json_pack("{s:s, s:s}", "role", "user", "content", prompt));
+  if (input)
+    g = json_pack("{s:s, s:s, s:s, s:o, s:[f, f]}", "type", "score_model", "name", "model", "model",
+                  json_string_value(json_object_get(spec, "judge_model")), "input", input, "range",
+                  lo, hi);
+  const json_t *sp = json_object_get(spec, "sampling_params");
+  if (g && sp && json_object_set(g, "sampling_params", (json_t *)sp)) json_decref(g), g = NULL;
+  if (!g) return dapo_errf(e, DAPO_ENOMEM, "judge: out of memory");
+  if (rank)
+    j->rank = gmodel_new(g, "judge", GM_RANK, pol, e);
+  else
+    j->grader = grader_new(g, "judge", pol, e);
+  json_decref(g);
+  return j->rank || j->grader ? 0 : e ? e->code : DAPO_EINVAL;
+}
+
 struct judge *judge_new(const json_t *spec, const struct judge_policy *pol, struct dapo_err *e) {
   if (!json_is_object(spec)) {
     dapo_errf(e, DAPO_EINVAL, "judge: expected an object such as {\"type\": \"math\"}");
@@ -165,7 +260,8 @@ struct judge *judge_new(const json_t *spec, const struct judge_policy *pol, stru
   }
   const char *type = json_string_value(json_object_get(spec, "type"));
   if (!type) {
-    dapo_errf(e, DAPO_EINVAL, "judge.type: required, one of exact, math, regex, http");
+    dapo_errf(e, DAPO_EINVAL,
+              "judge.type: required, one of exact, math, regex, http, grader, model, model_rank");
     return NULL;
   }
   struct judge *j = calloc(1, sizeof *j);
@@ -187,13 +283,18 @@ struct judge *judge_new(const json_t *spec, const struct judge_policy *pol, stru
   } else if (!strcmp(type, "grader")) {
     j->kind = JK_GRADER;
     rc = grader_init(j, spec, pol, e);
+  } else if (!strcmp(type, "model") || !strcmp(type, "model_rank")) {
+    j->kind = strcmp(type, "model") ? JK_RANK : JK_MODEL;
+    rc = model_init(j, spec, j->kind == JK_RANK, pol, e);
   } else if (!strcmp(type, "http")) {
     j->kind = JK_HTTP;
     j->http = judge_http_new(spec, pol, e);
     if (!j->http) rc = e ? e->code : DAPO_EINVAL;
   } else {
     rc = dapo_errf(e, DAPO_EINVAL,
-                   "judge.type: '%.40s' is not one of exact, math, regex, http, grader", type);
+                   "judge.type: '%.40s' is not one of exact, math, regex, http, grader, model, "
+                   "model_rank",
+                   type);
   }
   if (rc) {
     judge_free(j);
@@ -208,6 +309,7 @@ void judge_free(struct judge *j) {
   pcre2_code_free(j->re);
   judge_http_free(j->http);
   grader_free(j->grader);
+  gmodel_free(j->rank);
   json_decref(j->response_format);
   free(j);
 }
@@ -335,12 +437,64 @@ static json_t *output_json(const struct judge *j, const char *resp) {
 }
 
 /* The grader's view of a dataset row: its fields (metadata: an RFT line's own fields), with the
- * native format's answer beside them as item.answer. */
-static json_t *grader_item(const struct judge_item *it) {
+ * native format's answer beside them as item.answer (and, for a model judge, its prompt as
+ * item.prompt). */
+static json_t *grader_item(const struct judge *j, const struct judge_item *it) {
   json_t *o = json_is_object(it->metadata) ? json_copy((json_t *)it->metadata) : json_object();
   if (o && it->answer && *it->answer && !json_object_get(o, "answer"))
     json_object_set_new(o, "answer", judge_json_string(it->answer));
+  /* a native model judge reads the prompt too: item.prompt */
+  if (o && j->kind != JK_GRADER && !json_object_get(o, "prompt"))
+    json_object_set_new(o, "prompt", judge_json_string(it->prompt));
   return o;
+}
+
+/* Sample r's verdict from a grader's score: the reward, correct at pass_threshold, its info
+ * {"score", "sub_rewards", "errors", "error_detail"?, "token_usage"?} (sub: owned, may be NULL),
+ * and JE_HTTP when the judge model could not answer (then on_judge_error applies as for the
+ * http judge; the other model_grader errors score 0 like any grader error). Returns 0 or
+ * DAPO_ENOMEM. */
+static int grader_result(const struct judge *j, double score, json_t *sub,
+                         const struct grader_errs *er, struct judge_result *r,
+                         struct judge_stats *st) {
+  json_t *counts = json_object();
+  for (int k = 0; counts && k < GE_COUNT; k++)
+    if (er->n[k]) json_object_set_new(counts, grader_err_name(k), json_integer(er->n[k]));
+  for (int k = 0; st && k < GE_COUNT; k++) st->n_grader[k] += er->n[k] > 0;
+  r->reward = score;
+  r->correct = score >= j->pass_threshold;
+  r->info =
+      json_pack("{s:f, s:o, s:o*, s:s*}", "score", score, "sub_rewards", sub ? sub : json_object(),
+                "errors", counts, "error_detail", er->detail[0] ? er->detail : NULL);
+  if (!r->info) return DAPO_ENOMEM;
+  /* the judge models' tokens for this sample: {"model": {"prompt_tokens", ...}} */
+  for (int k = 0; k < er->n_usage; k++) {
+    const struct grader_usage *u = &er->usage[k];
+    json_t *tu = json_object_get(r->info, "token_usage");
+    if (!tu && json_object_set_new(r->info, "token_usage", tu = json_object())) tu = NULL;
+    if (!tu ||
+        json_object_set_new(tu, u->model,
+                            json_pack("{s:I, s:I}", "prompt_tokens", (json_int_t)u->prompt_tokens,
+                                      "completion_tokens", (json_int_t)u->completion_tokens)))
+      return DAPO_ENOMEM;
+  }
+  if (er->n[GE_MODEL_SERVER]) r->err = JE_HTTP;
+  return 0;
+}
+
+/* The end of a grader judge's run: DAPO_ENOMEM, or DAPO_EIO quoting the first judge model
+ * server error when some samples have none (n_server of n), else 0. */
+static int grader_outcome(int rc, const struct grader_errs *errs, int n, struct dapo_err *e) {
+  if (rc) return dapo_errf(e, rc, "judge: out of memory");
+  int n_server = 0;
+  const char *server = NULL;
+  for (int i = 0; i < n; i++)
+    if (errs[i].n[GE_MODEL_SERVER] && !n_server++ && errs[i].model_detail[0])
+      server = errs[i].model_detail;
+  if (n_server)
+    return dapo_errf(e, DAPO_EIO, "grader: %s (%d of %d samples)",
+                     server ? server : "judge model server error", n_server, n);
+  return 0;
 }
 
 static int run_grader(const struct judge *j, const struct judge_item *items, int n,
@@ -350,13 +504,11 @@ static int run_grader(const struct judge *j, const struct judge_item *items, int
   double *scores = calloc((size_t)n, sizeof *scores);
   struct grader_errs *errs = calloc((size_t)n, sizeof *errs);
   unsigned char *bad = calloc((size_t)n, 1);
-  int n_server = 0;
-  char server[256] = "";
   int rc = s && own && sub && scores && errs && bad ? 0 : DAPO_ENOMEM;
   for (int i = 0; !rc && i < n; i++) {
     s[i].output_text = items[i].response ? items[i].response : "";
     own[2 * i] = output_json(j, s[i].output_text);
-    own[2 * i + 1] = grader_item(&items[i]);
+    own[2 * i + 1] = grader_item(j, &items[i]);
     bad[i] = j->response_format && !own[2 * i];
     s[i].output_json = own[2 * i];
     s[i].item = own[2 * i + 1];
@@ -369,49 +521,86 @@ static int run_grader(const struct judge *j, const struct judge_item *items, int
       scores[i] = 0;
       errs[i].n[GE_SAMPLE_PARSE]++;
     }
-    json_t *counts = json_object();
-    for (int k = 0; counts && k < GE_COUNT; k++)
-      if (errs[i].n[k]) json_object_set_new(counts, grader_err_name(k), json_integer(errs[i].n[k]));
-    for (int k = 0; st && k < GE_COUNT; k++) st->n_grader[k] += errs[i].n[k] > 0;
-    res[i].reward = scores[i];
-    res[i].correct = scores[i] >= j->pass_threshold;
-    res[i].info = json_pack("{s:f, s:o, s:o*, s:s*}", "score", scores[i], "sub_rewards",
-                            sub[i] ? sub[i] : json_object(), "errors", counts, "error_detail",
-                            errs[i].detail[0] ? errs[i].detail : NULL);
+    rc = grader_result(j, scores[i], sub[i], &errs[i], &res[i], st);
     sub[i] = NULL;
-    if (!res[i].info) rc = DAPO_ENOMEM;
-    /* the judge models' tokens for this sample: {"model": {"prompt_tokens", ...}} */
-    for (int k = 0; !rc && k < errs[i].n_usage; k++) {
-      const struct grader_usage *u = &errs[i].usage[k];
-      json_t *tu = json_object_get(res[i].info, "token_usage");
-      if (!tu && json_object_set_new(res[i].info, "token_usage", tu = json_object())) tu = NULL;
-      if (!tu ||
-          json_object_set_new(tu, u->model,
-                              json_pack("{s:I, s:I}", "prompt_tokens", (json_int_t)u->prompt_tokens,
-                                        "completion_tokens", (json_int_t)u->completion_tokens)))
-        rc = DAPO_ENOMEM;
-    }
-    /* a judge model that could not answer: no verdict, so on_judge_error applies as for the
-       http judge (the other model_grader errors score 0 like any grader error) */
-    if (errs[i].n[GE_MODEL_SERVER]) {
-      res[i].err = JE_HTTP;
-      if (!n_server++ && errs[i].model_detail[0])
-        snprintf(server, sizeof server, "%s", errs[i].model_detail);
-    }
   }
   for (int i = 0; own && i < 2 * n; i++) json_decref(own[i]);
   for (int i = 0; sub && i < n; i++) json_decref(sub[i]);
+  rc = grader_outcome(rc, errs, errs ? n : 0, e);
   free(s);
   free(own);
   free(sub);
   free(scores);
   free(errs);
   free(bad);
-  if (rc) return dapo_errf(e, rc, "judge: out of memory");
-  if (n_server)
-    return dapo_errf(e, DAPO_EIO, "grader: %s (%d of %d samples)",
-                     server[0] ? server : "judge model server error", n_server, n);
-  return 0;
+  return rc;
+}
+
+/* Items by prompt group, then by their order in the call (a total order: qsort is stable so). */
+static int cmp_group(const void *a, const void *b, void *ctx) {
+  const struct judge_item *items = ctx;
+  int i = *(const int *)a, k = *(const int *)b;
+  if (items[i].group != items[k].group) return items[i].group < items[k].group ? -1 : 1;
+  return (i > k) - (i < k);
+}
+
+/* The responses of a group as a model_rank judge reads them: "Response 1:\n...\n\nResponse 2:\n..."
+ * (new string; NULL on OOM). */
+static json_t *group_responses(const struct judge_item *items, const int *idx, int n) {
+  size_t len = 1;
+  for (int k = 0; k < n; k++)
+    len += 32 + strlen(items[idx[k]].response ? items[idx[k]].response : "");
+  char *buf = malloc(len);
+  if (!buf) return NULL;
+  size_t w = 0;
+  for (int k = 0; k < n; k++)
+    w += (size_t)snprintf(buf + w, len - w, "%sResponse %d:\n%s", k ? "\n\n" : "", k + 1,
+                          items[idx[k]].response ? items[idx[k]].response : "");
+  json_t *v = judge_json_string(buf);
+  free(buf);
+  return v;
+}
+
+/* model_rank: one call per prompt group with every response of it; each sample's reward is the
+ * score the judge model gave it. */
+static int run_rank(const struct judge *j, const struct judge_item *items, int n,
+                    struct judge_result *res, struct judge_stats *st, struct dapo_err *e) {
+  int *order = malloc(sizeof(int) * (size_t)n), *first = malloc(sizeof(int) * (size_t)n),
+      *count = malloc(sizeof(int) * (size_t)n), ng = 0;
+  json_t **roots = calloc((size_t)n, sizeof *roots);
+  double *scores = calloc((size_t)n, sizeof *scores);
+  struct grader_errs *errs = calloc((size_t)n, sizeof *errs);
+  int rc = order && first && count && roots && scores && errs ? 0 : DAPO_ENOMEM;
+  for (int i = 0; !rc && i < n; i++) order[i] = i;
+  if (!rc) qsort_r(order, (size_t)n, sizeof *order, cmp_group, (void *)items);
+  for (int p = 0; !rc && p < n; p++) {
+    if (p && items[order[p]].group == items[order[p - 1]].group) {
+      count[ng - 1]++;
+      continue;
+    }
+    first[ng] = p, count[ng] = 1;
+    ng++;
+  }
+  for (int g = 0; !rc && g < ng; g++) {
+    json_t *resp = group_responses(items, order + first[g], count[g]);
+    json_t *item = grader_item(j, &items[order[first[g]]]);
+    roots[g] = resp && item ? json_pack("{s:o, s:{s:o, s:i}}", "item", item, "sample", "responses",
+                                        resp, "count", count[g])
+                            : NULL;
+    if (!roots[g]) {
+      json_decref(resp), json_decref(item);
+      rc = DAPO_ENOMEM;
+    }
+  }
+  if (!rc) rc = gmodel_rank(j->rank, roots, first, count, ng, scores, errs);
+  for (int p = 0; !rc && p < n; p++) {
+    struct judge_result *r = &res[order[p]];
+    rc = grader_result(j, scores[p], NULL, &errs[p], r, st);
+  }
+  for (int g = 0; roots && g < ng; g++) json_decref(roots[g]);
+  rc = grader_outcome(rc, errs, errs ? n : 0, e);
+  free(order), free(first), free(count), free(roots), free(scores), free(errs);
+  return rc;
 }
 
 /* ---- Dispatch ---- */
@@ -444,8 +633,9 @@ int judge_run(struct judge *j, const char *job_id, int64_t step, const struct ju
       rc = dapo_errf(e, DAPO_ECANCELLED, "judge: cancelled");
       goto out;
     }
-    rc = j->kind == JK_GRADER ? run_grader(j, items, n, res, st, e)
-                              : run_builtin(j, items, n, res, e);
+    rc = j->kind == JK_GRADER || j->kind == JK_MODEL ? run_grader(j, items, n, res, st, e)
+         : j->kind == JK_RANK                        ? run_rank(j, items, n, res, st, e)
+                                                     : run_builtin(j, items, n, res, e);
     goto out;
   }
   /* Item ids: the caller's, or the item index; they must be unique to match replies. */

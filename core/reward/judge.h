@@ -98,8 +98,12 @@ struct judge *judge_new(const json_t *spec, const struct judge_policy *pol, stru
 /* Frees j (NULL is fine). No judge_run may be in flight on it. */
 void judge_free(struct judge *j);
 
-/* "exact", "math", "regex" or "http". Static string. */
+/* "exact", "math", "regex", "http", "grader", "model" or "model_rank". Static string. */
 const char *judge_type(const struct judge *j);
+/* 1 when j scores through graders ("grader", "model", "model_rank"): its samples' errors are
+ * counted with OpenAI's grader taxonomy (judge_stats.n_grader), its infos carry "score",
+ * "errors" and "token_usage". */
+int judge_grades(const struct judge *j);
 
 /* Judges items[0..n) into res[0..n) (caller-placed; every entry is overwritten first, so info
  * pointers from an earlier call must have been released). job_id (may be NULL) and step go into

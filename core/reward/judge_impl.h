@@ -30,13 +30,23 @@ int judge_http_run(const struct judge_http *h, const char *job_id, int64_t step,
 int judge_http_parse_reply(const char *body, size_t len, int openrlhf, const char *const *ids,
                            int n, double *rewards, char *what, size_t cap);
 
-/* score_model and label_model graders (grader_model.c), built and graded for grader.c. */
+/* score_model and label_model graders (grader_model.c), built and graded for grader.c, and the
+ * native model_rank judge's calls for judge.c. */
 struct gmodel;
 struct grader_errs;
-/* Validates spec (type checked; label: a label_model) under field; its model names one of
- * pol's judge_models. NULL + e on failure. */
-struct gmodel *gmodel_new(const json_t *spec, const char *field, int label,
+enum gmodel_kind {
+  GM_SCORE, /* score_model: {"result": number, "steps"} clamped to range */
+  GM_LABEL, /* label_model: {"label": one of labels}, 1 when it passes */
+  GM_RANK   /* model_rank: {"scores": [one number per response]} clamped to range */
+};
+/* Validates spec (type checked; fields of score_model, or of label_model for GM_LABEL) under
+ * field; its model names one of pol's judge_models. NULL + e on failure. */
+struct gmodel *gmodel_new(const json_t *spec, const char *field, enum gmodel_kind kind,
                           const struct judge_policy *pol, struct dapo_err *e);
+/* The judge_models entry named name (borrowed from pol; NULL name: none given) into *entry, or
+ * an error naming field.key and listing the judge models there are. */
+int gmodel_judge_entry(const char *name, const struct judge_policy *pol, const char *field,
+                       const char *key, const json_t **entry, struct dapo_err *e);
 void gmodel_free(struct gmodel *m);
 /* The upstream's model name (borrowed). */
 const char *gmodel_model(const struct gmodel *m);
@@ -44,6 +54,13 @@ const char *gmodel_model(const struct gmodel *m);
  * judge model's concurrency at once. Returns 0 or DAPO_ENOMEM. Thread-safe. */
 int gmodel_grade(const struct gmodel *m, json_t *const *roots, int n, double *scores,
                  struct grader_errs *errs);
+/* Ranks groups (a GM_RANK gmodel): group g's root ({"item", "sample": {"responses", "count"}})
+ * in one call asks for count[g] scores, written to scores[first[g] ..] (clamped to range; 0 when
+ * the call failed) with errs[first[g] ..] zeroed by the caller, each counting the call's errors
+ * (its token usage on the group's first sample only). Up to the judge model's concurrency calls
+ * at once. Returns 0 or DAPO_ENOMEM. Thread-safe. */
+int gmodel_rank(const struct gmodel *m, json_t *const *roots, const int *first, const int *count,
+                int n_groups, double *scores, struct grader_errs *errs);
 /* grader.c's template check: {{ }} balanced, naming item.* or sample.* (field.key in errors). */
 int grader_check_template(const char *t, const char *field, const char *key, struct dapo_err *e);
 

@@ -1164,8 +1164,7 @@ int trainer_step(struct trainer *t, json_t **metrics_out, int64_t *gen_tokens_ou
   PUT_I("judge/errors/judge_http_error", js.n_http_error);
   PUT_I("judge/errors/judge_parse_error", js.n_parse_error);
   PUT_I("judge/errors/reward_out_of_range", js.n_out_of_range);
-  if (!strcmp(judge_type(t->judge),
-              "grader")) /* OpenAI's grader error taxonomy: samples that hit each */
+  if (judge_grades(t->judge)) /* OpenAI's grader error taxonomy: samples that hit each */
     for (int k = 0; k < GE_COUNT; k++) {
       char key[64];
       snprintf(key, sizeof key, "judge/errors/%s", grader_err_name(k));

@@ -304,6 +304,112 @@ class ModelGraders(test_jobs.DaemonCase):
               (n, high, in_flight), file=sys.stderr)
 
 
+    # ---- the native model judges of /v1/jobs ----
+
+    def native_body(self, judge, **hp):
+        lines = [{"prompt": "digit %d?" % k, "answer": str(k % 10)} for k in range(8)]
+        fid = self.upload(("\n".join(json.dumps(x) for x in lines) + "\n").encode())["id"]
+        return {"model": "tiny", "training_file": fid, "seed": 5, "judge": judge,
+                "hyperparameters": dict({"total_steps": 2, "group_size": 4, "prompt_batch_size": 3,
+                                         "max_new_tokens": 3, "dynamic_sampling": False}, **hp)}
+
+    def rollouts(self, job_id, steps):
+        rows = []
+        for step in range(1, steps + 1):
+            r = self.d.get("/v1/jobs/%s/rollouts?step=%d" % (job_id, step))
+            rows += [json.loads(x) for x in r.body.decode().splitlines() if x.strip()]
+        return rows
+
+    def native_job(self, judge, steps=2):
+        """Runs a native job judged by judge to success; its rollouts of every step."""
+        job = self.assertJson(self.d.post_json("/v1/jobs", self.native_body(judge,
+                                                                            total_steps=steps)),
+                              201)
+        done = self.wait_status(job["id"], ("succeeded", "failed"))
+        self.assertEqual(done["status"], "succeeded", done)
+        rows = self.rollouts(job["id"], steps)
+        self.assertEqual(len(rows), steps * 3 * 4)
+        return job, rows
+
+    def test_native_model_judge(self):
+        judge = {"type": "model", "judge_model": "judge", "system": "Grade the answer.",
+                 "prompt": "Question: {{item.prompt}}\nAnswer: {{sample.output_text}}\n"
+                           "Reference: {{item.answer}}",
+                 "scale": [0, 1], "sampling_params": {"temperature": 0}}
+        self.reset()
+        job, rows = self.native_job(judge)
+        for row in rows:
+            same = row["response"] == row["answer"]
+            self.assertAlmostEqual(row["reward_raw"], 1.0 if same else 0.2, msg=row)
+            self.assertEqual(row["info"]["errors"], {}, row)
+        reqs = self.standin_requests()
+        self.assertEqual(len(reqs), len(rows))  # one call per sample
+        msgs = reqs[0]["body"]["messages"]
+        self.assertEqual(msgs[0], {"role": "system", "content": "Grade the answer."})
+        self.assertTrue(msgs[1]["content"].startswith("Question: digit "), msgs)
+        self.assertEqual(reqs[0]["body"]["temperature"], 0)
+        self.assertEqual(reqs[0]["body"]["response_format"]["json_schema"]["name"],
+                         "score_model_result")
+        # the step metrics count OpenAI's grader errors for a model judge too
+        steps = self.assertJson(self.d.get("/v1/jobs/%s/metrics" % job["id"]), 200)
+        self.assertEqual(len(steps), 2)
+        for m in steps:
+            self.assertEqual(m["judge/errors/model_grader_parse_error"], 0, m)
+
+    def test_native_model_rank_judge(self):
+        judge = {"type": "model_rank", "judge_model": "judge",
+                 "prompt": "Rank the answers to {{item.prompt}}\nReference: {{item.answer}}\n"
+                           "{{sample.responses}}",
+                 "scale": [0, 1]}
+        self.reset()
+        # HASH: the stand-in scores each response by its text, so a score given to the wrong
+        # response of its group shows
+        _, rows = self.native_job(dict(judge, prompt="HASH " + judge["prompt"]))
+        for row in rows:
+            want = judge_model_server.rank_score(row["response"].rstrip("\n"), None, True)
+            self.assertAlmostEqual(row["reward_raw"], want, msg=row)
+        self.assertGreater(len(set(row["reward_raw"] for row in rows)), 2)
+        reqs = self.standin_requests()
+        self.assertEqual(len(reqs), 2 * 3)  # one call per group
+        for q in reqs:
+            fmt = q["body"]["response_format"]["json_schema"]
+            self.assertEqual((fmt["name"], fmt["strict"]), ("model_rank_result", True))
+            self.assertEqual(fmt["schema"]["properties"]["scores"]["minItems"], 4)
+            self.assertEqual(len(judge_model_server.responses(q["body"]["messages"][0]["content"])), 4)
+        # a group whose call fails: every sample of it scores 0 with the error counted
+        for marker, err in (("SHORT", "model_grader_parse_error"),
+                            ("NONUMBER", "model_grader_parse_error")):
+            _, rows = self.native_job(dict(judge, prompt=marker + " " + judge["prompt"]), 1)
+            for row in rows:
+                self.assertEqual(row["reward_raw"], 0, row)
+                self.assertEqual(row["info"]["errors"], {err: 1}, row)
+        _, rows = self.native_job(dict(judge, prompt="CLAMP " + judge["prompt"], scale=[0, 2]), 1)
+        firsts = [row["reward_raw"] for row in rows if row["reward_raw"] == 2]
+        self.assertEqual(len(firsts), 3, "the first response of each group clamped to 2")
+
+    def test_native_refusals(self):
+        ok = {"type": "model", "judge_model": "judge", "prompt": "A: {{sample.output_text}}"}
+        cases = [(dict(ok, judge_model="gpt-4o"), "judge.judge_model",
+                  "'gpt-4o' is not one of the server's judge_models (judge, strict, slow)"),
+                 (dict(ok, prompt=""), "judge.prompt", "required"),
+                 (dict(ok, prompt="{{sample.responses}}"), "judge.prompt",
+                  "{{sample.responses}} is a model_rank judge's"),
+                 (dict(ok, type="model_rank"), "judge.prompt", "a model_rank judge sees"),
+                 (dict(ok, type="model_rank", prompt="{{item.answer}}"), "judge.prompt",
+                  "with {{sample.responses}}"),
+                 (dict(ok, scale=[1, 0]), "judge.scale", "expected [min, max]"),
+                 (dict(ok, prompt="{{oops.x}}"), "judge.prompt", "variables start with item. or sample."),
+                 (dict(ok, sampling_params={"temperature": 5}),
+                  "judge.sampling_params.temperature", "[0, 2]"),
+                 (dict(ok, extra=1), "judge.extra", "unknown field")]
+        for judge, field, has in cases:
+            r = self.d.post_json("/v1/jobs", self.native_body(judge))
+            p = self.assertProblem(r, 422, "validation_failed")
+            self.assertEqual(len(p["errors"]), 1, p)
+            self.assertEqual(p["errors"][0]["field"], field, p)
+            self.assertIn(has, p["errors"][0]["message"], p)
+
+
 class StartChecks(test_jobs.unittest.TestCase):
     """judge_models is checked at start, its errors naming the key; the key is never printed."""
 

@@ -12,6 +12,12 @@ attempt of each distinct body, then the answer), FAIL (HTTP 500 always), SLOW (a
 3 s), PAUSE (answers after 0.2 s: overlapping requests show), NOTCHAT (a 2xx reply that is no
 chat completion), BADUSAGE (usage of strings and negative numbers: counted as 0). usage: prompt_tokens = the words of the messages, completion_tokens = 5.
 
+model_rank (response_format name model_rank_result): the blocks "Response k:\n<text>" (up to
+the next such line) are the group's responses; each scores 1.0 when its text equals the
+Reference line's, else 0.2 (with HASH: the sum of its code points mod 10, over 10, so each
+response has its own score); CLAMP gives the first 7, SHORT one score fewer than asked,
+NONUMBER a string first.
+
 GET /requests gives every request received ([{"authorization", "body"}]), GET /stats
 {"max_in_flight"} the most PAUSE requests it held at once; POST /reset clears them. Run: /usr/bin/python3 tests/reward/judge_model_server.py
 """
@@ -35,6 +41,39 @@ def field(text, name):
         if line.startswith(name + ": "):
             return line[len(name) + 2:]
     return None
+
+
+def responses(text):
+    """The blocks "Response k:" of a model_rank request, in order."""
+    out, cur = [], None
+    for line in text.split("\n"):
+        if line == "Response %d:" % (len(out) + 1):
+            cur = []
+            out.append(cur)
+        elif cur is not None:
+            cur.append(line)
+    return ["\n".join(b).rstrip("\n") for b in out]
+
+
+def rank_score(response, ref, hashed):
+    """The score the stand-in ranks a response with."""
+    if hashed:
+        return sum(map(ord, response)) % 10 / 10
+    return 1.0 if response == ref else 0.2
+
+
+def rank(text, schema):
+    """The scores of a model_rank request's responses."""
+    want = schema["properties"]["scores"]["minItems"]
+    ref = field(text, "Reference")
+    scores = [rank_score(r, ref, "HASH" in text) for r in responses(text)][:want]
+    if "CLAMP" in text:
+        scores[0] = 7
+    if "NONUMBER" in text:
+        scores[0] = "high"
+    if "SHORT" in text:
+        scores = scores[:-1]
+    return scores
 
 
 class Handler(standin.JsonHandler):
@@ -84,9 +123,12 @@ class Handler(standin.JsonHandler):
             time.sleep(0.2)
         if "NOTCHAT" in text:
             return 200, {"result": 1}
-        label = body["response_format"]["json_schema"]["name"] == "label_model_result"
+        name = body["response_format"]["json_schema"]["name"]
+        label = name == "label_model_result"
         same = field(text, "Answer") == field(text, "Reference")
-        if label:
+        if name == "model_rank_result":
+            answer = {"scores": rank(text, body["response_format"]["json_schema"]["schema"])}
+        elif label:
             answer = {"label": "maybe" if "BADLABEL" in text else "correct" if same else "wrong"}
         else:
             result = 7 if "CLAMP" in text else -3 if "NEGATIVE" in text else 1.0 if same else 0.2
