@@ -41,6 +41,17 @@ const char *grader_err_name(enum grader_err k) {
   return (int)k >= 0 && k < GE_COUNT ? names[k] : "unknown";
 }
 
+int grader_models(const struct grader *g, const char **names, int n, int cap) {
+  if (g->kind == G_MODEL) {
+    const char *m = gmodel_model(g->model);
+    for (int i = 0; i < n; i++)
+      if (!strcmp(names[i], m)) return n;
+    if (n < cap) names[n++] = m;
+  }
+  for (int k = 0; k < g->n_sub; k++) n = grader_models(g->sub[k], names, n, cap);
+  return n;
+}
+
 const char *grader_type(const struct grader *g) {
   return g->type;
 }

@@ -60,6 +60,11 @@ struct grader *grader_new(const json_t *spec, const char *field, const struct ju
                           struct dapo_err *e);
 void grader_free(struct grader *g);
 
+/* The upstream model names of the judge models g's score_model and label_model graders call
+ * (its own, or its sub-graders'), each once, appended to names[n .. cap) in the order of the
+ * spec (borrowed, live as long as g); returns the new count. */
+int grader_models(const struct grader *g, const char **names, int n, int cap);
+
 /* type and name (name "" when the spec has none); borrowed, live as long as g. */
 const char *grader_type(const struct grader *g);
 const char *grader_name(const struct grader *g);

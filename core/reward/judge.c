@@ -49,6 +49,11 @@ const char *judge_err_name(enum judge_err_kind k) {
   return "unknown";
 }
 
+int judge_models_used(const struct judge *j, const char **names) {
+  if (j->rank) return names[0] = gmodel_model(j->rank), 1;
+  return j->grader ? grader_models(j->grader, names, 0, GRADER_MAX_USAGE) : 0;
+}
+
 int judge_grades(const struct judge *j) {
   return j->kind == JK_GRADER || j->kind == JK_MODEL || j->kind == JK_RANK;
 }
@@ -479,6 +484,16 @@ static int grader_result(const struct judge *j, double score, json_t *sub,
       return DAPO_ENOMEM;
   }
   if (er->n[GE_MODEL_SERVER]) r->err = JE_HTTP;
+  if (st) { /* the step's tokens per judge model */
+    const char *names[GRADER_MAX_USAGE];
+    int nm = judge_models_used(j, names);
+    for (int k = 0; k < er->n_usage; k++)
+      for (int m = 0; m < nm; m++)
+        if (!strcmp(names[m], er->usage[k].model)) {
+          st->model_tokens[m][0] += er->usage[k].prompt_tokens;
+          st->model_tokens[m][1] += er->usage[k].completion_tokens;
+        }
+  }
   return 0;
 }
 

@@ -61,6 +61,9 @@ struct judge_stats {
   double seconds;         /* wall time spent in judge_run */
   int n_grader[GE_COUNT]; /* grader judges: samples that hit each error of OpenAI's taxonomy
                              (grader.h enum grader_err; each scored 0) */
+  /* the tokens each judge model of the judge spent (its replies' usage), indexed as
+     judge_models_used lists them */
+  int64_t model_tokens[GRADER_MAX_USAGE][2]; /* [k][0] prompt, [k][1] completion */
 };
 
 /* Server configuration: which hosts an http judge may name. Borrowed during judge_new only
@@ -104,6 +107,10 @@ const char *judge_type(const struct judge *j);
  * counted with OpenAI's grader taxonomy (judge_stats.n_grader), its infos carry "score",
  * "errors" and "token_usage". */
 int judge_grades(const struct judge *j);
+/* The upstream model names of the judge models j calls (its graders', or a model judge's), at
+ * most GRADER_MAX_USAGE, in a fixed order (the spec's) that indexes judge_stats.model_tokens;
+ * borrowed, live as long as j. Returns the count (0 for other judges). */
+int judge_models_used(const struct judge *j, const char **names);
 
 /* Judges items[0..n) into res[0..n) (caller-placed; every entry is overwritten first, so info
  * pointers from an earlier call must have been released). job_id (may be NULL) and step go into

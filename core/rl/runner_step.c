@@ -749,18 +749,24 @@ static void sum_stats(struct trainer *t, struct upd_stats *us, struct judge_stat
   dist_sum_f64(d, f, sizeof f / sizeof f[0]);
   us->pg.loss = f[0], us->pg.kl_ref_sum = f[1], us->pg.approx_kl_sum = f[2];
   us->pg.p_clip_high_sum = f[3], us->ent_sum = f[4], us->mismatch_sum = f[5];
-  int64_t c[12 + GE_COUNT] = {us->pg.tokens,    us->pg.clip_low, us->pg.clip_high,
-                              us->pg.clip_dual, us->ent_tokens,  us->mismatch_n,
-                              us->train_tokens, us->old_tokens,  js->n_timeout};
+  int64_t c[12 + GE_COUNT + 2 * GRADER_MAX_USAGE] = {
+      us->pg.tokens,  us->pg.clip_low,  us->pg.clip_high, us->pg.clip_dual, us->ent_tokens,
+      us->mismatch_n, us->train_tokens, us->old_tokens,   js->n_timeout};
   int k = 9;
   c[k++] = js->n_http_error, c[k++] = js->n_parse_error, c[k++] = js->n_out_of_range;
   for (int g = 0; g < GE_COUNT; g++) c[k++] = js->n_grader[g];
+  for (int m = 0; m < GRADER_MAX_USAGE; m++) /* every rank's judge lists the same models */
+    c[k++] = js->model_tokens[m][0], c[k++] = js->model_tokens[m][1];
   dist_sum_i64(d, c, (size_t)k);
   us->pg.tokens = c[0], us->pg.clip_low = c[1], us->pg.clip_high = c[2], us->pg.clip_dual = c[3];
   us->ent_tokens = c[4], us->mismatch_n = c[5], us->train_tokens = c[6], us->old_tokens = c[7];
   js->n_timeout = (int)c[8], js->n_http_error = (int)c[9], js->n_parse_error = (int)c[10];
   js->n_out_of_range = (int)c[11];
   for (int g = 0; g < GE_COUNT; g++) js->n_grader[g] = (int)c[12 + g];
+  for (int m = 0; m < GRADER_MAX_USAGE; m++) {
+    js->model_tokens[m][0] = c[12 + GE_COUNT + 2 * m];
+    js->model_tokens[m][1] = c[12 + GE_COUNT + 2 * m + 1];
+  }
 }
 
 static int update(struct trainer *t, struct ro **loss_ros, int n, struct upd_stats *us, double lr) {
@@ -1170,6 +1176,16 @@ int trainer_step(struct trainer *t, json_t **metrics_out, int64_t *gen_tokens_ou
       snprintf(key, sizeof key, "judge/errors/%s", grader_err_name(k));
       PUT_I(key, js.n_grader[k]);
     }
+  { /* the judge models' tokens: judge/tokens/<model>/prompt, .../completion */
+    const char *names[GRADER_MAX_USAGE];
+    int nm = judge_models_used(t->judge, names);
+    for (int k = 0; k < nm; k++)
+      for (int w = 0; w < 2; w++) {
+        char key[160];
+        snprintf(key, sizeof key, "judge/tokens/%.96s/%s", names[k], w ? "completion" : "prompt");
+        PUT_I(key, js.model_tokens[k][w]);
+      }
+  }
   PUT_R("time/generation_s", t_gen);
   PUT_R("time/training_s", t_train);
   PUT_R("time/step_s", step_s);

@@ -355,6 +355,12 @@ class ModelGraders(test_jobs.DaemonCase):
         self.assertEqual(len(steps), 2)
         for m in steps:
             self.assertEqual(m["judge/errors/model_grader_parse_error"], 0, m)
+            # and the tokens the judge model spent in the step: the sums of its rollouts' usage
+            mine = [r["info"]["token_usage"]["standin-judge"] for r in rows if r["step"] == m["step"]]
+            self.assertEqual(len(mine), 12)
+            for w in ("prompt", "completion"):
+                self.assertEqual(m["judge/tokens/standin-judge/" + w],
+                                 sum(u[w + "_tokens"] for u in mine), m)
 
     def test_native_model_rank_judge(self):
         judge = {"type": "model_rank", "judge_model": "judge",
