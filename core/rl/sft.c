@@ -14,41 +14,40 @@
 #include "lm.h"
 #include "tokenizer.h"
 
-/* "a string", "an integer", ... for messages about a value of the wrong kind. */
-static const char *kind_of(const json_t *v) {
+const char *sft_kind_of(const json_t *v) {
   static const char *const KINDS[] = {"an object", "an array",  "a string",  "an integer",
                                       "a number",  "a boolean", "a boolean", "null"};
   int k = (int)json_typeof(v);
   return k >= 0 && k < (int)(sizeof KINDS / sizeof KINDS[0]) ? KINDS[k] : "something else";
 }
 
-/* One message, messages[i] of line lineno; *trained set when it is an assistant's of weight 1. */
-static int check_message(const json_t *m, size_t i, int lineno, int *trained, struct dapo_err *e) {
+int sft_check_message(const json_t *m, const char *field, size_t i, int lineno, int *trained,
+                      struct dapo_err *e) {
   static const char *const ROLES[] = {"system", "user", "assistant", "tool"};
   if (!json_is_object(m))
-    return dapo_errf(e, DAPO_EFORMAT, "line %d: field 'messages[%zu]': expected an object, got %s",
-                     lineno, i, kind_of(m));
+    return dapo_errf(e, DAPO_EFORMAT, "line %d: field '%s[%zu]': expected an object, got %s",
+                     lineno, field, i, sft_kind_of(m));
   const json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
   const char *r = json_string_value(role);
   int known = 0;
   for (size_t k = 0; r && k < sizeof ROLES / sizeof ROLES[0]; k++) known |= !strcmp(r, ROLES[k]);
   if (!known)
-    return dapo_errf(e, DAPO_EFORMAT, "line %d: field 'messages[%zu].role': expected one of %s",
-                     lineno, i, SFT_ROLES);
+    return dapo_errf(e, DAPO_EFORMAT, "line %d: field '%s[%zu].role': expected one of %s", lineno,
+                     field, i, SFT_ROLES);
   int assistant = !strcmp(r, "assistant");
   int calls = assistant && json_is_array(json_object_get(m, "tool_calls"));
   if (!json_is_string(content) && !(calls && json_is_null(content)))
-    return dapo_errf(e, DAPO_EFORMAT, "line %d: field 'messages[%zu].content': expected a string%s",
-                     lineno, i, calls ? " or null" : "");
+    return dapo_errf(e, DAPO_EFORMAT, "line %d: field '%s[%zu].content': expected a string%s",
+                     lineno, field, i, calls ? " or null" : "");
   const json_t *w = json_object_get(m, "weight");
   if (w && !assistant)
     return dapo_errf(e, DAPO_EFORMAT,
-                     "line %d: field 'messages[%zu].weight': only assistant messages carry a "
+                     "line %d: field '%s[%zu].weight': only assistant messages carry a "
                      "weight (this is a %s message)",
-                     lineno, i, r);
+                     lineno, field, i, r);
   if (w && !(json_is_integer(w) && (json_integer_value(w) == 0 || json_integer_value(w) == 1)))
-    return dapo_errf(e, DAPO_EFORMAT, "line %d: field 'messages[%zu].weight': expected 0 or 1",
-                     lineno, i);
+    return dapo_errf(e, DAPO_EFORMAT, "line %d: field '%s[%zu].weight': expected 0 or 1", lineno,
+                     field, i);
   *trained |= assistant && (!w || json_integer_value(w) == 1);
   return 0;
 }
@@ -58,7 +57,7 @@ int sft_check_line(const json_t *line, int lineno, struct dapo_err *e) {
                                       "tools",  "id",         "metadata"};
   if (!json_is_object(line))
     return dapo_errf(e, DAPO_EFORMAT, "line %d: expected a JSON object, got %s", lineno,
-                     kind_of(line));
+                     sft_kind_of(line));
   const char *key;
   json_t *v;
   json_object_foreach((json_t *)line, key, v) {
@@ -80,12 +79,12 @@ int sft_check_line(const json_t *line, int lineno, struct dapo_err *e) {
   if (p) {
     if (!json_is_string(p))
       return dapo_errf(e, DAPO_EFORMAT, "line %d: field 'prompt': expected a string, got %s",
-                       lineno, kind_of(p));
+                       lineno, sft_kind_of(p));
     if (!c) return dapo_errf(e, DAPO_EFORMAT, "line %d: field 'completion': required", lineno);
     if (!json_is_string(c) || !json_string_length(c))
       return dapo_errf(e, DAPO_EFORMAT,
                        "line %d: field 'completion': expected a non-empty string, got %s", lineno,
-                       json_is_string(c) ? "an empty one" : kind_of(c));
+                       json_is_string(c) ? "an empty one" : sft_kind_of(c));
     return 0;
   }
   if (c)
@@ -96,10 +95,10 @@ int sft_check_line(const json_t *line, int lineno, struct dapo_err *e) {
   if (!json_is_array(ms) || !json_array_size(ms))
     return dapo_errf(e, DAPO_EFORMAT,
                      "line %d: field 'messages': expected a non-empty array, got %s", lineno,
-                     json_is_array(ms) ? "an empty one" : kind_of(ms));
+                     json_is_array(ms) ? "an empty one" : sft_kind_of(ms));
   int trained = 0;
   for (size_t i = 0; i < json_array_size(ms); i++) {
-    int rc = check_message(json_array_get(ms, i), i, lineno, &trained, e);
+    int rc = sft_check_message(json_array_get(ms, i), "messages", i, lineno, &trained, e);
     if (rc) return rc;
   }
   if (!trained)
@@ -288,16 +287,14 @@ void sft_examples_free(struct sft_example *x, int n) {
   free(x);
 }
 
-int sft_load_file(const char *path, const struct lm *lm, const struct chat_template *chat,
-                  int end_id, int max_tokens, int truncate, struct sft_example **out, int *n,
-                  struct dapo_err *e) {
-  *out = NULL;
-  *n = 0;
+int sft_each_line(const char *path,
+                  int (*fn)(void *ctx, const json_t *line, int lineno, struct dapo_err *e),
+                  void *ctx, struct dapo_err *e) {
   FILE *f = fopen(path, "rb");
   if (!f) return dapo_errf(e, DAPO_EIO, "cannot open %s: %s", path, strerror(errno));
   char *buf = NULL;
   size_t bcap = 0;
-  int cap = 0, lineno = 0, rc = 0;
+  int lineno = 0, rc = 0;
   ssize_t len;
   while (!rc && (len = getline(&buf, &bcap, f)) >= 0) {
     lineno++;
@@ -315,30 +312,84 @@ int sft_load_file(const char *path, const struct lm *lm, const struct chat_templ
       rc = dapo_errf(e, DAPO_EFORMAT, "line %d: not valid JSON: %s", lineno, je.text);
       break;
     }
-    if (*n == DS_DEFAULT_MAX_ITEMS)
-      rc = dapo_errf(e, DAPO_EFORMAT, "line %d: more than %d examples", lineno,
-                     DS_DEFAULT_MAX_ITEMS);
-    if (!rc && *n == cap) {
-      int c = cap ? cap * 2 : 64;
-      struct sft_example *x = realloc(*out, (size_t)c * sizeof *x);
-      if (!x)
-        rc = dapo_errf(e, DAPO_ENOMEM, "out of memory");
-      else
-        *out = x, cap = c;
-    }
-    if (!rc) rc = sft_check_line(j, lineno, e);
-    if (!rc) rc = sft_encode(lm, chat, end_id, j, lineno, max_tokens, truncate, &(*out)[*n], e);
-    if (!rc) (*n)++;
+    rc = fn(ctx, j, lineno, e);
     json_decref(j);
   }
   if (!rc && ferror(f)) rc = dapo_errf(e, DAPO_EIO, "reading %s failed", path);
-  if (!rc && *n == 0) rc = dapo_errf(e, DAPO_EFORMAT, "no examples (every line is blank)");
   free(buf);
   fclose(f);
-  if (rc) {
-    sft_examples_free(*out, *n);
-    *out = NULL;
-    *n = 0;
+  return rc;
+}
+
+/* sft_load_items' state: the items so far and how to make the next. */
+struct loader {
+  size_t size;
+  int (*one)(void *ctx, const json_t *line, int lineno, void *item, struct dapo_err *e);
+  void *ctx;
+  const char *what;
+  char *items;
+  int n, cap;
+};
+
+static int load_line(void *ctx, const json_t *j, int lineno, struct dapo_err *e) {
+  struct loader *L = ctx;
+  if (L->n == DS_DEFAULT_MAX_ITEMS)
+    return dapo_errf(e, DAPO_EFORMAT, "line %d: more than %d %s", lineno, DS_DEFAULT_MAX_ITEMS,
+                     L->what);
+  if (L->n == L->cap) {
+    int c = L->cap ? L->cap * 2 : 64;
+    char *x = realloc(L->items, (size_t)c * L->size);
+    if (!x) return dapo_errf(e, DAPO_ENOMEM, "out of memory");
+    L->items = x, L->cap = c;
   }
+  int rc = L->one(L->ctx, j, lineno, L->items + (size_t)L->n * L->size, e);
+  if (!rc) L->n++;
+  return rc;
+}
+
+int sft_load_items(const char *path, size_t size,
+                   int (*one)(void *ctx, const json_t *line, int lineno, void *item,
+                              struct dapo_err *e),
+                   void (*deinit)(void *item), void *ctx, const char *what, void **out, int *n,
+                   struct dapo_err *e) {
+  struct loader L = {size, one, ctx, what, NULL, 0, 0};
+  int rc = sft_each_line(path, load_line, &L, e);
+  if (!rc && L.n == 0) rc = dapo_errf(e, DAPO_EFORMAT, "no %s (every line is blank)", what);
+  if (rc) {
+    for (int i = 0; i < L.n; i++) deinit(L.items + (size_t)i * size);
+    free(L.items);
+    L.items = NULL, L.n = 0;
+  }
+  *out = L.items;
+  *n = L.n;
+  return rc;
+}
+
+/* How sft_load_file encodes a line. */
+struct sft_how {
+  const struct lm *lm;
+  const struct chat_template *chat;
+  int end_id, max_tokens, truncate;
+};
+
+static int load_example(void *ctx, const json_t *j, int lineno, void *item, struct dapo_err *e) {
+  const struct sft_how *h = ctx;
+  int rc = sft_check_line(j, lineno, e);
+  return rc ? rc
+            : sft_encode(h->lm, h->chat, h->end_id, j, lineno, h->max_tokens, h->truncate, item, e);
+}
+
+static void deinit_example(void *item) {
+  sft_example_deinit(item);
+}
+
+int sft_load_file(const char *path, const struct lm *lm, const struct chat_template *chat,
+                  int end_id, int max_tokens, int truncate, struct sft_example **out, int *n,
+                  struct dapo_err *e) {
+  struct sft_how h = {lm, chat, end_id, max_tokens, truncate};
+  void *items = NULL;
+  int rc = sft_load_items(path, sizeof **out, load_example, deinit_example, &h, "examples", &items,
+                          n, e);
+  *out = items;
   return rc;
 }

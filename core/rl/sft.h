@@ -24,6 +24,15 @@
  * field than prompt, completion, messages, tools, id, metadata. */
 int sft_check_line(const json_t *line, int lineno, struct dapo_err *e);
 
+/* One message of a line's conversation, field[i] (field as the line writes it: "messages",
+ * "input.messages"), by sft_check_line's rules; *trained |= 1 when it is an assistant's of
+ * weight 1. 0 or DAPO_EFORMAT naming the line and field (DPO lines check theirs with it). */
+int sft_check_message(const json_t *m, const char *field, size_t i, int lineno, int *trained,
+                      struct dapo_err *e);
+
+/* "a string", "an integer", ... for messages about a value of the wrong kind. */
+const char *sft_kind_of(const json_t *v);
+
 struct lm;
 struct chat_template;
 
@@ -64,5 +73,22 @@ int sft_load_file(const char *path, const struct lm *lm, const struct chat_templ
                   int end_id, int max_tokens, int truncate, struct sft_example **out, int *n,
                   struct dapo_err *e);
 void sft_examples_free(struct sft_example *x, int n);
+
+/* Calls fn(ctx, line, lineno, e) on each non-blank line of the file at path, parsed (lines of at
+ * most DS_DEFAULT_MAX_LINE_BYTES; duplicate keys refused), until fn returns non-zero. Returns 0,
+ * fn's code, or a line's own error (e names the line; DAPO_EIO for the file). */
+int sft_each_line(const char *path,
+                  int (*fn)(void *ctx, const json_t *line, int lineno, struct dapo_err *e),
+                  void *ctx, struct dapo_err *e);
+
+/* Reads the file at path into *out (a new array of *n items of `size` bytes, owned: free it
+ * after deinit of each item): each non-blank line (sft_each_line) made into the next item by
+ * one(ctx, line, lineno, item, e), at most DS_DEFAULT_MAX_ITEMS, at least one ("no <what>").
+ * 0, or the first line's error, the items made so far released by deinit (*out NULL). */
+int sft_load_items(const char *path, size_t size,
+                   int (*one)(void *ctx, const json_t *line, int lineno, void *item,
+                              struct dapo_err *e),
+                   void (*deinit)(void *item), void *ctx, const char *what, void **out, int *n,
+                   struct dapo_err *e);
 
 #endif
