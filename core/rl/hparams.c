@@ -361,13 +361,16 @@ static json_t *row_value(const struct hrow *r, double x) {
 json_t *hparams_describe(void) {
   static const char *const TYPES[] = {"integer", "number", "boolean", "string"};
   json_t *a = json_array();
-  /* the dashboard's form is a DAPO job's: the knobs of supervised jobs alone are left out */
   for (int i = 0; a && i < NROWS; i++) {
     const struct hrow *r = &ROWS[i];
-    if (!row_in(r, METHOD_DAPO)) continue;
-    json_t *o = json_pack("{s:s, s:s, s:o, s:o, s:s}", "name", r->name, "type", TYPES[r->type],
-                          "default", row_value(r, r->dflt), "grpo_default",
-                          row_value(r, isnan(r->grpo) ? r->dflt : r->grpo), "help", r->help);
+    json_t *ms = json_array();
+    for (int m = 0; ms && METHODS[m]; m++)
+      if (row_in(r, m)) json_array_append_new(ms, json_string(METHODS[m]));
+    json_t *o = ms ? json_pack("{s:s, s:s, s:o, s:o, s:s, s:o}", "name", r->name, "type",
+                               TYPES[r->type], "default", row_value(r, r->dflt), "grpo_default",
+                               row_value(r, isnan(r->grpo) ? r->dflt : r->grpo), "help", r->help,
+                               "methods", ms)
+                   : NULL;
     if (o && (r->type == H_INT || r->type == H_NUM)) {
       json_object_set_new(o, "minimum", row_value(r, r->min));
       json_object_set_new(o, "maximum", row_value(r, r->max));

@@ -218,7 +218,26 @@ class StaticFiles(unittest.TestCase):
         self.assertEqual(job.status, 201, job)
         used = job.json()["hyperparameters"]
         self.d.post_json("/v1/jobs/%s/cancel" % job.json()["id"], b"", headers=auth)
-        self.assertEqual(set(knobs), set(used))
+        self.assertEqual({n for n, k in knobs.items() if "dapo" in k["methods"]}, set(used))
+        # each method's knobs are those its jobs show (the form offers a method's own)
+        sft = b'{"prompt": "1+1=", "completion": "2"}\n'
+        up_sft = self.d.request("POST", "/v1/files?purpose=fine-tune&filename=s.jsonl", body=sft,
+                                headers=dict(auth, **{"Content-Type": "application/x-ndjson"}))
+        self.assertEqual(up_sft.status, 201, up_sft)
+        job_sft = self.d.post_json("/v1/jobs", {"model": "tiny", "method": "supervised",
+                                                "training_file": up_sft.json()["id"]},
+                                   headers=auth)
+        self.assertEqual(job_sft.status, 201, job_sft)
+        self.d.post_json("/v1/jobs/%s/cancel" % job_sft.json()["id"], b"", headers=auth)
+        self.assertEqual({n for n, k in knobs.items() if "supervised" in k["methods"]},
+                         set(job_sft.json()["hyperparameters"]))
+        for name in job_sft.json()["hyperparameters"]:
+            if knobs[name]["default"] is not None:
+                self.assertEqual(knobs[name]["default"], job_sft.json()["hyperparameters"][name],
+                                 name)
+        self.assertEqual({m for k in knobs.values() for m in k["methods"]},
+                         {"dapo", "supervised", "dpo"})
+        knobs = {n: k for n, k in knobs.items() if "dapo" in k["methods"]}
         derived = [n for n, k in knobs.items() if k["default"] is None]
         self.assertEqual(sorted(derived), ["minibatch_size", "overlong_buffer"])
         for name, k in knobs.items():
