@@ -39,6 +39,32 @@ static int in_list(const char *const *list, const char *s) {
 
 /* ---- building ---- */
 
+const json_t *jschema_ref(const struct jschema *js, const char *ref) {
+  if (ref[0] != '#') return NULL;
+  const json_t *at = js->schema;
+  const char *p = ref + 1;
+  char tok[256];
+  while (*p) {
+    if (*p != '/' || !json_is_object(at)) return NULL;
+    p++;
+    size_t n = 0;
+    for (; *p && *p != '/'; p++) { /* JSON Pointer's escapes: ~1 is '/', ~0 is '~' */
+      char c = *p;
+      if (c == '~' && (p[1] == '0' || p[1] == '1')) c = *++p == '0' ? '~' : '/';
+      if (n + 1 >= sizeof tok) return NULL;
+      tok[n++] = c;
+    }
+    tok[n] = '\0';
+    at = json_object_get(at, tok);
+    if (!at) return NULL;
+  }
+  return at;
+}
+
+const json_t *jschema_root(const struct jschema *js) {
+  return js->schema;
+}
+
 static int build(struct jschema *js, const json_t *s, const char *at, int depth,
                  struct dapo_err *e);
 
@@ -150,6 +176,20 @@ static int build(struct jschema *js, const json_t *s, const char *at, int depth,
       rc = need_count(v, at, k, e);
     } else if (!strcmp(k, "pattern")) {
       rc = add_pattern(js, v, at, e);
+    } else if (!strcmp(k, "$defs") || !strcmp(k, "definitions")) {
+      if (!json_is_object(v))
+        return dapo_errf(e, DAPO_EINVAL, "%s.%s: expected an object of schemas", at, k);
+      const char *dk;
+      json_t *dv;
+      json_object_foreach(v, dk, dv) {
+        snprintf(sub, sizeof sub, "%s.%s.%.64s", at, k, dk);
+        if ((rc = build(js, dv, sub, depth + 1, e))) return rc;
+      }
+    } else if (!strcmp(k, "$ref")) {
+      if (!json_is_string(v) || !jschema_ref(js, json_string_value(v)))
+        return dapo_errf(e, DAPO_EINVAL,
+                         "%s.$ref: expected a reference into this schema ('#', '#/$defs/name')",
+                         at);
     } else {
       return dapo_errf(e, DAPO_EINVAL, "%s.%.64s: this keyword is not supported", at, k);
     }
@@ -245,6 +285,10 @@ static const pcre2_code *pattern_of(const struct jschema *js, const json_t *node
   return NULL;
 }
 
+const void *jschema_pattern(const struct jschema *js, const json_t *node) {
+  return pattern_of(js, node);
+}
+
 static int check(struct ctx *c, const json_t *s, const json_t *v, const char *at, int depth);
 
 static int check_number(struct ctx *c, const json_t *s, const json_t *v, const char *at) {
@@ -333,6 +377,8 @@ static int check(struct ctx *c, const json_t *s, const json_t *v, const char *at
   if (json_is_true(s)) return 0;
   if (json_is_false(s)) return fail(c, at, "no value is allowed here");
   if (depth > MAX_DEPTH) return fail(c, at, "nested too deeply");
+  const json_t *ref = json_object_get(s, "$ref");
+  if (ref && check(c, jschema_ref(c->js, json_string_value(ref)), v, at, depth + 1)) return 1;
   const json_t *t = json_object_get(s, "type");
   if (t) {
     int ok = 0;

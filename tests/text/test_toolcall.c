@@ -253,7 +253,7 @@ static void test_schema(void) {
   } BAD[] = {
       {"{\"type\": \"object\", \"oneOf\": []}", "parameters.oneOf: this keyword is not supported"},
       {"{\"properties\": {\"a\": {\"$ref\": \"#/x\"}}}",
-       "parameters.properties.a.$ref: this keyword is not supported"},
+       "parameters.properties.a.$ref: expected a reference into this schema"},
       {"{\"type\": \"int\"}", "parameters.type: unknown type 'int'"},
       {"{\"minimum\": \"1\"}", "parameters.minimum: expected a number"},
       {"{\"maxLength\": -1}", "parameters.maxLength: expected a non-negative integer"},
