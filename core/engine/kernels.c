@@ -538,7 +538,7 @@ static float softmax_causal(float *s, int lim, int n_ctx);
  *   over the head (lane l takes d = l mod 16; a head size that is not a multiple of 16 is
  *   zero-padded), reduced by att_tree4 for keys in whole blocks of 4 from the first, by
  *   simd_tree for the rest;
- * - the softmax's numerator is Cephes' expf polynomial (att_exp, within 2 ulp of expf) of
+ * - the softmax's numerator is Cephes' expf polynomial (simd_exp4, within 2 ulp of expf) of
  *   s - max, summed in 16 lanes (key j in lane j mod 16), then simd_tree;
  * - the output is 16-lane fused multiply-adds of the unnormalised weights over the keys in order,
  *   times 1 / sum once at the end; the log-sum-exp is max + logf(sum). */
@@ -548,29 +548,6 @@ static float softmax_causal(float *s, int lim, int n_ctx);
 SIMD_INLINE float att_tree4(struct simd16 v) {
   simd_v4 x0 = v.q0 + v.q2, x1 = v.q1 + v.q3; /* x_0..3, x_4..7 */
   return ((x0[0] + x0[1]) + (x0[2] + x0[3])) + ((x1[0] + x1[1]) + (x1[2] + x1[3]));
-}
-
-/* Cephes' expf: n = round(x log2 e), r = x - n ln 2 in two steps, a degree-7 polynomial, times
- * 2^n; x clamped at -87.3 (exp(-87.3) ~ 1e-38: the softmax's zero). The operations of exp512. */
-SIMD_INLINE simd_v4 att_exp4(simd_v4 x, const int hw) {
-#define C4(c) ((simd_v4){c, c, c, c})
-  simd_v4 lo = C4(-87.3f);
-  simd_i4 keep = x > lo;
-  x = (simd_v4)(((simd_i4)x & keep) | ((simd_i4)lo & ~keep)); /* max(x, lo); lo where NaN */
-  /* round to nearest even by adding and subtracting 1.5 * 2^23 (|x log2 e| < 2^22 here) */
-  simd_v4 fx = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f, nfx = -fx;
-  x = simd_fma4(nfx, C4(0.693359375f), x, hw);
-  x = simd_fma4(nfx, C4(-2.12194440e-4f), x, hw);
-  simd_v4 y = C4(1.9875691500e-4f);
-  y = simd_fma4(y, x, C4(1.3981999507e-3f), hw);
-  y = simd_fma4(y, x, C4(8.3334519073e-3f), hw);
-  y = simd_fma4(y, x, C4(4.1665795894e-2f), hw);
-  y = simd_fma4(y, x, C4(1.6666665459e-1f), hw);
-  y = simd_fma4(y, x, C4(5.0000001201e-1f), hw);
-  y = simd_fma4(y, x * x, x + 1.0f, hw);
-#undef C4
-  simd_i4 e = (__builtin_convertvector(fx, simd_i4) + 127) << 23; /* 2^n, n in [-126, 0] */
-  return y * (simd_v4)e;
 }
 
 /* The head in NV vectors of 16, the last one holding nl lanes (1..16); NV is a constant where
@@ -615,8 +592,8 @@ SIMD_INLINE float att_row_gen(float *restrict o, const float *restrict qi, const
   for (j = 0; j < lim; j += 16) {
     int n = lim - j < 16 ? lim - j : 16;
     struct simd16 e = simd_load_n(s + j, n);
-    e.q0 = att_exp4(e.q0 - mx, hw), e.q1 = att_exp4(e.q1 - mx, hw);
-    e.q2 = att_exp4(e.q2 - mx, hw), e.q3 = att_exp4(e.q3 - mx, hw);
+    e.q0 = simd_exp4(e.q0 - mx, hw), e.q1 = simd_exp4(e.q1 - mx, hw);
+    e.q2 = simd_exp4(e.q2 - mx, hw), e.q3 = simd_exp4(e.q3 - mx, hw);
     e = simd_keep_n(e, n);
     simd_store_n(s + j, e, n);
     sv = simd_add(sv, e);
@@ -681,22 +658,6 @@ attn_row_fma(float *restrict o, const float *restrict qi, const float *restrict 
  * same operations in the same order as att_row_gen (the same bits, tested). */
 #define K512 __attribute__((target("avx512f")))
 
-K512 static inline __m512 exp512(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f)); /* exp(-87.3) ~ 1e-38: the softmax's zero */
-  __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
-  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(y, fx);
-}
-
 /* lanes i + (i + 8) */
 K512 static inline __m256 fold512(__m512 a) {
   return _mm256_add_ps(_mm512_castps512_ps256(a),
@@ -756,7 +717,7 @@ attn_row512_nv(float *restrict o, const float *restrict qi, const float *restric
   __m512 sv = _mm512_setzero_ps(), mxv = _mm512_set1_ps(mx);
   for (j = 0; j < lim; j += 16) {
     __mmask16 mk = mask16(lim - j);
-    __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), mxv));
+    __m512 e = simd_exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), mxv));
     e = _mm512_maskz_mov_ps(mk, e);
     _mm512_mask_storeu_ps(s + j, mk, e);
     sv = _mm512_add_ps(sv, e);
@@ -940,16 +901,16 @@ struct cls_args {
 /* One row of logits z[V]: scaled by inv_temp in place, log p of the target, and with probs the
  * softmax written back and the entropy. Vectorised in 16 lanes (simd.h), the same bits on every
  * instruction set (the dispatch below, as the attention's):
- * - the exponentials are att_exp4 (Cephes' expf, within 2 ulp of expf);
+ * - the exponentials are simd_exp4 (Cephes' expf, within 2 ulp of expf);
  * - the sums go in chunks of CLS_CHUNK logits: 16 float lanes (logit j in lane j mod 16), reduced
  *   by simd_tree, the chunks' sums added in double;
  * - a NaN or an infinity among the logits makes the log-sum-exp NaN, as expf's sum would (the
- *   sum of z - z is then not 0): att_exp4 alone would clamp it away. */
+ *   sum of z - z is then not 0): simd_exp4 alone would clamp it away. */
 enum { CLS_CHUNK = 256 };
 
 SIMD_INLINE struct simd16 cls_exp16(struct simd16 x, float sub, const int hw) {
-  struct simd16 r = {att_exp4(x.q0 - sub, hw), att_exp4(x.q1 - sub, hw), att_exp4(x.q2 - sub, hw),
-                     att_exp4(x.q3 - sub, hw)};
+  struct simd16 r = {simd_exp4(x.q0 - sub, hw), simd_exp4(x.q1 - sub, hw),
+                     simd_exp4(x.q2 - sub, hw), simd_exp4(x.q3 - sub, hw)};
   return r;
 }
 

@@ -11,6 +11,7 @@
 #include "kernels.h"
 #include "lora.h"
 #include "pool.h"
+#include "softmax.h"
 
 struct gen_state {
   struct model_config cfg;
@@ -199,42 +200,22 @@ static int cmp_desc(const void *a, const void *b, void *ctx) {
 
 int sampler_pick(float *logits, int V, const struct sampler_opts *o, struct rng *r, float *logp,
                  int *scratch_idx, float *scratch_p) {
-  /* logits: [V] */
-  float mx = -INFINITY;
-  int arg = 0;
-  for (int j = 0; j < V; j++)
-    if (logits[j] > mx) {
-      mx = logits[j];
-      arg = j;
-    }
+  /* logits: [V]; the passes over it are softmax.c's (one arithmetic on every instruction set) */
+  float mx = smx_max(logits, V);
   if (o->temperature <= 0.0f) {
-    double sum = 0;
-    for (int j = 0; j < V; j++) sum += expf(logits[j] - mx);
-    *logp = -(float)log(sum);
-    return arg;
+    *logp = -(float)log(smx_exp_sum(logits, V, 1.0f, mx, NULL));
+    return smx_argmax(logits, V, mx);
   }
   float inv_t = 1.0f / o->temperature, zmax = mx * inv_t;
-  double sum = 0;
-  for (int j = 0; j < V; j++) {
-    float p = expf(logits[j] * inv_t - zmax);
-    scratch_p[j] = p;
-    sum += p;
-  }
+  double sum = smx_exp_sum(logits, V, inv_t, zmax, scratch_p);
   float lse = zmax + (float)log(sum);
   int pick = -1;
   if (o->top_p >= 1.0f) {
-    double u = rng_float(r) * sum, c = 0;
-    for (int j = 0; j < V; j++) {
-      c += scratch_p[j];
-      if (scratch_p[j] > 0) pick = j;
-      if (u < c) break;
-    }
+    pick = smx_draw(scratch_p, V, rng_float(r) * sum);
   } else {
     /* nucleus: a token whose probability is below (1 - top_p) / (V - 1) can never be inside it */
     float cutoff = (float)((1.0 - o->top_p) / (V - 1) * sum);
-    int n = 0;
-    for (int j = 0; j < V; j++)
-      if (scratch_p[j] >= cutoff) scratch_idx[n++] = j;
+    int n = smx_at_least(scratch_p, V, cutoff, scratch_idx);
     qsort_r(scratch_idx, (size_t)n, sizeof(int), cmp_desc, scratch_p);
     double target = o->top_p * sum, c = 0;
     int last = n - 1;
@@ -249,7 +230,7 @@ int sampler_pick(float *logits, int V, const struct sampler_opts *o, struct rng 
     for (int i = 0; i <= last; i++) kept += scratch_p[scratch_idx[i]];
     double u = rng_float(r) * kept;
     c = 0;
-    pick = scratch_idx[last];
+    pick = last >= 0 ? scratch_idx[last] : -1;
     for (int i = 0; i <= last; i++) {
       c += scratch_p[scratch_idx[i]];
       if (u < c) {
@@ -258,42 +239,21 @@ int sampler_pick(float *logits, int V, const struct sampler_opts *o, struct rng 
       }
     }
   }
-  if (pick < 0) pick = arg;
+  if (pick < 0) pick = smx_argmax(logits, V, mx);
   *logp = logits[pick] * inv_t - lse;
   return pick;
 }
 
 void sampler_top(const float *logits, int V, float temperature, int k, int *ids, float *logp) {
-  /* logits: [V]; the arithmetic is sampler_pick's, expression for expression */
-  float mx = -INFINITY;
-  for (int j = 0; j < V; j++)
-    if (logits[j] > mx) mx = logits[j];
+  /* logits: [V]; the arithmetic is sampler_pick's, expression for expression: the listed
+   * log-prob (x * inv_t - 0) - lse is x * inv_t - lse, and greedy's (x * 1 - mx) - lse */
+  float mx = smx_max(logits, V);
   int greedy = temperature <= 0.0f;
-  float inv_t = greedy ? 1.0f : 1.0f / temperature, zmax = mx * inv_t, lse;
-  double sum = 0;
-  if (greedy) {
-    for (int j = 0; j < V; j++) sum += expf(logits[j] - mx);
-    lse = (float)log(sum);
-  } else {
-    for (int j = 0; j < V; j++) sum += expf(logits[j] * inv_t - zmax);
-    lse = zmax + (float)log(sum);
-  }
+  float inv_t = greedy ? 1.0f : 1.0f / temperature, zmax = mx * inv_t;
+  double sum = smx_exp_sum(logits, V, inv_t, zmax, NULL);
+  float lse = greedy ? (float)log(sum) : zmax + (float)log(sum);
   if (k > V) k = V;
-  int n = 0;
-  for (int j = 0; j < V; j++) {
-    float lp = greedy ? (logits[j] - mx) - lse : logits[j] * inv_t - lse;
-    if (lp != lp) lp = -INFINITY; /* a NaN row still lists k ids */
-    /* j is above every listed id: it goes after the equal ones */
-    if (n == k && !(lp > logp[k - 1])) continue;
-    int at = n < k ? n++ : k - 1;
-    while (at > 0 && lp > logp[at - 1]) {
-      ids[at] = ids[at - 1];
-      logp[at] = logp[at - 1];
-      at--;
-    }
-    ids[at] = j;
-    logp[at] = lp;
-  }
+  smx_top(logits, V, inv_t, greedy ? mx : 0.0f, lse, k, ids, logp);
 }
 
 /* With o->top_k: the alternatives of sequence q's next token (the slot its len points at), from

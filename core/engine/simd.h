@@ -132,4 +132,49 @@ SIMD_INLINE float simd_tree(struct simd16 v) {
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
+/* Cephes' expf: n = round(x log2 e), r = x - n ln 2 in two steps, a degree-7 polynomial, times
+ * 2^n; x clamped at -87.3 (exp(-87.3) ~ 1e-38: the softmax's zero). The operations of
+ * kernels.c's exp512 (decoding attention, the classifier, the sampler's softmax.c). */
+SIMD_INLINE simd_v4 simd_exp4(simd_v4 x, const int hw) {
+#define C4(c) ((simd_v4){c, c, c, c})
+  simd_v4 lo = C4(-87.3f);
+  simd_i4 keep = x > lo;
+  x = (simd_v4)(((simd_i4)x & keep) | ((simd_i4)lo & ~keep)); /* max(x, lo); lo where NaN */
+  /* round to nearest even by adding and subtracting 1.5 * 2^23 (|x log2 e| < 2^22 here) */
+  simd_v4 fx = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f, nfx = -fx;
+  x = simd_fma4(nfx, C4(0.693359375f), x, hw);
+  x = simd_fma4(nfx, C4(-2.12194440e-4f), x, hw);
+  simd_v4 y = C4(1.9875691500e-4f);
+  y = simd_fma4(y, x, C4(1.3981999507e-3f), hw);
+  y = simd_fma4(y, x, C4(8.3334519073e-3f), hw);
+  y = simd_fma4(y, x, C4(4.1665795894e-2f), hw);
+  y = simd_fma4(y, x, C4(1.6666665459e-1f), hw);
+  y = simd_fma4(y, x, C4(5.0000001201e-1f), hw);
+  y = simd_fma4(y, x * x, x + 1.0f, hw);
+#undef C4
+  simd_i4 e = (__builtin_convertvector(fx, simd_i4) + 127) << 23; /* 2^n, n in [-126, 0] */
+  return y * (simd_v4)e;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+/* simd_exp4 on 16 lanes in AVX-512 (the same bits: the rounding to an integer by roundscale,
+ * 2^n by scalef, both exact here): decoding attention (kernels.c) and the sampler (softmax.c). */
+__attribute__((target("avx512f"), always_inline)) static inline __m512 simd_exp512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f)); /* exp(-87.3) ~ 1e-38: the softmax's zero */
+  __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(y, fx);
+}
+#endif
+
 #endif

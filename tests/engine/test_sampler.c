@@ -4,7 +4,10 @@
  * (gen_advance) against gen_run and the training forward; Llama, Qwen2 and Qwen3 (q/k
  * norms, yarn RoPE, a padded vocabulary whose padding logits dwarf the real ones and must never
  * be drawn). */
+#include <float.h>
+#include <math.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -726,7 +729,251 @@ static void test_concurrent_pick(void) {
             args[1].outside);
 }
 
+/* The instruction sets to try: this CPU's, then the baseline build (always available). */
+static int isa_list(int out[4]) {
+  int best = kernels_force_isa(0), n = 0;
+  for (int isa = KERNELS_ISA_PORTABLE; isa <= best; isa++)
+    if (kernels_force_isa(isa) == isa) out[n++] = isa;
+  if (kernels_force_isa(KERNELS_ISA_BASELINE) == KERNELS_ISA_BASELINE)
+    out[n++] = KERNELS_ISA_BASELINE;
+  kernels_force_isa(0);
+  return n;
+}
+
+/* ---- the vectorised passes (softmax.c) against a scalar reference of the same arithmetic ---- */
+
+/* simd_exp4 (simd.h) one lane at a time, with fmaf */
+static float ref_exp(float x) {
+  if (!(x > -87.3f)) x = -87.3f;
+  float fx = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  x = fmaf(-fx, 0.693359375f, x);
+  x = fmaf(-fx, -2.12194440e-4f, x);
+  float y = 1.9875691500e-4f;
+  y = fmaf(y, x, 1.3981999507e-3f);
+  y = fmaf(y, x, 8.3334519073e-3f);
+  y = fmaf(y, x, 4.1665795894e-2f);
+  y = fmaf(y, x, 1.6666665459e-1f);
+  y = fmaf(y, x, 5.0000001201e-1f);
+  y = fmaf(y, x * x, x + 1.0f);
+  int32_t e = ((int32_t)fx + 127) * (1 << 23);
+  float two;
+  memcpy(&two, &e, sizeof two);
+  return y * two;
+}
+
+/* e_j (softmax.h): 0 below -87.3 and for a NaN */
+static float ref_e(float x, float scale, float sub) {
+  float z = x * scale - sub;
+  return z >= -87.3f ? ref_exp(z) : 0.0f;
+}
+
+/* simd_tree of 16 lanes */
+static float ref_tree(const float *l) {
+  float s4[4];
+  for (int i = 0; i < 4; i++) s4[i] = (l[i] + l[i + 8]) + (l[i + 4] + l[i + 12]);
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+static float ref_max(const float *x, int V) {
+  float lane[16], mx = -INFINITY;
+  int j = 0;
+  for (int l = 0; l < 16; l++) lane[l] = -INFINITY;
+  for (; j + 16 <= V; j += 16)
+    for (int l = 0; l < 16; l++) lane[l] = x[j + l] > lane[l] ? x[j + l] : lane[l];
+  for (int l = 0; l < 16; l++) mx = lane[l] > mx ? lane[l] : mx;
+  for (; j < V; j++) mx = x[j] > mx ? x[j] : mx;
+  return mx;
+}
+
+/* chunks of 256 ids: 16 float lanes (id k in lane k mod 16), the tree, the chunks in double */
+static double ref_sum(const float *x, int V, float scale, float sub, float *p, float *chunks) {
+  double sum = 0;
+  for (int j = 0, c = 0; j < V; j += 256, c++) {
+    float lane[16] = {0};
+    for (int k = j; k < V && k < j + 256; k++) {
+      float e = ref_e(x[k], scale, sub);
+      if (p) p[k] = e;
+      lane[k % 16] += e;
+    }
+    chunks[c] = ref_tree(lane);
+    sum += chunks[c];
+  }
+  return sum;
+}
+
+static int ref_argmax(const float *x, int V, float mx) {
+  for (int j = 0; j < V; j++)
+    if (x[j] == mx) return j;
+  return 0;
+}
+
+/* sampler_pick with top_p 1 (or greedy), one id at a time */
+static float ref_p[5000]; /* ref_pick's probabilities (unnormalised: sampler_pick's scratch_p) */
+
+static int ref_pick(const float *x, int V, float temp, struct rng *r, float *lp) {
+  static float chunks[32];
+  float *p = ref_p;
+  float mx = ref_max(x, V);
+  if (temp <= 0.0f) {
+    *lp = -(float)log(ref_sum(x, V, 1.0f, mx, NULL, chunks));
+    return ref_argmax(x, V, mx);
+  }
+  float inv_t = 1.0f / temp, zmax = mx * inv_t;
+  double sum = ref_sum(x, V, inv_t, zmax, p, chunks), u = rng_float(r) * sum, c = 0;
+  float lse = zmax + (float)log(sum);
+  int pick = -1;
+  for (int j = 0, ci = 0; j < V && pick < 0; j += 256, ci++) {
+    if (!(u < c + chunks[ci])) {
+      c += chunks[ci];
+      continue;
+    }
+    for (int k = j; k < V && k < j + 256; k++) {
+      c += p[k];
+      if (p[k] > 0) pick = k;
+      if (u < c) break;
+    }
+    if (pick < 0) pick = V; /* stop: no draw in this chunk (the walk ends here) */
+  }
+  if (pick < 0 || pick == V) pick = ref_argmax(x, V, mx);
+  *lp = x[pick] * inv_t - lse;
+  return pick;
+}
+
+/* sampler_top: the scalar selection with the log-sum-exp above */
+static void ref_top(const float *x, int V, float temp, int k, int *ids, float *lps) {
+  static float chunks[32];
+  float mx = ref_max(x, V);
+  int greedy = temp <= 0.0f, n = 0;
+  float inv_t = greedy ? 1.0f : 1.0f / temp, zmax = mx * inv_t;
+  double sum = ref_sum(x, V, inv_t, zmax, NULL, chunks);
+  float lse = greedy ? (float)log(sum) : zmax + (float)log(sum);
+  for (int j = 0; j < V; j++) {
+    float y = greedy ? (x[j] - mx) - lse : x[j] * inv_t - lse;
+    if (y != y) y = -INFINITY;
+    if (n == k && !(y > lps[k - 1])) continue;
+    int at = n < k ? n++ : k - 1;
+    while (at > 0 && y > lps[at - 1]) {
+      ids[at] = ids[at - 1];
+      lps[at] = lps[at - 1];
+      at--;
+    }
+    ids[at] = j;
+    lps[at] = y;
+  }
+}
+
+/* The kind of row r: normal logits, then masks, huge and tiny values, ties, zeros of both
+ * signs, a NaN, an infinity. */
+static void fill_row(float *x, int V, int kind, struct rng *r) {
+  for (int j = 0; j < V; j++) x[j] = 3.0f * (float)rng_normal(r);
+  switch (kind) {
+  case 1: /* the constrained decoding mask: most ids -INFINITY */
+    for (int j = 0; j < V; j++)
+      if (rng_below(r, 10)) x[j] = -INFINITY;
+    break;
+  case 2: /* one id allowed */
+    for (int j = 0; j < V; j++)
+      if (j != V / 3) x[j] = -INFINITY;
+    break;
+  case 3: /* huge and tiny magnitudes (exp underflows for most) */
+    for (int j = 0; j < V; j++)
+      x[j] = rng_below(r, 2) ? x[j] * 1e4f : (rng_below(r, 2) ? 1e-30f : -1e-38f) * x[j];
+    break;
+  case 4: /* ties: few distinct values */
+    for (int j = 0; j < V; j++) x[j] = (float)rng_below(r, 4) * 0.5f;
+    break;
+  case 5: /* zeros of both signs around a maximum of 0 */
+    for (int j = 0; j < V; j++)
+      x[j] = rng_below(r, 2) ? -0.0f : (rng_below(r, 2) ? 0.0f : -x[j] * x[j]);
+    break;
+  case 6: /* a NaN and a -INFINITY among normal logits */
+    x[V / 2] = NAN;
+    x[V - 1] = -INFINITY;
+    break;
+  case 7: /* the largest finite float (an overflow to +inf at a low temperature) */
+    x[0] = FLT_MAX;
+    break;
+  default: break;
+  }
+}
+
+/* Every instruction set's sampler_pick and sampler_top give the reference's bits: the token, its
+ * log-prob, every e_j it drew from (its scratch_p), the listed ids and log-probs, over row lengths
+ * around the 16 lanes and the 256-id chunks; top_p < 1 agrees across instruction sets; a masked id
+ * (-INFINITY) is never drawn, and the softmax's sum is within 1e-5 of the float64 one. */
+static void test_passes_bits(void) {
+  enum { VMAX = 4099, NT = 5 };
+  static const int lens[] = {1, 5, 16, 17, 255, 256, 257, 1000, 4099};
+  static const float temps[NT] = {0.0f, 0.3f, 1.0f, 1.7f, 1.0f};
+  static float x[VMAX], copy[VMAX], sp[VMAX], lps[SAMPLER_TOP_MAX], rlps[SAMPLER_TOP_MAX];
+  static int idx[VMAX], ids[SAMPLER_TOP_MAX], rids[SAMPLER_TOP_MAX];
+  int isas[4], n_isa = isa_list(isas), compared = 0, bad = 0, masked = 0;
+  double worst = 0;
+  struct rng r;
+  rng_seed(&r, 99, 0);
+  for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+    for (int kind = 0; kind < 8; kind++)
+      for (int rep = 0; rep < 3; rep++) {
+        int V = lens[li], k = V < SAMPLER_TOP_MAX ? V : SAMPLER_TOP_MAX;
+        fill_row(x, V, kind, &r);
+        int finite = 0; /* some id is allowed (and no overflow to +inf leaves all at 0) */
+        for (int j = 0; j < V; j++) finite |= isfinite(x[j]) && kind != 7;
+        if (kind == 0) { /* the float64 softmax's sum */
+          double mx = -INFINITY, sum = 0;
+          static float chunks[32];
+          for (int j = 0; j < V; j++) mx = fmax(mx, x[j]);
+          for (int j = 0; j < V; j++) sum += exp(x[j] - mx);
+          double got = ref_sum(x, V, 1.0f, (float)mx, NULL, chunks);
+          worst = fmax(worst, fabs(got - sum) / sum);
+        }
+        for (int ti = 0; ti < NT; ti++) {
+          float want_lp = 0, lp, top_p = ti == NT - 1 ? 0.6f : 1.0f, first_lp = 0;
+          uint64_t seed = 1000 + (uint64_t)(li * 100 + kind * 10 + rep);
+          int want = -1, first = -1;
+          struct rng rr;
+          if (top_p >= 1.0f) {
+            rng_seed(&rr, seed, 0);
+            want = ref_pick(x, V, temps[ti], &rr, &want_lp);
+            ref_top(x, V, temps[ti], k, rids, rlps);
+          }
+          for (int i = 0; i < n_isa; i++) {
+            kernels_force_isa(isas[i]);
+            struct sampler_opts o = {.temperature = temps[ti], .top_p = top_p, .max_new_tokens = 1};
+            memcpy(copy, x, sizeof(float) * (size_t)V);
+            rng_seed(&rr, seed, 0);
+            int tok = sampler_pick(copy, V, &o, &rr, &lp, idx, sp);
+            sampler_top(x, V, temps[ti], k, ids, lps);
+            compared++;
+            masked += x[tok] == -INFINITY && finite;
+            if (top_p < 1.0f) { /* the nucleus: every instruction set as the first */
+              if (i == 0) first = tok, first_lp = lp;
+              bad += tok != first || memcmp(&lp, &first_lp, sizeof lp);
+              continue;
+            }
+            int ok = tok == want && !memcmp(&lp, &want_lp, sizeof lp) &&
+                     (temps[ti] <= 0.0f || !memcmp(sp, ref_p, sizeof(float) * (size_t)V)) &&
+                     !memcmp(ids, rids, sizeof(int) * (size_t)k) &&
+                     !memcmp(lps, rlps, sizeof(float) * (size_t)k);
+            if (!ok && bad++ < 5)
+              fprintf(stderr,
+                      "isa %d V %d kind %d T %g: token %d (%.9g), reference %d (%.9g); top[0] %d "
+                      "(%.9g), reference %d (%.9g)\n",
+                      isas[i], V, kind, (double)temps[ti], tok, (double)lp, want, (double)want_lp,
+                      ids[0], (double)lps[0], rids[0], (double)rlps[0]);
+          }
+        }
+      }
+  kernels_force_isa(0);
+  CHECK_MSG(bad == 0, "%d of %d draws differ from the scalar reference", bad, compared);
+  CHECK_MSG(masked == 0, "%d draws of a masked (-INFINITY) id", masked);
+  CHECK_MSG(worst < 1e-5, "softmax sum %g from float64", worst);
+  printf("sampler passes: %d draws on %d instruction sets bit-identical to the reference; sum "
+         "within %.2g of float64\n",
+         compared, n_isa, worst);
+}
+
 int main(void) {
+  test_passes_bits();
   test_model(ARCH_LLAMA, 1, 2);
   test_model(ARCH_QWEN2, 0, 4);
   test_model(ARCH_QWEN3, 0, 2);
