@@ -259,7 +259,15 @@ static int train_metrics(void *ctx, const struct runner_metrics *m) {
   free(line);
   const json_t *loss = json_object_get(data, "train/loss"),
                *vloss = json_object_get(data, "valid/loss");
-  if (loss || vloss) /* a supervised job's */
+  const json_t *acc = json_object_get(data, "rewards/accuracy"),
+               *vacc = json_object_get(data, "valid/rewards/accuracy");
+  if (acc || vacc) /* a DPO job's */
+    fprintf(
+        stderr, "step %lld: %s loss %.4f rewards/accuracy %.3f margin %.3f\n", (long long)m->step,
+        acc ? "train" : "valid", json_real_value(loss ? loss : vloss),
+        json_real_value(acc ? acc : vacc),
+        json_real_value(json_object_get(data, acc ? "rewards/margin" : "valid/rewards/margin")));
+  else if (loss || vloss) /* a supervised job's */
     fprintf(stderr, "step %lld: %s loss %.4f token accuracy %.3f\n", (long long)m->step,
             loss ? "train" : "valid", json_real_value(loss ? loss : vloss),
             json_real_value(json_object_get(data, loss ? "train/mean_token_accuracy"

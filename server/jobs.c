@@ -36,10 +36,11 @@ static int map_file(struct server *srv, json_t *body, const char *field, const c
     snprintf(msg, sizeof msg, "file '%.64s' cannot be read: %.200s", id, e.msg);
     return dapo_errors_add(errors, field, msg) ? -1 : 0;
   }
-  /* an upload is validated as a DAPO file; a supervised job's lines (completion, weights) are
-   * checked by its own rules when the job is (runner_check_data), each named by line */
+  /* an upload is validated as a DAPO file; a supervised or DPO job's lines (completions,
+   * weights, pairs) are checked by its own rules when the job is (runner_check_data), each named
+   * by line */
   const char *method = json_string_value(json_object_get(body, "method"));
-  int supervised = method && !strcmp(method, "supervised");
+  int supervised = method && (!strcmp(method, "supervised") || !strcmp(method, "dpo"));
   if (!f.valid && !supervised) {
     snprintf(msg, sizeof msg,
              "file '%.64s' is invalid (%zu problems reported; GET /v1/files/%.64s lists them): "
@@ -411,7 +412,7 @@ static int finish_admission(struct server *srv, const json_t *body, const char *
       .suffix = json_string_value(json_object_get(body, "suffix")),
       .training_file = json_string_value(json_object_get(body, "training_file")),
       .validation_file = json_string_value(json_object_get(body, "validation_file")),
-      .total_steps = spec->hp.method == METHOD_SUPERVISED
+      .total_steps = spec->hp.method != METHOD_DAPO
                          ? hparams_sft_total_steps(&spec->hp, f->train_examples)
                          : spec->hp.total_steps,
       .idempotency_key = key,

@@ -224,7 +224,11 @@ int dpo_encode(const struct lm *lm, const struct chat_template *chat, int end_id
     int f = 0;
     while (f < x.n && !x.trained[f]) f++;
     const char *field = resp_key(line, w);
-    if (x.n_trained != x.n - f)
+    if (!f)
+      rc = dapo_errf(e, DAPO_EINVAL,
+                     "line %d: field '%s': its prompt encodes to no token (the model has no BOS)",
+                     lineno, field);
+    else if (x.n_trained != x.n - f)
       rc = dapo_errf(e, DAPO_EINVAL, "line %d: field '%s': the response is not one trained run",
                      lineno, field);
     else if (w && (f != out->n_prompt || memcmp(x.tokens, out->prompt, sizeof(int) * (size_t)f)))

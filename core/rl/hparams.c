@@ -374,6 +374,9 @@ json_t *hparams_describe(void) {
     if (o && (r->type == H_INT || r->type == H_NUM)) {
       json_object_set_new(o, "minimum", row_value(r, r->min));
       json_object_set_new(o, "maximum", row_value(r, r->max));
+      /* a bound left out of the range: beta (0, 2], label_smoothing [0, 0.5) */
+      if (r->only & OPEN_MIN) json_object_set_new(o, "exclusive_minimum", json_true());
+      if (r->only & OPEN_MAX) json_object_set_new(o, "exclusive_maximum", json_true());
     }
     if (o && r->type == H_ENUM) {
       json_t *c = json_array();

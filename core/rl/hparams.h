@@ -93,7 +93,8 @@ const char *hparams_method_name(int method);
 
 /* A new array describing every knob in table order: {name, type ("integer", "number",
  * "boolean", "string"), default and grpo_default (null when derived from other knobs: the help
- * says how), minimum and maximum (numbers), choices (strings), help, methods (the methods whose
+ * says how), minimum and maximum (numbers; exclusive_minimum or exclusive_maximum true when
+ * that bound is itself out of range), choices (strings), help, methods (the methods whose
  * knob it is: "dapo", "supervised", "dpo")}. NULL when out of memory.
  * The web dashboard's form is built from it (api/static.c serves it). */
 json_t *hparams_describe(void);

@@ -143,7 +143,8 @@ static int mkdir_p(const char *path) {
  * a whole minibatch fits either way. */
 static void caps(const struct hparams *hp, const struct episode_spec *ep, int max_prompt,
                  int with_val, int *cap_t, int *cap_tokens, int *cap_resp, int *gen_cap) {
-  if (hp->method == METHOD_SUPERVISED) { /* max_prompt: the longest example; nothing generated */
+  if (hp->method != METHOD_DAPO) { /* max_prompt: the longest example (a DPO job: pair); nothing
+                                      generated */
     *cap_t = max_prompt;
     *cap_tokens = *cap_resp =
         hp->micro_batch_tokens > max_prompt ? hp->micro_batch_tokens : max_prompt;
@@ -331,10 +332,7 @@ int runner_check_data(const struct job_spec *s, struct runner_data_facts *f, jso
   size_t before = json_array_size(errors);
   memset(f, 0, sizeof *f);
   if (s->hp.method == METHOD_SUPERVISED) return sft_check_data(s, f, errors);
-  if (s->hp.method == METHOD_DPO) { /* the knobs parse; the step is not built yet */
-    dapo_errors_add(errors, "method", "dpo jobs do not run yet (the step is being built)");
-    return (int)(json_array_size(errors) - before);
-  }
+  if (s->hp.method == METHOD_DPO) return dpo_check_data(s, f, errors);
   struct lm lm;
   struct dapo_err e = {0};
   if (trainer_open_meta(s, f, &lm, errors)) return (int)(json_array_size(errors) - before);
@@ -944,11 +942,16 @@ int runner_run(const struct job_spec *spec, const char *out_dir, const struct ru
   if (trainer_rank(t) != 0) t->h = NULL;
   int64_t from = trainer_rank(t) == 0 ? runner_latest_checkpoint(t->out) : 0;
   dist_bcast(trainer_dist(t), &from, sizeof from, 0);
-  /* a supervised job: its own set-up, step, evaluation and teardown (runner_sft.c) */
-  int sft = spec->hp.method == METHOD_SUPERVISED;
-  int (*evaluate)(struct trainer *) = sft ? trainer_sft_evaluate : trainer_evaluate;
-  int stop = trainer_agree(t, sft ? trainer_sft_setup(t, from) : setup(t, from));
-  int64_t total = sft ? t->sft_total_steps : t->hp->total_steps;
+  /* a supervised or DPO job: its own set-up, step, evaluation and teardown (runner_sft.c,
+   * runner_dpo.c) */
+  int sft = spec->hp.method == METHOD_SUPERVISED, dpo = spec->hp.method == METHOD_DPO;
+  int (*evaluate)(struct trainer *) = dpo   ? trainer_dpo_evaluate
+                                      : sft ? trainer_sft_evaluate
+                                            : trainer_evaluate;
+  int stop = trainer_agree(t, dpo   ? trainer_dpo_setup(t, from)
+                              : sft ? trainer_sft_setup(t, from)
+                                    : setup(t, from));
+  int64_t total = sft || dpo ? t->sft_total_steps : t->hp->total_steps;
   if (!stop && t->step == 0) {
     /* step 0: the starting weights, and a baseline evaluation */
     if (t->hp->eval_every > 0) stop = evaluate(t);
@@ -967,8 +970,9 @@ int runner_run(const struct job_spec *spec, const char *out_dir, const struct ru
     t->step++;
     json_t *m = NULL;
     int64_t gen_tokens = 0, train_tokens = 0;
-    int rc = sft ? trainer_sft_step(t, &m, &train_tokens)
-                 : trainer_step(t, &m, &gen_tokens, &train_tokens);
+    int rc = dpo   ? trainer_dpo_step(t, &m, &train_tokens)
+             : sft ? trainer_sft_step(t, &m, &train_tokens)
+                   : trainer_step(t, &m, &gen_tokens, &train_tokens);
     if (rc == STEP_PAUSED) {
       t->step--;
       res->status = RUNNER_PAUSED;
@@ -985,7 +989,7 @@ int runner_run(const struct job_spec *spec, const char *out_dir, const struct ru
     int last = t->step == total;
     int paused_now = t->o && t->o->stop_after_step > 0 && t->step == t->o->stop_after_step;
     int pausing = trainer_requests(t) & TRAINER_PAUSE;
-    stop = sft ? 0 : trainer_write_rollouts(t); /* a supervised step samples nothing */
+    stop = sft || dpo ? 0 : trainer_write_rollouts(t); /* neither samples anything */
     if (!stop && (last || (t->hp->checkpoint_every > 0 && t->step % t->hp->checkpoint_every == 0) ||
                   paused_now || pausing))
       stop = trainer_checkpoint(t, m);
@@ -1015,7 +1019,9 @@ int runner_run(const struct job_spec *spec, const char *out_dir, const struct ru
       res->status = RUNNER_FAILED;
   } else if (res->status != RUNNER_PAUSED)
     res->status = RUNNER_SUCCEEDED;
-  if (sft)
+  if (dpo)
+    trainer_dpo_teardown(t);
+  else if (sft)
     trainer_sft_teardown(t);
   else
     teardown(t);

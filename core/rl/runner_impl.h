@@ -18,6 +18,7 @@
 #include "chat.h"
 #include "dataset.h"
 #include "dist.h"
+#include "dpo.h"
 #include "episode.h"
 #include "lm.h"
 #include "rng.h"
@@ -141,13 +142,18 @@ struct trainer {
   float *g_logp;
   struct rng *g_rng;
   const int **g_prompts;
-  /* a supervised job's (runner_sft.c): its examples, steps and this epoch's order */
+  /* a supervised job's (runner_sft.c): its examples, steps and this epoch's order; a DPO job's
+   * (runner_dpo.c) steps, order and buffers too */
   struct sft_example *sft_train, *sft_val;
   int n_sft_train, n_sft_val;
   int64_t sft_total_steps;
   int *sft_order, sft_order_epoch; /* [n_sft_train], the permutation of epoch sft_order_epoch */
   float *sft_logp;                 /* [cap_tokens] */
   unsigned char *sft_hit;          /* [cap_tokens] */
+  /* a DPO job's (runner_dpo.c): its pairs and their reference's sequence log-probs */
+  struct dpo_pair *dpo_train, *dpo_val;
+  int n_dpo_train, n_dpo_val;
+  double *dpo_ref_train, *dpo_ref_val; /* [2 n]: pair i's chosen at 2i, rejected at 2i + 1 */
 };
 
 /* How a step ended: trained (STEP_OK), stopped with res set (STEP_STOP), or paused between
@@ -236,6 +242,29 @@ void trainer_sft_teardown(struct trainer *t);
  * every line of its files checked and encoded (field training_file or validation_file, the
  * message naming the line); f->max_prompt_tokens the longest example. */
 int sft_check_data(const struct job_spec *s, struct runner_data_facts *f, json_t *errors);
+/* The chat template of a job's `messages` lines: the job's, else the model's own (NULL when it
+ * has none: such lines are then refused by sft_encode). 0, or a template the job gives that does
+ * not build (e says why). */
+int trainer_sft_chat(const struct job_spec *s, const struct lm *lm, struct chat_template **chat,
+                     struct dapo_err *e);
+/* The id that ends a completion: the model's first EOS (config or generation config), else the
+ * tokenizer's. */
+int trainer_sft_end_id(const struct lm *lm);
+/* The order of epoch `epoch` (a permutation of the n training items keyed by seed and epoch)
+ * into t->sft_order. */
+void trainer_sft_epoch_order(struct trainer *t, int epoch, int n);
+/* The buffers of a supervised or DPO job: micro-batches of cap tokens, sequences of at most
+ * longest tokens, an order of n_order items; the train state. 0, or 1 with res set. */
+int trainer_sft_buffers(struct trainer *t, int cap, int longest, int n_order);
+/* ---- runner_dpo.c ---- */
+/* A DPO job's parts of runner_run's loop, as a supervised job's: set-up (the model, the pairs
+ * encoded, the reference's log-probs, the buffers), step, validation over the whole file,
+ * teardown; dpo_check_data for runner_check_data. */
+int trainer_dpo_setup(struct trainer *t, int64_t from);
+int trainer_dpo_step(struct trainer *t, json_t **metrics_out, int64_t *train_tokens_out);
+int trainer_dpo_evaluate(struct trainer *t);
+void trainer_dpo_teardown(struct trainer *t);
+int dpo_check_data(const struct job_spec *s, struct runner_data_facts *f, json_t *errors);
 /* ---- runner_step.c ---- */
 
 /* Progress of a long pass (runner_hooks.progress): told at its start and at each twentieth. */

@@ -11,11 +11,8 @@
 
 #define TAG_SFT_ORDER 0x5346544f52444552ULL /* "SFTORDER" */
 
-/* The chat template of a job's `messages` lines: the job's, else the model's own (NULL when it
- * has none: such lines are then refused by sft_encode). 0, or a template the job gives that does
- * not build (e says why). */
-static int sft_chat(const struct job_spec *s, const struct lm *lm, struct chat_template **chat,
-                    struct dapo_err *e) {
+int trainer_sft_chat(const struct job_spec *s, const struct lm *lm, struct chat_template **chat,
+                     struct dapo_err *e) {
   *chat = NULL;
   if (!s->chat_template && !lm->tok_config) return 0;
   struct dapo_err ignored = {0};
@@ -23,9 +20,7 @@ static int sft_chat(const struct job_spec *s, const struct lm *lm, struct chat_t
   return !*chat && s->chat_template ? DAPO_EINVAL : 0;
 }
 
-/* The id that ends a completion: the model's first EOS (config or generation config), else the
- * tokenizer's. */
-static int sft_end_id(const struct lm *lm) {
+int trainer_sft_end_id(const struct lm *lm) {
   return lm->n_stop > 0 ? lm->stop_ids[0] : tok_eos_id(lm->tok);
 }
 
@@ -43,14 +38,14 @@ int sft_check_data(const struct job_spec *s, struct runner_data_facts *f, json_t
   struct dapo_err e = {0};
   if (trainer_open_meta(s, f, &lm, errors)) return (int)(json_array_size(errors) - before);
   struct chat_template *chat = NULL;
-  if (sft_chat(s, &lm, &chat, &e)) dapo_errors_add(errors, "chat_template", e.msg);
+  if (trainer_sft_chat(s, &lm, &chat, &e)) dapo_errors_add(errors, "chat_template", e.msg);
   const char *files[2] = {s->training_file, s->validation_file};
   const char *names[2] = {"training_file", "validation_file"};
   for (int k = 0; k < 2 && json_array_size(errors) == before; k++) {
     if (!files[k]) continue;
     struct sft_example *x = NULL;
     int n = 0;
-    if (sft_load_file(files[k], &lm, chat, sft_end_id(&lm), s->hp.max_sequence_tokens,
+    if (sft_load_file(files[k], &lm, chat, trainer_sft_end_id(&lm), s->hp.max_sequence_tokens,
                       s->hp.truncate, &x, &n, &e))
       dapo_errors_add(errors, names[k], e.msg);
     int m = longest(x, n);
@@ -65,14 +60,12 @@ int sft_check_data(const struct job_spec *s, struct runner_data_facts *f, json_t
   return (int)(json_array_size(errors) - before);
 }
 
-/* The order of epoch `epoch` (a permutation of the training examples keyed by seed and epoch)
- * into t->sft_order. */
-static void epoch_order(struct trainer *t, int epoch) {
+void trainer_sft_epoch_order(struct trainer *t, int epoch, int n) {
   if (t->sft_order_epoch == epoch) return;
-  for (int i = 0; i < t->n_sft_train; i++) t->sft_order[i] = i;
+  for (int i = 0; i < n; i++) t->sft_order[i] = i;
   struct rng r;
   rng_seed(&r, t->spec->seed, trainer_stream(TAG_SFT_ORDER, (uint64_t)epoch, 0, 0));
-  rng_shuffle_int(&r, t->sft_order, t->n_sft_train);
+  rng_shuffle_int(&r, t->sft_order, n);
   t->sft_order_epoch = epoch;
 }
 
@@ -122,7 +115,7 @@ int trainer_sft_step(struct trainer *t, json_t **out, int64_t *train_tokens_out)
   int64_t k = t->step - 1;
   int epoch = (int)(k / per_epoch), lo = (int)(k % per_epoch) * bs;
   int hi = lo + bs < n ? lo + bs : n;
-  epoch_order(t, epoch);
+  trainer_sft_epoch_order(t, epoch, n);
   t->cursor.epoch = epoch;
   t->cursor.pos = hi;
   int64_t ntr = 0;
@@ -169,9 +162,9 @@ int trainer_sft_setup(struct trainer *t, int64_t from) {
     return trainer_fail(t, FAIL_INVALID_SPEC, "resources.processes",
                         "a supervised job runs in one process");
   if (trainer_setup_model(t, from)) return 1;
-  if (sft_chat(t->spec, &t->lm, &t->chat, &e))
+  if (trainer_sft_chat(t->spec, &t->lm, &t->chat, &e))
     return trainer_fail(t, FAIL_INVALID_CHAT_TEMPLATE, "chat_template", "%s", e.msg);
-  int end = sft_end_id(&t->lm);
+  int end = trainer_sft_end_id(&t->lm);
   if (sft_load_file(t->spec->training_file, &t->lm, t->chat, end, hp->max_sequence_tokens,
                     hp->truncate, &t->sft_train, &t->n_sft_train, &e))
     return trainer_fail(t, FAIL_INVALID_DATASET, "training_file", "training_file %s", e.msg);
@@ -186,21 +179,26 @@ int trainer_sft_setup(struct trainer *t, int64_t from) {
                         "an example of %d tokens exceeds the model's context (%d)", m,
                         t->lm.cfg.max_position_embeddings);
   t->sft_total_steps = hparams_sft_total_steps(hp, t->n_sft_train);
-  t->cap_t = m;
-  t->cap_tokens = hp->micro_batch_tokens > m ? hp->micro_batch_tokens : m;
-  int cap = t->cap_tokens;
+  return trainer_sft_buffers(t, hp->micro_batch_tokens > m ? hp->micro_batch_tokens : m, m,
+                             t->n_sft_train);
+}
+
+int trainer_sft_buffers(struct trainer *t, int cap, int longest, int n_order) {
+  struct dapo_err e = {0};
+  t->cap_t = longest;
+  t->cap_tokens = cap;
   t->b_tok = malloc(sizeof(int) * (size_t)cap);
   t->b_off = malloc(sizeof(int) * ((size_t)cap + 1));
   t->b_plen = malloc(sizeof(int) * (size_t)cap);
   t->b_trained = malloc((size_t)cap);
   t->sft_logp = malloc(sizeof(float) * (size_t)cap);
   t->sft_hit = malloc((size_t)cap);
-  t->sft_order = malloc(sizeof(int) * (size_t)t->n_sft_train);
+  t->sft_order = malloc(sizeof(int) * (size_t)n_order);
   t->sft_order_epoch = -1;
   if (!t->b_tok || !t->b_off || !t->b_plen || !t->b_trained || !t->sft_logp || !t->sft_hit ||
       !t->sft_order)
     return trainer_oom(t);
-  if (!(t->ts = train_state_new(t->lm.model, cap, cap, m, &e)) ||
+  if (!(t->ts = train_state_new(t->lm.model, cap, cap, longest, &e)) ||
       (t->o && t->o->pool && train_state_set_pool(t->ts, t->o->pool, &e)))
     return trainer_fail_err(t, FAIL_OUT_OF_MEMORY, NULL, &e);
   return 0;

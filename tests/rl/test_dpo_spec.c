@@ -124,7 +124,28 @@ static void test_refusals(void) {
   json_decref(errs);
 }
 
+/* The dashboard's table marks beta's and label_smoothing's open bounds, and lists them under dpo.
+ */
+static void test_describe(void) {
+  json_t *d = hparams_describe();
+  int seen = 0;
+  for (size_t i = 0; i < json_array_size(d); i++) {
+    const json_t *k = json_array_get(d, i);
+    const char *name = json_string_value(json_object_get(k, "name"));
+    const json_t *ms = json_object_get(k, "methods");
+    int beta = !strcmp(name, "beta"), ls = !strcmp(name, "label_smoothing");
+    if (!beta && !ls) continue;
+    seen++;
+    CHECK(json_array_size(ms) == 1 && !strcmp(json_string_value(json_array_get(ms, 0)), "dpo"));
+    CHECK(json_is_true(json_object_get(k, beta ? "exclusive_minimum" : "exclusive_maximum")));
+    CHECK(!json_object_get(k, beta ? "exclusive_maximum" : "exclusive_minimum"));
+  }
+  CHECK(seen == 2);
+  json_decref(d);
+}
+
 int main(void) {
+  test_describe();
   test_defaults();
   test_refusals();
   return check_done("test_dpo_spec");

@@ -1,0 +1,306 @@
+/* A DPO job's run (issue 27; docs/TRAINING.md "DPO"): the pairs of its files encoded once
+ * (dpo.h), the reference's sequence log-probs computed once before step 1 (the starting weights;
+ * with an adapter the base with the adapter switched off) and kept in the out folder, so that a
+ * resumed run reads the very bits a straight one uses; then per step batch_size pairs in an
+ * epoch-wise shuffled order (as a supervised job's), each pair's two sequences in one
+ * micro-batch, DPO's sigmoid loss minimised by one AdamW step. Checkpoints, pause and resume as
+ * DAPO jobs. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "runner_impl.h"
+
+/* The file of the reference's log-probs in the out folder: REF_MAGIC, the pair counts of the
+ * training and validation files (two int64), then their 2 n doubles each, host byte order. */
+#define REF_FILE "dpo_reference.bin"
+static const char REF_MAGIC[8] = "DPOREF1";
+
+/* Tokens of pair p through the model: its prompt twice, each response once. */
+static int pair_tokens(const struct dpo_pair *p) {
+  return 2 * p->n_prompt + p->n_resp[0] + p->n_resp[1];
+}
+
+static void longest(const struct dpo_pair *p, int n, int *pair, int *seq) {
+  for (int i = 0; i < n; i++) {
+    if (pair_tokens(&p[i]) > *pair) *pair = pair_tokens(&p[i]);
+    for (int w = 0; w < 2; w++)
+      if (p[i].n_prompt + p[i].n_resp[w] > *seq) *seq = p[i].n_prompt + p[i].n_resp[w];
+  }
+}
+
+int dpo_check_data(const struct job_spec *s, struct runner_data_facts *f, json_t *errors) {
+  size_t before = json_array_size(errors);
+  struct lm lm;
+  struct dapo_err e = {0};
+  if (trainer_open_meta(s, f, &lm, errors)) return (int)(json_array_size(errors) - before);
+  struct chat_template *chat = NULL;
+  if (trainer_sft_chat(s, &lm, &chat, &e)) dapo_errors_add(errors, "chat_template", e.msg);
+  const char *files[2] = {s->training_file, s->validation_file};
+  const char *names[2] = {"training_file", "validation_file"};
+  for (int k = 0; k < 2 && json_array_size(errors) == before; k++) {
+    if (!files[k]) continue;
+    struct dpo_pair *p = NULL;
+    int n = 0, pair = 0, seq = 0;
+    if (dpo_load_file(files[k], &lm, chat, trainer_sft_end_id(&lm), s->hp.max_sequence_tokens,
+                      s->hp.truncate, &p, &n, &e))
+      dapo_errors_add(errors, names[k], e.msg);
+    longest(p, n, &pair, &seq);
+    if (seq > lm.cfg.max_position_embeddings)
+      dapo_errors_add(errors, names[k],
+                      "a prompt and response are longer than the model's context");
+    if (pair > f->max_prompt_tokens) f->max_prompt_tokens = pair;
+    if (k == 0) f->train_examples = n;
+    dpo_pairs_free(p, n);
+  }
+  chat_free(chat);
+  lm_close(&lm);
+  return (int)(json_array_size(errors) - before);
+}
+
+/* What a pass adds up over its pairs. */
+struct dpo_sums {
+  double loss, chosen, rejected, margin, lp_chosen, lp_rejected;
+  int64_t correct, pairs, tokens;
+};
+
+enum { PASS_REF, PASS_EVAL, PASS_TRAIN };
+
+/* log sigmoid(x), without overflow. */
+static double log_sigmoid(double x) {
+  return x >= 0 ? -log1p(exp(-x)) : x - log1p(exp(x));
+}
+
+/* Over pairs idx[0 .. n) of p, micro-batches of whole pairs (at most micro_batch_tokens; a pair
+ * longer alone) through model m:
+ *   PASS_REF: each pair's sequence log-probs into ref[2 i], ref[2 i + 1] (no backward);
+ *   PASS_EVAL: the loss and rewards against ref, summed into st;
+ *   PASS_TRAIN: the same, and the gradient of the loss's mean over `scale` pairs accumulated.
+ * The sequence log-prob is the sum over the response's tokens (its end token included), in
+ * double. 0, or 1 with res. */
+static int pass(struct trainer *t, struct model *m, const struct dpo_pair *p, double *ref,
+                const int *idx, int n, int mode, double scale, struct dpo_sums *st) {
+  struct dapo_err e = {0};
+  const double beta = t->hp->beta, ls = t->hp->label_smoothing;
+  for (int i = 0; i < n;) {
+    int np = 0, ns = 0, nt = 0;
+    t->b_off[0] = 0;
+    while (i + np < n) {
+      const struct dpo_pair *x = &p[idx[i + np]];
+      if (np && nt + pair_tokens(x) > t->hp->micro_batch_tokens) break;
+      for (int w = 0; w < 2; w++) {
+        memcpy(t->b_tok + nt, x->prompt, sizeof(int) * (size_t)x->n_prompt);
+        memcpy(t->b_tok + nt + x->n_prompt, x->resp[w], sizeof(int) * (size_t)x->n_resp[w]);
+        t->b_plen[ns] = x->n_prompt;
+        nt += x->n_prompt + x->n_resp[w];
+        t->b_off[++ns] = nt;
+      }
+      np++;
+    }
+    struct fwd_batch b = {ns, t->b_tok, t->b_off, t->b_plen, NULL};
+    int rc = mode == PASS_TRAIN ? train_forward(t->ts, m, &b, 1.0f, t->sft_logp, NULL, &e)
+                                : train_logprobs(t->ts, m, &b, 1.0f, t->sft_logp, &e);
+    if (rc) return trainer_fail_err(t, FAIL_INTERNAL, NULL, &e);
+    for (int k = 0, r = 0; k < np; k++) {
+      const struct dpo_pair *x = &p[idx[i + k]];
+      double lp[2] = {0, 0};
+      int r0 = r;
+      for (int w = 0; w < 2; w++)
+        for (int j = 0; j < x->n_resp[w]; j++) lp[w] += t->sft_logp[r++];
+      double *rf = ref + 2 * (size_t)idx[i + k];
+      if (mode == PASS_REF) {
+        rf[0] = lp[0], rf[1] = lp[1];
+        continue;
+      }
+      /* h: how much more the policy prefers the chosen response than the reference does */
+      double rc_ = beta * (lp[0] - rf[0]), rr = beta * (lp[1] - rf[1]), z = rc_ - rr;
+      st->loss += -(1 - ls) * log_sigmoid(z) - ls * log_sigmoid(-z);
+      st->chosen += rc_, st->rejected += rr, st->margin += z;
+      st->lp_chosen += lp[0], st->lp_rejected += lp[1];
+      st->correct += rc_ > rr;
+      st->pairs++;
+      /* d loss / d lp_chosen = beta * (-(1 - ls) sigmoid(-z) + ls sigmoid(z)) / scale; the
+       * rejected response's is its negative; every token of a response gets its sequence's */
+      double g = beta * (-(1 - ls) * exp(log_sigmoid(-z)) + ls * exp(log_sigmoid(z))) / scale;
+      for (int w = 0, q = r0; w < 2; w++)
+        for (int j = 0; j < x->n_resp[w]; j++) t->sft_logp[q++] = (float)(w ? -g : g);
+    }
+    st->tokens += nt;
+    if (mode == PASS_TRAIN && train_backward(t->ts, m, t->sft_logp, &e))
+      return trainer_fail_err(t, FAIL_INTERNAL, NULL, &e);
+    i += np;
+  }
+  return 0;
+}
+
+/* The metrics of sums st, added to o: a step's under TRL's names (train/loss, rewards/...,
+ * logps/...: prefix ""), an evaluation's under prefix "valid/". */
+static int put_sums(json_t *o, const char *prefix, const struct dpo_sums *st) {
+  double n = st->pairs ? (double)st->pairs : 1;
+  const char *names[] = {"loss",           "rewards/chosen", "rewards/rejected", "rewards/accuracy",
+                         "rewards/margin", "logps/chosen",   "logps/rejected"};
+  double v[] = {st->loss / n,   st->chosen / n,    st->rejected / n,   (double)st->correct / n,
+                st->margin / n, st->lp_chosen / n, st->lp_rejected / n};
+  int rc = 0;
+  for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) {
+    char key[64];
+    snprintf(key, sizeof key, "%s%s", !*prefix && !k ? "train/" : prefix, names[k]);
+    rc |= json_object_set_new(o, key, json_real(v[k]));
+  }
+  return rc;
+}
+
+int trainer_dpo_step(struct trainer *t, json_t **out, int64_t *train_tokens_out) {
+  const struct hparams *hp = t->hp;
+  trainer_phase(t, "updating");
+  int n = t->n_dpo_train, bs = hp->batch_size;
+  int per_epoch = (n + bs - 1) / bs;
+  int64_t k = t->step - 1;
+  int epoch = (int)(k / per_epoch), lo = (int)(k % per_epoch) * bs;
+  int hi = lo + bs < n ? lo + bs : n;
+  trainer_sft_epoch_order(t, epoch, n);
+  t->cursor.epoch = epoch;
+  t->cursor.pos = hi;
+  model_zero_grads(t->lm.model);
+  struct dpo_sums st = {0};
+  if (pass(t, t->lm.model, t->dpo_train, t->dpo_ref_train, t->sft_order + lo, hi - lo, PASS_TRAIN,
+           (double)(hi - lo), &st))
+    return 1;
+  double lr = hparams_lr_at(hp, t->step - 1, t->sft_total_steps), gn = 0;
+  struct dapo_err e = {0};
+  if (adamw_step(&t->opt, t->lm.model, (float)lr, &gn, &e))
+    return trainer_fail(t, FAIL_NON_FINITE_GRADIENT, NULL, "step %" PRId64 ": %s", t->step, e.msg);
+  *train_tokens_out = st.tokens;
+  *out = json_pack("{s:I,s:I,s:I,s:I,s:f,s:f,s:I}", "step", (json_int_t)t->step, "total_steps",
+                   (json_int_t)t->sft_total_steps, "train/tokens", (json_int_t)st.tokens,
+                   "train/pairs", (json_int_t)st.pairs, "learning_rate", lr, "grad_norm", gn,
+                   "epoch", (json_int_t)epoch);
+  if (*out && put_sums(*out, "", &st)) json_decref(*out), *out = NULL;
+  return *out ? 0 : trainer_oom(t);
+}
+
+int trainer_dpo_evaluate(struct trainer *t) {
+  if (!t->n_dpo_val) return 0;
+  trainer_phase(t, "evaluating");
+  int *idx = malloc(sizeof(int) * (size_t)t->n_dpo_val);
+  if (!idx) return trainer_oom(t);
+  for (int i = 0; i < t->n_dpo_val; i++) idx[i] = i;
+  struct dpo_sums st = {0};
+  int rc = pass(t, t->lm.model, t->dpo_val, t->dpo_ref_val, idx, t->n_dpo_val, PASS_EVAL, 1, &st);
+  free(idx);
+  if (rc) return 1;
+  json_t *m = json_pack("{s:I,s:I,s:I}", "step", (json_int_t)t->step, "valid/tokens",
+                        (json_int_t)st.tokens, "valid/pairs", (json_int_t)st.pairs);
+  if (m && put_sums(m, "valid/", &st)) json_decref(m), m = NULL;
+  return m ? trainer_emit_metrics(t, m, 1, 0, 0) : trainer_oom(t);
+}
+
+/* The reference's log-probs of both files from the starting weights (with an adapter, the base:
+ * the adapter switched off, no copy) into t->dpo_ref_*, written to the out folder (atomically). */
+static int compute_reference(struct trainer *t, const char *path) {
+  struct model *m = t->lm.model;
+  struct lora *l = m->lora;
+  m->lora = NULL;
+  int rc = 0;
+  for (int k = 0; k < 2 && !rc; k++) {
+    int n = k ? t->n_dpo_val : t->n_dpo_train;
+    int *idx = malloc(sizeof(int) * (size_t)(n ? n : 1));
+    if (!idx) {
+      rc = trainer_oom(t);
+      break;
+    }
+    for (int i = 0; i < n; i++) idx[i] = i;
+    struct dpo_sums st = {0};
+    rc = pass(t, m, k ? t->dpo_val : t->dpo_train, k ? t->dpo_ref_val : t->dpo_ref_train, idx, n,
+              PASS_REF, 1, &st);
+    free(idx);
+  }
+  m->lora = l;
+  if (rc) return rc;
+  char tmp[PATH_MAX + 8];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "wb");
+  int64_t counts[2] = {t->n_dpo_train, t->n_dpo_val};
+  int ok =
+      f && fwrite(REF_MAGIC, 8, 1, f) == 1 && fwrite(counts, sizeof counts, 1, f) == 1 &&
+      fwrite(t->dpo_ref_train, sizeof(double), 2 * (size_t)counts[0], f) == 2 * (size_t)counts[0] &&
+      (!counts[1] ||
+       fwrite(t->dpo_ref_val, sizeof(double), 2 * (size_t)counts[1], f) == 2 * (size_t)counts[1]);
+  if (f && fflush(f)) ok = 0;
+  if (f && fsync(fileno(f))) ok = 0;
+  if (f && fclose(f)) ok = 0;
+  if (!ok || rename(tmp, path)) {
+    unlink(tmp);
+    return trainer_fail(t, FAIL_IO_ERROR, NULL, "cannot write %s: %s", path, strerror(errno));
+  }
+  return 0;
+}
+
+/* The reference's log-probs as a fresh run wrote them (a resumed run: they must be there). */
+static int read_reference(struct trainer *t, const char *path) {
+  FILE *f = fopen(path, "rb");
+  char magic[8];
+  int64_t counts[2];
+  int ok =
+      f && fread(magic, 8, 1, f) == 1 && !memcmp(magic, REF_MAGIC, 8) &&
+      fread(counts, sizeof counts, 1, f) == 1 && counts[0] == t->n_dpo_train &&
+      counts[1] == t->n_dpo_val &&
+      fread(t->dpo_ref_train, sizeof(double), 2 * (size_t)counts[0], f) == 2 * (size_t)counts[0] &&
+      (!counts[1] ||
+       fread(t->dpo_ref_val, sizeof(double), 2 * (size_t)counts[1], f) == 2 * (size_t)counts[1]);
+  if (f) fclose(f);
+  if (!ok)
+    return trainer_fail(t, FAIL_INVALID_CHECKPOINT, NULL,
+                        "%s is missing or does not match the job's files: the reference's "
+                        "log-probs of a DPO job are written before its step 1",
+                        path);
+  return 0;
+}
+
+int trainer_dpo_setup(struct trainer *t, int64_t from) {
+  struct dapo_err e = {0};
+  const struct hparams *hp = t->hp;
+  if (dist_size(trainer_dist(t)) > 1)
+    return trainer_fail(t, FAIL_INVALID_SPEC, "resources.processes",
+                        "a dpo job runs in one process");
+  if (trainer_setup_model(t, from)) return 1;
+  if (trainer_sft_chat(t->spec, &t->lm, &t->chat, &e))
+    return trainer_fail(t, FAIL_INVALID_CHAT_TEMPLATE, "chat_template", "%s", e.msg);
+  int end = trainer_sft_end_id(&t->lm);
+  if (dpo_load_file(t->spec->training_file, &t->lm, t->chat, end, hp->max_sequence_tokens,
+                    hp->truncate, &t->dpo_train, &t->n_dpo_train, &e))
+    return trainer_fail(t, FAIL_INVALID_DATASET, "training_file", "training_file %s", e.msg);
+  if (t->spec->validation_file &&
+      dpo_load_file(t->spec->validation_file, &t->lm, t->chat, end, hp->max_sequence_tokens,
+                    hp->truncate, &t->dpo_val, &t->n_dpo_val, &e))
+    return trainer_fail(t, FAIL_INVALID_DATASET, "validation_file", "validation_file %s", e.msg);
+  int pair = 0, seq = 0;
+  longest(t->dpo_train, t->n_dpo_train, &pair, &seq);
+  longest(t->dpo_val, t->n_dpo_val, &pair, &seq);
+  if (seq > t->lm.cfg.max_position_embeddings)
+    return trainer_fail(t, FAIL_PROMPT_TOO_LONG, "training_file",
+                        "a prompt and response of %d tokens exceed the model's context (%d)", seq,
+                        t->lm.cfg.max_position_embeddings);
+  t->sft_total_steps = hparams_sft_total_steps(hp, t->n_dpo_train);
+  t->dpo_ref_train = malloc(sizeof(double) * 2 * (size_t)t->n_dpo_train);
+  t->dpo_ref_val = malloc(sizeof(double) * 2 * (size_t)(t->n_dpo_val ? t->n_dpo_val : 1));
+  if (!t->dpo_ref_train || !t->dpo_ref_val) return trainer_oom(t);
+  if (trainer_sft_buffers(t, hp->micro_batch_tokens > pair ? hp->micro_batch_tokens : pair, seq,
+                          t->n_dpo_train))
+    return 1;
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/" REF_FILE, t->out);
+  /* a fresh run (step 0: the starting weights) computes them; a resumed one reads them */
+  return t->step == 0 ? compute_reference(t, path) : read_reference(t, path);
+}
+
+void trainer_dpo_teardown(struct trainer *t) {
+  dpo_pairs_free(t->dpo_train, t->n_dpo_train);
+  dpo_pairs_free(t->dpo_val, t->n_dpo_val);
+  free(t->dpo_ref_train), free(t->dpo_ref_val);
+  trainer_sft_teardown(t);
+}
