@@ -12,7 +12,7 @@ PKGS=(build-essential cmake pkg-config git
       clang libclang-rt-14-dev wrk
       chromium
       systemd
-      bubblewrap python3-nltk
+      bubblewrap python3-nltk python3-jsonschema
       openmpi-bin libopenmpi-dev mpich libmpich-dev)
 
 missing=()

@@ -279,9 +279,10 @@ static int any_node(struct gb *b) {
 static const struct {
   const char *name, *re;
 } FORMATS[] = {
-    {"date-time", "^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])T([01][0-9]|2[0-3]):[0-5][0-9]:"
-                  "[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$"},
-    {"date", "^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])$"},
+    {"date-time",
+     "^[1-9][0-9]{3}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])T([01][0-9]|2[0-3]):[0-5][0-9]:"
+     "[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$"},
+    {"date", "^[1-9][0-9]{3}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])$"},
     {"time", "^([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):"
              "[0-5][0-9])$"},
     {"duration", "^P([0-9]{1,4}D|[0-9]{1,4}DT[0-9]{1,4}[HMS]|T[0-9]{1,4}[HMS])$"},
@@ -377,9 +378,10 @@ static int typed(struct gb *b, int id, const json_t *s, const char *t, const cha
             at, f ? f : "?");
       int err;
       PCRE2_SIZE off;
-      pcre2_code *re = g->n_own < 64 ? pcre2_compile((PCRE2_SPTR)FORMATS[i].re,
-                                                     PCRE2_ZERO_TERMINATED, 0, &err, &off, NULL)
-                                     : NULL;
+      pcre2_code *re = g->n_own < 64
+                           ? pcre2_compile((PCRE2_SPTR)FORMATS[i].re, PCRE2_ZERO_TERMINATED,
+                                           PCRE2_DOLLAR_ENDONLY, &err, &off, NULL)
+                           : NULL;
       if (!re) return dapo_errf(b->e, DAPO_EINVAL, "%s.format: too many formats", at);
       g->own[g->n_own++] = re;
       n->re[n->n_re++] = re;
