@@ -647,19 +647,9 @@ int api_chat_completions(struct api_req *r) {
   }
   /* the model: an ft: name maps to the job's checkpoint */
   char job_id[STORE_ID_MAX], native[STORE_ID_MAX + 32], msg[512] = "";
-  long long step = -1;
   const char *resolve = model, *job = NULL;
-  if (api_oai_model_parse(model, job_id, sizeof job_id, &step)) {
+  if (api_oai_model_native(r, model, native, sizeof native, job_id, sizeof job_id)) {
     job = job_id;
-    if (step < 0) {
-      struct store_job sj;
-      struct dapo_err e = {0};
-      if (!store_job_get(r->srv->store, job_id, r->owner, &sj, &e)) {
-        step = sj.n_ckpt ? sj.ckpt_steps[sj.n_ckpt - 1] : -1;
-        store_job_deinit(&sj);
-      }
-    }
-    registry_ckpt_id(job_id, step, native, sizeof native);
     resolve = native;
   } else if (strstr(model, ":step-")) {
     snprintf(job_id, sizeof job_id, "%.*s", (int)(strstr(model, ":step-") - model), model);
@@ -690,6 +680,17 @@ int api_chat_completions(struct api_req *r) {
     rc = api_oai_error(r, 400, NULL, "messages", "invalid_value",
                        "messages: the rendered prompt is over %d bytes", PROMPT_MAX_BYTES);
   json_decref(flat);
+  /* the template's end of an assistant turn ends a choice (a supervised job's "\n", a chat
+     family's end-of-turn token): the reply is the turn, not what the model says after it */
+  const char *eot = t ? chat_stop_text(t) : NULL;
+  int have = 0;
+  for (int i = 0; eot && i < q->n_stop; i++) have |= !strcmp(q->stop[i], eot);
+  if (!rc && eot && *eot && !have && q->n_stop < STOP_MAX) {
+    if ((q->stop[q->n_stop] = strdup(eot)))
+      q->n_stop++;
+    else
+      rc = api_oai_error(r, 503, NULL, NULL, NULL, "out of memory");
+  }
   chat_free(t);
   if (rc || !prompt) {
     free(prompt);

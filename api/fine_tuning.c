@@ -92,6 +92,34 @@ void api_oai_model_name(const char *base, const char *suffix, const char *job_id
     snprintf(buf, cap, "ft:%s:dapod:%s:%s", base, suffix ? suffix : "", job_id);
 }
 
+int api_oai_model_native(struct api_req *r, const char *model, char *native, size_t cap,
+                         char *job_id, size_t jcap) {
+  long long step = -1;
+  if (!api_oai_model_parse(model, job_id, jcap, &step)) return 0;
+  if (step < 0) { /* the job's last checkpoint */
+    struct store_job sj;
+    struct dapo_err e = {0};
+    if (!store_job_get(r->srv->store, job_id, r->owner, &sj, &e)) {
+      step = sj.n_ckpt ? sj.ckpt_steps[sj.n_ckpt - 1] : -1;
+      store_job_deinit(&sj);
+    }
+  }
+  registry_ckpt_id(job_id, step, native, cap);
+  return 1;
+}
+
+/* The model an OpenAI job shows (*shown: the ft: name it was created from, else its spec's
+ * model; borrowed from j) and the base its fine-tuned names carry (into base: an ft: name's own
+ * base, so a model fine-tuned twice is still "ft:tiny:..."). */
+static void job_models(const struct store_job *j, const char **shown, char *base, size_t cap) {
+  const char *given = json_string_value(json_object_get(j->metadata, "dapod_model"));
+  *shown = given ? given : json_string_value(json_object_get(j->spec, "model"));
+  if (!*shown) *shown = "";
+  const char *b = *shown, *end = NULL;
+  if (!strncmp(b, "ft:", 3) && (end = strchr(b + 3, ':'))) b += 3;
+  snprintf(base, cap, "%.*s", end ? (int)(end - b) : (int)strlen(b), b);
+}
+
 int api_oai_model_parse(const char *name, char *job_id, size_t cap, long long *step) {
   if (strncmp(name, "ft:", 3)) return 0;
   const char *end = name + strlen(name), *ck = strstr(name, ":ckpt-step-");
@@ -242,17 +270,20 @@ static void sft_result_file(struct api_req *r, const struct store_job *j, char *
 }
 
 static json_t *ft_job_json(struct api_req *r, const struct store_job *j) {
-  const json_t *spec = j->spec, *res = j->resolved ? j->resolved : j->spec;
-  const char *model = json_string_value(json_object_get(spec, "model"));
+  const json_t *res = j->resolved ? j->resolved : j->spec;
+  const char *model;
+  char base[256];
+  job_models(j, &model, base, sizeof base);
   const json_t *judge = json_object_get(res, "judge");
   json_t *meta = j->metadata ? json_deep_copy(j->metadata) : json_object();
   /* what create echoed (the RFT hyperparameters as given), kept under a reserved key */
   const char *echo_text = json_string_value(json_object_get(meta, "dapod_rft"));
   json_t *echo = echo_text ? json_loads(echo_text, 0, NULL) : NULL;
   json_object_del(meta, "dapod_rft");
+  json_object_del(meta, "dapod_model");
   char name[512];
   int64_t last = j->n_ckpt ? j->ckpt_steps[j->n_ckpt - 1] : -1;
-  api_oai_model_name(model ? model : "", j->suffix, j->id, -1, name, sizeof name);
+  api_oai_model_name(base, j->suffix, j->id, -1, name, sizeof name);
   json_t *err = json_null();
   if (j->error)
     err = json_pack("{s:O, s:O, s:O}", "code", json_object_get(j->error, "code"), "message",
@@ -366,7 +397,8 @@ static int64_t file_items(struct api_req *r, const char *id, int64_t *lines) {
   return n;
 }
 
-/* What every method's native body shares: seed, suffix, and the default chat template on models
+/* What every method's native body shares: seed, suffix, the model (an ft: name as its
+ * checkpoint's native id), and the chat template: a checkpoint's job's, or the default on models
  * without one (the presets render messages with it). Takes nb (NULL passes through). */
 static json_t *finish_body(struct api_req *r, const json_t *b, json_t *nb, json_t *errors) {
   if (!nb) return NULL;
@@ -380,6 +412,26 @@ static json_t *finish_body(struct api_req *r, const json_t *b, json_t *nb, json_
     json_object_set_new(nb, "metadata",
                         json_is_object(meta) ? json_deep_copy(meta) : json_object());
   const char *model = json_string_value(json_object_get(b, "model"));
+  char native[STORE_ID_MAX + 32], job_id[STORE_ID_MAX] = "";
+  if (model && api_oai_model_native(r, model, native, sizeof native, job_id, sizeof job_id)) {
+    /* a fine-tuned model (OpenAI's way to train on from a job's result) is its checkpoint; the
+       job shows the name as given */
+    json_object_set_new(nb, "model", json_string(native));
+    json_object_set_new(json_object_get(nb, "metadata"), "dapod_model", json_string(model));
+  } else if (model && strstr(model, ":step-")) {
+    snprintf(job_id, sizeof job_id, "%.*s", (int)(strstr(model, ":step-") - model), model);
+  }
+  if (job_id[0]) { /* a checkpoint trains on in the chat template its job taught it */
+    struct store_job sj;
+    struct dapo_err e = {0};
+    if (!store_job_get(r->srv->store, job_id, r->owner, &sj, &e)) {
+      const json_t *t = json_object_get(sj.spec, "chat_template");
+      if (t && !json_object_get(nb, "chat_template"))
+        json_object_set(nb, "chat_template", (json_t *)t);
+      store_job_deinit(&sj);
+    }
+    return nb;
+  }
   struct registry_entry ent;
   if (model && registry_find(r->srv, model, r->owner, &ent) == 0 && ent.kind == REGISTRY_PRESET)
     json_object_set_new(
@@ -1000,7 +1052,9 @@ int api_ft_checkpoints_list(struct api_req *r) {
   int rc = store_ckpt_list(r->srv->store, job.id, &l, &e);
   json_t *data = json_array();
   int has_more = 0;
-  const char *model = json_string_value(json_object_get(job.spec, "model"));
+  const char *model;
+  char base[256];
+  job_models(&job, &model, base, sizeof base);
   for (size_t k = l.n; !rc && data && k-- > 0;) {
     const struct store_ckpt *c = &l.v[k];
     if (after && c->step >= below) continue;
@@ -1010,8 +1064,7 @@ int api_ft_checkpoints_list(struct api_req *r) {
     }
     char id[STORE_ID_MAX + 32], name[512];
     snprintf(id, sizeof id, "ftckpt_%s_%lld", job.id, (long long)c->step);
-    api_oai_model_name(model ? model : "", job.suffix, job.id, (long long)c->step, name,
-                       sizeof name);
+    api_oai_model_name(base, job.suffix, job.id, (long long)c->step, name, sizeof name);
     json_t *m = json_pack("{s:I}", "step", (json_int_t)c->step);
     sft_metrics(c->metrics, m);
     if (c->metrics && json_object_get(c->metrics, "reward/mean"))

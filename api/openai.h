@@ -38,4 +38,10 @@ void api_oai_model_name(const char *base, const char *suffix, const char *job_id
  * 0 for any other id (left as it is). */
 int api_oai_model_parse(const char *name, char *job_id, size_t cap, long long *step);
 
+/* The native model id of model for r's caller into native (cap bytes): an "ft:" name's checkpoint
+ * ("{job_id}:step-{N}", the job's last checkpoint when the name has no ckpt-step), its job into
+ * job_id (jcap bytes). Returns 1 for an ft: name, 0 for another id (nothing written). */
+int api_oai_model_native(struct api_req *r, const char *model, char *native, size_t cap,
+                         char *job_id, size_t jcap);
+
 #endif

@@ -9,6 +9,12 @@
 - refusals in OpenAI's error shape naming the field as sent: n_epochs 0, batch_size 257,
   learning_rate_multiplier 0, dpo, a weight on a user message, weight 2, no trainable assistant
   message (the line and field in the message);
+- a fine-tuned model ("ft:tiny:dapod:...") is the `model` of the next job, OpenAI's way to train
+  on from a result: the job shows the name as given, the native job trains from the first job's
+  last checkpoint (its step-0 validation loss is the first job's last, bit for bit) in the chat
+  template the first job taught, and its own fine_tuned_model is again "ft:tiny:...";
+- chat completions on a supervised model end each choice at the template's end of turn (the
+  trained newline): content without it, finish_reason "stop";
 - metrics events carry train_loss, train_mean_token_accuracy (valid_loss,
   valid_mean_token_accuracy for evaluations) equal to the native metrics; checkpoints' metrics
   too; result_files[0] is a fine-tune-results file whose CSV rows equal the native metrics.
@@ -202,6 +208,48 @@ class OpenAISupervised(test_jobs.DaemonCase):
                 (chat(1, 1, weight=0), "line 2: field 'messages'")):
             bad = self.upload((json.dumps(chat(0, 0)) + "\n" + json.dumps(line) + "\n").encode())
             self.oai_error(self.create(training_file=bad["id"]), "training_file", part)
+
+    def test_4_train_on_from_a_fine_tuned_model(self):
+        hp = {"batch_size": 25, "n_epochs": 30, "learning_rate_multiplier": 300}
+        first = self.create(hp, validation_file=self.valid_id, seed=2).json()
+        self.wait_status(first["id"], ("succeeded", "failed"))
+        first = self.assertJson(self.d.get("/v1/fine_tuning/jobs/" + first["id"]), 200)
+        self.assertEqual(first["status"], "succeeded", first)
+        ft = first["fine_tuned_model"]
+        # the reply is the assistant's turn: cut at the trained newline
+        stops = 0
+        for a in range(5):
+            c = self.assertJson(self.d.post_json("/v1/chat/completions", {
+                "model": ft, "temperature": 0, "max_completion_tokens": 4,
+                "messages": [{"role": "user", "content": "%d+%d=" % (a, 4 - a)}]}), 200)
+            ch = c["choices"][0]
+            self.assertNotIn("\n", ch["message"]["content"], ch)
+            stops += ch["finish_reason"] == "stop"
+        self.assertGreaterEqual(stops, 4)
+
+        r = self.create({"batch_size": 25, "n_epochs": 1, "learning_rate_multiplier": 1},
+                        model=ft, validation_file=self.valid_id, seed=2)
+        self.assertEqual(r.status, 200, r)
+        second = r.json()
+        self.assertEqual(second["model"], ft)
+        native, base = self.job(second["id"]), self.job(first["id"])
+        self.assertEqual(native["model"], "%s:step-%d" % (first["id"], base["total_steps"]))
+        self.assertEqual(native["chat_template"], base["chat_template"])
+        self.wait_status(second["id"], ("succeeded", "failed"))
+        second = self.assertJson(self.d.get("/v1/fine_tuning/jobs/" + second["id"]), 200)
+        self.assertEqual(second["status"], "succeeded", second)
+        self.assertEqual(second["fine_tuned_model"], "ft:tiny:dapod::%s" % second["id"])
+        self.assertEqual(second["model"], ft)
+
+        def valid_loss(job_id, step):
+            rows = self.assertJson(self.d.get("/v1/jobs/%s/metrics" % job_id), 200)
+            return [m["valid/loss"] for m in rows if m["step"] == step and "valid/loss" in m][0]
+        self.assertEqual(valid_loss(second["id"], 0), valid_loss(first["id"], base["total_steps"]))
+        self.assertLess(valid_loss(second["id"], 0), valid_loss(first["id"], 0) / 2)
+        # an ft: name of no job of the caller's is refused naming model
+        r = self.create(hp, model="ft:tiny:dapod::job-00000000-0000-0000-0000-000000000000")
+        self.assertIn(r.status, (400, 404), r)
+        self.assertEqual(r.json()["error"]["param"], "model", r)
 
 
 if __name__ == "__main__":
