@@ -453,8 +453,11 @@ int main(void) {
   test_linear_few(7, 61, 13);   /* partial tiles and a 13-element tail */
   test_linear_few(1, 8, 5);     /* shorter than one vector */
   test_linear_few(5, 100, 9);
-  test_linear_few(3, 896, 37);         /* Qwen2.5-0.5B's hidden size */
-  test_linear_few(66, 40, 23);         /* 4x6 tiles: partial in rows, columns and the k tail */
+  test_linear_few(3, 896, 37); /* Qwen2.5-0.5B's hidden size */
+  test_linear_few(66, 40, 23); /* 4x6 tiles: partial in rows, columns and the k tail */
+  test_linear_few(1, 128, 37); /* 1x16 tiles (fewer than 4 rows): a partial block */
+  test_linear_few(2, 61, 50);  /* 1x16 tiles with a k tail */
+  test_linear_few(3, 896, 16);
   test_linear_few_narrow(1, 16, 5);    /* fewer columns than lanes */
   test_linear_few_narrow(64, 16, 896); /* LoRA r = 16 at Qwen2.5-0.5B's width, 64 sequences */
   test_linear_few_narrow(7, 3, 37);    /* partial blocks of 16 */
@@ -462,6 +465,8 @@ int main(void) {
   test_fma_midpoint();
   test_bf16_convert();
   test_linear_few_bf16(16, 288, 40);
+  test_linear_few_bf16(1, 128, 37); /* 1x16 tiles converted in registers */
+  test_linear_few_bf16(3, 64, 50);
   test_linear_few_bf16(7, 61, 13);
   test_linear_few_bf16(1, 8, 5);
   test_linear_few_bf16(3, 1500, 9);  /* 4 rows a block, on the heap */
