@@ -1,0 +1,120 @@
+#!/usr/bin/python3
+"""DPO jobs through the daemon (issue 27; label api):
+- a file of TRL {"prompt", "chosen", "rejected"} lines (invalid as a DAPO file) and one of
+  OpenAI's {"input", "preferred_output", "non_preferred_output"} lines (with a chat template)
+  train `"method": "dpo"` jobs: the job object shows method "dpo", judge null, every DPO knob
+  resolved (beta 0.1, loss_type sigmoid, label_smoothing 0 by default) and total_steps =
+  ceil(pairs / batch_size) * epochs; they succeed, their metrics carry train/loss and
+  rewards/{chosen, rejected, accuracy, margin}, their evaluations valid/loss and
+  valid/rewards/accuracy;
+- refusals name the field: beta 3, loss_type "ipo", label_smoothing 0.5, a DAPO knob, a judge;
+  bad lines by line and field (two preferred outputs, a missing rejected response).
+
+Run: /usr/bin/python3 tests/api/test_dpo_jobs.py --dapod build/server/dapod
+"""
+
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import test_jobs  # noqa: E402
+
+PAIRS = "".join(json.dumps({"prompt": "%d%d" % (a, b), "chosen": str((b + 1) % 10),
+                            "rejected": str((b + 9) % 10)}) + "\n"
+                for a in range(4) for b in range(5)).encode()
+TEMPLATE = {"user": "U{content}|", "assistant": "A{content}|", "generation_prompt": "A",
+            "stop": "|"}
+
+
+def oai_line(q, good, bad):
+    return json.dumps({"input": {"messages": [{"role": "user", "content": q}]},
+                       "preferred_output": [{"role": "assistant", "content": good}],
+                       "non_preferred_output": [{"role": "assistant", "content": bad}]}) + "\n"
+
+
+DPO_HP = {"batch_size": 8, "epochs": 2, "learning_rate": 0.001, "eval_every": 2}
+
+
+class DpoJobs(test_jobs.DaemonCase):
+    def dpo(self, hp=None, file_id=None, data=PAIRS, **body):
+        b = {"method": "dpo", "model": "tiny",
+             "training_file": file_id or self.upload(data)["id"],
+             "hyperparameters": dict(DPO_HP if hp is None else hp)}
+        b.update(body)
+        return self.d.post_json("/v1/jobs", b)
+
+    def finished(self, r, steps):
+        self.assertEqual(r.status, 201, r)
+        j = self.wait_status(r.json()["id"], ("succeeded", "failed"))
+        self.assertEqual(j["status"], "succeeded", j)
+        self.assertEqual(j["step"], steps)
+        m = j["latest_metrics"]
+        for k in ("train/loss", "rewards/chosen", "rewards/rejected", "rewards/accuracy",
+                  "rewards/margin", "train/tokens", "learning_rate", "grad_norm"):
+            self.assertIn(k, m)
+        return j
+
+    def test_dpo_job(self):
+        fid = self.upload(PAIRS)["id"]
+        r = self.dpo(file_id=fid, validation_file=fid)
+        self.assertEqual(r.status, 201, r)
+        j = r.json()
+        self.assertEqual(j["method"], "dpo")
+        self.assertIsNone(j["judge"])
+        self.assertEqual(j["total_steps"], 6)  # ceil(20 / 8) * 2
+        self.assertEqual(j["hyperparameters"], {
+            "epochs": 2, "batch_size": 8, "learning_rate": 0.001, "lr_schedule": "linear",
+            "lr_warmup_steps": 0, "max_sequence_tokens": 2048, "truncate": False,
+            "weight_decay": 0.0, "grad_clip": 1.0, "adam_beta1": 0.9, "adam_beta2": 0.999,
+            "adam_eps": 1e-8, "checkpoint_every": 0, "keep_checkpoints": 0, "eval_every": 2,
+            "micro_batch_tokens": 1024, "beta": 0.1, "loss_type": "sigmoid",
+            "label_smoothing": 0.0})
+        j = self.finished(r, 6)
+        ev = self.assertJson(self.d.get("/v1/jobs/%s/metrics" % j["id"]), 200)
+        text = json.dumps(ev)
+        self.assertIn("valid/loss", text)
+        self.assertIn("valid/rewards/accuracy", text)
+
+    def test_openai_lines(self):
+        data = (oai_line("hi", "yo", "go away") + oai_line("ab", "q", "rs")).encode()
+        r = self.dpo(data=data, chat_template=TEMPLATE,
+                     hp={"batch_size": 2, "beta": 0.5, "label_smoothing": 0.1})
+        self.assertEqual(r.json()["hyperparameters"]["beta"], 0.5)
+        self.finished(r, 1)
+
+    def test_refusals(self):
+        fid = self.upload(PAIRS)["id"]
+        for hp, field, part in (
+                ({"beta": 3}, "hyperparameters.beta", "3 not in (0, 2]"),
+                ({"beta": 0}, "hyperparameters.beta", "0 not in (0, 2]"),
+                ({"loss_type": "ipo"}, "hyperparameters.loss_type", "expected one of: sigmoid"),
+                ({"label_smoothing": 0.5}, "hyperparameters.label_smoothing",
+                 "0.5 not in [0, 0.5)"),
+                ({"group_size": 4}, "hyperparameters.group_size",
+                 "not a hyperparameter of method dpo")):
+            p = self.assertProblem(self.dpo(hp=hp, file_id=fid), 422, "validation_failed")
+            self.assertFields(p, field)
+            msg = [e["message"] for e in p["errors"] if e["field"] == field][0]
+            self.assertIn(part, msg)
+        p = self.assertProblem(self.dpo(file_id=fid, judge={"type": "math"}), 422,
+                               "validation_failed")
+        self.assertFields(p, "judge")
+        two = json.loads(oai_line("q", "a", "b"))
+        two["preferred_output"].append({"role": "assistant", "content": "c"})
+        for lines, want in (
+                ([oai_line("q", "a", "b"), json.dumps(two) + "\n"],
+                 "line 2: field 'preferred_output': expected exactly one assistant message"),
+                ([PAIRS.decode().splitlines()[0] + "\n", "\n",
+                  json.dumps({"prompt": "12", "chosen": "3"}) + "\n"],
+                 "line 3: field 'rejected': required")):
+            r = self.dpo(data="".join(lines).encode(), chat_template=TEMPLATE)
+            p = self.assertProblem(r, 422, "validation_failed")
+            self.assertFields(p, "training_file")
+            msg = [e["message"] for e in p["errors"] if e["field"] == "training_file"][0]
+            self.assertIn(want, msg)
+
+
+if __name__ == "__main__":
+    sys.exit(test_jobs.main())  # --dapod, then this module's tests
