@@ -14,6 +14,7 @@
  * happen by writing the call's opening after the prompt (the model continues from there).
  * Streamed, a choice's text goes out as content until it opens a call; from there it is held
  * and its calls go out whole at its end, one delta.tool_calls entry per call, keyed by index. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -346,7 +347,7 @@ static json_t *token_json(const struct completion_piece *p, double lp) {
 static json_t *logprob_entry(const struct completion_piece *p, double lp, int n_top,
                              const float *top_logp, const struct completion_piece *top) {
   json_t *e = token_json(p, lp), *alts = json_array();
-  for (int j = 0; alts && j < n_top; j++)
+  for (int j = 0; alts && j < n_top && isfinite(top_logp[j]); j++) /* (masked ones are not) */
     json_array_append_new(alts, token_json(&top[j], top_logp[j]));
   if (e) json_object_set_new(e, "top_logprobs", alts);
   return e;
@@ -645,6 +646,18 @@ int api_chat_completions(struct api_req *r) {
     chat_req_free(q);
     return api_oai_error(r, 400, NULL, "stop", "invalid_value", "stop: a string or an array");
   }
+  /* structured outputs: a JSON object, or one that follows a schema (not beside tools yet) */
+  const json_t *rf = NULL;
+  char rf_field[256], rf_msg[512];
+  if (api_response_format(b, &rf, rf_field, sizeof rf_field, rf_msg, sizeof rf_msg)) {
+    chat_req_free(q);
+    return api_oai_error(r, 400, NULL, rf_field, "invalid_value", "%s: %s", rf_field, rf_msg);
+  }
+  if (rf && q->tools_on) {
+    chat_req_free(q);
+    return api_oai_error(r, 400, NULL, "response_format", "invalid_value",
+                         "response_format: not supported together with tools yet (dapod)");
+  }
   /* the model: an ft: name maps to the job's checkpoint */
   char job_id[STORE_ID_MAX], native[STORE_ID_MAX + 32], msg[512] = "";
   const char *resolve = model, *job = NULL;
@@ -712,7 +725,8 @@ int api_chat_completions(struct api_req *r) {
                                .seed = seed ? (uint64_t)json_integer_value(seed) : 0,
                                .stop = (const char *const *)q->stop,
                                .n_stop = q->n_stop,
-                               .stream = q->stream};
+                               .stream = q->stream,
+                               .response_format = rf};
   snprintf(q->id, sizeof q->id, "chatcmpl-%lld%d", (long long)now_unix(), rand() % 100000);
   q->created = (long long)now_unix();
   rc = api_completion_submit(r, &req, render, q, chat_req_free, q->stream ? &CHAT_STREAM : NULL);

@@ -14,6 +14,7 @@
  * full queue, or a wait for a thread or memory past completion_wait_s, is answered 503 with
  * Retry-After. A preset's weights are the ones its seed 0 gives (as `dapod save-preset` writes
  * them); `seed` seeds the sampling streams, one per choice, so a request is reproducible. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,7 @@
 #include "completions.h"
 #include "handlers.h"
 #include "http.h"
+#include "jsongrammar.h"
 #include "outbuf.h"
 #include "registry.h"
 #include "sampler.h"
@@ -45,6 +47,7 @@ struct creq {
   int max_tokens, n, logprobs, top_logprobs;
   double temperature, top_p;
   uint64_t seed;
+  const json_t *response_format; /* borrowed from the body; NULL: free text */
 };
 
 static void add_err(json_t *errors, const char *field, const char *msg) {
@@ -82,9 +85,9 @@ static void get_num(const json_t *body, const char *key, double lo, double hi, i
 }
 
 static void parse_body(const json_t *b, struct creq *q, json_t *errors) {
-  static const char *const KNOWN[] = {"model", "prompt", "max_tokens",    "temperature",
-                                      "top_p", "n",      "seed",          "logprobs",
-                                      "stop",  "stream", "stream_options"};
+  static const char *const KNOWN[] = {"model", "prompt", "max_tokens",     "temperature",
+                                      "top_p", "n",      "seed",           "logprobs",
+                                      "stop",  "stream", "stream_options", "response_format"};
   const char *key;
   json_t *v;
   json_object_foreach((json_t *)b, key, v) {
@@ -128,6 +131,9 @@ static void parse_body(const json_t *b, struct creq *q, json_t *errors) {
   } else if (lp && !json_is_null(lp)) {
     add_err(errors, "logprobs", "expected true, false or an integer in [0, 5]");
   }
+  char rf_field[256], rf_msg[512];
+  if (api_response_format(b, &q->response_format, rf_field, sizeof rf_field, rf_msg, sizeof rf_msg))
+    add_err(errors, rf_field, rf_msg);
   const json_t *stop = json_object_get(b, "stop");
   q->n_stop = 0;
   if (json_is_string(stop) && json_string_length(stop)) {
@@ -175,6 +181,7 @@ static json_t *top_dict(int n, const float *logp, const struct completion_piece 
   json_t *d = json_object();
   for (int j = 0; d && j < n; j++) {
     const char *key = top[j].text ? top[j].text : "";
+    if (!isfinite(logp[j])) break; /* masked out (response_format): not an alternative */
     if (!json_object_get(d, key)) json_object_set_new(d, key, json_real(logp[j]));
   }
   return d;
@@ -542,7 +549,8 @@ int api_completions_create(struct api_req *r) {
                                .seed = q.seed,
                                .stop = q.stop,
                                .n_stop = q.n_stop,
-                               .stream = q.stream};
+                               .stream = q.stream,
+                               .response_format = q.response_format};
   struct native_stream *ns = NULL;
   if (q.stream && (!(ns = calloc(1, sizeof *ns)) || !(ns->model = strdup(q.model)))) {
     native_stream_free(ns);
@@ -553,6 +561,27 @@ int api_completions_create(struct api_req *r) {
   int rc = api_completion_submit(r, &req, NULL, ns, native_stream_free, ns ? &NATIVE_STREAM : NULL);
   free(spec);
   return rc;
+}
+
+int api_response_format(const json_t *body, const json_t **out, char *field, size_t field_cap,
+                        char *msg, size_t msg_cap) {
+  const json_t *rf = json_object_get(body, "response_format");
+  const char *type = json_string_value(json_object_get(rf, "type"));
+  *out = NULL;
+  if (!rf || json_is_null(rf) || (json_is_object(rf) && type && !strcmp(type, "text"))) return 0;
+  struct dapo_err e = {0};
+  struct jgrammar *g = jgrammar_new(rf, "response_format", &e);
+  if (g) {
+    jgrammar_free(g);
+    *out = rf;
+    return 0;
+  }
+  /* e.msg is "member.path: why" */
+  const char *colon = strstr(e.msg, ": ");
+  size_t fl = colon ? (size_t)(colon - e.msg) : strlen("response_format");
+  snprintf(field, field_cap, "%.*s", (int)fl, colon ? e.msg : "response_format");
+  snprintf(msg, msg_cap, "%s", colon ? colon + 2 : e.msg);
+  return 1;
 }
 
 int api_completion_submit(struct api_req *r, const struct completion_req *req,

@@ -145,6 +145,12 @@ int api_completion_submit(struct api_req *r, const struct completion_req *req,
 json_t *api_completion_usage(const struct completion_result *res);
 /* The handler's next call after a submission (r->ctx set): answers or waits on. */
 int api_completion_resume(struct api_req *r);
+/* A request's response_format (borrowed; absent, null or {"type": "text"}: *out NULL), checked
+ * by compiling it (core/text/jsongrammar.h): 0 with *out the object to pass on
+ * (completion_req.response_format), or 1 with the member at fault in field ("response_format",
+ * "response_format.json_schema.schema.properties.x.foo") and why in msg. */
+int api_response_format(const json_t *body, const json_t **out, char *field, size_t field_cap,
+                        char *msg, size_t msg_cap);
 
 /* chat.c: POST /v1/chat/completions (OpenAI's shape, stream: true as server-sent events) */
 int api_chat_completions(struct api_req *r);

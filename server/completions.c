@@ -17,6 +17,7 @@
 
 #include "admit.h"
 #include "bus.h"
+#include "jsongrammar.h"
 #include "log.h"
 #include "pool.h"
 #include "rng.h"
@@ -66,10 +67,11 @@ struct completion {
   uint64_t seed;
   char *stop[COMPLETION_STOP_MAX];
   int n_stop, stream;
-  size_t stop_max;     /* the longest stop string's length */
-  pthread_mutex_t smu; /* guards version and the choices' shared fields */
-  int64_t version;     /* the id last published on the bus */
-  struct cchoice *ch;  /* [n] */
+  json_t *response_format; /* NULL: free text */
+  size_t stop_max;         /* the longest stop string's length */
+  pthread_mutex_t smu;     /* guards version and the choices' shared fields */
+  int64_t version;         /* the id last published on the bus */
+  struct cchoice *ch;      /* [n] */
   /* under c->mu */
   enum completion_state state;
   int refs;      /* the caller's and, until it is done with it, the service's */
@@ -349,6 +351,7 @@ static void completion_free(struct completion *t) {
   }
   free(t->ch);
   for (int i = 0; i < t->n_stop; i++) free(t->stop[i]);
+  json_decref(t->response_format);
   pthread_mutex_destroy(&t->smu);
   free(t->model);
   free(t->spec);
@@ -559,7 +562,16 @@ struct run_ctx {
   int id_stops[COMPLETION_STOP_MAX]; /* the stop strings that are one token */
   int n_id_stops;
   int failed; /* out of memory while decoding */
+  /* structured outputs (t->response_format): the mask of each choice's matcher */
+  struct jmasker *jk;
+  struct jmatch **jm; /* [n] */
 };
+
+/* gen_run's mask hook (on the sampling thread: the state has no pool). */
+static void on_mask(void *ctx, int seq, float *logits, int V) {
+  struct run_ctx *x = ctx;
+  if (jmasker_apply(x->jk, x->jm[seq], logits, V) < 0) x->failed = 1;
+}
 
 static int text_add(struct cchoice *ch, const char *p, size_t n) {
   if (ch->len + n + 1 > ch->cap) {
@@ -632,6 +644,10 @@ static void on_step(void *ctx, struct gen_out *out, int n, int max_new) {
       }
       int stopped = cut_at_stop(t, ch, before);
       for (int j = 0; j < x->n_id_stops; j++) stopped |= toks[k] == x->id_stops[j];
+      if (x->jk) { /* the value is complete: the choice ends there */
+        if (jmasker_feed(x->jk, x->jm[i], toks[k])) stopped = 1; /* (never: it was masked) */
+        if (jmatch_done(x->jm[i]) && !jmatch_can_continue(x->jm[i])) stopped = 1;
+      }
       int end = stopped || gone || k + 1 >= max_new || out->finish[i] == FINISH_STOP;
       if (stopped || gone) out->finish[i] = FINISH_STOP;
       if (end && !stopped) { /* the rest: an unfinished character as U+FFFD */
@@ -693,9 +709,29 @@ static void run(struct completion *t, struct hold *h) {
       fail(t, COMPLETION_NO_MEMORY, "out of memory");
       return;
     }
-  if (lm_sample_step(lm, r->prompt_ids, r->n_prompt, t->n, &so, t->seed, on_step, &x, &r->samples,
-                     &e)) {
-    fail(t, e.code == DAPO_ENOMEM ? COMPLETION_NO_MEMORY : COMPLETION_FAILED, "%s", e.msg);
+  struct jgrammar *g = NULL;
+  struct jvocab *jv = NULL;
+  int rc = 0;
+  if (t->response_format) { /* checked by the caller: a failure here is memory */
+    if (!(g = jgrammar_new(t->response_format, "response_format", &e)) ||
+        !(jv = jvocab_new(lm->tok, vocab, &e)) ||
+        !(x.jk = jmasker_new(g, jv, lm->stop_ids, lm->n_stop, &e)) ||
+        !(x.jm = calloc((size_t)t->n, sizeof *x.jm)))
+      rc = e.code ? e.code : DAPO_ENOMEM;
+    for (int i = 0; !rc && i < t->n; i++)
+      if (!(x.jm[i] = jmatch_new(g))) rc = DAPO_ENOMEM;
+  }
+  if (!rc)
+    rc = lm_sample_hooks(lm, r->prompt_ids, r->n_prompt, t->n, &so, t->seed, on_step, &x,
+                         x.jk ? on_mask : NULL, &x, &r->samples, &e);
+  for (int i = 0; x.jm && i < t->n; i++) jmatch_free(x.jm[i]);
+  free(x.jm);
+  jmasker_free(x.jk);
+  jvocab_free(jv);
+  jgrammar_free(g);
+  if (rc) {
+    fail(t, rc == DAPO_ENOMEM ? COMPLETION_NO_MEMORY : COMPLETION_FAILED, "%s",
+         e.msg[0] ? e.msg : "out of memory");
     return;
   }
   for (int i = 0; i < t->n && !x.failed; i++) /* (only this thread writes the choices) */
@@ -879,6 +915,8 @@ int completions_submit(struct completions *c, const struct completion_req *req,
     t->ch[i].finish = -1;
     bad = !(t->ch[i].out_at = calloc((size_t)req->max_tokens, sizeof *t->ch[i].out_at));
   }
+  if (!bad && req->response_format)
+    bad = !(t->response_format = json_deep_copy(req->response_format));
   for (int j = 0; !bad && j < req->n_stop && j < COMPLETION_STOP_MAX; j++) {
     if (!req->stop[j][0]) continue; /* (an empty one would stop at once) */
     bad = !(t->stop[t->n_stop] = strdup(req->stop[j]));

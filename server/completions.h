@@ -76,6 +76,10 @@ struct completion_req {
   const char *const *stop;
   int n_stop;
   int stream; /* 1: published on the bus as it grows, read with completion_token */
+  /* Structured outputs: a response_format object the caller checked with jgrammar_new
+   * (json_object or json_schema; NULL: free text). Each choice is then sampled under its mask
+   * (core/text/jsongrammar.h) and ends, finish FINISH_STOP, as soon as its JSON is complete. */
+  const json_t *response_format;
 };
 
 enum completion_state {

@@ -343,6 +343,12 @@ int lm_sample(const struct lm *lm, const int *ids, int n_ids, int n, const struc
 int lm_sample_step(const struct lm *lm, const int *ids, int n_ids, int n,
                    const struct sampler_opts *o, uint64_t seed, gen_step_fn step, void *step_ctx,
                    struct lm_samples *out, struct dapo_err *e) {
+  return lm_sample_hooks(lm, ids, n_ids, n, o, seed, step, step_ctx, NULL, NULL, out, e);
+}
+
+int lm_sample_hooks(const struct lm *lm, const int *ids, int n_ids, int n,
+                    const struct sampler_opts *o, uint64_t seed, gen_step_fn step, void *step_ctx,
+                    gen_mask_fn mask, void *mask_ctx, struct lm_samples *out, struct dapo_err *e) {
   memset(out, 0, sizeof *out);
   if (!lm->model || n < 1 || n_ids < 1 || o->max_new_tokens < 1)
     return dapo_errf(e, DAPO_EINVAL, "lm_sample: no weights, no samples or an empty prompt");
@@ -385,6 +391,7 @@ int lm_sample_step(const struct lm *lm, const int *ids, int n_ids, int n,
     goto out;
   }
   gen_state_set_step(gs, step, step_ctx);
+  gen_state_set_mask(gs, mask, mask_ctx);
   struct gen_out go = {.tokens = out->tokens,
                        .logp = out->logp,
                        .len = out->len,

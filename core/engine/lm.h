@@ -116,6 +116,12 @@ int lm_sample(const struct lm *lm, const int *ids, int n_ids, int n, const struc
 int lm_sample_step(const struct lm *lm, const int *ids, int n_ids, int n,
                    const struct sampler_opts *o, uint64_t seed, gen_step_fn step, void *step_ctx,
                    struct lm_samples *out, struct dapo_err *e);
+/* lm_sample_step with gen_run's mask hook too (sampler.h, gen_state_set_mask; NULL: none),
+ * called before each token is drawn (on the calling thread: the state has no pool): constrained
+ * decoding (structured outputs). */
+int lm_sample_hooks(const struct lm *lm, const int *ids, int n_ids, int n,
+                    const struct sampler_opts *o, uint64_t seed, gen_step_fn step, void *step_ctx,
+                    gen_mask_fn mask, void *mask_ctx, struct lm_samples *out, struct dapo_err *e);
 /* Frees out's arrays (NULL or already freed arrays are fine) and zeroes it. */
 void lm_samples_free(struct lm_samples *out);
 

@@ -137,8 +137,10 @@ static struct num num_parse(const struct node *n, const char *t, int len) {
   return r;
 }
 
-/* Whether a value of magnitude in [a, b] (units), with this sign, meets n's bounds. */
+/* Whether a value of magnitude in [a, b] (units), with this sign, meets n's bounds (a negative
+ * one is never zero). */
 static int hits(const struct node *n, int64_t a, int64_t b, int neg) {
+  if (neg && a == 0) a = 1; /* no "-0": a zero is written 0 */
   int64_t lo = neg ? -b : a, hi = neg ? -a : b;
   if (lo < n->lo) lo = n->lo;
   if (hi > n->hi) hi = n->hi;

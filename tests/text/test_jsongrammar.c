@@ -78,8 +78,10 @@ static void test_keywords(void) {
   /* numeric bounds */
   acc("{\"type\":\"integer\",\"minimum\":10,\"maximum\":20}", L("10", "15", "20"),
       L("9", "21", "100", "-15", "1"));
-  acc("{\"type\":\"integer\",\"exclusiveMinimum\":-3,\"exclusiveMaximum\":3}",
-      L("-2", "0", "2", "-0"), L("-3", "3"));
+  acc("{\"type\":\"number\",\"exclusiveMinimum\":-3,\"exclusiveMaximum\":3}",
+      L("-2", "0", "2", "-0.5"), L("-3", "3", "-0", "-0.0"));
+  acc("{\"type\":\"integer\",\"exclusiveMinimum\":-3,\"exclusiveMaximum\":3}", L("-2", "0", "2"),
+      L("-3", "3", "-0", "1.5"));
   acc("{\"type\":\"number\",\"minimum\":0.5,\"maximum\":1.25}", L("0.5", "1", "1.25", "0.75"),
       L("0.4", "1.26", "2", "-1"));
   acc("{\"type\":\"number\",\"exclusiveMinimum\":0}", L("0.000001", "3"), L("0", "-1", "0.0"));
