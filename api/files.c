@@ -20,10 +20,12 @@
 #include <microhttpd.h>
 
 #include "dataset.h"
+#include "dpo.h"
 #include "handlers.h"
 #include "http.h"
 #include "log.h"
 #include "server.h"
+#include "sft.h"
 #include "sha256.h"
 #include "store.h"
 
@@ -47,8 +49,59 @@ static json_t *status_details(const json_t *errors) {
   return json_sprintf("invalid dataset: %s%s%s", where, msg ? msg : "not a dataset", more);
 }
 
+/* ---- which methods a file fits (issue 27) ---- */
+
+/* The first problem of the supervised and DPO checks over a file's lines, NULL while none. */
+struct fit {
+  char *err[2];
+  int lines; /* non-blank lines read */
+};
+
+static int fit_line(void *ctx, const json_t *line, int lineno, struct dapo_err *e) {
+  struct fit *ft = ctx;
+  ft->lines++;
+  int (*check[2])(const json_t *, int, struct dapo_err *) = {sft_check_line, dpo_check_line};
+  for (int k = 0; k < 2; k++)
+    if (!ft->err[k] && check[k](line, lineno, e)) ft->err[k] = strdup(e->msg);
+  return ft->err[0] && ft->err[1]; /* nothing left to learn */
+}
+
+/* {"methods": the training methods the file at path fits ("dapo" when dapo_ok: the dataset
+ * check's verdict; "supervised", "dpo" when every line passes sft_check_line, dpo_check_line),
+ * "method_errors": {method: the first problem (its line and field)} for the others}; NULL when
+ * out of memory. */
+static json_t *methods_of_file(const char *path, int dapo_ok) {
+  static const char *const NAMES[2] = {"supervised", "dpo"};
+  struct fit ft = {{NULL, NULL}, 0};
+  struct dapo_err e = {0};
+  int rc = sft_each_line(path, fit_line, &ft, &e);
+  if (rc && !(ft.err[0] && ft.err[1])) /* the file itself (a line not JSON, too long, I/O) */
+    for (int k = 0; k < 2; k++)
+      if (!ft.err[k]) ft.err[k] = strdup(e.msg);
+  json_t *ms = json_array(), *errs = json_object();
+  if (dapo_ok)
+    json_array_append_new(ms, json_string("dapo"));
+  else
+    json_object_set_new(errs, "dapo", json_string("not a DAPO file: see errors"));
+  for (int k = 0; k < 2; k++) {
+    if (!ft.err[k] && !ft.lines) ft.err[k] = strdup("no lines"); /* an empty file */
+    if (ft.err[k])
+      json_object_set_new(errs, NAMES[k], json_string(ft.err[k]));
+    else
+      json_array_append_new(ms, json_string(NAMES[k]));
+    free(ft.err[k]);
+  }
+  if (!ms || !errs) {
+    json_decref(ms), json_decref(errs);
+    return NULL;
+  }
+  return json_pack("{s:o, s:o}", "methods", ms, "method_errors", errs); /* stolen either way */
+}
+
 /* The file object: OpenAI's FileObject (status "processed", or "error" with status_details)
- * with dapod's own check beside it: validation "valid" | "invalid", errors when invalid. */
+ * with dapod's own check beside it: validation "valid" | "invalid" (the DAPO check), errors when
+ * invalid, methods (the training methods its lines fit) and method_errors (for the others, the
+ * first problem by line and field; absent for files stored before dapod knew methods). */
 static json_t *file_json(const struct store_file *f) {
   json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:I, s:s, s:s, s:o, s:s, s:I, s:I, s:I}", "id", f->id,
                         "object", "file", "filename", f->filename, "purpose", f->purpose, "bytes",
@@ -58,6 +111,7 @@ static json_t *file_json(const struct store_file *f) {
                         f->valid ? "valid" : "invalid", "n_lines", (json_int_t)f->n_lines,
                         "n_items", (json_int_t)f->n_items, "created_at", (json_int_t)f->created_at);
   if (o && !f->valid) json_object_set(o, "errors", f->errors ? f->errors : json_array());
+  if (o && f->methods) json_object_update(o, f->methods);
   return o;
 }
 
@@ -371,15 +425,18 @@ int api_files_upload_end(struct api_req *r) {
   free(up->tmp_path);
   up->tmp_path = NULL;
   if (fsync_dir(r->srv->files_dir)) LOG(WARN, "fsync %s: %s", r->srv->files_dir, strerror(errno));
+  f.methods = methods_of_file(up->final_path, f.valid);
   struct dapo_err e = {0};
   int rc = store_file_insert(r->srv->store, &f, &e);
   if (rc) {
     json_decref(errors);
+    json_decref(f.methods);
     unlink(up->final_path);
     return api_reply_store_error(r, rc, &e);
   }
   json_t *o = file_json(&f);
   json_decref(errors);
+  json_decref(f.methods);
   char loc[STORE_ID_MAX + 16];
   snprintf(loc, sizeof loc, "/v1/files/%s", f.id);
   LOG(INFO, "file %s stored: %s, %lld bytes, %s", f.id, f.filename, (long long)f.bytes,
@@ -409,6 +466,10 @@ int api_files_validate_end(struct api_req *r) {
     json_object_set_new(o, "errors", errors ? errors : json_array());
   else
     json_decref(errors);
+  /* which methods the lines fit is known of stored files only (their lines are read again) */
+  json_t *ms = o && up->tmp_path ? methods_of_file(up->tmp_path, !errors) : NULL;
+  if (ms) json_object_update(o, ms);
+  json_decref(ms);
   return api_reply_json_steal(r, 200, o);
 }
 

@@ -93,6 +93,8 @@ static const char *const migrations[] = {
     " files TEXT NOT NULL,"
     " metrics TEXT,"
     " PRIMARY KEY (job_id, step)) WITHOUT ROWID;",
+    /* 2: which training methods a file's lines fit (issue 27): {"methods", "method_errors"} */
+    "ALTER TABLE files ADD COLUMN methods TEXT;",
 };
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -100,7 +102,7 @@ static const char *const migrations[] = {
 
 #define FILE_COLS                                                                                  \
   "id, owner, filename, purpose, bytes, sha256, status, n_lines, n_items, errors, path, "          \
-  "created_at"
+  "created_at, methods"
 #define QUEUE_POS                                                                                  \
   "CASE WHEN j.status = 'queued' THEN (SELECT COUNT(*) FROM jobs q WHERE q.status = 'queued' "     \
   "AND q.queue_seq <= j.queue_seq) ELSE 0 END"
@@ -161,7 +163,7 @@ static const char *const stmt_sql[S_COUNT] = {
     [S_SET_VERSION] = "UPDATE schema_version SET version = ?1",
     [S_COUNTER_NEXT] = "UPDATE counters SET value = value + 1 WHERE name = ?1 RETURNING value",
     [S_FILE_INSERT] = "INSERT INTO files (" FILE_COLS ") VALUES "
-                      "(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                      "(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
     [S_FILE_GET] = "SELECT " FILE_COLS " FROM files WHERE id = ?1",
     [S_FILE_SEQ] = "SELECT seq FROM files WHERE id = ?1 AND (?2 IS NULL OR owner = ?2)",
     [S_FILE_LIST] = "SELECT " FILE_COLS " FROM files WHERE (?1 IS NULL OR owner = ?1) AND "
@@ -639,6 +641,7 @@ void store_file_deinit(struct store_file *f) {
   free(f->filename);
   free(f->purpose);
   json_decref(f->errors);
+  json_decref(f->methods);
   free(f->path);
   memset(f, 0, sizeof *f);
 }
@@ -672,6 +675,7 @@ static int read_file_row(sqlite3_stmt *s, struct store_file *f, struct dapo_err 
   if ((rc = col_json(s, 9, &f->errors, "files.errors", e))) goto out;
   if ((rc = col_strdup(s, 10, &f->path, e))) goto out;
   f->created_at = sqlite3_column_int64(s, 11);
+  if ((rc = col_json(s, 12, &f->methods, "files.methods", e))) goto out;
 out:
   if (rc) store_file_deinit(f);
   return rc;
@@ -704,6 +708,7 @@ static int file_insert_locked(struct store *st, struct store_file *f, struct dap
   if ((rc = bind_json(s, 10, f->errors, e))) goto out;
   bind_text(s, 11, f->path);
   sqlite3_bind_int64(s, 12, f->created_at);
+  if ((rc = bind_json(s, 13, f->methods, e))) goto out;
   if (sqlite3_step(s) != SQLITE_DONE) rc = sql_fail(st, e, f->id);
 out:
   done(s);

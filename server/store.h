@@ -92,8 +92,10 @@ struct store_file {
   char sha256[65]; /* lower-case hex of the content */
   int valid;       /* status: 1 "valid", 0 "invalid" */
   int64_t n_lines, n_items;
-  json_t *errors; /* [{line, message}] or NULL (owned reference) */
-  char *path;     /* content on disk (owned) */
+  json_t *errors;  /* [{line, message}] or NULL (owned reference) */
+  json_t *methods; /* {"methods": [names the lines fit], "method_errors": {name: first problem}}
+                      or NULL (files stored before schema 2) (owned reference) */
+  char *path;      /* content on disk (owned) */
   int64_t created_at;
 };
 void store_file_deinit(struct store_file *f);

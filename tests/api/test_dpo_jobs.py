@@ -8,7 +8,10 @@
   rewards/{chosen, rejected, accuracy, margin}, their evaluations valid/loss and
   valid/rewards/accuracy;
 - refusals name the field: beta 3, loss_type "ipo", label_smoothing 0.5, a DAPO knob, a judge;
-  bad lines by line and field (two preferred outputs, a missing rejected response).
+  bad lines by line and field (two preferred outputs, a missing rejected response);
+- an upload says which methods its lines fit: `methods` (["dapo"] for prompt/answer lines,
+  ["supervised"] for prompt/completion lines, ["dpo"] for pairs) and `method_errors` naming the
+  first bad line and field of each other method, on the upload's reply and on GET /v1/files/{id}.
 
 Run: /usr/bin/python3 tests/api/test_dpo_jobs.py --dapod build/server/dapod
 """
@@ -114,6 +117,34 @@ class DpoJobs(test_jobs.DaemonCase):
             self.assertFields(p, "training_file")
             msg = [e["message"] for e in p["errors"] if e["field"] == "training_file"][0]
             self.assertIn(want, msg)
+
+
+class UploadMethods(test_jobs.DaemonCase):
+    def test_methods(self):
+        sft = "".join(json.dumps({"prompt": "%d+1=" % a, "completion": str(a + 1)}) + "\n"
+                      for a in range(3)).encode()
+        two = json.loads(oai_line("q", "a", "b"))
+        two["preferred_output"].append({"role": "assistant", "content": "c"})
+        with open(os.path.join(test_jobs.DATA, "addition.jsonl"), "rb") as f:
+            dapo = f.read()
+        for data, methods, errs in (
+                (dapo, ["dapo"], {"supervised": "line 1: field 'answer': unknown",
+                                  "dpo": "line 1: field 'answer': unknown"}),
+                (sft, ["supervised"], {"dapo": "see errors",
+                                       "dpo": "line 1: field 'completion': unknown"}),
+                (PAIRS, ["dpo"], {"dapo": "see errors",
+                                  "supervised": "line 1: field 'chosen': unknown"}),
+                ((oai_line("q", "a", "b") + json.dumps(two) + "\n").encode(), [],
+                 {"dpo": "line 2: field 'preferred_output': expected exactly one assistant "
+                         "message"})):
+            up = self.upload(data)
+            got = self.assertJson(self.d.get("/v1/files/" + up["id"]), 200)
+            for o in (up, got):
+                self.assertEqual(o["methods"], methods, o)
+                for m, part in errs.items():
+                    self.assertIn(part, o["method_errors"][m])
+                self.assertEqual(sorted(o["method_errors"]),
+                                 sorted({"dapo", "supervised", "dpo"} - set(methods)))
 
 
 if __name__ == "__main__":
