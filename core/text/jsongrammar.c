@@ -441,6 +441,24 @@ static int compile(struct gb *b, const json_t *s, const char *at) {
   char sub[600];
   const json_t *v;
   int rc = 0;
+  const char *alone = json_object_get(s, "$ref")    ? "$ref"
+                      : json_object_get(s, "anyOf") ? "anyOf"
+                                                    : NULL;
+  const char *key;
+  json_t *kv;
+  json_object_foreach((json_t *)s, key, kv) { /* what would narrow $ref's or anyOf's values */
+    static const char *const free_keys[] = {"$ref",     "anyOf",       "$defs",    "definitions",
+                                            "title",    "description", "default",  "examples",
+                                            "$schema",  "$id",         "$comment", "deprecated",
+                                            "readOnly", "writeOnly",   NULL};
+    int ok = !alone;
+    for (int i = 0; !ok && free_keys[i]; i++) ok = !strcmp(key, free_keys[i]);
+    if (!ok)
+      return dapo_errf(b->e, DAPO_EINVAL,
+                       "%s.%.64s: not supported beside %s in structured outputs (put it inside)",
+                       at, key, alone),
+             -1;
+  }
   if ((v = json_object_get(s, "$ref"))) {
     snprintf(sub, sizeof sub, "%s.$ref", at);
     int k = compile(b, jschema_ref(b->g->js, json_string_value(v)), sub);
@@ -454,12 +472,15 @@ static int compile(struct gb *b, const json_t *s, const char *at) {
       if (k < 0 || add_kid(b, id, k)) return -1;
     }
   } else if ((v = json_object_get(s, "enum")) || (v = json_object_get(s, "const"))) {
+    /* the values the whole schema allows (type and bounds beside them), as compact JSON */
     b->g->nodes[id].kind = N_LIT;
     if (json_is_array(v) && json_object_get(s, "enum")) {
       size_t i;
       json_t *x;
-      json_array_foreach(v, i, x) if (add_lit(b, id, x)) return -1;
-    } else {
+      json_array_foreach(v, i, x) {
+        if (!jschema_check_at(b->g->js, s, x) && add_lit(b, id, x)) return -1;
+      }
+    } else if (!jschema_check_at(b->g->js, s, v)) {
       rc = add_lit(b, id, v);
     }
   } else if ((v = json_object_get(s, "type"))) {
@@ -709,7 +730,7 @@ static void step_thr(const struct wk *w, struct thr *t, unsigned char c, struct 
 
 /* A string's byte. pos: bits 0-2 escape (0 none, 1 after '\', 2-5 \u's hex digits), bit 3 a
  * \u that began with d (no surrogates), bits 4-5 UTF-8 bytes still to come, bits 6-8 the range
- * of the next one. */
+ * of the next one, bit 9 a \u whose digits so far are 0 (no \u0000). */
 static void str_step(const struct wk *w, struct thr *t, unsigned char c, struct jst *out) {
   struct frame *f = &t->f[t->depth - 1];
   const struct node *n = &w->g->nodes[f->node];
@@ -736,9 +757,12 @@ static void str_step(const struct wk *w, struct thr *t, unsigned char c, struct 
     add = dec[q - simple];
   } else if (esc >= 2) {
     int hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+    int zero = esc == 2 || (f->pos >> 9 & 1); /* the digits so far are all 0 */
     if (!hex || (esc == 3 && ud && !(c >= '0' && c <= '7'))) return;
+    if (esc == 5 && zero && c == '0') return; /* no \u0000: NUL is in no JSON parser's strings */
     if (esc < 5) {
-      f->pos = (uint16_t)((esc + 1) | (esc == 2 ? (c == 'd' || c == 'D') << 3 : ud << 3));
+      f->pos = (uint16_t)((esc + 1) | (esc == 2 ? (c == 'd' || c == 'D') << 3 : ud << 3) |
+                          (zero && c == '0') << 9);
       emit(out, t);
       return;
     }

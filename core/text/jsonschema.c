@@ -421,3 +421,8 @@ int jschema_check(const struct jschema *s, const json_t *v, const char *root, ch
   if (cap) why[0] = '\0';
   return check(&c, s->schema, v, root, 0);
 }
+
+int jschema_check_at(const struct jschema *s, const json_t *node, const json_t *v) {
+  struct ctx c = {s, NULL, 0};
+  return check(&c, node, v, "", 0);
+}

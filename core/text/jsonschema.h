@@ -29,6 +29,9 @@ void jschema_free(struct jschema *s);
 int jschema_check(const struct jschema *s, const json_t *v, const char *root, char *why,
                   size_t cap);
 
+/* jschema_check against node, a schema inside jschema_root's tree: 0 when v is valid there. */
+int jschema_check_at(const struct jschema *s, const json_t *node, const json_t *v);
+
 /* The kept copy of the schema (lives with s), for compilers that walk it (jsongrammar.h). */
 const json_t *jschema_root(const struct jschema *s);
 /* What ref ('#', '#/$defs/name', a JSON Pointer after '#') points to in s's schema; NULL if

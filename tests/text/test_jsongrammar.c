@@ -56,12 +56,16 @@ static void test_keywords(void) {
   acc("{\"enum\":[\"red\",\"green\",1,10,null,{\"k\":[1]}]}",
       L("\"red\"", "\"green\"", "1", "10", "null", "{\"k\":[1]}"),
       L("\"blue\"", "2", "100", "\"re\""));
+  /* enum values the rest of the schema refuses are never written */
+  acc("{\"type\":\"string\",\"maxLength\":2,\"enum\":[\"ab\",1,\"abc\",null]}", L("\"ab\""),
+      L("1", "\"abc\"", "null"));
   acc("{\"const\":\"fixed\"}", L("\"fixed\""), L("\"fixe\"", "\"fixed!\""));
   /* anyOf with null; type lists */
   acc("{\"anyOf\":[{\"type\":\"string\",\"maxLength\":2},{\"type\":\"null\"}]}",
       L("\"ab\"", "null", "\"\""), L("\"abc\"", "1"));
   acc("{\"type\":[\"integer\",\"boolean\"]}", L("7", "true"), L("7.5", "\"7\""));
   /* strings: lengths in code points, escapes, UTF-8 */
+  acc("{\"type\":\"string\"}", L("\"\\u0001\"", "\"\\u1000\""), L("\"\\u0000\""));
   acc("{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}",
       L("\"ab\"", "\"\\u00e9\\n\"", "\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\""),
       L("\"a\"", "\"abcd\"", "\"\\ud800x\"", "\"\xc3\x28x\"", "\"\xed\xa0\x80x\"", "\"a\nb\"",
@@ -124,6 +128,10 @@ static void test_refusals(void) {
       {"{\"type\":\"object\",\"patternProperties\":{}}", "schema.patternProperties"},
       {"{\"allOf\":[]}", "schema.allOf"},
       {"{\"type\":\"number\",\"multipleOf\":2}", "schema.multipleOf"},
+      {"{\"type\":\"object\",\"anyOf\":[{\"type\":\"object\"}]}",
+       "schema.type: not supported beside anyOf"},
+      {"{\"$defs\":{\"a\":{\"type\":\"null\"}},\"$ref\":\"#/$defs/a\",\"minimum\":1}",
+       "schema.minimum: not supported beside $ref"},
       {"{\"type\":\"string\",\"format\":\"iri\"}", "schema.format"},
       {"{\"$ref\":\"#/$defs/none\"}", "schema.$ref"},
       {"{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}},\"required\":[\"a\"]}",
