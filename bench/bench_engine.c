@@ -10,7 +10,8 @@
  *             2*P_blk + 2*V*C + L * 4*NH*HS * t
  * N tokens, R response tokens (rows through the LM head), T_s sequence lengths; embedding
  * lookups, norms, softmax and the optimizer are not counted.
- * Usage: bench_engine --sgemm | --bandwidth [--threads N] | --model tiny|small|medium [--serve]
+ * Usage: bench_engine --sgemm | --bandwidth [--threads N] |
+ *        --model tiny|small|medium|qwen-small|qwen-0.5b [--serve]
  *        [--train-steps N]
  *        [--gen-reps N] [--gen-new N] [--threads N] [--phase train|gen]
  *        [--isa portable|baseline|avx2|avx512] [--vs-isa portable|baseline|avx2]
@@ -659,7 +660,7 @@ int main(int argc, char **argv) {
     }
     if (!v) {
       fprintf(stderr, "usage: bench_engine --sgemm | --bandwidth [--threads N] | --model "
-                      "tiny|small|medium [--serve] "
+                      "tiny|small|medium|qwen-small|qwen-0.5b [--serve] "
                       "[--train-steps N] [--gen-reps N] [--gen-new N] [--threads N | "
                       "--blas-threads N] [--phase train|gen] [--isa NAME] [--vs-isa NAME]\n");
       return 2;
