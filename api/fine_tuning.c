@@ -2,10 +2,11 @@
  * (../shared/design/OPENAI_COMPAT.md, docs/OPENAI.md), a translation onto the native job service:
  *   POST /v1/fine_tuning/jobs            method.reinforcement -> a native body (judge "grader",
  *                                        the RFT hyperparameters mapped onto DAPO's knobs);
- *                                        method.supervised -> a native supervised body; then
+ *                                        method.supervised -> a native supervised body,
+ *                                        method.dpo -> a native dpo body; then
  *                                        jobs_create; SDK retries give the same job back
- *                                        (a succeeded supervised job's result CSV is made when
- *                                        the job is first rendered: sft_result_file)
+ *                                        (a succeeded supervised or DPO job's result CSV is
+ *                                        made when the job is first rendered: sft_result_file)
  *   GET  /v1/fine_tuning/jobs[/{id}]     FineTuningJob objects (list: after, limit, metadata[k])
  *   POST /v1/fine_tuning/jobs/{id}/cancel|pause|resume (empty bodies)
  *   GET  /v1/fine_tuning/jobs/{id}/events       FineTuningJobEvent, newest first
@@ -42,6 +43,7 @@
 #define SFT_AUTO_BATCH 8   /* supervised batch_size "auto": the native batch_size default */
 #define SFT_AUTO_EPOCHS 3  /* supervised n_epochs "auto": OpenAI's usual pick for small files */
 #define SFT_MAX_LRM 1000   /* learning_rate_multiplier at most: 1e-2 with BASE_LR */
+#define DPO_AUTO_BETA 0.1  /* dpo beta "auto": the native default (TRL's and OpenAI's) */
 
 /* The template of models without one (the presets): the message texts, one after another. */
 static const char DEFAULT_TEMPLATE[] =
@@ -170,18 +172,24 @@ static json_t *rft_hparams(const json_t *hp, const json_t *meta) {
   return o;
 }
 
-/* The OpenAI hyperparameters of a supervised job, from its resolved native knobs. */
+/* The OpenAI hyperparameters of a supervised or DPO job (with beta), from its resolved native
+ * knobs. */
 static json_t *sft_hparams(const json_t *hp) {
-  return json_pack("{s:O?, s:f, s:O?}", "batch_size", json_object_get(hp, "batch_size"),
-                   "learning_rate_multiplier",
-                   json_number_value(json_object_get(hp, "learning_rate")) / BASE_LR, "n_epochs",
-                   json_object_get(hp, "epochs"));
+  json_t *o = json_pack("{s:O?, s:f, s:O?}", "batch_size", json_object_get(hp, "batch_size"),
+                        "learning_rate_multiplier",
+                        json_number_value(json_object_get(hp, "learning_rate")) / BASE_LR,
+                        "n_epochs", json_object_get(hp, "epochs"));
+  if (o && json_object_get(hp, "beta")) json_object_set(o, "beta", json_object_get(hp, "beta"));
+  return o;
 }
 
-/* A supervised job's metrics rows as its result CSV (one row a trained step, the step's
- * validation beside it or empty cells) into *csv (malloc'd), and its trained tokens (the sum of
- * train/tokens). 0, or an error code. */
-static int sft_results(struct store *st, const char *job_id, char **csv, int64_t *tokens) {
+/* A supervised or DPO (dpo) job's metrics rows as its result CSV (one row a trained step, the
+ * step's validation beside it or empty cells; a DPO job's accuracy columns hold
+ * rewards/accuracy) into *csv (malloc'd), and its trained tokens (the sum of train/tokens).
+ * 0, or an error code. */
+static int sft_results(struct store *st, const char *job_id, int dpo, char **csv, int64_t *tokens) {
+  const char *acc = dpo ? "rewards/accuracy" : "train/mean_token_accuracy";
+  const char *vacc = dpo ? "valid/rewards/accuracy" : "valid/mean_token_accuracy";
   struct store_metric_list l = {0};
   struct dapo_err e = {0};
   *tokens = 0;
@@ -209,13 +217,11 @@ static int sft_results(struct store *st, const char *job_id, char **csv, int64_t
     char vl[40] = "", va[40] = "";
     if (ev) {
       snprintf(vl, sizeof vl, "%.17g", json_number_value(json_object_get(ev, "valid/loss")));
-      snprintf(va, sizeof va, "%.17g",
-               json_number_value(json_object_get(ev, "valid/mean_token_accuracy")));
+      snprintf(va, sizeof va, "%.17g", json_number_value(json_object_get(ev, vacc)));
     }
-    int k =
-        snprintf(out + used, cap - used, "%lld,%.17g,%.17g,%s,%s\n", (long long)m->step,
-                 json_number_value(json_object_get(m->data, "train/loss")),
-                 json_number_value(json_object_get(m->data, "train/mean_token_accuracy")), vl, va);
+    int k = snprintf(out + used, cap - used, "%lld,%.17g,%.17g,%s,%s\n", (long long)m->step,
+                     json_number_value(json_object_get(m->data, "train/loss")),
+                     json_number_value(json_object_get(m->data, acc)), vl, va);
     if (k < 0 || (size_t)k >= cap - used) break; /* cannot happen: the cells are bounded */
     used += (size_t)k;
   }
@@ -224,9 +230,9 @@ static int sft_results(struct store *st, const char *job_id, char **csv, int64_t
   return 0;
 }
 
-/* The result file of a succeeded supervised job: "file-<the job's uuid>", made the first time
- * the job is rendered after success (a second rendering, or a racing one, finds it). Its id into
- * id, or "" when it cannot be made (logged). */
+/* The result file of a succeeded supervised or DPO job: "file-<the job's uuid>", made the first
+ * time the job is rendered after success (a second rendering, or a racing one, finds it). Its id
+ * into id, or "" when it cannot be made (logged). */
 static void sft_result_file(struct api_req *r, const struct store_job *j, char *csv,
                             char id[STORE_ID_MAX]) {
   struct store_file f = {0};
@@ -291,14 +297,15 @@ static json_t *ft_job_json(struct api_req *r, const struct store_job *j) {
                     json_object_get(j->error, "param") ? json_object_get(j->error, "param")
                                                        : json_null());
   const char *mname = json_string_value(json_object_get(res, "method"));
-  int sft = mname && !strcmp(mname, "supervised");
+  int dpo = mname && !strcmp(mname, "dpo");
+  int sft = dpo || (mname && !strcmp(mname, "supervised")); /* both: one shape, their names */
   const json_t *nhp = json_object_get(res, "hyperparameters");
   json_t *trained = json_null(), *files = json_array();
   if (sft && j->step > 0) { /* trained_tokens, and the result file once the job succeeded */
     char *csv = NULL, fid[STORE_ID_MAX] = "";
     int64_t tokens = 0;
     int done = j->status == STORE_JOB_SUCCEEDED;
-    if (!sft_results(r->srv->store, j->id, done ? &csv : NULL, &tokens)) {
+    if (!sft_results(r->srv->store, j->id, dpo, done ? &csv : NULL, &tokens)) {
       trained = json_integer((json_int_t)tokens);
       if (csv) sft_result_file(r, j, csv, fid);
       if (fid[0]) json_array_append_new(files, json_string(fid));
@@ -306,8 +313,7 @@ static json_t *ft_job_json(struct api_req *r, const struct store_job *j) {
     free(csv);
   }
   json_t *method =
-      sft ? json_pack("{s:s, s:{s:o}}", "type", "supervised", "supervised", "hyperparameters",
-                      sft_hparams(nhp))
+      sft ? json_pack("{s:s, s:{s:o}}", "type", mname, mname, "hyperparameters", sft_hparams(nhp))
           : json_pack(
                 "{s:s, s:{s:O, s:o, s:O}}", "type", "reinforcement", "reinforcement", "grader",
                 json_object_get(judge, "grader") ? json_object_get(judge, "grader") : json_null(),
@@ -440,42 +446,51 @@ static json_t *finish_body(struct api_req *r, const json_t *b, json_t *nb, json_
   return nb;
 }
 
-/* The native supervised body of method.supervised (or the deprecated top-level
- * hyperparameters when method.supervised has none): batch_size 1..256 (auto SFT_AUTO_BATCH),
- * n_epochs 1..50 (auto SFT_AUTO_EPOCHS), learning_rate_multiplier in (0, SFT_MAX_LRM] of
- * BASE_LR (or of a native learning_rate); any other member is a native supervised knob. */
-static json_t *sft_body(struct api_req *r, const json_t *b, const json_t *method, json_t *errors) {
-  const json_t *sup = json_object_get(method, "supervised");
+/* The native body of method.supervised or method.dpo (kind: "supervised", "dpo"; a supervised
+ * job also takes the deprecated top-level hyperparameters when method.supervised has none):
+ * batch_size 1..256 (auto SFT_AUTO_BATCH), n_epochs 1..50 (auto SFT_AUTO_EPOCHS),
+ * learning_rate_multiplier in (0, SFT_MAX_LRM] of BASE_LR (or of a native learning_rate), and
+ * for dpo beta in (0, 2] (auto DPO_AUTO_BETA); any other member is a native knob of the method. */
+static json_t *sft_body(struct api_req *r, const json_t *b, const json_t *method, const char *kind,
+                        json_t *errors) {
+  const json_t *sup = json_object_get(method, kind);
   const char *key;
   json_t *v;
+  int dpo = !strcmp(kind, "dpo");
+  char prefix[64], field[160];
+  snprintf(prefix, sizeof prefix, "method.%s", kind);
   if (sup && !json_is_null(sup) && !json_is_object(sup)) {
-    dapo_errors_add(errors, "method.supervised", "expected an object");
+    dapo_errors_add(errors, prefix, "expected an object");
     return NULL;
   }
   json_object_foreach((json_t *)sup, key, v) {
     if (strcmp(key, "hyperparameters")) {
-      char field[128];
-      snprintf(field, sizeof field, "method.supervised.%.64s", key);
+      snprintf(field, sizeof field, "%s.%.64s", prefix, key);
       dapo_errors_add(errors, field, "unknown field");
     }
   }
   json_object_foreach((json_t *)method, key, v) {
-    if (strcmp(key, "type") && strcmp(key, "supervised")) {
-      char field[128];
+    if (strcmp(key, "type") && strcmp(key, kind)) {
+      char msg[64];
       snprintf(field, sizeof field, "method.%.64s", key);
-      dapo_errors_add(errors, field, "not a member of a supervised method");
+      snprintf(msg, sizeof msg, "not a member of a %s method", kind);
+      dapo_errors_add(errors, field, msg);
     }
   }
-  const char *prefix = "method.supervised.hyperparameters";
+  snprintf(prefix, sizeof prefix, "method.%s.hyperparameters", kind);
   const json_t *hp = json_object_get(sup, "hyperparameters");
   const json_t *top = json_object_get(b, "hyperparameters");
-  if (hp && !json_is_null(hp) && top && !json_is_null(top) && json_object_size(top))
+  if (top && !json_is_null(top) && json_object_size(top) && dpo)
+    dapo_errors_add(errors, "hyperparameters",
+                    "the top-level hyperparameters are supervised fine-tuning's; give them as "
+                    "method.dpo.hyperparameters");
+  else if (hp && !json_is_null(hp) && top && !json_is_null(top) && json_object_size(top))
     dapo_errors_add(errors, "hyperparameters",
                     "give the hyperparameters once, in method.supervised.hyperparameters (the "
                     "top-level ones are deprecated)");
   else if ((!hp || json_is_null(hp)) && top && !json_is_null(top)) {
     hp = top; /* OpenAI's deprecated place, still accepted for supervised jobs */
-    prefix = "hyperparameters";
+    snprintf(prefix, sizeof prefix, "hyperparameters");
   }
   if (hp && !json_is_null(hp) && !json_is_object(hp)) {
     dapo_errors_add(errors, prefix, "expected an object");
@@ -483,10 +498,14 @@ static json_t *sft_body(struct api_req *r, const json_t *b, const json_t *method
   }
   json_t *nhp = json_object();
   json_object_foreach((json_t *)hp, key, v) {
-    if (strcmp(key, "n_epochs") && strcmp(key, "learning_rate_multiplier"))
+    if (strcmp(key, "n_epochs") && strcmp(key, "learning_rate_multiplier") && strcmp(key, "beta"))
       json_object_set(nhp, key, v); /* batch_size is the native name too */
   }
-  double epochs = SFT_AUTO_EPOCHS, batch = SFT_AUTO_BATCH, lrm = 1;
+  double epochs = SFT_AUTO_EPOCHS, batch = SFT_AUTO_BATCH, lrm = 1, beta = DPO_AUTO_BETA;
+  if (dpo && auto_or_num(hp, prefix, "beta", 0, 2, NUM_OPEN_LO, &beta, errors) >= 0)
+    json_object_set_new(nhp, "beta", json_real(beta));
+  else if (!dpo && json_object_get(hp, "beta")) /* refused by the native check, named */
+    json_object_set(nhp, "beta", json_object_get(hp, "beta"));
   if (auto_or_num(hp, prefix, "batch_size", 1, 256, NUM_INT, &batch, errors) >= 0)
     json_object_set_new(nhp, "batch_size", json_integer((json_int_t)batch));
   auto_or_num(hp, prefix, "n_epochs", 1, 50, NUM_INT, &epochs, errors);
@@ -511,7 +530,7 @@ static json_t *sft_body(struct api_req *r, const json_t *b, const json_t *method
   }
   if (!json_object_get(nhp, "checkpoint_every") && json_object_get(nhp, "eval_every"))
     json_object_set(nhp, "checkpoint_every", json_object_get(nhp, "eval_every"));
-  return json_pack("{s:s, s:O?, s:O?, s:O?, s:o}", "method", "supervised", "model",
+  return json_pack("{s:s, s:O?, s:O?, s:O?, s:o}", "method", kind, "model",
                    json_object_get(b, "model"), "training_file",
                    json_object_get(b, "training_file"), "validation_file",
                    json_object_get(b, "validation_file"), "hyperparameters", nhp);
@@ -532,15 +551,16 @@ static json_t *native_body(struct api_req *r, const json_t *b, json_t *errors) {
   const json_t *method = json_object_get(b, "method");
   const char *mtype = json_string_value(json_object_get(method, "type"));
   if (!mtype) {
-    dapo_errors_add(errors, "method.type", "required: \"supervised\" or \"reinforcement\"");
+    dapo_errors_add(errors, "method.type",
+                    "required: \"supervised\", \"dpo\" or \"reinforcement\"");
     return NULL;
   }
-  if (!strcmp(mtype, "supervised"))
-    return finish_body(r, b, sft_body(r, b, method, errors), errors);
+  if (!strcmp(mtype, "supervised") || !strcmp(mtype, "dpo"))
+    return finish_body(r, b, sft_body(r, b, method, mtype, errors), errors);
   if (strcmp(mtype, "reinforcement")) {
     char msg[200];
     snprintf(msg, sizeof msg,
-             "'%.32s' is not supported yet: dapod fine-tunes with \"supervised\" or "
+             "'%.32s' is not supported: dapod fine-tunes with \"supervised\", \"dpo\" or "
              "\"reinforcement\" (with a grader)",
              mtype);
     dapo_errors_add(errors, "method.type", msg);
@@ -655,7 +675,8 @@ static json_t *native_body(struct api_req *r, const json_t *b, json_t *errors) {
 }
 
 /* A native field name in OpenAI's words; hp: where the body gave the hyperparameters
- * ("method.reinforcement.", "method.supervised." or "" for the top-level ones). */
+ * ("method.reinforcement.", "method.supervised.", "method.dpo." or "" for the top-level
+ * ones). */
 static void oai_field(const char *f, const char *hp, char *out, size_t cap) {
   if (!strncmp(f, "judge.grader", 12))
     snprintf(out, cap, "method.reinforcement.grader%s", f + 12);
@@ -673,6 +694,8 @@ static void oai_field(const char *f, const char *hp, char *out, size_t cap) {
 static const char *hp_place(const json_t *b) {
   const json_t *m = json_object_get(b, "method");
   const char *type = json_string_value(json_object_get(m, "type"));
+  if (type && !strcmp(type, "dpo")) /* the top-level ones are refused by their own name */
+    return json_object_size(json_object_get(b, "hyperparameters")) ? "" : "method.dpo.";
   if (!type || strcmp(type, "supervised")) return "method.reinforcement.";
   const json_t *hp = json_object_get(json_object_get(m, "supervised"), "hyperparameters");
   const json_t *top = json_object_get(b, "hyperparameters");
@@ -890,14 +913,24 @@ static double num(const json_t *o, const char *k) {
   return json_number_value(json_object_get(o, k));
 }
 
-/* A supervised step's native metrics d in OpenAI's names, into out: train/loss as train_loss,
- * train/mean_token_accuracy as train_mean_token_accuracy, valid/... as valid_... */
+/* A supervised or DPO step's native metrics d in OpenAI's names, into out: train/loss as
+ * train_loss, train/mean_token_accuracy as train_mean_token_accuracy, valid/... as valid_...;
+ * a DPO step's loss likewise and its rewards/x as train_rewards_x, valid/rewards/x as
+ * valid_rewards_x (OpenAI's metrics objects name no DPO reward: dapod's names, in its
+ * pattern). */
 static void sft_metrics(const json_t *d, json_t *out) {
-  static const char *const names[][2] = {
-      {"train/loss", "train_loss"},
-      {"train/mean_token_accuracy", "train_mean_token_accuracy"},
-      {"valid/loss", "valid_loss"},
-      {"valid/mean_token_accuracy", "valid_mean_token_accuracy"}};
+  static const char *const names[][2] = {{"train/loss", "train_loss"},
+                                         {"train/mean_token_accuracy", "train_mean_token_accuracy"},
+                                         {"valid/loss", "valid_loss"},
+                                         {"valid/mean_token_accuracy", "valid_mean_token_accuracy"},
+                                         {"rewards/accuracy", "train_rewards_accuracy"},
+                                         {"rewards/margin", "train_rewards_margin"},
+                                         {"rewards/chosen", "train_rewards_chosen"},
+                                         {"rewards/rejected", "train_rewards_rejected"},
+                                         {"valid/rewards/accuracy", "valid_rewards_accuracy"},
+                                         {"valid/rewards/margin", "valid_rewards_margin"},
+                                         {"valid/rewards/chosen", "valid_rewards_chosen"},
+                                         {"valid/rewards/rejected", "valid_rewards_rejected"}};
   for (size_t i = 0; d && i < sizeof names / sizeof names[0]; i++)
     if (json_is_number(json_object_get(d, names[i][0])))
       json_object_set_new(out, names[i][1], json_real(num(d, names[i][0])));
@@ -949,7 +982,17 @@ static json_t *ft_event_json(const char *job_id, const struct store_event *ev, i
       data = json_pack("{s:I, s:I}", "step", (json_int_t)step, "total_steps", (json_int_t)total);
       sft_metrics(d, data);
       json_object_set(data, "dapod", (json_t *)d);
-      if (json_object_get(d, "train/loss"))
+      if (json_object_get(d, "rewards/accuracy"))
+        snprintf(msg, sizeof msg,
+                 "Step %lld/%lld: training loss=%.4f, rewards accuracy=%.4f, margin=%.4f", step,
+                 (long long)total, num(d, "train/loss"), num(d, "rewards/accuracy"),
+                 num(d, "rewards/margin"));
+      else if (json_object_get(d, "valid/rewards/accuracy"))
+        snprintf(msg, sizeof msg,
+                 "Step %lld/%lld: validation loss=%.4f, rewards accuracy=%.4f, margin=%.4f", step,
+                 (long long)total, num(d, "valid/loss"), num(d, "valid/rewards/accuracy"),
+                 num(d, "valid/rewards/margin"));
+      else if (json_object_get(d, "train/loss"))
         snprintf(msg, sizeof msg, "Step %lld/%lld: training loss=%.4f, token accuracy=%.4f", step,
                  (long long)total, num(d, "train/loss"), num(d, "train/mean_token_accuracy"));
       else

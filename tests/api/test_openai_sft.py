@@ -7,7 +7,7 @@
   the sum of the native train/tokens, fine_tuned_model the last checkpoint;
 - the deprecated top-level hyperparameters give the same job;
 - refusals in OpenAI's error shape naming the field as sent: n_epochs 0, batch_size 257,
-  learning_rate_multiplier 0, dpo, a weight on a user message, weight 2, no trainable assistant
+  learning_rate_multiplier 0, ppo, a weight on a user message, weight 2, no trainable assistant
   message (the line and field in the message);
 - a fine-tuned model ("ft:tiny:dapod:...") is the `model` of the next job, OpenAI's way to train
   on from a result: the job shows the name as given, the native job trains from the first job's
@@ -195,9 +195,9 @@ class OpenAISupervised(test_jobs.DaemonCase):
                        P + "learning_rate_multiplier", "(0, 1000]")
         self.oai_error(self.create({"learning_rate_multiplier": "high"}),
                        P + "learning_rate_multiplier", "expected")
-        self.oai_error(self.create(method={"type": "dpo", "dpo": {}}), "method.type",
-                       "not supported yet")
-        self.oai_error(self.create(method={"type": "rl"}), "method.type", "not supported yet")
+        self.oai_error(self.create(method={"type": "ppo", "ppo": {}}), "method.type",
+                       "not supported")
+        self.oai_error(self.create(method={"type": "rl"}), "method.type", "not supported")
         self.oai_error(self.create(method={"type": "supervised", "supervised": {"beta": 1}}),
                        "method.supervised.beta", "unknown field")
         for line, part in (

@@ -648,9 +648,9 @@ def oai_scenario(c):
     again = c.call("ft create retried", "POST", "/v1/fine_tuning/jobs", 200, json_body=body,
                    headers={"X-Stainless-Retry-Count": "1"}).json()
     assert again["id"] == jid, (again["id"], jid)
-    e = oai_error(c.call("ft create dpo", "POST", "/v1/fine_tuning/jobs", 400,
+    e = oai_error(c.call("ft create ppo", "POST", "/v1/fine_tuning/jobs", 400,
                          json_body={"model": "tiny", "training_file": fid,
-                                    "method": {"type": "dpo", "dpo": {}}}),
+                                    "method": {"type": "ppo", "ppo": {}}}),
                   "invalid_request_error")
     assert e["param"] == "method.type", e
     e = oai_error(c.call("ft create invalid", "POST", "/v1/fine_tuning/jobs", 400,
@@ -748,6 +748,7 @@ def oai_scenario(c):
     c.call("ft delete", "DELETE", "/v1/jobs/" + jid, 200)
     c.call("delete rft file", "DELETE", "/v1/files/" + fid, 200)
     sft_scenario(c)
+    dpo_scenario(c)
 
 
 def sft_scenario(c):
@@ -773,6 +774,34 @@ def sft_scenario(c):
     c.call("ft checkpoints supervised", "GET", "/v1/fine_tuning/jobs/%s/checkpoints" % jid, 200)
     c.call("ft result file", "GET", "/v1/files/" + job["result_files"][0], 200)
     c.call("ft delete supervised", "DELETE", "/v1/jobs/" + jid, 200)
+
+
+def dpo_scenario(c):
+    """A DPO job through /v1/fine_tuning/jobs and a native one: their objects, events,
+    checkpoints, the result file and the upload's methods validated against the document."""
+    pair = lambda k: {"input": {"messages": [{"role": "user", "content": "%d?" % k}]},  # noqa
+                      "preferred_output": [{"role": "assistant", "content": str(k + 1)}],
+                      "non_preferred_output": [{"role": "assistant", "content": str(k)}]}
+    lines = "".join(json.dumps(pair(k)) + "\n" for k in range(6)).encode()
+    f = c.call("upload dpo", "POST", "/v1/files?purpose=fine-tune&filename=dpo.jsonl", 201,
+               body=lines, headers={"Content-Type": "application/x-ndjson"}).json()
+    assert f["methods"] == ["dpo"], f
+    fid = f["id"]
+    body = {"model": "tiny", "training_file": fid, "validation_file": fid,
+            "method": {"type": "dpo", "dpo": {"hyperparameters": {
+                "batch_size": 3, "n_epochs": 2, "beta": "auto"}}}}
+    jid = c.call("ft create dpo", "POST", "/v1/fine_tuning/jobs", 200,
+                 json_body=body).json()["id"]
+    oai_error(c.call("ft create dpo beta 3", "POST", "/v1/fine_tuning/jobs", 400,
+                     json_body=dict(body, method={"type": "dpo", "dpo": {
+                         "hyperparameters": {"beta": 3}}})), "invalid_request_error")
+    c.wait_status(jid, lambda j: j["status"] in TERMINAL, "the end of the dpo job")
+    c.call("native get dpo", "GET", "/v1/jobs/" + jid, 200)
+    job = c.call("ft get dpo", "GET", "/v1/fine_tuning/jobs/" + jid, 200).json()
+    assert job["status"] == "succeeded" and len(job["result_files"]) == 1, job
+    c.call("ft events dpo", "GET", "/v1/fine_tuning/jobs/%s/events?limit=100" % jid, 200)
+    c.call("ft checkpoints dpo", "GET", "/v1/fine_tuning/jobs/%s/checkpoints" % jid, 200)
+    c.call("ft delete dpo", "DELETE", "/v1/jobs/" + jid, 200)
 
 
 def agent_job(c, fid):

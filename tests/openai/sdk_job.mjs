@@ -96,7 +96,7 @@ check(other.status === 'queued', 'second job queued behind the first');
 
 // errors: 400, 401, 404, 409 (below), 429, each with OpenAI's error members
 let e = await raises(client.fineTuning.jobs.create({ model: 'tiny', training_file: train.id,
-  method: { type: 'dpo', dpo: {} } }), OpenAI.BadRequestError, 'dpo refused');
+  method: { type: 'ppo', ppo: {} } }), OpenAI.BadRequestError, 'an unknown method refused');
 check(e.param === 'method.type' && e.type === 'invalid_request_error', '400 names method.type');
 e = await raises(client.chat.completions.create({ model: 'tiny', messages: [], n: 1 }),
                  OpenAI.BadRequestError, 'empty messages refused');
