@@ -30,7 +30,7 @@ def main():
     ap.add_argument("--script", help="run only this script of tests/openai (e.g. sdk_sft.mjs)")
     a = ap.parse_args()
     rc = subprocess.run(["sh", os.path.join(HERE, "..", "npm_ci.sh"), HERE, a.work, "sdk_job.mjs",
-                         "sdk_tools.mjs", "sdk_sft.mjs", "sdk_parse.mjs"])
+                         "sdk_tools.mjs", "sdk_sft.mjs", "sdk_parse.mjs", "sdk_dpo.mjs"])
     if rc.returncode:
         return rc.returncode
     # an API key (the SDK's apiKey; a wrong one is AuthenticationError) and a queue of one job
