@@ -196,8 +196,9 @@ struct jobs_service {
 
 /* The identity of what runner_check_data reads: the model's files (a preset's name; a folder's
  * config, tokenizer and tokenizer_config by size and modification time), the datasets (paths of
- * immutable uploads), the chat template, max_new_tokens and the method (a supervised job's lines
- * are checked by other rules). SHA-256 hex into out. */
+ * immutable uploads), the chat template, max_new_tokens and the method (a supervised or DPO job's
+ * lines are checked by other rules, which max_sequence_tokens and truncate change). SHA-256 hex
+ * into out. */
 static void check_key(const struct job_spec *spec, char out[65]) {
   struct dapo_sha256 c;
   dapo_sha256_begin(&c);
@@ -215,9 +216,10 @@ static void check_key(const struct job_spec *spec, char out[65]) {
     dapo_sha256_feed(&c, line, (size_t)n);
   }
   n = snprintf(line, sizeof line,
-               "method=%d\ntrain=%s\nval=%s\nmax_new=%d\ntemplate=", spec->hp.method,
-               spec->training_file ? spec->training_file : "",
-               spec->validation_file ? spec->validation_file : "", spec->hp.max_new_tokens);
+               "method=%d\ntrain=%s\nval=%s\nmax_new=%d\nmax_seq=%d\ntruncate=%d\ntemplate=",
+               spec->hp.method, spec->training_file ? spec->training_file : "",
+               spec->validation_file ? spec->validation_file : "", spec->hp.max_new_tokens,
+               spec->hp.max_sequence_tokens, spec->hp.truncate);
   dapo_sha256_feed(&c, line, (size_t)(n < (int)sizeof line ? n : (int)sizeof line - 1));
   char *tpl = spec->chat_template
                   ? json_dumps(spec->chat_template, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY)

@@ -87,6 +87,19 @@ class DpoJobs(test_jobs.DaemonCase):
         self.assertEqual(r.json()["hyperparameters"]["beta"], 0.5)
         self.finished(r, 1)
 
+    def test_truncate_after_a_refusal(self):
+        # 'ab' + 'c' + EOS: 4 tokens; at max_sequence_tokens 3 refused by line and field, and
+        # with truncate the same file is taken (the daemon's kept check of the file knows both)
+        fid = self.upload(PAIRS)["id"]
+        p = self.assertProblem(self.dpo(hp={"max_sequence_tokens": 3}, file_id=fid), 422,
+                               "validation_failed")
+        msg = [e["message"] for e in p["errors"] if e["field"] == "training_file"][0]
+        self.assertIn("line 1: field 'chosen': 4 tokens with the prompt exceed "
+                      "max_sequence_tokens (3", msg)
+        r = self.dpo(hp={"max_sequence_tokens": 3, "truncate": True}, file_id=fid)
+        self.assertEqual(r.status, 201, r)
+        self.d.post_json("/v1/jobs/%s/cancel" % r.json()["id"], {})
+
     def test_refusals(self):
         fid = self.upload(PAIRS)["id"]
         for hp, field, part in (
