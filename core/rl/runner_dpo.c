@@ -264,12 +264,7 @@ static int read_reference(struct trainer *t, const char *path) {
 int trainer_dpo_setup(struct trainer *t, int64_t from) {
   struct dapo_err e = {0};
   const struct hparams *hp = t->hp;
-  if (dist_size(trainer_dist(t)) > 1)
-    return trainer_fail(t, FAIL_INVALID_SPEC, "resources.processes",
-                        "a dpo job runs in one process");
-  if (trainer_setup_model(t, from)) return 1;
-  if (trainer_sft_chat(t->spec, &t->lm, &t->chat, &e))
-    return trainer_fail(t, FAIL_INVALID_CHAT_TEMPLATE, "chat_template", "%s", e.msg);
+  if (trainer_sft_begin(t, from)) return 1;
   int end = trainer_sft_end_id(&t->lm);
   if (dpo_load_file(t->spec->training_file, &t->lm, t->chat, end, hp->max_sequence_tokens,
                     hp->truncate, &t->dpo_train, &t->n_dpo_train, &e))

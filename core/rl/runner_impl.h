@@ -253,6 +253,9 @@ int trainer_sft_end_id(const struct lm *lm);
 /* The order of epoch `epoch` (a permutation of the n training items keyed by seed and epoch)
  * into t->sft_order. */
 void trainer_sft_epoch_order(struct trainer *t, int epoch, int n);
+/* The start of a supervised or DPO job's set-up: one process only (else resources.processes),
+ * trainer_setup_model, its chat template (t->chat). 0, or 1 with res set. */
+int trainer_sft_begin(struct trainer *t, int64_t from);
 /* The buffers of a supervised or DPO job: micro-batches of cap tokens, sequences of at most
  * longest tokens, an order of n_order items; the train state. 0, or 1 with res set. */
 int trainer_sft_buffers(struct trainer *t, int cap, int longest, int n_order);

@@ -155,15 +155,21 @@ int trainer_sft_evaluate(struct trainer *t) {
   return m ? trainer_emit_metrics(t, m, 1, 0, 0) : trainer_oom(t);
 }
 
-int trainer_sft_setup(struct trainer *t, int64_t from) {
+int trainer_sft_begin(struct trainer *t, int64_t from) {
   struct dapo_err e = {0};
-  const struct hparams *hp = t->hp;
   if (dist_size(trainer_dist(t)) > 1)
-    return trainer_fail(t, FAIL_INVALID_SPEC, "resources.processes",
-                        "a supervised job runs in one process");
+    return trainer_fail(t, FAIL_INVALID_SPEC, "resources.processes", "a %s job runs in one process",
+                        hparams_method_name(t->hp->method));
   if (trainer_setup_model(t, from)) return 1;
   if (trainer_sft_chat(t->spec, &t->lm, &t->chat, &e))
     return trainer_fail(t, FAIL_INVALID_CHAT_TEMPLATE, "chat_template", "%s", e.msg);
+  return 0;
+}
+
+int trainer_sft_setup(struct trainer *t, int64_t from) {
+  struct dapo_err e = {0};
+  const struct hparams *hp = t->hp;
+  if (trainer_sft_begin(t, from)) return 1;
   int end = trainer_sft_end_id(&t->lm);
   if (sft_load_file(t->spec->training_file, &t->lm, t->chat, end, hp->max_sequence_tokens,
                     hp->truncate, &t->sft_train, &t->n_sft_train, &e))
