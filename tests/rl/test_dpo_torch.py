@@ -13,7 +13,9 @@ in float64 from the step-0 checkpoint with tests/torch_ref/llama.py: the sequenc
 under the policy and the reference (the starting weights; for LoRA the base without its
 adapter), the loss -(1-ls) log sigmoid(beta h) - ls log sigmoid(-beta h), its gradient, the
 norm, its clipping and torch's AdamW. Step 2 is where the policy and the reference differ.
-Checked:
+Each job runs twice: with adam_eps 1e-6 (AdamW as trained, its first update about
+lr * sign(g)), and with adam_eps 1 and learning_rate 0.5, where the first update is about lr * g,
+so that each tensor's move is its gradient. Checked:
 - the step-1 and step-2 weights (every weight, or the adapter's A and B): the norm of the
   difference relative to the steps' move, and each tensor's own;
 - each step's metrics: train/loss, rewards/chosen, rewards/rejected, rewards/accuracy,
@@ -46,6 +48,11 @@ import llama  # noqa: E402
 HP = {"batch_size": 6, "epochs": 2, "learning_rate": 3e-3, "lr_schedule": "constant",
       "weight_decay": 0.1, "grad_clip": 1.0, "adam_eps": 1e-6, "micro_batch_tokens": 24,
       "beta": 0.5, "label_smoothing": 0.1, "checkpoint_every": 1}
+# The same steps with adam_eps 1 and learning_rate 0.5: AdamW's first update is then
+# lr * g / (|g| + 1), close to lr * g for these gradients (|g| << 1), so that comparing each
+# tensor's move compares each tensor's gradient, element by element (with adam_eps 1e-6 it is
+# about lr * sign(g))
+GRAD_HP = {"learning_rate": 0.5, "adam_eps": 1.0}
 TEMPLATE = {"user": "U{content}|", "assistant": "A{content}|", "generation_prompt": "A",
             "stop": "|"}
 
@@ -268,12 +275,17 @@ def main():
     torch.set_num_threads(1)
     work = tempfile.mkdtemp(prefix="dapod-dpo-torch-")
     failures = []
-    full = check(a.dapod, work, "full", failures)
-    # LoRA on the same weights as a folder (the full job's step-0 checkpoint): the adapter alone
-    # trains, the reference is the base (PEFT's start, B = 0: the first step moves B)
-    check(a.dapod, work, "lora", failures, model=os.path.join(full, "checkpoints", "step-0"),
-          adapter={"type": "lora", "r": 4, "alpha": 8,
-                   "target_modules": ["q_proj", "v_proj", "down_proj"]})
+    adam = dict(HP)
+    for kind, over in (("adam", {}), ("grad", GRAD_HP)):
+        HP.clear()
+        HP.update(adam, **over)
+        full = check(a.dapod, work, "full-" + kind, failures)
+        # LoRA on the same weights as a folder (the full job's step-0 checkpoint): the adapter
+        # alone trains, the reference is the base (PEFT's start, B = 0: the first step moves B)
+        check(a.dapod, work, "lora-" + kind, failures,
+              model=os.path.join(full, "checkpoints", "step-0"),
+              adapter={"type": "lora", "r": 4, "alpha": 8,
+                       "target_modules": ["q_proj", "v_proj", "down_proj"]})
     for f in failures:
         print("FAIL: " + f, file=sys.stderr)
     sys.exit(1 if failures else 0)
