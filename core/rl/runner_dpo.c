@@ -117,11 +117,11 @@ static int pass(struct trainer *t, struct model *m, const struct dpo_pair *p, do
         continue;
       }
       /* h: how much more the policy prefers the chosen response than the reference does */
-      double rc_ = beta * (lp[0] - rf[0]), rr = beta * (lp[1] - rf[1]), z = rc_ - rr;
+      double rw_c = beta * (lp[0] - rf[0]), rw_r = beta * (lp[1] - rf[1]), z = rw_c - rw_r;
       st->loss += -(1 - ls) * log_sigmoid(z) - ls * log_sigmoid(-z);
-      st->chosen += rc_, st->rejected += rr, st->margin += z;
+      st->chosen += rw_c, st->rejected += rw_r, st->margin += z;
       st->lp_chosen += lp[0], st->lp_rejected += lp[1];
-      st->correct += rc_ > rr;
+      st->correct += rw_c > rw_r;
       st->pairs++;
       /* d loss / d lp_chosen = beta * (-(1 - ls) sigmoid(-z) + ls sigmoid(z)) / scale; the
        * rejected response's is its negative; every token of a response gets its sequence's */
