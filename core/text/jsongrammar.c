@@ -80,6 +80,10 @@ struct jmatch {
   const struct jgrammar *g;
   pcre2_match_data *md;
   struct jst st, tmp;
+  /* jmasker's scratch (a matcher belongs to one thread at a time) */
+  char key[sizeof(struct jst)];
+  uint64_t *bits;
+  int n_words;
 };
 
 struct wk {
@@ -1025,6 +1029,8 @@ struct jmatch *jmatch_new(const struct jgrammar *g) {
   struct jmatch *m = malloc(sizeof *m);
   if (!m) return NULL;
   m->g = g;
+  m->bits = NULL;
+  m->n_words = 0;
   if (!(m->md = pcre2_match_data_create(1, NULL))) {
     free(m);
     return NULL;
@@ -1041,6 +1047,7 @@ struct jmatch *jmatch_clone(const struct jmatch *m) {
 
 void jmatch_free(struct jmatch *m) {
   if (!m) return;
+  free(m->bits);
   pcre2_match_data_free(m->md);
   free(m);
 }
@@ -1298,8 +1305,7 @@ static int walk(const struct jmasker *k, const struct jmatch *m, uint64_t *bits)
 
 int jmasker_mask(struct jmasker *k, const struct jmatch *m, uint64_t *bits) {
   size_t words = (size_t)(k->v->V + 63) / 64;
-  char *key = malloc(sizeof m->st);
-  if (!key) return -1;
+  char *key = ((struct jmatch *)m)->key; /* its scratch (the caller's thread) */
   size_t kl = st_key(&m->st, key);
   uint64_t h = fnv(key, kl);
   pthread_mutex_lock(&k->mu);
@@ -1310,7 +1316,6 @@ int jmasker_mask(struct jmasker *k, const struct jmatch *m, uint64_t *bits) {
       int count = c->count;
       k->hits++;
       pthread_mutex_unlock(&k->mu);
-      free(key);
       return count;
     }
   }
@@ -1318,10 +1323,12 @@ int jmasker_mask(struct jmasker *k, const struct jmatch *m, uint64_t *bits) {
   pthread_mutex_unlock(&k->mu);
   int count = walk(k, m, bits);
   uint64_t *copy = count >= 0 ? malloc(sizeof *copy * words) : NULL;
-  if (!copy) {
-    free(key);
+  char *kept = copy ? malloc(kl ? kl : 1) : NULL;
+  if (!kept) {
+    free(copy);
     return count;
   }
+  memcpy(kept, key, kl);
   memcpy(copy, bits, sizeof *copy * words);
   pthread_mutex_lock(&k->mu);
   struct centry *c;
@@ -1332,20 +1339,28 @@ int jmasker_mask(struct jmasker *k, const struct jmatch *m, uint64_t *bits) {
     k->next = (k->next + 1) % CACHE_MAX;
     free(c->key), free(c->bits);
   }
-  *c = (struct centry){h, kl, key, copy, count};
+  *c = (struct centry){h, kl, kept, copy, count};
   pthread_mutex_unlock(&k->mu);
   return count;
 }
 
-int jmasker_apply(struct jmasker *k, const struct jmatch *m, float *logits, int V) {
+int jmasker_apply(struct jmasker *k, struct jmatch *m, float *logits, int V) {
   int words = (k->v->V + 63) / 64;
-  uint64_t *bits = malloc(sizeof *bits * (size_t)words);
-  if (!bits) return -1;
+  if (m->n_words < words) {
+    uint64_t *b = realloc(m->bits, sizeof *b * (size_t)words);
+    if (!b) return -1;
+    m->bits = b, m->n_words = words;
+  }
+  uint64_t *bits = m->bits;
   int count = jmasker_mask(k, m, bits);
-  if (count >= 0)
-    for (int i = 0; i < V; i++)
-      if (i >= k->v->V || !(bits[i / 64] >> (i % 64) & 1)) logits[i] = -INFINITY;
-  free(bits);
+  if (count < 0) return count;
+  for (int w = 0; w * 64 < V; w++) { /* a word at a time: most are all one way */
+    uint64_t x = w < words ? bits[w] : 0;
+    int lo = w * 64, hi = lo + 64 < V ? lo + 64 : V;
+    if (x == ~0ULL && hi - lo == 64) continue;
+    for (int i = lo; i < hi; i++)
+      if (!(x >> (i - lo) & 1)) logits[i] = -INFINITY;
+  }
   return count;
 }
 

@@ -88,10 +88,12 @@ struct jmasker *jmasker_new(const struct jgrammar *g, const struct jvocab *v, co
 void jmasker_free(struct jmasker *k);
 /* The allowed ids for m's state as bits (bit i of bits[i / 64]; (V + 63) / 64 words). Returns
  * how many ids are allowed (0 only when the value is complete and there is no stop id), or -1
- * when out of memory. Thread-safe for distinct matchers. */
+ * when out of memory. Thread-safe for distinct matchers (m lends its scratch: one thread at a
+ * time per matcher). */
 int jmasker_mask(struct jmasker *k, const struct jmatch *m, uint64_t *bits);
-/* Sets logits[V] of the ids not allowed to -INFINITY; returns jmasker_mask's count. */
-int jmasker_apply(struct jmasker *k, const struct jmatch *m, float *logits, int V);
+/* Sets logits[V] of the ids not allowed to -INFINITY; returns jmasker_mask's count. m is not
+ * advanced (it lends its scratch). */
+int jmasker_apply(struct jmasker *k, struct jmatch *m, float *logits, int V);
 /* Feeds id's bytes (a stop id feeds nothing): 0, or -1 when m refuses them. */
 int jmasker_feed(const struct jmasker *k, struct jmatch *m, int id);
 /* Cache figures: lookups answered from the cache, and walks of the vocabulary. */

