@@ -325,7 +325,9 @@ static int upload_begin(struct api_req *r, int keep) {
       return api_reply_error(r, API_ERR_INVALID_REQUEST,
                              "multipart/form-data without a usable boundary parameter", NULL);
   }
-  if (keep) open_tmp(up); /* replies itself on failure */
+  /* replies itself on failure; a validation writes the file too, for its methods (read again at
+   * the end), and removes it before its reply */
+  open_tmp(up);
   return 0;
 }
 
@@ -466,10 +468,14 @@ int api_files_validate_end(struct api_req *r) {
     json_object_set_new(o, "errors", errors ? errors : json_array());
   else
     json_decref(errors);
-  /* which methods the lines fit is known of stored files only (their lines are read again) */
   json_t *ms = o && up->tmp_path ? methods_of_file(up->tmp_path, !errors) : NULL;
   if (ms) json_object_update(o, ms);
   json_decref(ms);
+  if (up->tmp_path) { /* gone before the reply: nothing of a validation outlives it */
+    unlink(up->tmp_path);
+    free(up->tmp_path);
+    up->tmp_path = NULL;
+  }
   return api_reply_json_steal(r, 200, o);
 }
 

@@ -11,7 +11,8 @@
   bad lines by line and field (two preferred outputs, a missing rejected response);
 - an upload says which methods its lines fit: `methods` (["dapo"] for prompt/answer lines,
   ["supervised"] for prompt/completion lines, ["dpo"] for pairs) and `method_errors` naming the
-  first bad line and field of each other method, on the upload's reply and on GET /v1/files/{id}.
+  first bad line and field of each other method, on the upload's reply, on GET /v1/files/{id}
+  and on POST /v1/files/validate.
 
 Run: /usr/bin/python3 tests/api/test_dpo_jobs.py --dapod build/server/dapod
 """
@@ -152,7 +153,10 @@ class UploadMethods(test_jobs.DaemonCase):
                          "message"})):
             up = self.upload(data)
             got = self.assertJson(self.d.get("/v1/files/" + up["id"]), 200)
-            for o in (up, got):
+            dry = self.assertJson(self.d.request(
+                "POST", "/v1/files/validate?purpose=fine-tune&filename=data.jsonl", body=data,
+                headers={"Content-Type": "application/x-ndjson"}), 200)
+            for o in (up, got, dry):
                 self.assertEqual(o["methods"], methods, o)
                 for m, part in errs.items():
                     self.assertIn(part, o["method_errors"][m])
