@@ -8,7 +8,7 @@
 import {
   api, ApiError, download, getKey, jsonLines, onKeyChange, setKey, setKeyPrompt, uploadFile,
 } from './api.js';
-import { CHARTS, MetricSeries, StepChart, loadUplot } from './charts.js';
+import { MetricSeries, StepChart, chartsFor, loadUplot } from './charts.js';
 import { fmtBytes, fmtNumber as fmt, fmtProgress, fmtStep } from './format.js';
 import { followEvents } from './sse.js';
 
@@ -115,7 +115,7 @@ function viewJobs(view) {
   view.append(
     h('div', { class: 'page-head' }, h('h1', { text: 'Jobs' }), h('a', { class: 'button primary', href: '#/new', text: 'New job' })),
     h('div', { class: 'card flush' }, h('table', { class: 'table', id: 'jobs-table' },
-      h('thead', {}, h('tr', {}, ['Job', 'Model', 'Status', 'Progress', 'Reward', 'Accuracy', 'Created'].map((t) => h('th', { text: t, class: ['Reward', 'Accuracy'].includes(t) ? 'num' : null })))),
+      h('thead', {}, h('tr', {}, ['Job', 'Model', 'Method', 'Status', 'Progress', 'Reward / loss', 'Accuracy', 'Created'].map((t) => h('th', { text: t, class: ['Reward / loss', 'Accuracy'].includes(t) ? 'num' : null })))),
       tbody)),
     info);
   let timer = null;
@@ -124,7 +124,7 @@ function viewJobs(view) {
     try {
       const list = await api('GET', '/v1/jobs?limit=100');
       tbody.replaceChildren(...list.data.map(jobRow));
-      if (!list.data.length) tbody.append(h('tr', {}, h('td', { colspan: 7, class: 'empty' }, 'No jobs yet. ', h('a', { href: '#/new', text: 'Start one' }), '.')));
+      if (!list.data.length) tbody.append(h('tr', {}, h('td', { colspan: 8, class: 'empty' }, 'No jobs yet. ', h('a', { href: '#/new', text: 'Start one' }), '.')));
       info.textContent = `${fmt(list.data.length)} job${list.data.length === 1 ? '' : 's'}${list.has_more ? ' (newest 100 shown)' : ''} · updated ${new Date().toLocaleTimeString()}`;
     } catch (e) {
       info.replaceChildren(errorBox(e));
@@ -135,19 +135,29 @@ function viewJobs(view) {
   onLeave(() => { stopped = true; clearTimeout(timer); });
 }
 
+// A job's headline figures as [label, value]: a DAPO job's reward and accuracy, a supervised
+// job's loss and token accuracy, a DPO job's loss and preference accuracy.
+function headline(method, m) {
+  if (method === 'supervised') return [['Loss', m['train/loss']], ['Token accuracy', m['train/mean_token_accuracy']]];
+  if (method === 'dpo') return [['Loss', m['train/loss']], ['Preference accuracy', m['rewards/accuracy']]];
+  return [['Reward', m['reward/mean']], ['Accuracy', m.accuracy]];
+}
+
 function jobRow(j) {
   const m = j.latest_metrics || {};
+  const [[, first], [, second]] = headline(j.method, m);
   const pct = j.total_steps ? Math.round((100 * (j.step || 0)) / j.total_steps) : 0;
   return h('tr', { dataset: { job: j.id, status: j.status } },
     h('td', {}, h('a', { href: `#/jobs/${j.id}`, class: 'mono', text: j.id }), j.suffix ? h('div', { class: 'muted small', text: j.suffix }) : null),
     h('td', { text: j.model }),
+    h('td', { class: 'small', text: j.method || 'dapo' }),
     h('td', {}, badge(j.status), j.phase ? h('span', { class: 'muted small', text: ` ${j.phase}` }) : null,
       j.progress ? h('span', { class: 'muted small pass-mini', title: fmtProgress(j.progress), text: ` ${j.progress.pass} ${fmtStep(j.progress.done)}/${fmtStep(j.progress.total)}` }) : null,
       j.queue_position ? h('span', { class: 'muted small', text: ` #${j.queue_position}` }) : null),
     h('td', {}, h('div', { class: 'progress' }, h('div', { class: 'bar', dataset: { pct: String(pct) } })),
       h('span', { class: 'small', text: `${fmtStep(j.step || 0)} / ${fmtStep(j.total_steps)}` })),
-    h('td', { class: 'num', text: fmt(m['reward/mean']) }),
-    h('td', { class: 'num', text: fmt(m.accuracy) }),
+    h('td', { class: 'num', text: fmt(first) }),
+    h('td', { class: 'num', text: fmt(second) }),
     h('td', { class: 'small', text: fmtTime(j.created_at) }));
 }
 
@@ -161,7 +171,22 @@ const observer = new MutationObserver(() => {
 
 // ---- new job ----
 
-const COMMON = ['total_steps', 'group_size', 'prompt_batch_size', 'max_new_tokens', 'learning_rate', 'temperature', 'checkpoint_every'];
+// The knobs shown first for each method; the rest of the method's are under "All hyperparameters".
+const COMMON = {
+  dapo: ['total_steps', 'group_size', 'prompt_batch_size', 'max_new_tokens', 'learning_rate', 'temperature', 'checkpoint_every'],
+  supervised: ['epochs', 'batch_size', 'learning_rate', 'lr_schedule', 'max_sequence_tokens', 'checkpoint_every'],
+  dpo: ['epochs', 'batch_size', 'beta', 'learning_rate', 'lr_schedule', 'checkpoint_every'],
+};
+const METHODS = [
+  ['dapo', 'dapo — reinforcement learning from a judge\'s rewards (DAPO / GRPO)'],
+  ['supervised', 'supervised — fine-tuning on demonstrations (SFT)'],
+  ['dpo', 'dpo — preferences between two responses (DPO)'],
+];
+const DATA_HINT = {
+  dapo: 'JSON Lines: one object a line with "prompt" (or chat "messages") and "answer"; optional "id" and "metadata".',
+  supervised: 'JSON Lines: {"prompt", "completion"} or chat {"messages"} whose assistant messages (weight 1, the default) are trained.',
+  dpo: 'JSON Lines: {"input": {"messages"}, "preferred_output": [...], "non_preferred_output": [...]} (OpenAI) or {"prompt", "chosen", "rejected"} (TRL).',
+};
 
 async function viewNew(view) {
   document.title = 'New job · dapod';
@@ -189,11 +214,18 @@ async function viewNew(view) {
       hint ? h('div', { class: 'hint', text: hint }) : null, err);
   };
 
+  // method: which knobs, whether a judge
+  const methodSelect = h('select', { name: 'method' }, METHODS.map(([v, t]) => h('option', { value: v, text: t })));
+  const dataHint = h('p', { class: 'muted', id: 'data-hint', text: DATA_HINT.dapo });
+
   // dataset
   const fileSelect = h('select', { name: 'training_file' });
   const valSelect = h('select', { name: 'validation_file' });
+  // the files that fit the method chosen: the upload check lists the methods a file fits (methods);
+  // without that list a valid file is a DAPO dataset
+  const fits = (f, m) => (Array.isArray(f.methods) ? f.methods.includes(m) : m === 'dapo' && f.validation === 'valid');
   const fillFiles = (selected) => {
-    const valid = files.data.filter((f) => f.validation === 'valid').reverse(); // status is OpenAI's
+    const valid = files.data.filter((f) => fits(f, methodSelect.value)).reverse(); // status is OpenAI's
     const opts = () => valid.map((f) => h('option', { value: f.id, text: `${f.filename} · ${fmt(f.n_items)} items · ${f.id}` }));
     const keepVal = valSelect.value;
     fileSelect.replaceChildren(h('option', { value: '', text: valid.length ? '— choose an uploaded file —' : '— upload a file first —' }), ...opts());
@@ -213,12 +245,13 @@ async function viewNew(view) {
     upButton.textContent = 'Uploading…';
     try {
       const fo = await uploadFile(f);
-      if (fo.validation === 'valid') {
+      if (fits(fo, methodSelect.value)) {
         files.data.push(fo);
         fillFiles(fo.id);
         upResult.append(h('div', { class: 'alert ok' }, `Uploaded ${fo.filename}: ${fmt(fo.n_items)} items, ${fmtBytes(fo.bytes)}. `, h('span', { class: 'mono small', text: fo.id })));
       } else {
-        upResult.append(h('div', { class: 'alert error' }, h('strong', { text: `${fo.filename} is not a valid dataset` }),
+        const other = Array.isArray(fo.methods) && fo.methods.length ? ` (it fits ${fo.methods.join(', ')} jobs)` : '';
+        upResult.append(h('div', { class: 'alert error' }, h('strong', { text: `${fo.filename} is not a valid dataset for ${methodSelect.value} jobs${other}` }),
           h('ul', {}, (fo.errors || []).slice(0, 20).map((er) => h('li', { text: er.line ? `line ${er.line}: ${er.message}` : er.message })))));
       }
     } catch (e) {
@@ -274,10 +307,27 @@ async function viewNew(view) {
       else input.placeholder = text;
     }
   };
-  const commonKnobs = COMMON.map((n) => knobs.find((k) => k.name === n)).filter(Boolean);
-  const otherKnobs = knobs.filter((k) => !COMMON.includes(k.name));
-  const commonGrid = h('div', { class: 'grid' }, commonKnobs.map(hpField));
-  const otherGrid = h('div', { class: 'grid' }, otherKnobs.map(hpField));
+  const knobFields = new Map(knobs.map((k) => [k.name, hpField(k)]));
+  const commonGrid = h('div', { class: 'grid' });
+  const otherGrid = h('div', { class: 'grid' });
+  const otherCount = h('summary');
+  const judgeField = field('judge.type', 'Judge', judgeType);
+  // the method's knobs (the daemon's table says whose each is), its data, its judge
+  const ofMethod = (k) => !k.methods || k.methods.includes(methodSelect.value);
+  const syncMethod = () => {
+    const m = methodSelect.value;
+    const common = COMMON[m].map((n) => knobs.find((k) => k.name === n)).filter((k) => k && ofMethod(k));
+    const other = knobs.filter((k) => ofMethod(k) && !common.includes(k));
+    commonGrid.replaceChildren(...common.map((k) => knobFields.get(k.name)));
+    otherGrid.replaceChildren(...other.map((k) => knobFields.get(k.name)));
+    otherCount.textContent = `All hyperparameters (${other.length} more)`;
+    dataHint.textContent = DATA_HINT[m];
+    fillFiles(fileSelect.value);
+    judgeField.hidden = m !== 'dapo';
+    if (m !== 'dapo') { patternField.hidden = true; urlField.hidden = true; } else syncJudge();
+  };
+  methodSelect.addEventListener('change', syncMethod);
+  syncMethod();
   paintDefaults();
   hpInputs.get('algorithm') && hpInputs.get('algorithm').input.addEventListener('change', paintDefaults);
 
@@ -286,16 +336,16 @@ async function viewNew(view) {
 
   form.append(
     h('section', { class: 'card' }, h('h2', { text: 'Dataset' }),
-      h('p', { class: 'muted', text: 'JSON Lines: one object a line with "prompt" (or chat "messages") and "answer"; optional "id" and "metadata".' }),
+      dataHint,
       h('div', { class: 'row' }, upInput, upButton), upResult,
       h('div', { class: 'grid' }, field('training_file', 'Training file', fileSelect),
         field('validation_file', 'Validation file', valSelect, 'evaluated every eval_every steps (eval/accuracy on the reward chart)'))),
-    h('section', { class: 'card' }, h('h2', { text: 'Model and judge' }),
-      h('div', { class: 'grid' }, field('model', 'Base model', modelSelect), field('judge.type', 'Judge', judgeType), patternField, urlField,
+    h('section', { class: 'card' }, h('h2', { text: 'Method, model and judge' }),
+      h('div', { class: 'grid' }, field('method', 'Method', methodSelect), field('model', 'Base model', modelSelect), judgeField, patternField, urlField,
         field('seed', 'Seed', seed), field('suffix', 'Suffix', suffix))),
     h('section', { class: 'card' }, h('h2', { text: 'Hyperparameters' }),
       h('p', { class: 'muted', text: 'Empty fields take the default shown.' }), commonGrid,
-      h('details', { id: 'all-knobs' }, h('summary', { text: `All hyperparameters (${otherKnobs.length} more)` }), otherGrid)),
+      h('details', { id: 'all-knobs' }, otherCount, otherGrid)),
     general,
     h('div', { class: 'actions' }, submit));
   view.append(form);
@@ -321,15 +371,18 @@ async function viewNew(view) {
   // the daemon's, shown next to the field from its 422
   const build = () => {
     const errs = [];
-    const body = { model: modelSelect.value, training_file: fileSelect.value, judge: { type: judgeType.value } };
+    const method = methodSelect.value;
+    const body = { model: modelSelect.value, training_file: fileSelect.value };
+    if (method === 'dapo') body.judge = { type: judgeType.value };
+    else body.method = method;
     if (!body.training_file) errs.push(['training_file', 'choose or upload a training file']);
     if (!body.model) errs.push(['model', 'choose a model']);
     if (valSelect.value) body.validation_file = valSelect.value;
-    if (judgeType.value === 'regex') {
+    if (method === 'dapo' && judgeType.value === 'regex') {
       if (!pattern.value) errs.push(['judge.pattern', 'a regex judge needs a pattern']);
       body.judge.pattern = pattern.value;
     }
-    if (judgeType.value === 'http') {
+    if (method === 'dapo' && judgeType.value === 'http') {
       if (!/^https?:\/\/./.test(url.value)) errs.push(['judge.url', 'an http(s) URL']);
       body.judge.url = url.value;
     }
@@ -340,6 +393,7 @@ async function viewNew(view) {
     if (suffix.value) body.suffix = suffix.value;
     const hp = {};
     for (const [name, { input, knob }] of hpInputs) {
+      if (!ofMethod(knob)) continue; // another method's: not shown, not sent
       const raw = input.value.trim();
       if (raw === '') continue;
       const f = `hyperparameters.${name}`;
@@ -392,11 +446,20 @@ async function viewNew(view) {
 
 // ---- job page ----
 
-function describeEvent(ev) {
+function describeEvent(ev, method) {
   const d = ev.data || {};
   switch (ev.type) {
     case 'status': return `${d.previous || '–'} → ${d.status}${d.error ? `: ${d.error.message}` : ''}`;
     case 'metrics': {
+      if (method === 'supervised' || method === 'dpo') {
+        const valid = Object.keys(d).some((k) => k.startsWith('valid/'));
+        if (method === 'supervised') {
+          return valid ? `step ${fmtStep(d.step)} valid: loss ${fmt(d['valid/loss'])}, token accuracy ${fmt(d['valid/mean_token_accuracy'])}`
+            : `step ${fmtStep(d.step)}: loss ${fmt(d['train/loss'])}, token accuracy ${fmt(d['train/mean_token_accuracy'])}`;
+        }
+        return valid ? `step ${fmtStep(d.step)} valid: loss ${fmt(d['valid/loss'])}, preference accuracy ${fmt(d['valid/rewards/accuracy'])}`
+          : `step ${fmtStep(d.step)}: loss ${fmt(d['train/loss'])}, preference accuracy ${fmt(d['rewards/accuracy'])}, margin ${fmt(d['rewards/margin'])}`;
+      }
       if (Object.keys(d).some((k) => k.startsWith('eval/'))) return `step ${fmtStep(d.step)} eval: accuracy ${fmt(d['eval/accuracy'])}`;
       return `step ${fmtStep(d.step)}: reward ${fmt(d['reward/mean'])}, accuracy ${fmt(d.accuracy)}, groups ${fmt(d['groups/kept'])}/${fmt(d['groups/sampled'])}, ${fmt(d['throughput/gen_tokens_per_s'])} gen tok/s`;
     }
@@ -444,6 +507,7 @@ async function viewJob(view, id) {
       h('div', { class: 'row' }, statusEl, passBox, h('div', { class: 'progress wide' }, progressBar), progressText, conn),
       h('dl', { class: 'meta' },
         h('dt', { text: 'Model' }), h('dd', { text: job.model }),
+        h('dt', { text: 'Method' }), h('dd', { id: 'job-method', text: job.method || 'dapo' }),
         h('dt', { text: 'Judge' }), h('dd', { text: job.judge ? job.judge.type : '–' }),
         h('dt', { text: 'Training file' }), h('dd', { class: 'mono', text: job.training_file }),
         h('dt', { text: 'Created' }), h('dd', { text: fmtTime(job.created_at) })),
@@ -489,14 +553,19 @@ async function viewJob(view, id) {
   };
 
   const paintStats = (m) => {
-    const cells = [
-      ['Reward', m['reward/mean']], ['Accuracy', m.accuracy], ['Entropy', m.entropy],
+    const cells = job.method === 'supervised' || job.method === 'dpo' ? [
+      ...headline(job.method, m), ['Valid loss', m['valid/loss']],
+      ...(job.method === 'dpo' ? [['Margin', m['rewards/margin']]] : [['Tokens trained', m['train/tokens']]]),
+      ['Learning rate', m.learning_rate], ['Epoch', m.epoch],
+    ] : [
+      ...headline(job.method, m), ['Entropy', m.entropy],
       ['Mean length', m['response_length/mean']], ['Groups kept', m['groups/kept'] === undefined ? null : `${fmt(m['groups/kept'])} / ${fmt(m['groups/sampled'])}`],
       ['Gen tokens/s', m['throughput/gen_tokens_per_s']],
     ];
     stats.replaceChildren(...cells.map(([k, v]) => h('div', { class: 'stat' }, h('div', { class: 'stat-label', text: k }), h('div', { class: 'stat-value', text: fmt(v) }))));
   };
-  paintStats(job.latest_metrics || {});
+  let shown = { ...(job.latest_metrics || {}) };
+  paintStats(shown);
 
   // charts
   const series = new MetricSeries();
@@ -506,7 +575,7 @@ async function viewJob(view, id) {
   if (!uPlot) {
     chartsBox.append(h('div', { class: 'alert warn', id: 'charts-unavailable', text: 'Charts are unavailable: this build has no uPlot (npm was not available when it was built). The numbers are in the event log and under Metrics CSV.' }));
   } else {
-    for (const spec of CHARTS) {
+    for (const spec of chartsFor(job.method)) {
       const el = h('div', { class: 'chart', id: `chart-${spec.id}`, dataset: { points: '0' } });
       chartsBox.append(h('section', { class: 'card chart-card' }, h('h3', { text: spec.title }), el));
       charts.push(new StepChart(uPlot, el, spec));
@@ -560,7 +629,10 @@ async function viewJob(view, id) {
           (ev.type === 'status' && !['running', 'pausing', 'cancelling'].includes(ev.data && ev.data.status))) paintPass(null);
       if (ev.type === 'metrics' && ev.data) {
         series.add(ev.data);
-        if (!Object.keys(ev.data).some((k) => k.startsWith('eval/'))) paintStats(ev.data);
+        if (job.method === 'supervised' || job.method === 'dpo') { // a validation event adds to the step's
+          shown = { ...shown, ...ev.data };
+          paintStats(shown);
+        } else if (!Object.keys(ev.data).some((k) => k.startsWith('eval/'))) paintStats(ev.data);
         scheduleRedraw();
         if (ev.data.step > (job.step || 0)) { job.step = ev.data.step; progressText.textContent = `step ${fmtStep(job.step)} of ${fmtStep(job.total_steps)}`; progressBar.style.width = `${(100 * job.step) / job.total_steps}%`; }
       }
@@ -568,7 +640,7 @@ async function viewJob(view, id) {
       if (ev.type === 'checkpoint') loadCheckpoints();
       nlog++;
       logBody.prepend(h('tr', { class: `ev-${ev.type}` }, h('td', { class: 'num muted', text: ev.id === null ? '' : String(ev.id) }),
-        h('td', {}, h('span', { class: `tag tag-${ev.type}`, text: ev.type })), h('td', { text: describeEvent(ev) })));
+        h('td', {}, h('span', { class: `tag tag-${ev.type}`, text: ev.type })), h('td', { text: describeEvent(ev, job.method) })));
       while (logBody.children.length > 500) logBody.lastChild.remove();
     },
   });

@@ -28,7 +28,7 @@ function legendValue(write) {
 
 const PALETTE = ['#2457d6', '#e07a10', '#1a9c5b', '#c2334d', '#7a4cc2', '#4b5563'];
 
-// The charts of the job page: title, then series as [metric key, label].
+// The charts of the job page: title, then series as [metric key, label]; a DAPO job's.
 export const CHARTS = [
   { id: 'reward', title: 'Reward and accuracy', series: [['reward/mean', 'reward'], ['accuracy', 'accuracy'], ['eval/accuracy', 'eval accuracy']] },
   { id: 'entropy', title: 'Entropy (nats/token)', series: [['entropy', 'entropy']] },
@@ -37,6 +37,29 @@ export const CHARTS = [
   { id: 'groups', title: 'Groups (dynamic sampling)', series: [['groups/kept', 'kept'], ['groups/sampled', 'sampled']] },
   { id: 'throughput', title: 'Tokens/s', series: [['throughput/gen_tokens_per_s', 'generation'], ['throughput/train_tokens_per_s', 'training']] },
 ];
+
+// A supervised job's (docs/TRAINING.md "Supervised fine-tuning"): the loss and the token
+// accuracy on the training batch and on the validation file.
+const SFT_CHARTS = [
+  { id: 'loss', title: 'Loss (nats/token)', series: [['train/loss', 'train'], ['valid/loss', 'valid'], ['full_valid/loss', 'full valid']] },
+  { id: 'token-accuracy', title: 'Token accuracy', fraction: true, series: [['train/mean_token_accuracy', 'train'], ['valid/mean_token_accuracy', 'valid'], ['full_valid/mean_token_accuracy', 'full valid']] },
+  { id: 'lr', title: 'Learning rate and gradient norm', series: [['learning_rate', 'learning rate'], ['grad_norm', 'grad norm']] },
+];
+
+// A DPO job's (docs/TRAINING.md "DPO"): the loss, the implicit rewards beta * (log-prob ratio to
+// the reference) of the chosen and rejected responses with their margin, and the share of pairs
+// ranked right.
+const DPO_CHARTS = [
+  { id: 'loss', title: 'Loss', series: [['train/loss', 'train'], ['valid/loss', 'valid']] },
+  { id: 'dpo-rewards', title: 'Rewards (beta x log-ratio)', series: [['rewards/chosen', 'chosen'], ['rewards/rejected', 'rejected'], ['rewards/margin', 'margin']] },
+  { id: 'dpo-accuracy', title: 'Preference accuracy', fraction: true, series: [['rewards/accuracy', 'train'], ['valid/rewards/accuracy', 'valid']] },
+  { id: 'lr', title: 'Learning rate and gradient norm', series: [['learning_rate', 'learning rate'], ['grad_norm', 'grad norm']] },
+];
+
+// The charts of a job of this method ("dapo" when the job says none).
+export function chartsFor(method) {
+  return method === 'supervised' ? SFT_CHARTS : method === 'dpo' ? DPO_CHARTS : CHARTS;
+}
 
 // Step metrics merged by step (training and eval/ events of the same step).
 export class MetricSeries {

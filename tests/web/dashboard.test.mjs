@@ -24,6 +24,13 @@
 //  7. An agent's episodes (an environment job against tests/rl/env_server.py, spawned here): the
 //     rollout viewer shows each episode as a conversation, turn by turn as the rollouts file
 //     has them (the model's text, the world's observations with their rewards, how it ended).
+//  8. A supervised job from the form: choosing the method shows its own knobs (epochs,
+//     batch_size; no group_size) with their defaults and hides the judge; the job is created
+//     with method "supervised" and no judge; its page charts the loss and the token accuracy
+//     with one point per step the API lists, its tiles show the last step's loss as format.js
+//     writes it, and the job list names the method.
+//  9. A DPO job from the form (TRL's prompt/chosen/rejected lines): beta offered with its default; its
+//     page charts the loss, the rewards and the preference accuracy, one point per step.
 // Numbers read as people read them (clients/web/format.js, imported from --web): the tiles, the
 // event log, the chart legend under the cursor and the rollout viewer show the API's values as
 // format.js writes them (331,500; 0.0083), and the step axis has whole steps only.
@@ -492,6 +499,83 @@ async function main() {
     } finally {
       env.kill();
     }
+
+    // 8. a supervised job from the form (a fresh page: step 6 left the module without uPlot)
+    await page.goto(`${base}/ui/#/new`);
+    await page.reload();
+    await page.locator('#job-form').waitFor();
+    await page.selectOption('#f-method', 'supervised');
+    check(await page.locator('#f-hyperparameters-group-size').count() === 0, 'a supervised job\'s form has no group_size');
+    check(await page.getAttribute('#f-hyperparameters-epochs', 'placeholder') === '1' &&
+      await page.getAttribute('#f-hyperparameters-batch-size', 'placeholder') === '8', 'epochs and batch_size show their defaults (1, 8)');
+    check(await page.locator('#f-judge-type').isHidden(), 'a supervised job\'s form has no judge');
+    const sftLines = Array.from({ length: 16 }, (_, i) => JSON.stringify({ prompt: `${i % 10}+${(i * 3) % 10}=`, completion: String((i % 10) + ((i * 3) % 10)) })).join('\n') + '\n';
+    await page.setInputFiles('#upload-input', { name: 'sums.jsonl', mimeType: 'application/x-ndjson', buffer: Buffer.from(sftLines) });
+    await page.click('#upload-button');
+    await page.locator('#upload-result .alert.ok').waitFor();
+    await page.selectOption('#f-model', 'tiny');
+    await page.fill('#f-hyperparameters-epochs', '2');
+    await page.fill('#f-hyperparameters-batch-size', '4');
+    await page.click('#submit-job');
+    await page.waitForURL(/#\/jobs\/job-/);
+    const sftId = page.url().split('#/jobs/')[1];
+    let sjob = await apiJson(`/v1/jobs/${sftId}`);
+    check(sjob.method === 'supervised' && !sjob.judge && sjob.hyperparameters.epochs === 2 && sjob.hyperparameters.batch_size === 4 && sjob.total_steps === 8,
+      `the supervised job has the form's method and knobs (${sjob.method}, ${sjob.total_steps} steps)`);
+    for (let t0 = Date.now(); !['succeeded', 'failed', 'cancelled'].includes(sjob.status) && Date.now() - t0 < WAIT;) {
+      await new Promise((r) => setTimeout(r, 200));
+      sjob = await apiJson(`/v1/jobs/${sftId}`);
+    }
+    check(sjob.status === 'succeeded', `the supervised job succeeded (${sjob.status})`);
+    const sm = (await apiJson(`/v1/jobs/${sftId}/metrics`)).filter((m) => typeof m['train/loss'] === 'number');
+    await page.waitForFunction((n) => Number(document.querySelector('#chart-loss')?.dataset.points) === n, sm.length);
+    check(sm.length === 8 && Number(await page.getAttribute('#chart-token-accuracy', 'data-points')) === 8, 'the loss and token-accuracy charts hold the API\'s 8 steps');
+    check(await page.locator('#chart-reward').count() === 0, 'a supervised job has no reward chart');
+    const sTiles = Object.fromEntries(await page.locator('.stats .stat').evaluateAll((ts) => ts
+      .map((t) => [t.querySelector('.stat-label').textContent, t.querySelector('.stat-value').textContent])));
+    const lastLoss = sm[sm.length - 1]['train/loss'];
+    check(sTiles.Loss === fmtNumber(lastLoss) && sTiles['Token accuracy'] === fmtNumber(sm[sm.length - 1]['train/mean_token_accuracy']),
+      `the tiles show the last step's loss and token accuracy (${sTiles.Loss} for ${lastLoss})`);
+    check(await page.textContent('#job-method') === 'supervised', 'the job page names the method');
+    await shot('08-supervised-job');
+    await page.goto(`${base}/ui/#/jobs`);
+    const srow = page.locator(`#jobs-table tr[data-job="${sftId}"]`);
+    await srow.waitFor();
+    check((await srow.locator('td').nth(2).textContent()) === 'supervised' && (await srow.locator('td').nth(5).textContent()) === fmtNumber(lastLoss),
+      'the job list shows the method and the loss');
+
+    // 9. a DPO job from the form
+    await page.goto(`${base}/ui/#/new`);
+    await page.locator('#job-form').waitFor();
+    await page.selectOption('#f-method', 'dpo');
+    check(await page.getAttribute('#f-hyperparameters-beta', 'placeholder') === '0.1', 'a DPO job\'s form offers beta (default 0.1)');
+    const dpoLines = Array.from({ length: 12 }, (_, i) => JSON.stringify({ prompt: `${i % 10}?`, chosen: String((i + 1) % 10), rejected: String((i + 9) % 10) })).join('\n') + '\n';
+    await page.setInputFiles('#upload-input', { name: 'prefs.jsonl', mimeType: 'application/x-ndjson', buffer: Buffer.from(dpoLines) });
+    await page.click('#upload-button');
+    await page.locator('#upload-result .alert.ok').waitFor();
+    await page.selectOption('#f-model', 'tiny');
+    await page.fill('#f-hyperparameters-epochs', '2');
+    await page.fill('#f-hyperparameters-batch-size', '4');
+    await page.click('#submit-job');
+    await page.waitForURL(/#\/jobs\/job-/);
+    const dpoId = page.url().split('#/jobs/')[1];
+    let djob = await apiJson(`/v1/jobs/${dpoId}`);
+    check(djob.method === 'dpo' && djob.total_steps === 6, `the DPO job has the form's method and knobs (${djob.method}, ${djob.total_steps} steps)`);
+    for (let t0 = Date.now(); !['succeeded', 'failed', 'cancelled'].includes(djob.status) && Date.now() - t0 < WAIT;) {
+      await new Promise((r) => setTimeout(r, 200));
+      djob = await apiJson(`/v1/jobs/${dpoId}`);
+    }
+    check(djob.status === 'succeeded', `the DPO job succeeded (${djob.status})`);
+    const dm = (await apiJson(`/v1/jobs/${dpoId}/metrics`)).filter((m) => typeof m['rewards/margin'] === 'number');
+    await page.waitForFunction((n) => Number(document.querySelector('#chart-dpo-rewards')?.dataset.points) === n, dm.length);
+    check(dm.length === 6 && Number(await page.getAttribute('#chart-dpo-accuracy', 'data-points')) === 6 && Number(await page.getAttribute('#chart-loss', 'data-points')) === 6,
+      'the loss, rewards and preference-accuracy charts hold the API\'s 6 steps');
+    const dTiles = Object.fromEntries(await page.locator('.stats .stat').evaluateAll((ts) => ts
+      .map((t) => [t.querySelector('.stat-label').textContent, t.querySelector('.stat-value').textContent])));
+    const lastD = dm[dm.length - 1];
+    check(dTiles['Preference accuracy'] === fmtNumber(lastD['rewards/accuracy']) && dTiles.Margin === fmtNumber(lastD['rewards/margin']),
+      `the tiles show the last step's preference accuracy and margin (${dTiles['Preference accuracy']}, ${dTiles.Margin})`);
+    await shot('09-dpo-job');
 
     check(consoleErrors.length === 0, `no uncaught errors in the page (${consoleErrors.join('; ')})`);
   } finally {
