@@ -188,16 +188,6 @@ int gen_state_set_pool(struct gen_state *s, struct pool *p, struct dapo_err *e) 
   return rc;
 }
 
-/* Descending probability, ties by ascending index: a total order, so sorting is deterministic.
- * The probabilities come through qsort_r's argument (no shared state: samplers of different
- * jobs run at the same time). */
-static int cmp_desc(const void *a, const void *b, void *ctx) {
-  const float *p = ctx;
-  int i = *(const int *)a, j = *(const int *)b;
-  if (p[i] != p[j]) return p[i] > p[j] ? -1 : 1;
-  return i - j;
-}
-
 int sampler_pick(float *logits, int V, const struct sampler_opts *o, struct rng *r, float *logp,
                  int *scratch_idx, float *scratch_p) {
   /* logits: [V]; the passes over it are softmax.c's (one arithmetic on every instruction set) */
@@ -214,24 +204,15 @@ int sampler_pick(float *logits, int V, const struct sampler_opts *o, struct rng 
     pick = smx_draw(scratch_p, V, rng_float(r) * sum);
   } else {
     /* nucleus: a token whose probability is below (1 - top_p) / (V - 1) can never be inside it */
-    float cutoff = (float)((1.0 - o->top_p) / (V - 1) * sum);
+    float cutoff = V > 1 ? (float)((1.0 - o->top_p) / (V - 1) * sum) : 0.0f;
     int n = smx_at_least(scratch_p, V, cutoff, scratch_idx);
-    qsort_r(scratch_idx, (size_t)n, sizeof(int), cmp_desc, scratch_p);
-    double target = o->top_p * sum, c = 0;
-    int last = n - 1;
-    for (int i = 0; i < n; i++) {
-      c += scratch_p[scratch_idx[i]];
-      if (c >= target) {
-        last = i;
-        break;
-      }
-    }
-    double kept = 0;
-    for (int i = 0; i <= last; i++) kept += scratch_p[scratch_idx[i]];
+    n = smx_nucleus(scratch_p, V, scratch_idx, n, o->top_p * sum);
+    /* the draw among the kept tokens, walked by ascending id */
+    double kept = 0, c = 0;
+    for (int i = 0; i < n; i++) kept += scratch_p[scratch_idx[i]];
     double u = rng_float(r) * kept;
-    c = 0;
-    pick = last >= 0 ? scratch_idx[last] : -1;
-    for (int i = 0; i <= last; i++) {
+    pick = n > 0 ? scratch_idx[n - 1] : -1;
+    for (int i = 0; i < n; i++) {
       c += scratch_p[scratch_idx[i]];
       if (u < c) {
         pick = scratch_idx[i];

@@ -8,6 +8,7 @@
 #include "softmax.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 #include "kernels.h"
 #include "simd.h"
@@ -243,4 +244,81 @@ int smx_at_least(const float *p, int V, float cutoff, int *idx) {
 
 void smx_top(const float *x, int V, float scale, float sub, float lse, int k, int *ids, float *lp) {
   form()->top(x, V, scale, sub, lse, k, ids, lp);
+}
+
+/* ---- the nucleus ------------------------------------------------------------------------ */
+
+static int cmp_int(const void *a, const void *b) {
+  int x = *(const int *)a, y = *(const int *)b;
+  return (x > y) - (x < y);
+}
+
+/* idx[lo, hi) partitioned in place around v: [lo, *a) p > v, [*a, *b) p == v, [*b, hi) p < v */
+static void partition3(const float *p, int *idx, int lo, int hi, float v, int *a, int *b) {
+  int lt = lo, i = lo, gt = hi;
+  while (i < gt) {
+    float x = p[idx[i]];
+    int t = idx[i];
+    if (x > v) {
+      idx[i++] = idx[lt];
+      idx[lt++] = t;
+    } else if (x < v) {
+      idx[i] = idx[--gt];
+      idx[gt] = t;
+    } else {
+      i++;
+    }
+  }
+  *a = lt, *b = gt;
+}
+
+static double mass(const float *p, const int *idx, int lo, int hi) {
+  double m = 0;
+  for (int i = lo; i < hi; i++) m += p[idx[i]];
+  return m;
+}
+
+int smx_nucleus(const float *p, int V, int *idx, int n, double target) {
+  if (n <= 0) return 0;
+  if (!(target > 0)) return 1; /* nothing to reach (a row of zeros): the first candidate */
+  /* the boundary: the last kept token's p (t) and, among the tokens with p == t, the highest id
+   * kept (tie). Invariant: above (the mass of every token above idx[lo, hi)) < target. */
+  int lo = 0, hi = n, tie = -1;
+  float t = 0;
+  double above = 0;
+  for (;;) {
+    int mid = lo + (hi - lo) / 2;
+    float a0 = p[idx[lo]], a1 = p[idx[mid]], a2 = p[idx[hi - 1]]; /* the median of three */
+    float v = a0 < a1 ? (a1 < a2 ? a1 : (a0 < a2 ? a2 : a0)) : (a0 < a2 ? a0 : (a1 < a2 ? a2 : a1));
+    int a, b;
+    partition3(p, idx, lo, hi, v, &a, &b);
+    double g = mass(p, idx, lo, a);
+    if (above + g >= target) { /* inside the larger ones (g > 0: there are some) */
+      hi = a;
+      continue;
+    }
+    double e = mass(p, idx, a, b);
+    if (above + g + e >= target || b == hi) {
+      /* among the ties, by ascending id, up to the one where the mass reaches the target (all
+       * of them when rounding leaves the whole set short of it) */
+      qsort(idx + a, (size_t)(b - a), sizeof(int), cmp_int);
+      double c = above + g;
+      t = v, tie = idx[b - 1];
+      for (int i = a; i < b; i++) {
+        c += p[idx[i]];
+        if (c >= target) {
+          tie = idx[i];
+          break;
+        }
+      }
+      break;
+    }
+    above += g + e;
+    lo = b;
+  }
+  /* the kept ids in ascending order: p > t, or p == t up to tie */
+  int k = smx_at_least(p, V, t, idx), m = 0;
+  for (int i = 0; i < k; i++)
+    if (p[idx[i]] > t || idx[i] <= tie) idx[m++] = idx[i];
+  return m;
 }

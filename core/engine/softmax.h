@@ -28,6 +28,15 @@ double smx_exp_sum(const float *x, int V, float scale, float sub, float *p);
 int smx_draw(const float *p, int V, double u);
 /* Appends to idx, in increasing j, every j with p[j] >= cutoff; returns how many. */
 int smx_at_least(const float *p, int V, float cutoff, int *idx);
+/* The nucleus of p[V] among its candidates idx[n] (ids whose p could be in it, as smx_at_least
+ * lists them): the smallest prefix of the tokens ordered by p descending, ties by ascending id,
+ * whose mass reaches target, the token that reaches it included (all of them when rounding
+ * leaves the whole set short). Found by partitioning idx around medians of three (expected
+ * O(n); no sort but of a run of equal p by id), the masses added in double in the order the
+ * partitions leave, so the same on every instruction set. Leaves the kept ids in ascending order
+ * in idx and returns how many (0 when n is 0; the first candidate alone when target is not
+ * positive). */
+int smx_nucleus(const float *p, int V, int *idx, int n, double target);
 /* The k (1..V) largest of l_j = (x[j] * scale - sub) - lse (a NaN taken as -INFINITY), largest
  * first, ties by ascending j, into ids[k] and lp[k]: each l_j is the scalar expression's value. */
 void smx_top(const float *x, int V, float scale, float sub, float lse, int k, int *ids, float *lp);

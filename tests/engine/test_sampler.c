@@ -17,6 +17,7 @@
 #include "pool.h"
 #include "rng.h"
 #include "sampler.h"
+#include "softmax.h"
 #include "train.h"
 
 #define MAXN 24
@@ -862,6 +863,36 @@ static void ref_top(const float *x, int V, float temp, int k, int *ids, float *l
   }
 }
 
+/* p descending, ties by ascending id */
+static const float *nuc_p;
+static int cmp_nuc(const void *a, const void *b) {
+  int i = *(const int *)a, j = *(const int *)b;
+  if (nuc_p[i] != nuc_p[j]) return nuc_p[i] > nuc_p[j] ? -1 : 1;
+  return (i > j) - (i < j);
+}
+
+/* smx_nucleus keeps what a full sort keeps: the smallest prefix of the ids ordered by p
+ * descending (ties by ascending id) whose mass reaches top_p of the sum, in ascending order.
+ * Returns the number of rows that differ. */
+static int nucleus_vs_sort(const float *x, int V, float top_p) {
+  static float p[5000], chunks[32];
+  static int idx[5000], order[5000], keep[5000];
+  double sum = ref_sum(x, V, 1.0f, ref_max(x, V), p, chunks), target = top_p * sum;
+  if (!(sum > 0)) return 0;
+  int n = smx_at_least(p, V, V > 1 ? (float)((1.0 - top_p) / (V - 1) * sum) : 0.0f, idx);
+  int m = smx_nucleus(p, V, idx, n, target), k = 0;
+  for (int j = 0; j < V; j++) order[j] = j;
+  nuc_p = p;
+  qsort(order, (size_t)V, sizeof(int), cmp_nuc);
+  double c = 0;
+  while (k < V && c < target) c += p[order[k++]];
+  for (int j = 0; j < V; j++) keep[j] = 0;
+  for (int i = 0; i < k; i++) keep[order[i]] = 1;
+  int bad = m != k;
+  for (int i = 0; i < m && !bad; i++) bad = !keep[idx[i]] || (i && idx[i] <= idx[i - 1]);
+  return bad;
+}
+
 /* The kind of row r: normal logits, then masks, huge and tiny values, ties, zeros of both
  * signs, a NaN, an infinity. */
 static void fill_row(float *x, int V, int kind, struct rng *r) {
@@ -907,7 +938,8 @@ static void test_passes_bits(void) {
   static const float temps[NT] = {0.0f, 0.3f, 1.0f, 1.7f, 1.0f};
   static float x[VMAX], copy[VMAX], sp[VMAX], lps[SAMPLER_TOP_MAX], rlps[SAMPLER_TOP_MAX];
   static int idx[VMAX], ids[SAMPLER_TOP_MAX], rids[SAMPLER_TOP_MAX];
-  int isas[4], n_isa = isa_list(isas), compared = 0, bad = 0, masked = 0;
+  int isas[4], n_isa = isa_list(isas), compared = 0, bad = 0, masked = 0, nucleus_bad = 0,
+               nucleus_rows = 0;
   double worst = 0;
   struct rng r;
   rng_seed(&r, 99, 0);
@@ -925,6 +957,11 @@ static void test_passes_bits(void) {
           for (int j = 0; j < V; j++) sum += exp(x[j] - mx);
           double got = ref_sum(x, V, 1.0f, (float)mx, NULL, chunks);
           worst = fmax(worst, fabs(got - sum) / sum);
+        }
+        static const float top_ps[] = {0.05f, 0.3f, 0.6f, 0.9f, 0.99f};
+        for (int pi = 0; pi < 5; pi++) {
+          nucleus_bad += nucleus_vs_sort(x, V, top_ps[pi]);
+          nucleus_rows++;
         }
         for (int ti = 0; ti < NT; ti++) {
           float want_lp = 0, lp, top_p = ti == NT - 1 ? 0.6f : 1.0f, first_lp = 0;
@@ -966,6 +1003,8 @@ static void test_passes_bits(void) {
   kernels_force_isa(0);
   CHECK_MSG(bad == 0, "%d of %d draws differ from the scalar reference", bad, compared);
   CHECK_MSG(masked == 0, "%d draws of a masked (-INFINITY) id", masked);
+  CHECK_MSG(nucleus_bad == 0, "%d of %d nuclei differ from the sorted prefix's", nucleus_bad,
+            nucleus_rows);
   CHECK_MSG(worst < 1e-5, "softmax sum %g from float64", worst);
   printf("sampler passes: %d draws on %d instruction sets bit-identical to the reference; sum "
          "within %.2g of float64\n",
