@@ -7,7 +7,8 @@
  *   free-string: {"text": string}, a long free string (the mask is cached: the state repeats)
  *   mixed: an object of a bounded string, integers, an enum, an array and anyOf with null
  *          (numbers and keys: new states, vocabulary walks)
- * Usage: bench_structured TOKENIZER.json [--new N] [--reps R]
+ * --shape 0.5b takes Qwen2.5-0.5B's shape instead (24 layers of 896, GQA 14/2, q/k/v biases).
+ * Usage: bench_structured TOKENIZER.json [--new N] [--reps R] [--shape small|0.5b]
  * (bench/README.md "Structured outputs"). Reports; never fails on a time. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,10 +92,11 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: bench_structured TOKENIZER.json [--new N] [--reps R]\n");
     return 2;
   }
-  int max_new = 64, reps = 5;
+  int max_new = 64, reps = 5, big = 0;
   for (int i = 2; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--new")) max_new = atoi(argv[i + 1]);
     if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
+    if (!strcmp(argv[i], "--shape")) big = !strcmp(argv[i + 1], "0.5b");
   }
   struct dapo_err e = {0};
   struct tokenizer *tok = tok_from_file(argv[1], &e);
@@ -119,6 +121,11 @@ int main(int argc, char **argv) {
                            .bos_token_id = -1,
                            .eos_token_id = -1,
                            .initializer_range = 0.02f};
+  if (big) { /* Qwen2.5-0.5B's shape */
+    c.arch = ARCH_QWEN2, c.qk_norm = 0, c.qkv_bias = 1, c.hidden_size = 896;
+    c.intermediate_size = 4864, c.num_layers = 24, c.num_heads = 14, c.num_kv_heads = 2;
+    c.head_dim = 64;
+  }
   struct model *m = model_new(&c, &e);
   if (!m) {
     fprintf(stderr, "%s\n", e.msg);
@@ -128,7 +135,8 @@ int main(int argc, char **argv) {
   int V = model_vocab_used(&c);
   double t0 = now();
   struct jvocab *voc = jvocab_new(tok, V, &e);
-  printf("vocabulary: %d ids sorted by bytes in %.1f ms\n", V, 1e3 * (now() - t0));
+  printf("%s shape; vocabulary: %d ids sorted by bytes in %.1f ms\n",
+         big ? "qwen-0.5b" : "qwen-small", V, 1e3 * (now() - t0));
   struct gen_state *gs = gen_state_new(m, BMAX, 16 + max_new, &e);
   static const char *const cases[][2] = {
       {"free-string", "{\"type\":\"object\",\"properties\":{\"text\":{\"type\":\"string\"}},"

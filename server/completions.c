@@ -40,7 +40,22 @@ struct cmodel {
   int listed;          /* on c->models */
   uint64_t used_tick;  /* c->tick when last taken: least recently used goes first */
   struct cmodel *next; /* c->models, or a list of models to close */
+  /* structured outputs: the vocabulary sorted by bytes, built by the first request with a
+   * response_format (set once, atomically; freed with the model) */
+  struct jvocab *jv;
 };
+
+/* m's sorted vocabulary of V ids (built once, kept with the model); NULL + e on failure. */
+static struct jvocab *model_jvocab(struct cmodel *m, int V, struct dapo_err *e) {
+  struct jvocab *jv = __atomic_load_n(&m->jv, __ATOMIC_ACQUIRE), *none = NULL;
+  if (jv) return jv;
+  if (!(jv = jvocab_new(m->lm.tok, V, e))) return NULL;
+  if (!__atomic_compare_exchange_n(&m->jv, &none, jv, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    jvocab_free(jv); /* another completion's came first */
+    jv = none;
+  }
+  return jv;
+}
 
 /* One choice of a completion as it grows. */
 struct cchoice {
@@ -238,6 +253,7 @@ static void close_models(struct completions *c, struct to_close *tc) {
         LOG(INFO, "completions: closed %s (%.1f MiB of weights)", m->spec,
             (double)bytes / (1 << 20));
       lm_close(&m->lm);
+      jvocab_free(m->jv);
       free(m->spec);
       free(m);
       if (k)
@@ -714,7 +730,7 @@ static void run(struct completion *t, struct hold *h) {
   int rc = 0;
   if (t->response_format) { /* checked by the caller: a failure here is memory */
     if (!(g = jgrammar_new(t->response_format, "response_format", &e)) ||
-        !(jv = jvocab_new(lm->tok, vocab, &e)) ||
+        !(jv = model_jvocab(h->m, vocab, &e)) ||
         !(x.jk = jmasker_new(g, jv, lm->stop_ids, lm->n_stop, &e)) ||
         !(x.jm = calloc((size_t)t->n, sizeof *x.jm)))
       rc = e.code ? e.code : DAPO_ENOMEM;
@@ -727,7 +743,6 @@ static void run(struct completion *t, struct hold *h) {
   for (int i = 0; x.jm && i < t->n; i++) jmatch_free(x.jm[i]);
   free(x.jm);
   jmasker_free(x.jk);
-  jvocab_free(jv);
   jgrammar_free(g);
   if (rc) {
     fail(t, rc == DAPO_ENOMEM ? COMPLETION_NO_MEMORY : COMPLETION_FAILED, "%s",
