@@ -7,6 +7,7 @@
 
 #include "check.h"
 #include "kernels.h"
+#include "test_isa.h"
 #include "pool.h"
 #include "rng.h"
 
@@ -35,17 +36,6 @@ static void test_matmul(int N, int IN, int OUT) {
   CHECK_MSG(maxdiff(y, yr, (size_t)N * OUT) < 1e-4f, "matmul N=%d IN=%d OUT=%d: %g", N, IN, OUT,
             (double)maxdiff(y, yr, (size_t)N * OUT));
   free(x), free(w), free(b), free(y), free(yr);
-}
-
-/* The instruction sets to try: this CPU's, then the baseline build (always available). */
-static int isa_list(int out[4]) {
-  int best = kernels_force_isa(0), n = 0;
-  for (int isa = KERNELS_ISA_PORTABLE; isa <= best; isa++)
-    if (kernels_force_isa(isa) == isa) out[n++] = isa;
-  if (kernels_force_isa(KERNELS_ISA_BASELINE) == KERNELS_ISA_BASELINE)
-    out[n++] = KERNELS_ISA_BASELINE;
-  kernels_force_isa(0);
-  return n;
 }
 
 /* linear_few against the double reference (tolerance), and exactly the same bits: for every

@@ -13,6 +13,7 @@
 
 #include "check.h"
 #include "kernels.h"
+#include "test_isa.h"
 #include "model.h"
 #include "pool.h"
 #include "rng.h"
@@ -728,17 +729,6 @@ static void test_concurrent_pick(void) {
   CHECK_MSG(args[0].outside == 0 && args[1].outside == 0,
             "concurrent samplers left their nucleus %d and %d times", args[0].outside,
             args[1].outside);
-}
-
-/* The instruction sets to try: this CPU's, then the baseline build (always available). */
-static int isa_list(int out[4]) {
-  int best = kernels_force_isa(0), n = 0;
-  for (int isa = KERNELS_ISA_PORTABLE; isa <= best; isa++)
-    if (kernels_force_isa(isa) == isa) out[n++] = isa;
-  if (kernels_force_isa(KERNELS_ISA_BASELINE) == KERNELS_ISA_BASELINE)
-    out[n++] = KERNELS_ISA_BASELINE;
-  kernels_force_isa(0);
-  return n;
 }
 
 /* ---- the vectorised passes (softmax.c) against a scalar reference of the same arithmetic ---- */
