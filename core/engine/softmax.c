@@ -253,29 +253,34 @@ static int cmp_int(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* idx[lo, hi) partitioned in place around v: [lo, *a) p > v, [*a, *b) p == v, [*b, hi) p < v */
-static void partition3(const float *p, int *idx, int lo, int hi, float v, int *a, int *b) {
-  int lt = lo, i = lo, gt = hi;
-  while (i < gt) {
-    float x = p[idx[i]];
-    int t = idx[i];
-    if (x > v) {
-      idx[i++] = idx[lt];
-      idx[lt++] = t;
-    } else if (x < v) {
-      idx[i] = idx[--gt];
-      idx[gt] = t;
-    } else {
-      i++;
-    }
-  }
-  *a = lt, *b = gt;
-}
-
-static double mass(const float *p, const int *idx, int lo, int hi) {
+/* idx[lo, hi) partitioned in place around v: [lo, *a) p > v, [*a, *b) p == v, [*b, hi) p < v,
+ * by two branch-free passes (Lomuto's, each element swapped whatever it is: on a near-uniform row
+ * the comparisons are coin flips, which branches mispredict); *g and *e: the masses of the first
+ * two parts, added in the order the passes meet them. */
+static void partition3(const float *p, int *idx, int lo, int hi, float v, int *a, int *b, double *g,
+                       double *e) {
+  int lt = lo;
   double m = 0;
-  for (int i = lo; i < hi; i++) m += p[idx[i]];
-  return m;
+  for (int i = lo; i < hi; i++) {
+    int t = idx[i];
+    float x = p[t];
+    int c = x > v;
+    idx[i] = idx[lt];
+    idx[lt] = t;
+    lt += c;
+    m += c ? x : 0.0f;
+  }
+  *a = lt, *g = m, m = 0;
+  for (int i = lt; i < hi; i++) {
+    int t = idx[i];
+    float x = p[t];
+    int c = x == v;
+    idx[i] = idx[lt];
+    idx[lt] = t;
+    lt += c;
+    m += c ? x : 0.0f;
+  }
+  *b = lt, *e = m;
 }
 
 int smx_nucleus(const float *p, int V, int *idx, int n, double target) {
@@ -291,13 +296,12 @@ int smx_nucleus(const float *p, int V, int *idx, int n, double target) {
     float a0 = p[idx[lo]], a1 = p[idx[mid]], a2 = p[idx[hi - 1]]; /* the median of three */
     float v = a0 < a1 ? (a1 < a2 ? a1 : (a0 < a2 ? a2 : a0)) : (a0 < a2 ? a0 : (a1 < a2 ? a2 : a1));
     int a, b;
-    partition3(p, idx, lo, hi, v, &a, &b);
-    double g = mass(p, idx, lo, a);
+    double g, e;
+    partition3(p, idx, lo, hi, v, &a, &b, &g, &e);
     if (above + g >= target) { /* inside the larger ones (g > 0: there are some) */
       hi = a;
       continue;
     }
-    double e = mass(p, idx, a, b);
     if (above + g + e >= target || b == hi) {
       /* among the ties, by ascending id, up to the one where the mass reaches the target (all
        * of them when rounding leaves the whole set short of it) */
