@@ -2,14 +2,16 @@
  * (gen_state_set_mask, the matchers fed from gen_state_set_step), and every sample is printed for
  * tests/text/test_jsongrammar_sample.py to parse and validate with python3-jsonschema.
  * Usage: test_jsongrammar_sample SCHEMAS.json (--preset NAME | --tokenizer tokenizer.json)
- *        [--per N] [--max-new T] [--seed S] [--bias B]
+ *        [--per N] [--max-new T] [--seed S] [--bias B] [--threads K]
  * SCHEMAS.json is a list of schemas. Prints one JSON line a sample: {"schema": i, "text", "finish":
  * "stop"|"length"}, then a summary line {"summary": ...} with the mask's cost (per token and per
  * walk of the vocabulary). The model is the preset (random weights from seed), or for a
  * tokenizer file a one-layer Qwen3-shaped model of that vocabulary with random weights; its
  * stop ids are the preset's </s>, or <|im_end|> and <|endoftext|>. --bias B adds B to the
  * logit of every token holding '"', ',', '}' or ']' (a model that closes what it opens, so that
- * most samples end within T tokens; the mask comes after it). */
+ * most samples end within T tokens; the mask comes after it). --threads K > 1 runs generation on
+ * a pool of K threads: decoding steps then call the mask hook from the pool's threads, for
+ * several sequences at once (the samples must not change). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +20,7 @@
 #include "jsongrammar.h"
 #include "lm.h"
 #include "model.h"
+#include "pool.h"
 #include "sampler.h"
 #include "tokenizer.h"
 
@@ -30,6 +33,7 @@ struct glue {
   double mask_s, walk_s; /* all masks; those that walked the vocabulary */
   int64_t masks;
   const float *bias; /* [V] or NULL */
+  int pooled;        /* masks come from pool threads: no timing (it would race) */
 };
 
 static double now(void) {
@@ -42,6 +46,11 @@ static void on_mask(void *ctx, int seq, float *logits, int V) {
   struct glue *g = ctx;
   if (g->bias)
     for (int i = 0; i < V; i++) logits[i] += g->bias[i];
+  if (g->pooled) {
+    if (jmasker_apply(g->k, g->m[seq], logits, V) <= 0)
+      __atomic_add_fetch(&g->bad, 1, __ATOMIC_RELAXED);
+    return;
+  }
   int64_t h0, w0, h1, w1;
   jmasker_stats(g->k, &h0, &w0);
   double t0 = now();
@@ -71,6 +80,7 @@ int main(int argc, char **argv) {
   int per = 100, max_new = 160;
   uint64_t seed = 1;
   float bias_b = 0;
+  int threads = 1;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--preset") && i + 1 < argc)
       preset = argv[++i];
@@ -80,6 +90,8 @@ int main(int argc, char **argv) {
       per = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--max-new") && i + 1 < argc)
       max_new = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+      threads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--bias") && i + 1 < argc)
       bias_b = (float)atof(argv[++i]);
     else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
@@ -157,6 +169,11 @@ int main(int argc, char **argv) {
     fprintf(stderr, "%s\n", e.msg);
     return 1;
   }
+  struct pool *pool = threads > 1 ? pool_new(threads) : NULL;
+  if (pool && gen_state_set_pool(gs, pool, &e)) {
+    fprintf(stderr, "%s\n", e.msg);
+    return 1;
+  }
   struct sampler_opts so = {.temperature = 1.0f, .top_p = 1.0f, .max_new_tokens = max_new};
   so.n_stop = n_stop;
   memcpy(so.stop_ids, stop, sizeof stop);
@@ -174,7 +191,7 @@ int main(int argc, char **argv) {
   json_t *schema;
   json_array_foreach(schemas, si, schema) {
     struct jgrammar *g = jgrammar_from_schema(schema, "schema", &e);
-    struct glue gl = {.bias = bias_b != 0 ? bias : NULL};
+    struct glue gl = {.bias = bias_b != 0 ? bias : NULL, .pooled = pool != NULL};
     if (!g || !(gl.k = jmasker_new(g, voc, stop, n_stop, &e))) {
       fprintf(stderr, "schema %zu: %s\n", si, e.msg);
       return 1;
@@ -236,6 +253,7 @@ int main(int argc, char **argv) {
   free(logp);
   free(bias);
   gen_state_free(gs);
+  pool_free(pool);
   jvocab_free(voc);
   if (preset) {
     lm_close(&lm);
