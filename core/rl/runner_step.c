@@ -171,7 +171,13 @@ static int generate(struct trainer *t, const struct dataset *d, int n, const int
         return trainer_fail(t, FAIL_OUT_OF_MEMORY, NULL, "out of memory for rollouts");
       memcpy(r->toks, t->g_tok + (size_t)s * R, sizeof(int) * (size_t)r->len);
       memcpy(r->slogp, t->g_logp + (size_t)s * R, sizeof(float) * (size_t)r->len);
-      r->text = tok_decode_alloc(t->lm.tok, r->toks, r->len, 1, &e);
+      /* the text judged is the turn: the chat template's end-of-turn token ends it and is no
+         part of it (a supervised template's "\n", as a chat reply is cut before it; a special
+         token such as <|im_end|> is left out by decoding anyway) */
+      int text_len = r->len;
+      for (int c = 0; c < t->n_chat_stop && text_len > 0 && !r->truncated; c++)
+        if (r->toks[text_len - 1] == t->chat_stop[c]) text_len--;
+      r->text = tok_decode_alloc(t->lm.tok, r->toks, text_len, 1, &e);
       if (!r->text) return trainer_fail_err(t, FAIL_GENERATION_FAILED, NULL, &e);
       *n_tokens += r->len;
       gp.tokens_before += r->len;

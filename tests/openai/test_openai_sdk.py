@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """The official `openai` npm package (pinned: package-lock.json) drives a whole reinforcement
 fine-tuning job on a daemon of its own (sdk_job.mjs); then the README's "Coming from OpenAI
-reinforcement fine-tuning" examples run as they are: the Node one always, the Python one where
+fine-tuning" examples run as they are: the Node one always (supervised, then DPO, then
+reinforcement fine-tuning on one task, each job from the last one's model: each figure it prints
+must show its method working), the Python one where
 the `openai` Python package is installed (said and skipped otherwise); then the SDK drives a
 checkpoint through tool calls (sdk_tools.mjs), the checkpoint trained here to call (the tiny
 preset against tests/rl/env_server.py's /ask route). With --script NAME only that script of
@@ -67,7 +69,7 @@ def main():
 
 
 def readme_examples(a, env, tmp, d):
-    """The README's "Coming from OpenAI" examples: the Node one, and the Python one where the
+    """The README's "Coming from OpenAI fine-tuning" examples: the Node one, and the Python one where the
     `openai` Python package is installed. 0 when each ran to a succeeded job (or was skipped)."""
     for lang, cmd in (("node", ["node"]), ("python", [sys.executable])):
         if lang == "python" and subprocess.run(cmd + ["-c", "from openai import OpenAI"],
@@ -82,13 +84,31 @@ def readme_examples(a, env, tmp, d):
         p = subprocess.run(cmd + [path], env=env, cwd=tmp, timeout=600,
                            capture_output=True, text=True)
         sys.stdout.write(p.stdout)
-        last = p.stdout.strip().splitlines()[-1:] or [""]
-        if p.returncode or not last[0].startswith("succeeded ft:tiny:"):
+        lines = p.stdout.strip().splitlines()
+        ok = not p.returncode and (node_pipeline_ok(lines) if lang == "node" else
+                                   (lines[-1:] or [""])[0].startswith("succeeded ft:tiny:"))
+        if not ok:
             sys.stderr.write("README %s example failed (%d):\n%s\n%s" % (
                 lang, p.returncode, p.stderr[-3000:], d.log()[-3000:]))
             return 1
-        print("README %s example: %s" % (lang, last[0]))
+        print("README %s example: %s" % (lang, " | ".join(lines[-4:])))
     return 0
+
+
+def node_pipeline_ok(lines):
+    """The Node example's pipeline (supervised, then DPO, then reinforcement, each from the last
+    one's model) printed what each method is for: supervised fine-tuning gets sums right, DPO
+    prefers the right sum to held-out misses, reinforcement gets more sums right than supervised
+    fine-tuning did, and the last model keeps the first base's name."""
+    import re
+    if len(lines) < 4:
+        return False
+    sft = re.fullmatch(r"supervised: succeeded, (\d+)/100 right", lines[-4])
+    dpo = re.fullmatch(r"dpo: succeeded, held-out preference accuracy ([0-9.]+)", lines[-3])
+    rft = re.fullmatch(r"reinforcement: succeeded, (\d+)/100 right", lines[-2])
+    return bool(sft and dpo and rft and int(sft.group(1)) >= 10 and float(dpo.group(1)) >= 0.8
+                and int(rft.group(1)) >= int(sft.group(1)) + 15
+                and lines[-1].startswith("ft:tiny:dapod::job-"))
 
 
 def train_caller(url, key, tmp):
