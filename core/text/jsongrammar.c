@@ -43,6 +43,7 @@ struct node {
                              match (one appended), and PCRE2 reports no partial match there */
   int is_int, imax, fmax; /* NUM */
   int64_t scale, lo, hi;  /* bounds in units of 1/scale */
+  int64_t mult;           /* multipleOf in units (an integer multipleOf), 0: none */
 };
 
 struct jgrammar {
@@ -148,7 +149,11 @@ static int hits(const struct node *n, int64_t a, int64_t b, int neg) {
   int64_t lo = neg ? -b : a, hi = neg ? -a : b;
   if (lo < n->lo) lo = n->lo;
   if (hi > n->hi) hi = n->hi;
-  return lo <= hi;
+  if (lo > hi) return 0;
+  if (!n->mult) return 1;
+  /* a multiple of mult in [lo, hi]: the largest one at most hi (floor division) */
+  int64_t q = hi / n->mult - (hi % n->mult < 0);
+  return q * n->mult >= lo;
 }
 
 /* Whether some number within n's limits and bounds begins with t. */
@@ -400,15 +405,17 @@ static int typed(struct gb *b, int id, const json_t *s, const char *t, const cha
     return 0;
   }
   if (!strcmp(t, "number") || !strcmp(t, "integer")) {
-    if (json_object_get(s, "multipleOf"))
+    const json_t *mo = json_object_get(s, "multipleOf");
+    if (mo && (!json_is_integer(mo) || json_integer_value(mo) > 1000000000LL))
       return dapo_errf(b->e, DAPO_EINVAL,
-                       "%s.multipleOf: not supported in structured outputs (constrained decoding "
-                       "cannot promise it yet)",
+                       "%s.multipleOf: structured outputs take an integer multipleOf (at most 1e9) "
+                       "only: a fraction's multiples have no exact decimal test",
                        at);
     int x = num_node(b, !strcmp(t, "integer"));
     if (x < 0) return -1;
     struct node *n = &g->nodes[x];
     int64_t lim = n->hi;
+    if (mo) n->mult = json_integer_value(mo) * n->scale;
     if ((v = json_object_get(s, "minimum")))
       n->lo = bound_units(json_number_value(v), n->scale, lim, 1, 0);
     if ((v = json_object_get(s, "exclusiveMinimum"))) {

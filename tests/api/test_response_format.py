@@ -10,7 +10,8 @@
   '{', the only one allowed, so its logprob is exactly 0 and top_logprobs lists it alone.
 - Streamed: the deltas, joined, equal the whole reply for the same seed (both routes).
 - Refusals: a keyword outside the subset (400, OpenAI's error with param
-  response_format.json_schema.schema.properties.x.foo), multipleOf, a bad name, an unknown type,
+  response_format.json_schema.schema.properties.x.foo), a fraction's multipleOf, a bad name, an
+  unknown type,
   response_format beside tools; /v1/completions answers 422 naming the same field.
 
 Run: /usr/bin/python3 tests/api/test_response_format.py --dapod build/server/dapod
@@ -152,7 +153,7 @@ class ResponseFormat(test_jobs.DaemonCase):
         cases = [
             (schema({"type": "object", "properties": {"x": {"type": "string", "foo": 1}}}),
              "response_format.json_schema.schema.properties.x.foo"),
-            (schema({"type": "object", "properties": {"n": {"type": "number", "multipleOf": 3}}}),
+            (schema({"type": "object", "properties": {"n": {"type": "number", "multipleOf": 0.5}}}),
              "response_format.json_schema.schema.properties.n.multipleOf"),
             (schema({"type": "object", "allOf": []}), "response_format.json_schema.schema.allOf"),
             ({"type": "json_schema", "json_schema": {"name": "bad name", "schema": PERSON}},

@@ -89,6 +89,10 @@ static void test_keywords(void) {
   acc("{\"type\":\"number\",\"minimum\":0.5,\"maximum\":1.25}", L("0.5", "1", "1.25", "0.75"),
       L("0.4", "1.26", "2", "-1"));
   acc("{\"type\":\"number\",\"exclusiveMinimum\":0}", L("0.000001", "3"), L("0", "-1", "0.0"));
+  /* multipleOf (an integer one), with bounds: every prefix still reaches a multiple */
+  acc("{\"type\":\"integer\",\"multipleOf\":5,\"minimum\":7,\"maximum\":40}", L("10", "35", "40"),
+      L("12", "5", "45", "0"));
+  acc("{\"type\":\"number\",\"multipleOf\":3}", L("6", "6.0", "-3", "0"), L("6.5", "4", "-0"));
   /* $defs and $ref, recursion */
   acc("{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},"
       "\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/node\"}}},\"required\":[\"v\","
@@ -127,7 +131,7 @@ static void test_refusals(void) {
        "response_format.json_schema.schema.properties.x.foo: this keyword is not supported"},
       {"{\"type\":\"object\",\"patternProperties\":{}}", "schema.patternProperties"},
       {"{\"allOf\":[]}", "schema.allOf"},
-      {"{\"type\":\"number\",\"multipleOf\":2}", "schema.multipleOf"},
+      {"{\"type\":\"number\",\"multipleOf\":0.5}", "schema.multipleOf"},
       {"{\"type\":\"object\",\"anyOf\":[{\"type\":\"object\"}]}",
        "schema.type: not supported beside anyOf"},
       {"{\"$defs\":{\"a\":{\"type\":\"null\"}},\"$ref\":\"#/$defs/a\",\"minimum\":1}",
@@ -166,6 +170,8 @@ static const char *WALK_SCHEMAS[] = {
     "\"format\":\"ipv4\"},\"n\":{\"type\":\"integer\",\"exclusiveMinimum\":99,\"maximum\":1000}},"
     "\"required\":[\"id\",\"when\",\"ip\",\"n\"],\"additionalProperties\":false}",
     "{\"type\":\"object\"}",
+    "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"items\":{\"type\":"
+    "\"integer\",\"multipleOf\":7,\"exclusiveMinimum\":-30,\"maximum\":50}}},\"required\":[\"a\"]}",
     "{\"type\":\"object\",\"properties\":{\"m\":{\"type\":\"object\",\"additionalProperties\":{"
     "\"type\":\"integer\",\"minimum\":-5,\"maximum\":-2}},\"k\":{\"type\":\"number\",\"minimum\":"
     "1000000,\"maximum\":1000000.5}},\"required\":[\"m\",\"k\"],\"additionalProperties\":false}",
