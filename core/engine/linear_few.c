@@ -123,6 +123,29 @@ lf_reduce512(float acc[16], __m512 a00, __m512 a01, __m512 a02, __m512 a03, __m5
                    _mm512_add_ps(_mm512_shuffle_ps(z0, z1, 0x88), _mm512_shuffle_ps(z0, z1, 0xDD)));
 }
 
+/* The 8 sums of columns 4 and 5 of a 4x6 tile (a<r>4, a<r>5 for rows r = 0..3) reduced as
+ * lf_reduce512 reduces each (simd_tree's order) with half its shuffles: (1) s8 pairs, (2) s4
+ * quadruples [a04 | a05 | a14 | a15] and [a24 | a25 | a34 | a35], (3) s2s, (4) s1s, so that lane
+ * 4L holds the first quadruple's L-th and lane 4L + 1 the second's. acc[r] receives (r, 4),
+ * acc[4 + r] (r, 5). */
+LF_AVX512 static inline __attribute__((always_inline)) void
+lf_reduce512x8(float acc[8], __m512 a04, __m512 a05, __m512 a14, __m512 a15, __m512 a24, __m512 a25,
+               __m512 a34, __m512 a35) {
+#define LF_PAIR8(a, b)                                                                             \
+  _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE))
+#define LF_PAIR4(a, b)                                                                             \
+  _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD))
+  __m512 v0 = LF_PAIR4(LF_PAIR8(a04, a05), LF_PAIR8(a14, a15));
+  __m512 v1 = LF_PAIR4(LF_PAIR8(a24, a25), LF_PAIR8(a34, a35));
+#undef LF_PAIR8
+#undef LF_PAIR4
+  __m512 z = _mm512_add_ps(_mm512_shuffle_ps(v0, v1, 0x44), _mm512_shuffle_ps(v0, v1, 0xEE));
+  float f[16];
+  _mm512_storeu_ps(f, _mm512_add_ps(_mm512_shuffle_ps(z, z, 0x88), _mm512_shuffle_ps(z, z, 0xDD)));
+  acc[0] = f[0], acc[4] = f[4], acc[1] = f[8], acc[5] = f[12];
+  acc[2] = f[1], acc[6] = f[5], acc[3] = f[9], acc[7] = f[13];
+}
+
 /* x's 16 values xv times the weight vectors b0..b3 into the sums a<r>0..a<r>3 */
 #define LF_FMA4(xv, r)                                                                             \
   do {                                                                                             \
@@ -226,9 +249,7 @@ lf_tile6_gen(float acc[24], const float *const xr[4], const float *const wr[6],
 #undef LF_W
 #undef LF_LOAD
   lf_reduce512(acc, a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33);
-  float hi[16]; /* columns 4 and 5, each reduced twice */
-  lf_reduce512(hi, a04, a05, a04, a05, a14, a15, a14, a15, a24, a25, a24, a25, a34, a35, a34, a35);
-  memcpy(acc + 16, hi, sizeof(float) * 8);
+  lf_reduce512x8(acc + 16, a04, a05, a14, a15, a24, a25, a34, a35);
 }
 
 LF_AVX512 static void lf_tile512x6(float acc[24], const float *const xr[4],
@@ -313,6 +334,11 @@ LF_AVX512 static void lf_rows16_bf16(float *out, const float *inp, const uint16_
  * (r, c) at [4 * c + r]. */
 static inline void lf_store_tile(float *out, const float *acc, const float *bias, int m, int nr,
                                  int j, int nc, int OUT, float beta) {
+  if (!bias && beta == 0.0f) { /* plain stores (an LM head, the MLP's gate and up) */
+    for (int r = 0; r < nr; r++)
+      for (int c = 0; c < nc; c++) out[(size_t)(m + r) * OUT + j + c] = acc[4 * c + r];
+    return;
+  }
   for (int r = 0; r < nr; r++)
     for (int c = 0; c < nc; c++)
       lf_store(out + (size_t)(m + r) * OUT + j + c, acc[4 * c + r], bias, j + c, beta);
