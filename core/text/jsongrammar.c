@@ -1107,6 +1107,8 @@ struct jvocab {
   size_t *off; /* [V + 1] into bytes */
   char *bytes;
   char *special; /* [V] never allowed (special, no token) */
+  char *plain;   /* [V] whole UTF-8 characters, none a quote, backslash or control: a free
+                    string's content that leaves its state as it was */
   int max_len;
 };
 
@@ -1117,6 +1119,7 @@ void jvocab_free(struct jvocab *v) {
   free(v->off);
   free(v->bytes);
   free(v->special);
+  free(v->plain);
   free(v);
 }
 
@@ -1134,6 +1137,27 @@ static int cmp_tok(const void *a, const void *b, void *ctx) {
   return i - j;
 }
 
+/* Whether s[n] is whole UTF-8 characters (as str_step takes them) with no quote, backslash or
+ * control character. */
+static int plain_text(const unsigned char *s, size_t n) {
+  for (size_t i = 0; i < n;) {
+    unsigned char c = s[i++];
+    if (c < 0x20 || c == '"' || c == '\\') return 0;
+    if (c < 0x80) continue;
+    if (c < 0xC2 || c > 0xF4) return 0;
+    int more = c < 0xE0 ? 1 : c < 0xF0 ? 2 : 3;
+    unsigned char lo = c == 0xE0   ? 0xA0
+                       : c == 0xF0 ? 0x90
+                                   : 0x80,
+                  hi = c == 0xED   ? 0x9F
+                       : c == 0xF4 ? 0x8F
+                                   : 0xBF;
+    for (int k = 0; k < more; k++, lo = 0x80, hi = 0xBF)
+      if (i >= n || s[i] < lo || s[i++] > hi) return 0;
+  }
+  return 1;
+}
+
 struct jvocab *jvocab_from_bytes(const char *const *toks, const size_t *lens, const char *special,
                                  int V, struct dapo_err *e) {
   struct jvocab *v = calloc(1, sizeof *v);
@@ -1142,7 +1166,7 @@ struct jvocab *jvocab_from_bytes(const char *const *toks, const size_t *lens, co
   if (!v || !(v->order = malloc(sizeof *v->order * (size_t)(V + 1))) ||
       !(v->lcp = malloc(sizeof *v->lcp * (size_t)(V + 1))) ||
       !(v->off = malloc(sizeof *v->off * (size_t)(V + 1))) || !(v->bytes = malloc(total + 1)) ||
-      !(v->special = calloc((size_t)V + 1, 1))) {
+      !(v->special = calloc((size_t)V + 1, 1)) || !(v->plain = calloc((size_t)V + 1, 1))) {
     jvocab_free(v);
     dapo_errf(e, DAPO_ENOMEM, "structured outputs: out of memory for the vocabulary");
     return NULL;
@@ -1155,6 +1179,7 @@ struct jvocab *jvocab_from_bytes(const char *const *toks, const size_t *lens, co
     if (l) memcpy(v->bytes + o, toks[i], l);
     o += l;
     v->special[i] = !toks[i] || !l || (special && special[i]);
+    v->plain[i] = !v->special[i] && plain_text((const unsigned char *)toks[i], l);
     if (!v->special[i]) {
       v->order[v->n++] = i;
       if ((int)l > v->max_len) v->max_len = (int)l;
@@ -1266,6 +1291,20 @@ static uint64_t fnv(const char *p, size_t n) {
   return h;
 }
 
+/* 1 when every reading of s is inside a string without pattern or format, its length bound
+ * reached or absent, between characters: plain characters then change nothing. */
+static int idle_string(const struct jgrammar *g, const struct jst *s) {
+  for (int i = 0; i < s->n; i++) {
+    const struct thr *t = &s->t[i];
+    const struct frame *f = t->depth ? &t->f[t->depth - 1] : NULL;
+    const struct node *n = f ? &g->nodes[f->node] : NULL;
+    if (!f || f->kind != F_STR || f->pos || n->n_re || n->max_len >= 0 || f->a < n->cap) return 0;
+  }
+  return s->n > 0;
+}
+
+/* The allowed ids of m's state: the vocabulary in byte order, each id stepped from the longest
+ * prefix it shares with the last one stepped (st[d]: the state after d bytes). */
 static int walk(const struct jmasker *k, const struct jmatch *m, uint64_t *bits) {
   const struct jvocab *v = k->v;
   const struct jgrammar *g = k->g;
@@ -1280,9 +1319,17 @@ static int walk(const struct jmasker *k, const struct jmatch *m, uint64_t *bits)
   }
   struct wk w = {g, md};
   memcpy(&st[0], &m->st, sizeof st[0]);
-  int dead_at = 1 << 30;
+  int dead_at = 1 << 30, idle = idle_string(g, &m->st), l_run = 1 << 30;
   for (int idx = 0; idx < v->n; idx++) {
-    int id = v->order[idx], l = v->lcp[idx];
+    int id = v->order[idx];
+    if (v->lcp[idx] < l_run) l_run = v->lcp[idx];
+    if (idle && v->plain[id]) { /* leaves the state as it was: allowed, nothing stepped */
+      bits[id / 64] |= 1ULL << (id % 64);
+      count++;
+      continue;
+    }
+    int l = l_run; /* shared with the last token stepped (the minimum over those between) */
+    l_run = 1 << 30;
     if (l >= dead_at) continue; /* its prefix died */
     dead_at = 1 << 30;
     const char *b = v->bytes + v->off[id];
