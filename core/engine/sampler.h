@@ -135,7 +135,11 @@ void gen_slot_clear(struct gen_state *s, int slot);
 int gen_slot_len(const struct gen_state *s, int slot);
 
 /* Draws one token from logits[V] (modified in place) with o's temperature and top_p; writes
- * the sampled token's log-prob (see gen_out.logp) to *logp. Exposed for statistical tests. */
+ * the sampled token's log-prob (see gen_out.logp) to *logp. A logit of -INFINITY or a NaN has
+ * probability exactly 0 (as has one more than 87.3 T below the largest): such a token is drawn
+ * only when no logit is finite (then the first largest, as greedy). The passes over the row are
+ * softmax.c's, the same bits on every instruction set. scratch_idx and scratch_p hold V entries
+ * each. Exposed for statistical tests. */
 int sampler_pick(float *logits, int V, const struct sampler_opts *o, struct rng *r, float *logp,
                  int *scratch_idx, float *scratch_p);
 
