@@ -7,6 +7,10 @@ final report.
                  [--gen-new N]                PyTorch's figures for one model; with --engine, our
                                               engine (bench_engine --serve, a child process) is
                                               measured alternately with PyTorch; JSON lines
+  bench_torch.py --model NAME --engine PATH --methods PATH [--probe-file F] [--train-steps N]
+                                              the DAPO update, a supervised step and a DPO step at
+                                              the training shape: ours (bench_engine --serve,
+                                              bench_methods) alternately with PyTorch's; JSON line
   bench_torch.py --report FILE...             the comparison table from those JSON lines (needs
                                               no torch)
   bench_torch.py --scale FOLDER --rollouts FILE [--lora R,ALPHA] [--micro-seqs N]
@@ -306,6 +310,120 @@ def measure(args):
 
 
 # ---------------------------------------------------------------------------------------------
+# supervised and DPO steps (bench_methods), beside the DAPO update, alternately with PyTorch
+
+DPO_BETA = 0.1
+
+
+def method_steps(T, model):
+    """PyTorch's supervised and DPO steps at the training benchmark's shape, as functions returning
+    (step, forward, backward, optimizer) seconds like Torch.trainer's. sft: token-mean
+    cross-entropy over the 192 response tokens of each of 16 sequences (F.cross_entropy on the
+    LM head's response rows) and its token accuracy (argmax), backward, clip_grad_norm_, AdamW.
+    dpo: 8 pairs (sequences 2k and 2k+1 share their 64-token prompt), sequence log-probs of the
+    responses, -logsigmoid(beta * ((c - c_ref) - (r - r_ref))) averaged over pairs against
+    reference log-probs computed once (not timed), backward, clip_grad_norm_, AdamW."""
+    torch, llama = T.torch, T.llama
+    F = torch.nn.functional
+    seqs, _ = T.batch(model.config.vocab_size)
+    seqs = [(seqs[i - i % 2][0][:PROMPT_LEN] + toks[PROMPT_LEN:], p)
+            for i, (toks, p) in enumerate(seqs)]
+    ids, rows, cols, targets = llama._pad(seqs)
+    opt = llama.make_adamw(model, 1e-6)
+    n_resp = SEQ_LEN - PROMPT_LEN
+
+    def logits():
+        h, _ = model.model(ids)
+        return model.lm_head(h[rows, cols])
+
+    def seq_logp(lg):
+        logp = F.log_softmax(lg, dim=-1).gather(1, targets[:, None]).squeeze(1)
+        return logp.view(N_SEQ, n_resp).sum(1)
+
+    with torch.no_grad():
+        ref = seq_logp(logits())
+
+    def timed(loss_fn):
+        def step():
+            t0 = time.perf_counter()
+            model.zero_grad(set_to_none=True)
+            loss = loss_fn(logits())
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            t3 = time.perf_counter()
+            return dict(step_s=t3 - t0, forward_s=t1 - t0, backward_s=t2 - t1, adamw_s=t3 - t2)
+        return step
+
+    def sft_loss(lg):
+        loss = F.cross_entropy(lg, targets)
+        with torch.no_grad():
+            (lg.argmax(-1) == targets).float().mean()  # token accuracy, as dapod reports it
+        return loss
+
+    def dpo_loss(lg):
+        s = seq_logp(lg) - ref
+        return -F.logsigmoid(DPO_BETA * (s[0::2] - s[1::2])).mean()
+
+    return {"sft": timed(sft_loss), "dpo": timed(dpo_loss)}
+
+
+def methods(args):
+    """The DAPO update (bench_engine --serve's train), a supervised step and a DPO step
+    (bench_methods), each ours and PyTorch's alternately at the same shape and threads; one JSON
+    line with the medians and the median ratio of the pairs of each work."""
+    T = Torch()
+    best = {"train": [1, 2]}
+    if args.probe_file:
+        with open(args.probe_file) as f:
+            best = json.loads(f.read())["best"]
+    shape = MODELS[args.model]
+    eng = Engine(args.engine, args.model, args.gen_new)
+    mp = subprocess.Popen([args.methods, "--shape", "%d,%d,%d,%d,%d" % (
+        shape["vocab_size"], shape["hidden_size"], shape["intermediate_size"],
+        shape["num_hidden_layers"], shape["num_attention_heads"])],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    meth = Engine.__new__(Engine)
+    meth.p = mp
+    meth.info = meth.read()
+    m = T.model(args.model)
+    T.set_threads(*best["train"])
+    fns = method_steps(T, m)
+    dapo = T.trainer(m)
+    fns["dapo"] = lambda: dict(zip(("step_s", "forward_s", "backward_s", "adamw_s"), dapo()))
+    out = dict(side="methods", kind="methods", model=args.model, flops=eng.info["train_flops"],
+               tokens_per_step=N_SEQ * SEQ_LEN, settings="torch %d / OpenBLAS %d" % T.threads(),
+               load_before=open("/proc/loadavg").read().split()[:3], ours={}, torch={}, ratio={})
+    for work in ("dapo", "sft", "dpo"):
+        side = eng if work == "dapo" else meth
+        cmd = "train" if work == "dapo" else work
+        side.ask(cmd), fns[work]()  # a warm-up step each, not kept
+        ours, peer = [], []
+        for i in range(args.train_steps):
+            for s in ((0, 1) if i % 2 == 0 else (1, 0)):
+                time.sleep(0.2)
+                if s == 0:
+                    ours.append(side.ask(cmd))
+                else:
+                    peer.append(fns[work]())
+        o = {k: med([p[k] for p in ours]) for k in ours[0]}
+        t = {k: med([p[k] for p in peer]) for k in peer[0]}
+        o["tok_s"], t["tok_s"] = N_SEQ * SEQ_LEN / o["step_s"], N_SEQ * SEQ_LEN / t["step_s"]
+        out["ours"][work], out["torch"][work] = o, t
+        out["ratio"][work] = med([p["step_s"] / q["step_s"] for p, q in zip(peer, ours)])
+        out["pairs"] = len(ours)
+        print("%s %s: ours %.0f tok/s, torch %.0f tok/s, ours/torch %.2fx (median of %d pairs)"
+              % (args.model, work, o["tok_s"], t["tok_s"], out["ratio"][work], len(ours)),
+              file=sys.stderr)
+    out["load_after"] = open("/proc/loadavg").read().split()[:3]
+    eng.close()
+    meth.close()
+    print(json.dumps(out))
+
+
+# ---------------------------------------------------------------------------------------------
 # realistic scale (bench/scale.py): one DAPO step's work on a model folder
 
 
@@ -569,6 +687,31 @@ def report(files):
     print("Training: 16 sequences x 256 tokens (prompt 64) a step, forward + backward + AdamW. "
           "Generation: a 32-token prompt shared by the batch, 128 new tokens, temperature 1, "
           "no stop tokens; tok/s counts new tokens.")
+    report_methods([r for r in recs if r.get("kind") == "methods"], peak)
+
+
+def report_methods(recs, peak):
+    """The table of bench_torch.py --methods records: per model the DAPO update, the supervised
+    step and the DPO step, ours against PyTorch (tokens through the model a step: 4096)."""
+    if not recs:
+        return
+    print("\nSupervised and DPO steps beside the DAPO update (16 x 256 tokens a step; ours/torch: "
+          "median ratio of alternating pairs; %% peak of %s GFLOP/s)"
+          % ("%.1f" % peak if peak else "?"))
+    hdr = ("model", "work", "ours tok/s", "torch tok/s", "ours/torch", "ours GFLOP/s", "% peak",
+           "torch GFLOP/s", "pairs", "load before/after")
+    rows = []
+    for r in sorted(recs, key=lambda r: list(MODELS).index(r["model"])):
+        for work, name in (("dapo", "DAPO update"), ("sft", "SFT step"), ("dpo", "DPO step")):
+            o, t = r["ours"][work], r["torch"][work]
+            of, tf = r["flops"] / o["step_s"] * 1e-9, r["flops"] / t["step_s"] * 1e-9
+            rows.append((r["model"], name, "%.0f" % o["tok_s"], "%.0f" % t["tok_s"],
+                         "%.2fx" % r["ratio"][work], "%.1f" % of,
+                         "%.0f%%" % (100 * of / peak) if peak else "-", "%.1f" % tf,
+                         str(r["pairs"]), "%s / %s" % (r["load_before"][0], r["load_after"][0])))
+    widths = [max(len(str(x[i])) for x in rows + [hdr]) for i in range(len(hdr))]
+    for x in [hdr, tuple("-" * w for w in widths)] + rows:
+        print("  ".join(str(v).ljust(w) for v, w in zip(x, widths)).rstrip())
 
 
 def main():
@@ -578,6 +721,9 @@ def main():
     ap.add_argument("--probe-file")
     ap.add_argument("--engine", help="bench_engine to measure alternately with PyTorch")
     ap.add_argument("--report", nargs="+")
+    ap.add_argument("--methods", metavar="BENCH_METHODS",
+                    help="with --model and --engine: the DAPO update, SFT and DPO steps, ours "
+                         "(bench_engine, bench_methods) alternately with PyTorch's")
     ap.add_argument("--train-steps", type=int, default=3)
     ap.add_argument("--gen-reps", type=int, default=3)
     ap.add_argument("--gen-new", type=int, default=128)
@@ -595,6 +741,8 @@ def main():
         report(args.report)
     elif args.probe:
         probe(args)
+    elif args.methods and args.model and args.engine:
+        methods(args)
     elif args.model:
         measure(args)
     else:

@@ -16,7 +16,7 @@ mkdir -p "$out"
 rm -f "$out"/*.json
 
 if [ ! -f build/CMakeCache.txt ]; then cmake -S . -B build >/dev/null; fi
-cmake --build build -j"$(nproc)" --target bench_engine dapod >/dev/null
+cmake --build build -j"$(nproc)" --target bench_engine bench_methods dapod >/dev/null
 engine=build/bench/bench_engine
 if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
   echo "== OpenBLAS kernel: the environment names none; dapod measures (dapod kernels)"
@@ -63,6 +63,15 @@ for m in "${models[@]}"; do
     "$engine" --model "$m" $(args_for "$m") >"$out/model-$m.json"
   fi
 done
+if [ $have_torch = 1 ]; then
+  echo "== SFT and DPO steps beside the DAPO update, ours (bench_methods) alternately with PyTorch"
+  for m in "${models[@]}"; do
+    # shellcheck disable=SC2046
+    /usr/bin/python3 bench/bench_torch.py --model "$m" --engine "$engine" \
+      --methods build/bench/bench_methods --probe-file "$out/probe.json" \
+      $(args_for "$m" | cut -d' ' -f1-2) >"$out/methods-$m.json"
+  done
+fi
 echo "== SGEMM peak again"
 "$engine" --sgemm >"$out/sgemm-end.json"
 echo "== load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
