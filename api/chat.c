@@ -37,9 +37,6 @@
 #define PROMPT_MAX_BYTES (64 * 1024)
 #define TOOLS_MAX 128
 
-static const char DEFAULT_TEMPLATE[] =
-    "{\"system\": \"{content}\\n\", \"user\": \"{content}\", \"assistant\": \"{content}\\n\"}";
-
 /* A streamed choice while tools are on: its text goes out as content (CS_CONTENT, holding back
  * what may open a call), waits for its first characters to say whether it calls (CS_UNDECIDED),
  * or is held whole until its end (CS_CALLS). */
@@ -297,35 +294,6 @@ static void calls_as_dapod_text(json_t *flat) {
       json_object_del(m, "tool_calls");
     }
   }
-}
-
-/* The template to render with, for the resolved model. */
-static struct chat_template *template_for(struct api_req *r, const char *job_id, const char *spec,
-                                          char *msg, size_t cap) {
-  struct dapo_err e = {0};
-  json_t *tpl = NULL, *tokcfg = NULL;
-  if (job_id) {
-    struct store_job job;
-    if (!store_job_get(r->srv->store, job_id, r->owner, &job, &e)) {
-      tpl = json_incref(json_object_get(job.spec, "chat_template"));
-      store_job_deinit(&job);
-    }
-  }
-  if (!tpl && spec && strchr(spec, '/')) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", spec);
-    tokcfg = json_load_file(path, 0, NULL);
-    if (!json_is_string(json_object_get(tokcfg, "chat_template"))) {
-      json_decref(tokcfg);
-      tokcfg = NULL;
-    }
-  }
-  if (!tpl && !tokcfg) tpl = json_loads(DEFAULT_TEMPLATE, 0, NULL);
-  struct chat_template *t = chat_from_spec(tpl, tokcfg, &e);
-  if (!t) snprintf(msg, cap, "%s", e.msg);
-  json_decref(tpl);
-  json_decref(tokcfg);
-  return t;
 }
 
 static double now_unix(void) {
@@ -679,7 +647,8 @@ int api_chat_completions(struct api_req *r) {
   }
   char bad[64] = "";
   json_t *flat = flatten_messages(msgs, bad, sizeof bad);
-  struct chat_template *t = flat ? template_for(r, job, spec, msg, sizeof msg) : NULL;
+  struct chat_template *t =
+      flat ? registry_chat_template(r->srv, job, spec, r->owner, msg, sizeof msg) : NULL;
   char *prompt = NULL;
   struct dapo_err e = {0};
   int rc = 0;

@@ -46,8 +46,7 @@
 #define DPO_AUTO_BETA 0.1  /* dpo beta "auto": the native default (TRL's and OpenAI's) */
 
 /* The template of models without one (the presets): the message texts, one after another. */
-static const char DEFAULT_TEMPLATE[] =
-    "{\"system\": \"{content}\\n\", \"user\": \"{content}\", \"assistant\": \"{content}\\n\"}";
+static const char DEFAULT_TEMPLATE[] = REGISTRY_DEFAULT_TEMPLATE;
 /* The same for supervised jobs, whose trained end of an assistant turn is its newline. */
 static const char SFT_TEMPLATE[] = "{\"system\": \"{content}\\n\", \"user\": \"{content}\", "
                                    "\"assistant\": \"{content}\\n\", \"stop\": \"\\n\"}";

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "chat.h"
 #include "lm.h"
 #include "log.h"
 #include "parse.h"
@@ -210,6 +211,35 @@ int registry_find(const struct server *s, const char *id, const char *owner,
     return 1;
   folder_entry(s->cfg.models_dir, id, out);
   return 0;
+}
+
+struct chat_template *registry_chat_template(const struct server *s, const char *job_id,
+                                             const char *spec, const char *owner, char *msg,
+                                             size_t cap) {
+  struct dapo_err e = {0};
+  json_t *tpl = NULL, *tokcfg = NULL;
+  if (job_id && s->store) {
+    struct store_job job;
+    if (!store_job_get(s->store, job_id, owner, &job, &e)) {
+      tpl = json_incref(json_object_get(job.spec, "chat_template"));
+      store_job_deinit(&job);
+    }
+  }
+  if (!tpl && spec && strchr(spec, '/')) {
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", spec);
+    tokcfg = json_load_file(path, 0, NULL);
+    if (!json_is_string(json_object_get(tokcfg, "chat_template"))) {
+      json_decref(tokcfg);
+      tokcfg = NULL;
+    }
+  }
+  if (!tpl && !tokcfg) tpl = json_loads(REGISTRY_DEFAULT_TEMPLATE, 0, NULL);
+  struct chat_template *t = chat_from_spec(tpl, tokcfg, &e);
+  if (!t) snprintf(msg, cap, "%s", e.msg);
+  json_decref(tpl);
+  json_decref(tokcfg);
+  return t;
 }
 
 int registry_resolve(const struct server *s, const char *id, const char *owner, char **spec_out,

@@ -52,6 +52,20 @@ int registry_find(const struct server *s, const char *id, const char *owner,
 int registry_resolve(const struct server *s, const char *id, const char *owner, char **spec_out,
                      struct registry_entry *entry, char *msg, size_t cap);
 
+/* The chat template of models without one (the presets): the message texts one after another,
+ * a system message and an assistant's turn each ending with a newline. */
+#define REGISTRY_DEFAULT_TEMPLATE                                                                  \
+  "{\"system\": \"{content}\\n\", \"user\": \"{content}\", \"assistant\": \"{content}\\n\"}"
+
+struct chat_template;
+/* The chat template messages to a model are rendered with: job_id's (a checkpoint's job, may be
+ * NULL) chat_template when it has one, else the folder spec's tokenizer_config.json template (a
+ * path: registry_resolve's spec), else REGISTRY_DEFAULT_TEMPLATE. NULL with msg (cap bytes) when
+ * it does not build. Owned: chat_free. */
+struct chat_template *registry_chat_template(const struct server *s, const char *job_id,
+                                             const char *spec, const char *owner, char *msg,
+                                             size_t cap);
+
 /* Writes the checkpoint model id "{job_id}:step-{n}" into buf (cap bytes). */
 void registry_ckpt_id(const char *job_id, long long step, char *buf, size_t cap);
 

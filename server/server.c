@@ -16,7 +16,9 @@
 #include "admit.h"
 #include "bus.h"
 #include "completions.h"
+#include "grader.h"
 #include "jobs.h"
+#include "judge_serve.h"
 #include "log.h"
 #include "pool.h"
 #include "store.h"
@@ -121,8 +123,15 @@ int server_start(struct server *s, struct dapo_err *e) {
   }
   int rc = workers_recover(s, e);
   if (!rc && *s->cfg.compute_cpus) rc = keep_off_compute_cpus(&s->cfg, e);
-  if (!rc && !(s->workers = workers_start(s, e))) rc = e ? e->code : DAPO_EIO;
+  /* the completion service first: the served judge models of the jobs the workers take run on it */
   if (!rc && !(s->completions = completions_start(s, e))) rc = e ? e->code : DAPO_EIO;
+  if (!rc) {
+    s->served = (struct judge_served){judge_serve_chat, judge_serve_check, s};
+    struct judge_policy pol;
+    server_judge_policy(s, &pol);
+    rc = grader_models_check(s->cfg.judge_models, &pol, "judge_models", e);
+  }
+  if (!rc && !(s->workers = workers_start(s, e))) rc = e ? e->code : DAPO_EIO;
   if (rc) {
     server_stop(s);
     return rc;
@@ -251,5 +260,6 @@ void server_judge_policy(const struct server *srv, struct judge_policy *pol) {
   *pol = (struct judge_policy){.allowed_hosts = (const char *const *)hosts->v,
                                .n_allowed = hosts->n,
                                .allow_private = srv->cfg.judge_allow_private,
-                               .judge_models = srv->cfg.judge_models};
+                               .judge_models = srv->cfg.judge_models,
+                               .served = srv->served.chat ? &srv->served : NULL};
 }

@@ -13,6 +13,7 @@
 
 #include "config.h"
 #include "error.h"
+#include "judge.h"
 
 struct store;
 struct workers;
@@ -68,6 +69,9 @@ struct server {
   struct bus *bus;                 /* wake-ups for event readers after an event is stored; owned */
   char *jobs_dir;                  /* data_dir/jobs: one output folder per job (owned) */
   struct jobs_service *jobsvc;     /* job creation's checks, kept and threaded (jobs.h); owned */
+  /* the judge models dapod serves itself, answered by the completion service (judge_serve.h);
+     its chat is NULL until the service runs */
+  struct judge_served served;
   /* Guards cfg.api_keys, the one setting that changes at run time (SIGHUP): readers are the
    * HTTP threads (api_auth), the writer server_set_api_keys. Writer-preferring, so that a
    * reload is not starved by a steady stream of requests. */

@@ -27,7 +27,8 @@ struct gmodel {
   enum gmodel_kind kind;
   int label; /* kind == GM_LABEL */
   char *judge, *model;
-  struct outside *out;
+  struct outside *out;               /* an upstream's party; NULL for a served model */
+  const struct judge_served *served; /* a model dapod serves (model is its id); NULL: upstream */
   int timeout_ms, concurrency, max_retries;
   int n_msg;
   char **role, **tmpl;
@@ -44,6 +45,7 @@ struct gmodel {
 struct jm_entry {
   const json_t *url;
   const char *model, *key_file;
+  const char *serve; /* a model dapod serves itself (then url, key_file NULL) */
   int timeout_ms, concurrency, max_retries;
 };
 
@@ -63,19 +65,37 @@ static int read_entry(const json_t *o, const char *field, struct jm_entry *en, s
   if (!json_is_object(o))
     return dapo_errf(e, DAPO_EINVAL,
                      "%s: expected an object {\"url\", \"model\", \"api_key_file\", ...}", field);
-  if (json_object_get(o, "serve"))
-    return dapo_errf(e, DAPO_EUNSUPPORTED,
-                     "%s.serve: not supported yet: a judge model dapod serves itself; name an "
-                     "OpenAI-compatible upstream with url and model",
-                     field);
+  const json_t *sv = json_object_get(o, "serve");
+  memset(en, 0, sizeof *en);
   const char *key;
   json_t *v;
   json_object_foreach((json_t *)o, key, v) {
     static const char *const ok[] = {"url",        "model",       "api_key_file",
                                      "timeout_ms", "concurrency", "max_retries"};
+    static const char *const ok_serve[] = {"serve", "timeout_ms", "concurrency", "max_retries"};
     int found = 0;
-    for (size_t i = 0; i < sizeof ok / sizeof *ok && !found; i++) found = !strcmp(ok[i], key);
-    if (!found) return dapo_errf(e, DAPO_EINVAL, "%s.%.64s: unknown field", field, key);
+    for (size_t i = 0; !sv && i < sizeof ok / sizeof *ok && !found; i++)
+      found = !strcmp(ok[i], key);
+    for (size_t i = 0; sv && i < sizeof ok_serve / sizeof *ok_serve && !found; i++)
+      found = !strcmp(ok_serve[i], key);
+    if (!found)
+      return dapo_errf(e, DAPO_EINVAL, "%s.%.64s: %s", field, key,
+                       sv ? "not a field of a served judge model (serve, timeout_ms, concurrency, "
+                            "max_retries)"
+                          : "unknown field");
+  }
+  if (sv) { /* a model dapod serves itself: its id is the request's model */
+    if (!json_is_string(sv) || !json_string_length(sv) || json_string_length(sv) > 256)
+      return dapo_errf(e, DAPO_EINVAL,
+                       "%s.serve: expected a preset, a folder of the models directory or a "
+                       "checkpoint id (1 to 256 bytes)",
+                       field);
+    en->serve = en->model = json_string_value(sv);
+    if (entry_int(o, field, "timeout_ms", 120000, 100, 600000, &en->timeout_ms, e) ||
+        entry_int(o, field, "concurrency", 2, 1, 256, &en->concurrency, e) ||
+        entry_int(o, field, "max_retries", 2, 0, 10, &en->max_retries, e))
+      return e ? e->code : DAPO_EINVAL;
+    return 0;
   }
   en->url = json_object_get(o, "url");
   if (!json_is_string(en->url))
@@ -178,6 +198,12 @@ int grader_models_check(const json_t *models, const struct judge_policy *pol, co
       return dapo_errf(e, DAPO_EINVAL, "%s: a judge model's name has 1 to 64 bytes", field);
     struct jm_entry en;
     if (read_entry(v, sub, &en, e)) return e ? e->code : DAPO_EINVAL;
+    if (en.serve) { /* the model is checked where the completion service runs (pol->served) */
+      char why[300] = "";
+      if (pol && pol->served && pol->served->check(pol->served->ctx, en.serve, why, sizeof why))
+        return dapo_errf(e, DAPO_EINVAL, "%s.serve: %s", sub, why);
+      continue;
+    }
     struct outside *o = entry_party(&en, sub, pol, e);
     if (!o) return e ? e->code : DAPO_EINVAL;
     outside_free(o);
@@ -437,7 +463,15 @@ struct gmodel *gmodel_new(const json_t *spec, const char *field, enum gmodel_kin
   struct jm_entry en;
   char ef[160];
   snprintf(ef, sizeof ef, "judge_models.%.64s", name);
-  if (read_entry(entry, ef, &en, e) || !(m->out = entry_party(&en, ef, pol, e))) goto fail;
+  if (read_entry(entry, ef, &en, e)) goto fail;
+  if (en.serve && (!pol || !pol->served)) {
+    dapo_errf(e, DAPO_EUNSUPPORTED, "%s.serve: no completion service here to serve it", ef);
+    goto fail;
+  }
+  if (en.serve)
+    m->served = pol->served;
+  else if (!(m->out = entry_party(&en, ef, pol, e)))
+    goto fail;
   m->timeout_ms = en.timeout_ms, m->concurrency = en.concurrency, m->max_retries = en.max_retries;
   if (!(m->judge = strdup(name)) || !(m->model = strdup(en.model))) {
     dapo_errf(e, DAPO_ENOMEM, "out of memory");
@@ -541,6 +575,44 @@ static void sleep_ms(int64_t ms) {
   }
 }
 
+/* A call of a judge model dapod serves: the completion service's answer to body, retried with
+ * backoff while it is busy (429, 503) or fails (5xx); otherwise as ask(). -1 out of memory. */
+static int ask_served(const struct gmodel *m, const json_t *body, json_t **ans,
+                      struct grader_errs *er) {
+  enum grader_err kind = GE_MODEL_SERVER;
+  char why[300] = "";
+  int attempts = 0;
+  for (;;) {
+    int status = 0;
+    attempts++;
+    json_t *reply =
+        m->served->chat(m->served->ctx, m->model, body, m->timeout_ms, &status, why, sizeof why);
+    if (reply && status >= 200 && status < 300) {
+      char *text = json_dumps(reply, JSON_COMPACT);
+      json_decref(reply);
+      if (!text) return -1;
+      *ans = read_reply(m, text, strlen(text), er, &kind);
+      free(text);
+      break;
+    }
+    if (reply) {
+      const char *msg =
+          json_string_value(json_object_get(json_object_get(reply, "error"), "message"));
+      snprintf(why, sizeof why, "HTTP %d: %.200s", status, msg ? msg : "");
+      json_decref(reply);
+    }
+    int retry = status == 429 || status >= 500; /* no reply: out of memory or stopping */
+    if (!retry || attempts > m->max_retries) break;
+    sleep_ms(outside_backoff_ms(attempts));
+  }
+  if (kind == GE_MODEL_SERVER && !er->model_detail[0])
+    snprintf(er->model_detail, sizeof er->model_detail,
+             "judge model '%.64s' (served): %.120s after %d attempt%s", m->judge,
+             why[0] ? why : "no answer", attempts, attempts == 1 ? "" : "s");
+  if (kind != GE_COUNT) er->n[kind]++;
+  return 0;
+}
+
 /* One call of the judge model: m's messages rendered against root ({"item", "sample"}), the
  * answer in format, retried with backoff. Returns 0 with *ans the answer parsed (NULL when there
  * is none: the error is then counted in er); -1 out of memory. */
@@ -568,6 +640,12 @@ static int ask(const struct gmodel *m, const json_t *root, const json_t *format,
   json_t *body =
       json_pack("{s:s, s:o, s:O}", "model", m->model, "messages", msgs, "response_format", format);
   if (body) json_object_update(body, m->extra);
+  if (body && m->served) {
+    add_usage(er, m->model, 0, 0);
+    int rc = ask_served(m, body, ans, er);
+    json_decref(body);
+    return rc;
+  }
   char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
   json_decref(body);
   if (!text) return -1;

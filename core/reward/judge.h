@@ -87,6 +87,25 @@ struct judge_policy {
   /* The server config's judge_models (grader.h grader_models_check: already checked), the
    * judge models score_model and label_model graders may name; NULL: none. */
   const json_t *judge_models;
+  /* Who answers the judge models dapod serves itself ({"serve": ...}); NULL: none can be
+   * (grader_models_check refuses them). Borrowed: it outlives every judge built with pol. */
+  const struct judge_served *served;
+};
+
+/* A judge model dapod serves itself (judge_models.<name>.serve), asked in-process by the
+ * daemon's completion service: chat(ctx, serve, body, timeout_ms, status, why, cap) answers the
+ * chat completion request body (borrowed: OpenAI's {model, messages, response_format, sampling
+ * fields}) for the model serve names (a preset, a folder of the models directory or a
+ * checkpoint id) as POST /v1/chat/completions would: the reply body (a new reference) with its
+ * HTTP status in *status (200, or 4xx/5xx with OpenAI's error body), or NULL (out of memory, or
+ * the daemon stopping) with why. It blocks until the answer (at most timeout_ms) and may be
+ * called from several threads at once. check(ctx, serve, why, cap): 0 when serve names a
+ * model the service can run, else 1 with why (for grader_models_check at start). */
+struct judge_served {
+  json_t *(*chat)(void *ctx, const char *serve, const json_t *body, int timeout_ms, int *status,
+                  char *why, size_t cap);
+  int (*check)(void *ctx, const char *serve, char *why, size_t cap);
+  void *ctx;
 };
 
 struct judge;

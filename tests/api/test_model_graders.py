@@ -24,6 +24,12 @@ Authorization: Bearer. Checked through the daemon:
   fails with on_judge_error "fail" quoting the error, and with "drop" succeeds with its groups
   dropped.
 
+- a judge model dapod serves itself (judge_models.self: {"serve": "tiny"}): graders/run's score
+  and a job's rewards equal the served model's answer to the same request on the chat route
+  (structured outputs under the strict schema; clamped result, or 0 with
+  model_grader_parse_error when max tokens cut it), with its token usage; a served model that
+  names no model stops the daemon at start, naming judge_models.<name>.serve.
+
 Run: /usr/bin/python3 tests/api/test_model_graders.py --dapod build/server/dapod
 """
 import json
@@ -43,6 +49,17 @@ STANDIN = os.path.join(HERE, "..", "reward", "judge_model_server.py")
 KEY = "sk-standin-0123456789"
 INPUT = [{"role": "system", "content": "Grade the answer."},
          {"role": "user", "content": "Answer: {{sample.output_text}}\nReference: {{item.answer}}"}]
+
+
+# the strict schema score_model asks its judge model to answer in (docs/OPENAI.md "Graders")
+SCORE_FORMAT = {"type": "json_schema", "json_schema": {
+    "name": "score_model_result", "strict": True, "schema": {
+        "type": "object", "additionalProperties": False, "required": ["result", "steps"],
+        "properties": {"result": {"type": "number"}, "steps": {"type": "array", "items": {
+            "type": "object", "additionalProperties": False,
+            "required": ["description", "conclusion"],
+            "properties": {"description": {"type": "string"},
+                           "conclusion": {"type": "string"}}}}}}}}
 
 
 def score_grader(model="judge", **kw):
@@ -68,7 +85,8 @@ class ModelGraders(test_jobs.DaemonCase):
                             "timeout_ms": 1000, "max_retries": 2, "concurrency": 4},
                   "strict": {"url": url + "/", "model": "standin-strict", "max_retries": 0},
                   "slow": {"url": url, "model": "standin-slow", "timeout_ms": 300,
-                           "max_retries": 0}}
+                           "max_retries": 0},
+                  "self": {"serve": "tiny", "timeout_ms": 120000}}
         cls.ARGS = test_jobs.DaemonCase.ARGS + ("--judge-models", json.dumps(models))
         try:
             super().setUpClass()
@@ -230,7 +248,7 @@ class ModelGraders(test_jobs.DaemonCase):
 
     def test_refusals(self):
         self.refused(score_grader("gpt-4o"), "grader.model",
-                     "'gpt-4o' is not one of the server's judge_models (judge, strict, slow)")
+                     "'gpt-4o' is not one of the server's judge_models (judge, strict, slow, self)")
         self.refused(label_grader(passing_labels=["correct", "maybe"]),
                      "grader.passing_labels[1]", "'maybe' is not one of labels")
         self.refused(label_grader(passing_labels=[]), "grader.passing_labels", "non-empty")
@@ -303,6 +321,53 @@ class ModelGraders(test_jobs.DaemonCase):
         print("rft job: %d rollouts graded by the stand-in, %d scored 1.0, %d requests at once" %
               (n, high, in_flight), file=sys.stderr)
 
+
+    # ---- a judge model dapod serves itself ----
+
+    def replay(self, messages, seed, max_tokens):
+        """What the served judge answers, asked on the chat route: the score a score_model grader
+        takes from it (its result clamped to [0, 1], 0 when it is no complete JSON) and its
+        tokens."""
+        r = self.assertJson(self.d.post_json("/v1/chat/completions", {
+            "model": "tiny", "messages": messages, "seed": seed, "temperature": 1,
+            "max_completion_tokens": max_tokens, "response_format": SCORE_FORMAT}), 200)
+        ch, u = r["choices"][0], r["usage"]
+        if ch["finish_reason"] != "stop":
+            return 0.0, u["total_tokens"], True
+        result = json.loads(ch["message"]["content"])["result"]
+        return min(1.0, max(0.0, result)), u["total_tokens"], False
+
+    def test_served_judge_model(self):
+        """judge_models.self serves the tiny preset: its grades are what the chat route answers to
+        the same request (structured outputs under the strict schema), clamped to the range."""
+        complete = 0
+        for seed in range(1, 9):
+            g = score_grader("self", input=[INPUT[1]],
+                             sampling_params={"seed": seed, "temperature": 1,
+                                              "max_completions_tokens": 200})
+            out = self.run_grader(g, "5", {"answer": "5"})
+            want, tokens, parse_error = self.replay(
+                [{"role": "user", "content": "Answer: 5\nReference: 5"}], seed, 200)
+            self.assertEqual(out["reward"], want, (seed, out))
+            self.assertEqual(out["metadata"]["errors"]["model_grader_parse_error"], parse_error)
+            self.assertEqual(out["metadata"]["token_usage"], tokens, out)
+            self.assertEqual(out["metadata"]["sampled_model_name"], "tiny")
+            complete += not parse_error
+        self.assertGreaterEqual(complete, 2)  # some answers are whole JSON within 200 tokens
+        # a job graded by it: every rollout's reward is the served judge's for its response
+        grader = score_grader("self", input=[INPUT[1]],
+                              sampling_params={"seed": 3, "temperature": 1,
+                                               "max_completions_tokens": 120})
+        job = self.assertJson(self.d.post_json("/v1/fine_tuning/jobs", self.rft_body(grader)), 200)
+        done = self.wait_status(job["id"], ("succeeded", "failed"))
+        self.assertEqual(done["status"], "succeeded", done)
+        rows = self.rollouts(job["id"], 2)
+        self.assertEqual(len(rows), 2 * 4 * 4)
+        for row in rows[:6]:
+            msg = "Answer: %s\nReference: %s" % (row["response"], row["answer"])
+            want, tokens, _ = self.replay([{"role": "user", "content": msg}], 3, 120)
+            self.assertEqual(row["reward_raw"], want, row)
+            self.assertEqual(sum(row["info"]["token_usage"]["tiny"].values()), tokens, row)
 
     # ---- the native model judges of /v1/jobs ----
 
@@ -396,7 +461,7 @@ class ModelGraders(test_jobs.DaemonCase):
     def test_native_refusals(self):
         ok = {"type": "model", "judge_model": "judge", "prompt": "A: {{sample.output_text}}"}
         cases = [(dict(ok, judge_model="gpt-4o"), "judge.judge_model",
-                  "'gpt-4o' is not one of the server's judge_models (judge, strict, slow)"),
+                  "'gpt-4o' is not one of the server's judge_models (judge, strict, slow, self)"),
                  (dict(ok, prompt=""), "judge.prompt", "required"),
                  (dict(ok, prompt="{{sample.responses}}"), "judge.prompt",
                   "{{sample.responses}} is a model_rank judge's"),
@@ -424,6 +489,16 @@ class StartChecks(test_jobs.unittest.TestCase):
                               list(extra) + ["--print-config"], capture_output=True, text=True,
                               timeout=60)
 
+    def test_served_model_checked_at_start(self):
+        """A served judge model that names no model stops the daemon at start, naming it."""
+        tmp = tempfile.mkdtemp(prefix="dapod-jm-")
+        p = subprocess.run([test_jobs.DAPOD, "--listen", "127.0.0.1:0", "--data-dir",
+                            os.path.join(tmp, "var"), "--models-dir", os.path.join(tmp, "models"),
+                            "--judge-models", json.dumps({"j": {"serve": "nope"}})],
+                           capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(p.returncode, 0, p.stderr)
+        self.assertIn("judge_models.j.serve: no such model: 'nope'", p.stderr)
+
     def test_checks(self):
         tmp = tempfile.mkdtemp(prefix="dapod-jm-")
         key = os.path.join(tmp, "key")
@@ -434,7 +509,9 @@ class StartChecks(test_jobs.unittest.TestCase):
                   "judge_models.j.url: host 'example.com' is not in the judge host allowlist"),
                  (dict(ok, api_key_file=os.path.join(tmp, "none")),
                   "judge_models.j.api_key_file: cannot read"),
-                 ({"serve": "tiny"}, "judge_models.j.serve: not supported yet"),
+                 ({"serve": "tiny", "url": ok["url"]},
+                  "judge_models.j.url: not a field of a served judge model"),
+                 ({"serve": ""}, "judge_models.j.serve: expected a preset"),
                  ({"url": ok["url"]}, "judge_models.j.model: required"),
                  (dict(ok, concurrency=0), "judge_models.j.concurrency: expected an integer"),
                  (dict(ok, key="x"), "judge_models.j.key: unknown field"),

@@ -243,7 +243,7 @@ static void test_judges(void) {
 
   /* an allowed name that resolves to loopback: refused at connect time, nothing sent */
   const char *r1[] = {res_lo};
-  struct judge_policy pol = {name_only, 1, 0, r1, 1, NULL};
+  struct judge_policy pol = {name_only, 1, 0, r1, 1, NULL, NULL};
   int rc = run_judge(url, &pol, &reward, &e);
   CHECK_MSG(rc == DAPO_EIO && strstr(e.msg, "refused to connect to 127.0.0.1: 'judge.test' "
                                             "resolved to a loopback address"),
@@ -255,7 +255,7 @@ static void test_judges(void) {
   CHECK_MSG(rc == DAPO_EIO && strstr(e.msg, "loopback address"), "rc %d: %s", rc, e.msg);
   /* the IPv4-mapped form of loopback is loopback too */
   const char *r2[] = {res_mp};
-  pol = (struct judge_policy){name_only, 1, 1, r2, 1, NULL};
+  pol = (struct judge_policy){name_only, 1, 1, r2, 1, NULL, NULL};
   rc = run_judge(url, &pol, &reward, &e);
   CHECK_MSG(rc == DAPO_EIO && strstr(e.msg, "refused to connect to ::ffff:127.0.0.1: "
                                             "'judge.test' resolved to a loopback address"),
@@ -263,14 +263,14 @@ static void test_judges(void) {
   fprintf(stderr, "name -> mapped loopback: %s\n", e.msg);
   /* link-local (cloud metadata): refused, even with judge_allow_private */
   const char *r3[] = {res_ll};
-  pol = (struct judge_policy){name_only, 1, 1, r3, 1, NULL};
+  pol = (struct judge_policy){name_only, 1, 1, r3, 1, NULL, NULL};
   rc = run_judge(url, &pol, &reward, &e);
   CHECK_MSG(rc == DAPO_EIO && strstr(e.msg, "refused to connect to 169.254.169.254: "
                                             "'judge.test' resolved to a link-local address"),
             "rc %d: %s", rc, e.msg);
   /* private: refused without judge_allow_private, and the message says how to allow it */
   const char *r4[] = {res_pv};
-  pol = (struct judge_policy){name_only, 1, 0, r4, 1, NULL};
+  pol = (struct judge_policy){name_only, 1, 0, r4, 1, NULL, NULL};
   rc = run_judge(url, &pol, &reward, &e);
   CHECK_MSG(rc == DAPO_EIO && strstr(e.msg, "refused to connect to 10.1.2.3: 'judge.test' "
                                             "resolved to a private address, which needs the "
@@ -281,7 +281,7 @@ static void test_judges(void) {
             atomic_load(&ok.requests));
 
   /* the address written in the allowlist allows the name to reach it */
-  pol = (struct judge_policy){name_and_addr, 2, 0, r1, 1, NULL};
+  pol = (struct judge_policy){name_and_addr, 2, 0, r1, 1, NULL, NULL};
   reward = 0;
   rc = run_judge(url, &pol, &reward, &e);
   CHECK_MSG(rc == 0 && reward == 1.0, "rc %d: %s", rc, e.msg);
@@ -289,7 +289,7 @@ static void test_judges(void) {
   /* "localhost" reaches loopback; a literal URL host reaches itself */
   const char *lh[] = {"localhost"};
   const char *r5[] = {res_lh};
-  pol = (struct judge_policy){lh, 1, 0, r5, 1, NULL};
+  pol = (struct judge_policy){lh, 1, 0, r5, 1, NULL, NULL};
   snprintf(url, sizeof url, "http://localhost:%d/score", ok.port);
   rc = run_judge(url, &pol, &reward, &e);
   CHECK_MSG(rc == 0, "localhost: rc %d: %s", rc, e.msg);
