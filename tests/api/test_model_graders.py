@@ -458,6 +458,35 @@ class ModelGraders(test_jobs.DaemonCase):
         firsts = [row["reward_raw"] for row in rows if row["reward_raw"] == 2]
         self.assertEqual(len(firsts), 3, "the first response of each group clamped to 2")
 
+    def test_native_judges_teach(self):
+        """A job rewarded by a judge model learns: the tiny preset learns to repeat the last digit
+        of its prompt, scored 1.0 / 0.2 by the stand-in (model: one call a sample; model_rank:
+        one call a group), greedy accuracy on the 100 prompts from <= 0.2 at step 0 to >= 0.7 at
+        step 40."""
+        lines = [{"prompt": "%d%d" % (a, b), "answer": str(b)} for a in range(10) for b in range(10)]
+        fid = self.upload(("".join(json.dumps(x) + "\n" for x in lines)).encode())["id"]
+        judges = [{"type": "model", "judge_model": "judge",
+                   "prompt": "Answer: {{sample.output_text}}\nReference: {{item.answer}}"},
+                  {"type": "model_rank", "judge_model": "judge",
+                   "prompt": "Reference: {{item.answer}}\n{{sample.responses}}"}]
+        for judge in judges:
+            body = {"model": "tiny", "training_file": fid, "validation_file": fid, "seed": 1,
+                    "judge": judge,
+                    "hyperparameters": {"total_steps": 40, "group_size": 16, "prompt_batch_size": 8,
+                                        "max_new_tokens": 1, "learning_rate": 3e-3,
+                                        "eval_every": 10, "dynamic_sampling": False}}
+            job = self.assertJson(self.d.post_json("/v1/jobs", body), 201)
+            done = self.wait_status(job["id"], ("succeeded", "failed"))
+            self.assertEqual(done["status"], "succeeded", done)
+            rows = self.assertJson(self.d.get("/v1/jobs/%s/metrics" % job["id"]), 200)
+            curve = [(m["step"], m["eval/accuracy"]) for m in rows if "eval/accuracy" in m]
+            raw = [round(m["reward/raw_mean"], 3) for m in rows if "reward/raw_mean" in m]
+            print("%s judge: eval accuracy %s; train raw reward %s" %
+                  (judge["type"], curve, raw[::5] + raw[-1:]), file=sys.stderr)
+            self.assertEqual([s for s, _ in curve], [0, 10, 20, 30, 40])
+            self.assertLessEqual(curve[0][1], 0.2)
+            self.assertGreaterEqual(curve[-1][1], 0.7)
+
     def test_native_refusals(self):
         ok = {"type": "model", "judge_model": "judge", "prompt": "A: {{sample.output_text}}"}
         cases = [(dict(ok, judge_model="gpt-4o"), "judge.judge_model",
