@@ -5,7 +5,9 @@
  * schema (objects, arrays, strings, numbers, literals for enum/const/true/false/null, choices for
  * anyOf and type lists, $ref followed into the same node so recursion is a cycle). The schema is
  * first checked by jsonschema.h (what it refuses is refused by the same name); the grammar then
- * refuses what it cannot guarantee (multipleOf, unknown formats) naming the keyword.
+ * refuses what it cannot guarantee (a multipleOf that is not an integer, an unknown format, a
+ * keyword beside $ref or anyOf that would narrow them) naming the keyword; enum and const values
+ * the rest of their schema refuses are dropped.
  *
  * A jmatch is one sequence's position: a pushdown automaton, kept as a small set of stacks (one
  * per way the bytes so far can still be read: anyOf's branches, enum values, keys that share a
@@ -15,13 +17,13 @@
  *     always, optional ones skippable, and nothing else (additionalProperties is never used
  *     there); an object without properties takes any keys, values of additionalProperties' schema;
  *   - arrays within minItems..maxItems; strings within minLength..maxLength (code points), valid
- *     UTF-8, escapes other than surrogates; under a pattern or format, printable ASCII and simple
- *     escapes only, at most JG_PATTERN_BYTES bytes, each prefix one PCRE2 can still extend
- *     (PCRE2_PARTIAL_HARD); formats are patterns (date-time, date, time, duration, email,
- *     hostname, ipv4, ipv6, uuid);
- *   - numbers without exponent: integers of at most 15 digits; numbers of at most 12 integer and
- *     6 fraction digits; every prefix is one that some in-bounds number extends, so bounds never
- *     leave a dead end;
+ *     UTF-8, escapes other than surrogates and \u0000; under a pattern or format, printable
+ *     ASCII and simple escapes only, at most JG_PATTERN_BYTES bytes, each prefix one PCRE2 can
+ *     still extend (PCRE2_PARTIAL_HARD); formats are patterns (date-time, date, time, duration,
+ * email, hostname, ipv4, ipv6, uuid);
+ *   - numbers without exponent or -0: integers of at most 15 digits; numbers of at most 12
+ *     integer and 6 fraction digits; every prefix is one that some number within the bounds (and
+ *     a multiple of an integer multipleOf) extends, so bounds never leave a dead end;
  *   - enum and const values as their compact JSON text.
  * No byte is accepted after which no complete value exists: nesting is bounded (JG_DEPTH) and a
  * value is begun only where its shallowest completion fits; a schema with no finite value is
@@ -29,11 +31,13 @@
  *
  * A jmasker joins a grammar to a vocabulary (jvocab: every id's bytes, from tok_token_bytes) and
  * computes, for a jmatch, the set of ids whose whole byte string it accepts: the vocabulary
- * sorted by bytes is walked with the matcher, a prefix that dies skipping every id under it.
- * Special tokens are never allowed; the stop ids only when the value is complete, and then
- * only they. Masks are cached by the matcher's state (inside a free string the state repeats).
- * A grammar, a vocabulary and a masker never change but for the masker's cache, which is locked:
- * all may be shared by threads; a jmatch belongs to one thread at a time. */
+ * sorted by bytes is walked with the matcher, a prefix that dies skipping every id under it
+ * (inside a free string, ids of plain characters are allowed without stepping).
+ * Special tokens are never allowed; the stop ids only when the value is complete (then only
+ * they, unless the value can go on: a top-level number). Masks are cached by the matcher's state
+ * (inside a free string the state repeats). A grammar, a vocabulary and a masker never change but
+ * for the masker's cache, which is locked: all may be shared by threads; a jmatch belongs to one
+ * thread at a time. */
 #ifndef DAPO_JSONGRAMMAR_H
 #define DAPO_JSONGRAMMAR_H
 
