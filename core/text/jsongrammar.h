@@ -19,8 +19,8 @@
  *   - arrays within minItems..maxItems; strings within minLength..maxLength (code points), valid
  *     UTF-8, escapes other than surrogates and \u0000; under a pattern or format, printable
  *     ASCII and simple escapes only, at most JG_PATTERN_BYTES bytes, each prefix one PCRE2 can
- *     still extend (PCRE2_PARTIAL_HARD); formats are patterns (date-time, date, time, duration,
- * email, hostname, ipv4, ipv6, uuid);
+ *     still extend (PCRE2_PARTIAL_HARD); formats are patterns (date-time, date, time,
+ *     duration, email, hostname, ipv4, ipv6, uuid);
  *   - numbers without exponent or -0: integers of at most 15 digits; numbers of at most 12
  *     integer and 6 fraction digits; every prefix is one that some number within the bounds (and
  *     a multiple of an integer multipleOf) extends, so bounds never leave a dead end;
