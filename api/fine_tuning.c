@@ -913,23 +913,31 @@ static double num(const json_t *o, const char *k) {
 }
 
 /* A supervised or DPO step's native metrics d in OpenAI's names, into out: train/loss as
- * train_loss, train/mean_token_accuracy as train_mean_token_accuracy, valid/... as valid_...;
+ * train_loss, train/mean_token_accuracy as train_mean_token_accuracy, valid/... as valid_...,
+ * an epoch end's full_valid/... as full_valid_...;
  * a DPO step's loss likewise and its rewards/x as train_rewards_x, valid/rewards/x as
  * valid_rewards_x (OpenAI's metrics objects name no DPO reward: dapod's names, in its
  * pattern). */
 static void sft_metrics(const json_t *d, json_t *out) {
-  static const char *const names[][2] = {{"train/loss", "train_loss"},
-                                         {"train/mean_token_accuracy", "train_mean_token_accuracy"},
-                                         {"valid/loss", "valid_loss"},
-                                         {"valid/mean_token_accuracy", "valid_mean_token_accuracy"},
-                                         {"rewards/accuracy", "train_rewards_accuracy"},
-                                         {"rewards/margin", "train_rewards_margin"},
-                                         {"rewards/chosen", "train_rewards_chosen"},
-                                         {"rewards/rejected", "train_rewards_rejected"},
-                                         {"valid/rewards/accuracy", "valid_rewards_accuracy"},
-                                         {"valid/rewards/margin", "valid_rewards_margin"},
-                                         {"valid/rewards/chosen", "valid_rewards_chosen"},
-                                         {"valid/rewards/rejected", "valid_rewards_rejected"}};
+  static const char *const names[][2] = {
+      {"train/loss", "train_loss"},
+      {"train/mean_token_accuracy", "train_mean_token_accuracy"},
+      {"valid/loss", "valid_loss"},
+      {"valid/mean_token_accuracy", "valid_mean_token_accuracy"},
+      {"rewards/accuracy", "train_rewards_accuracy"},
+      {"rewards/margin", "train_rewards_margin"},
+      {"rewards/chosen", "train_rewards_chosen"},
+      {"rewards/rejected", "train_rewards_rejected"},
+      {"valid/rewards/accuracy", "valid_rewards_accuracy"},
+      {"valid/rewards/margin", "valid_rewards_margin"},
+      {"valid/rewards/chosen", "valid_rewards_chosen"},
+      {"valid/rewards/rejected", "valid_rewards_rejected"},
+      {"full_valid/loss", "full_valid_loss"},
+      {"full_valid/mean_token_accuracy", "full_valid_mean_token_accuracy"},
+      {"full_valid/rewards/accuracy", "full_valid_rewards_accuracy"},
+      {"full_valid/rewards/margin", "full_valid_rewards_margin"},
+      {"full_valid/rewards/chosen", "full_valid_rewards_chosen"},
+      {"full_valid/rewards/rejected", "full_valid_rewards_rejected"}};
   for (size_t i = 0; d && i < sizeof names / sizeof names[0]; i++)
     if (json_is_number(json_object_get(d, names[i][0])))
       json_object_set_new(out, names[i][1], json_real(num(d, names[i][0])));

@@ -226,22 +226,11 @@ void runner_memory_plan(const struct model_config *c, const struct lora_config *
   p->trainable = (uint64_t)trained;
   p->weights = (uint64_t)(n + (adapter ? trained : 0)) * sizeof(float);
   size_t tile = 0;
-  if (adapter && cc.bf16_weights) { /* the frozen matrices in BF16 (model_freeze_bf16) */
-    int64_t C = cc.hidden_size, V = cc.vocab_size, FF = cc.intermediate_size, L = cc.num_layers,
-            CQ = (int64_t)cc.num_heads * cc.head_dim, CKV = (int64_t)cc.num_kv_heads * cc.head_dim;
-    /* every matrix shape {IN, OUT, how many}: q, k and v, o, gate and up, down, the embedding
-     * (and an untied head) */
-    const int64_t mats[][3] = {{C, CQ, L}, {C, CKV, 2 * L},
-                               {CQ, C, L}, {C, FF, 2 * L},
-                               {FF, C, L}, {C, V, cc.tie_word_embeddings ? 1 : 2}};
-    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
-      p->weights -= (uint64_t)(mats[i][0] * mats[i][1] * mats[i][2]) * 2;
-      /* the products over many rows convert a tile of a frozen matrix to float32 at a time: one
-       * thread's largest (each further compute thread holds one more while it works) */
-      size_t b = matmul_bf16_tile_bytes((int)mats[i][0], (int)mats[i][1]);
-      if (b > tile) tile = b;
-    }
-  }
+  if (adapter && cc.bf16_weights) /* the frozen matrices in BF16 (model_freeze_bf16); the
+                                      products over many rows convert a tile of one at a time:
+                                      one thread's largest (each further compute thread holds
+                                      one more while it works) */
+    p->weights -= (uint64_t)n * sizeof(float) - model_frozen_bf16_bytes(&cc, &tile);
   p->gradients = (uint64_t)trained * sizeof(float);
   p->optimizer = 2 * p->gradients;
   p->reference = hp->kl_coef > 0 && !adapter ? (uint64_t)n * sizeof(float) : 0;
@@ -996,8 +985,12 @@ int runner_run(const struct job_spec *spec, const char *out_dir, const struct ru
     if (!stop) stop = trainer_emit_metrics(t, json_incref(m), 0, gen_tokens, train_tokens);
     json_decref(m);
     stop = trainer_agree(t, stop);
-    if (!stop && t->hp->eval_every > 0 && (t->step % t->hp->eval_every == 0 || last))
+    /* a supervised or DPO job's epoch ends: its validation also as full_valid/ (runner_sft.c) */
+    t->eval_epoch_end = (sft || dpo) && (last || t->step % trainer_sft_epoch_steps(t) == 0);
+    if (!stop && t->hp->eval_every > 0 &&
+        (t->step % t->hp->eval_every == 0 || last || t->eval_epoch_end))
       stop = evaluate(t);
+    t->eval_epoch_end = 0;
     if (!stop && paused_now && !last) {
       res->status = RUNNER_PAUSED;
       break;

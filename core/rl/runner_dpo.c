@@ -195,7 +195,7 @@ int trainer_dpo_evaluate(struct trainer *t) {
   if (rc) return 1;
   json_t *m = json_pack("{s:I,s:I,s:I}", "step", (json_int_t)t->step, "valid/tokens",
                         (json_int_t)st.tokens, "valid/pairs", (json_int_t)st.pairs);
-  if (m && put_sums(m, "valid/", &st)) json_decref(m), m = NULL;
+  if (m && (put_sums(m, "valid/", &st) || trainer_sft_full_valid(t, m))) json_decref(m), m = NULL;
   return m ? trainer_emit_metrics(t, m, 1, 0, 0) : trainer_oom(t);
 }
 

@@ -150,6 +150,7 @@ struct trainer {
   int *sft_order, sft_order_epoch; /* [n_sft_train], the permutation of epoch sft_order_epoch */
   float *sft_logp;                 /* [cap_tokens] */
   unsigned char *sft_hit;          /* [cap_tokens] */
+  int eval_epoch_end; /* the evaluation runs at an epoch's end: full_valid/ names too */
   /* a DPO job's (runner_dpo.c): its pairs and their reference's sequence log-probs */
   struct dpo_pair *dpo_train, *dpo_val;
   int n_dpo_train, n_dpo_val;
@@ -253,6 +254,12 @@ int trainer_sft_end_id(const struct lm *lm);
 /* The order of epoch `epoch` (a permutation of the n training items keyed by seed and epoch)
  * into t->sft_order. */
 void trainer_sft_epoch_order(struct trainer *t, int epoch, int n);
+/* Steps of an epoch of a supervised or DPO job: ceil(n / batch_size) of its n training items. */
+int64_t trainer_sft_epoch_steps(const struct trainer *t);
+/* An evaluation's metrics m at an epoch's end (t->eval_epoch_end): each valid/x also as
+ * full_valid/x (the validation is over the whole file at every evaluation, so the epoch's full
+ * validation is that pass under its own names, docs/TRAINING.md). 0, or 1 (out of memory). */
+int trainer_sft_full_valid(const struct trainer *t, json_t *m);
 /* The start of a supervised or DPO job's set-up: one process only (else resources.processes),
  * trainer_setup_model, its chat template (t->chat). 0, or 1 with res set. */
 int trainer_sft_begin(struct trainer *t, int64_t from);

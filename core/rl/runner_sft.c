@@ -69,6 +69,27 @@ void trainer_sft_epoch_order(struct trainer *t, int epoch, int n) {
   t->sft_order_epoch = epoch;
 }
 
+int64_t trainer_sft_epoch_steps(const struct trainer *t) {
+  int n = t->hp->method == METHOD_DPO ? t->n_dpo_train : t->n_sft_train, bs = t->hp->batch_size;
+  return (n + bs - 1) / bs;
+}
+
+int trainer_sft_full_valid(const struct trainer *t, json_t *m) {
+  if (!t->eval_epoch_end) return 0;
+  json_t *full = json_object();
+  const char *k;
+  json_t *v;
+  json_object_foreach(m, k, v) {
+    char key[96];
+    if (strncmp(k, "valid/", 6)) continue;
+    snprintf(key, sizeof key, "full_%s", k);
+    if (!full || json_object_set(full, key, v)) return json_decref(full), 1;
+  }
+  int rc = json_object_update(m, full);
+  json_decref(full);
+  return rc ? 1 : 0;
+}
+
 /* Sums over examples idx[0 .. n) of x: -log p and argmax hits of their trained tokens; with
  * train, the gradient of the token mean over `scale` tokens (dlogp = -1 / scale) accumulated.
  * Micro-batches of at most micro_batch_tokens (an example longer alone). 0, or 1 with res. */
@@ -152,6 +173,7 @@ int trainer_sft_evaluate(struct trainer *t) {
   json_t *m = json_pack("{s:I,s:f,s:f,s:I}", "step", (json_int_t)t->step, "valid/loss",
                         nll / (double)tokens, "valid/mean_token_accuracy",
                         (double)hits / (double)tokens, "valid/tokens", (json_int_t)tokens);
+  if (m && trainer_sft_full_valid(t, m)) json_decref(m), m = NULL;
   return m ? trainer_emit_metrics(t, m, 1, 0, 0) : trainer_oom(t);
 }
 

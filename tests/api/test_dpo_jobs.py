@@ -6,7 +6,8 @@
   resolved (beta 0.1, loss_type sigmoid, label_smoothing 0 by default) and total_steps =
   ceil(pairs / batch_size) * epochs; they succeed, their metrics carry train/loss and
   rewards/{chosen, rejected, accuracy, margin}, their evaluations valid/loss and
-  valid/rewards/accuracy;
+  valid/rewards/accuracy (every eval_every steps and at each epoch's end, where the same pass is
+  also full_valid/...);
 - refusals name the field: beta 3, loss_type "ipo", label_smoothing 0.5, a DAPO knob, a judge;
   bad lines by line and field (two preferred outputs, a missing rejected response);
 - an upload says which methods its lines fit: `methods` (["dapo"] for prompt/answer lines,
@@ -80,6 +81,14 @@ class DpoJobs(test_jobs.DaemonCase):
         text = json.dumps(ev)
         self.assertIn("valid/loss", text)
         self.assertIn("valid/rewards/accuracy", text)
+        # eval_every 2 and each epoch's end (3 steps an epoch): the end's evaluation is also the
+        # full validation, the same pass under full_valid/ names
+        valid = {m["step"]: m for m in ev if "valid/loss" in m}
+        self.assertEqual(sorted(valid), [0, 2, 3, 4, 6])
+        self.assertEqual(sorted(s for s in valid if "full_valid/loss" in valid[s]), [3, 6])
+        for s in (3, 6):
+            for k in ("loss", "rewards/accuracy", "rewards/margin", "rewards/chosen"):
+                self.assertEqual(valid[s]["full_valid/" + k], valid[s]["valid/" + k])
 
     def test_openai_lines(self):
         data = (oai_line("hi", "yo", "go away") + oai_line("ab", "q", "rs")).encode()

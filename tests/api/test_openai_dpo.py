@@ -111,6 +111,14 @@ class OpenAIDpo(test_jobs.DaemonCase):
                 self.assertEqual(d["valid_loss"], m["valid/loss"])
                 for k in ("accuracy", "margin", "chosen", "rejected"):
                     self.assertEqual(d["valid_rewards_" + k], m["valid/rewards/" + k])
+                # an epoch's end (steps 3 and 6: 20 pairs, batch 8): the full validation
+                if d["step"] in (3, 6):
+                    self.assertEqual(d["full_valid_loss"], d["valid_loss"])
+                    self.assertEqual(d["full_valid_rewards_accuracy"],
+                                     m["full_valid/rewards/accuracy"])
+                    self.assertEqual(d["full_valid_rewards_accuracy"], d["valid_rewards_accuracy"])
+                else:
+                    self.assertNotIn("full_valid_loss", d)
                 seen_v.add(d["step"])
         self.assertEqual(sorted(seen_t), list(range(1, 7)))
         self.assertEqual(sorted(seen_v), list(range(0, 7)))

@@ -16,7 +16,8 @@
 - chat completions on a supervised model end each choice at the template's end of turn (the
   trained newline): content without it, finish_reason "stop";
 - metrics events carry train_loss, train_mean_token_accuracy (valid_loss,
-  valid_mean_token_accuracy for evaluations) equal to the native metrics; checkpoints' metrics
+  valid_mean_token_accuracy for evaluations; full_valid_loss, full_valid_mean_token_accuracy at
+  each epoch's end, the same pass) equal to the native metrics; checkpoints' metrics
   too; result_files[0] is a fine-tune-results file whose CSV rows equal the native metrics.
 
 Run: /usr/bin/python3 tests/api/test_openai_sft.py --dapod build/server/dapod
@@ -112,6 +113,15 @@ class OpenAISupervised(test_jobs.DaemonCase):
                 m = valid[d["step"]]
                 self.assertEqual(d["valid_loss"], m["valid/loss"])
                 self.assertEqual(d["valid_mean_token_accuracy"], m["valid/mean_token_accuracy"])
+                # an epoch's end (steps 4 and 8: 25 examples, batch 8): the full validation
+                if d["step"] in (4, 8):
+                    self.assertEqual(d["full_valid_loss"], m["full_valid/loss"])
+                    self.assertEqual(d["full_valid_loss"], d["valid_loss"])
+                    self.assertEqual(d["full_valid_mean_token_accuracy"],
+                                     d["valid_mean_token_accuracy"])
+                else:
+                    self.assertNotIn("full_valid_loss", d)
+                    self.assertNotIn("full_valid/loss", m)
                 seen_v.add(d["step"])
         self.assertEqual(sorted(seen_t), list(range(1, 9)))
         self.assertEqual(sorted(seen_v), [0, 2, 4, 6, 8])

@@ -137,7 +137,17 @@ int main(void) {
   run(body, out, ms, 0, &res);
   CHECK(res.status == RUNNER_SUCCEEDED && res.step == 60);
   json_t *ev = having(ms, "valid/loss"), *tr = having(ms, "train/loss");
-  CHECK(json_array_size(ev) == 7 && json_array_size(tr) == 60);
+  /* evaluations at step 0, every 10 steps and each epoch's end (6 steps an epoch): 15; the 10
+   * at an epoch's end also under full_valid/ names, the same pass */
+  json_t *full = having(ms, "full_valid/loss");
+  CHECK(json_array_size(ev) == 15 && json_array_size(tr) == 60 && json_array_size(full) == 10);
+  for (size_t i = 0; i < json_array_size(full); i++) {
+    const json_t *f = json_array_get(full, i);
+    CHECK(json_integer_value(json_object_get(f, "step")) == 6 * ((int)i + 1) &&
+          num(f, "full_valid/loss") == num(f, "valid/loss") &&
+          num(f, "full_valid/rewards/accuracy") == num(f, "valid/rewards/accuracy"));
+  }
+  json_decref(full);
   const json_t *v0 = json_array_get(ev, 0), *v1 = json_array_get(ev, json_array_size(ev) - 1);
   const json_t *t1 = json_array_get(tr, 0);
   fprintf(stderr,
@@ -152,7 +162,7 @@ int main(void) {
   fprintf(stderr, "the starting model prefers the chosen response on %.3f of the held-out pairs\n",
           pref0);
   CHECK(pref0 > 0.2 && pref0 < 0.8);
-  fprintf(stderr, "held-out rewards/accuracy every 10 steps:");
+  fprintf(stderr, "held-out rewards/accuracy at steps 0, 6, 10, 12, 18, 20, ... 60:");
   for (size_t i = 0; i < json_array_size(ev); i++)
     fprintf(stderr, " %.3f", num(json_array_get(ev, i), "valid/rewards/accuracy"));
   fprintf(stderr, "\n");
