@@ -141,7 +141,12 @@ const char *completion_outcome_name(enum completion_outcome o) {
 
 /* ---- sizes ---- */
 
+/* What a model's weights hold while it serves: a BF16 folder's matrices stay BF16 (opened as a
+ * frozen base is, lm_open_frozen: nothing trains them here) with the tile its products convert
+ * at a time; any other model's are float32. */
 static uint64_t weights_bytes(const struct model_config *cfg) {
+  size_t tile = 0;
+  if (cfg->bf16_weights) return model_frozen_bf16_bytes(cfg, &tile) + tile;
   return (uint64_t)model_param_count(cfg) * sizeof(float);
 }
 
@@ -478,7 +483,8 @@ static int pin_model(struct completions *c, struct completion *t, uint64_t stamp
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   struct dapo_err e = {0};
-  int rc = lm_open(t->spec, 0, &m->lm, &e);
+  int rc = t->cfg.bf16_weights ? lm_open_frozen(t->spec, 0, &m->lm, &e)
+                               : lm_open(t->spec, 0, &m->lm, &e);
   clock_gettime(CLOCK_MONOTONIC, &t1);
   if (!rc && weights_bytes(&m->lm.cfg) != w) {
     lm_close(&m->lm);
@@ -581,12 +587,18 @@ struct run_ctx {
   /* structured outputs (t->response_format): the mask of each choice's matcher */
   struct jmasker *jk;
   struct jmatch **jm; /* [n] */
+  int stuck;          /* a choice's next bytes are no token's: the vocabulary cannot go on */
 };
 
 /* gen_run's mask hook (on the sampling thread: the state has no pool). */
 static void on_mask(void *ctx, int seq, float *logits, int V) {
   struct run_ctx *x = ctx;
-  if (jmasker_apply(x->jk, x->jm[seq], logits, V) < 0) x->failed = 1;
+  int allowed = jmasker_apply(x->jk, x->jm[seq], logits, V);
+  if (allowed < 0) x->failed = 1;
+  if (allowed == 0) { /* (a tokenizer without every byte) the draw is dropped with the reply */
+    x->stuck = 1;
+    logits[0] = 0.0f;
+  }
 }
 
 static int text_add(struct cchoice *ch, const char *p, size_t n) {
@@ -660,7 +672,8 @@ static void on_step(void *ctx, struct gen_out *out, int n, int max_new) {
       }
       int stopped = cut_at_stop(t, ch, before);
       for (int j = 0; j < x->n_id_stops; j++) stopped |= toks[k] == x->id_stops[j];
-      if (x->jk) { /* the value is complete: the choice ends there */
+      if (x->stuck) stopped = 1; /* the whole reply is refused after the run */
+      if (x->jk) {               /* the value is complete: the choice ends there */
         if (jmasker_feed(x->jk, x->jm[i], toks[k])) stopped = 1; /* (never: it was masked) */
         if (jmatch_done(x->jm[i]) && !jmatch_can_continue(x->jm[i])) stopped = 1;
       }
@@ -747,6 +760,12 @@ static void run(struct completion *t, struct hold *h) {
   if (rc) {
     fail(t, rc == DAPO_ENOMEM ? COMPLETION_NO_MEMORY : COMPLETION_FAILED, "%s",
          e.msg[0] ? e.msg : "out of memory");
+    return;
+  }
+  if (x.stuck) {
+    refuse(t, COMPLETION_INVALID, "response_format", NULL,
+           "the model's tokenizer has no token for what the schema requires next (a character "
+           "outside its vocabulary)");
     return;
   }
   for (int i = 0; i < t->n && !x.failed; i++) /* (only this thread writes the choices) */

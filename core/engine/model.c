@@ -412,6 +412,25 @@ int64_t model_param_count(const struct model_config *c) {
   return V * C + (int64_t)c->num_layers * layer + C + (c->tie_word_embeddings ? 0 : V * C);
 }
 
+uint64_t model_frozen_bf16_bytes(const struct model_config *c, size_t *tile) {
+  int64_t C = c->hidden_size, V = c->vocab_size, FF = c->intermediate_size, L = c->num_layers,
+          CQ = (int64_t)c->num_heads * c->head_dim, CKV = (int64_t)c->num_kv_heads * c->head_dim;
+  /* every matrix shape {IN, OUT, how many}: q, k and v, o, gate and up, down, the embedding (and
+   * an untied head) */
+  const int64_t mats[][3] = {{C, CQ, L}, {C, CKV, 2 * L},
+                             {CQ, C, L}, {C, FF, 2 * L},
+                             {FF, C, L}, {C, V, c->tie_word_embeddings ? 1 : 2}};
+  uint64_t bytes = (uint64_t)model_param_count(c) * sizeof(float);
+  size_t largest = 0;
+  for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+    bytes -= (uint64_t)(mats[i][0] * mats[i][1] * mats[i][2]) * 2;
+    size_t b = matmul_bf16_tile_bytes((int)mats[i][0], (int)mats[i][1]);
+    if (b > largest) largest = b;
+  }
+  if (tile) *tile = largest;
+  return bytes;
+}
+
 /* config.json's rope_scaling for c->rope, as transformers reads it back (null when plain). */
 static json_t *rope_to_json(const struct rope_scaling *r) {
   static const char *const NAMES[] = {"default", "linear", "llama3", "yarn"};

@@ -79,6 +79,10 @@ int model_config_validate(const struct model_config *c, struct dapo_err *e);
 /* Parameters (floats) of a model with config c, as model_new lays them out: a tied lm_head is
  * not counted twice. Equals model->n_params. */
 int64_t model_param_count(const struct model_config *c);
+/* The bytes of c's weights held as a frozen BF16 model holds them (model_new_frozen_bf16: the
+ * matrices in BF16, the 1-D tensors in float32), and in *tile (may be NULL) the largest tile of a
+ * frozen matrix one compute thread converts to float32 at a time (matmul_bf16_tile_bytes). */
+uint64_t model_frozen_bf16_bytes(const struct model_config *c, size_t *tile);
 
 /* Parses a Hugging Face config.json object (borrowed). Keys that change the maths are honoured
  * (head_dim, rms_norm_eps, rope_theta, rope_scaling of types default/linear/llama3/yarn,

@@ -20,6 +20,7 @@ Run: /usr/bin/python3 tests/api/test_models.py --dapod build/server/dapod
 
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -28,6 +29,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import harness  # noqa: E402
+import test_completions  # noqa: E402
 import test_jobs  # noqa: E402
 from test_jobs import SMALL_HP, UNENDING, DaemonCase, long_hp  # noqa: E402
 
@@ -93,6 +95,32 @@ def bf16_padded_folder(path, rows):
     with open(os.path.join(path, "config.json")) as f:
         cfg = json.load(f)
     cfg.update(vocab_size=rows, torch_dtype="bfloat16")
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+
+
+def as_float32_folder(path):
+    """A BF16 folder's tensors written back as float32 (each value exactly its BF16 one) and its
+    config saying float32: the same weights, held as a float32 model holds them."""
+    st = os.path.join(path, "model.safetensors")
+    with open(st, "rb") as f:
+        blob = f.read()
+    (n,) = struct.unpack("<Q", blob[:8])
+    head, data = json.loads(blob[8:8 + n]), blob[8 + n:]
+    out, parts, off = {}, [], 0
+    for name, t in sorted(head.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+        raw = data[t["data_offsets"][0]:t["data_offsets"][1]]
+        full = b"".join(b"\0\0" + raw[i:i + 2] for i in range(0, len(raw), 2))
+        out[name] = {"dtype": "F32", "shape": t["shape"], "data_offsets": [off, off + len(full)]}
+        parts.append(full)
+        off += len(full)
+    hj = json.dumps(out).encode()
+    hj += b" " * (-len(hj) % 8)
+    with open(st, "wb") as f:
+        f.write(struct.pack("<Q", len(hj)) + hj + b"".join(parts))
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    cfg.update(torch_dtype="float32")
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
 
@@ -232,6 +260,36 @@ class ModelMemory(DaemonCase):
             p = self.run_plan(folder, adapter=dict(ADAPTER, r=r))
             self.assertEqual((p.returncode, p.stdout), (status, ""), p.stderr)
             self.assertIn("adapter.r", p.stderr)
+
+    def test_completions_hold_a_bf16_folder_in_bf16(self):
+        """The completion service opens a BF16 folder as a frozen base is opened: its matrices
+        stay BF16 (the memory ledger's cached bytes are the BF16 plan's, less than float32's), and
+        it answers as the same weights held in float32 do (the same greedy tokens, log-probs
+        within 1e-5)."""
+        bf16 = os.path.join(self.d.models_dir, "serve-bf16")
+        bf16_padded_folder(bf16, PADDED_ROWS)
+        f32 = os.path.join(self.d.models_dir, "serve-f32")
+        shutil.copytree(bf16, f32)
+        as_float32_folder(f32)
+        answers = {}
+        for name in ("serve-f32", "serve-bf16"):
+            before = test_completions.metrics(self.d)["dapod_memory_cached_bytes"]
+            r = self.assertJson(self.d.post_json("/v1/completions", {
+                "model": name, "prompt": "12+34=", "max_tokens": 12, "temperature": 0,
+                "logprobs": 1}), 200)
+            answers[name] = (r["choices"][0]["text"], r["choices"][0]["logprobs"]["token_logprobs"])
+            held = test_completions.metrics(self.d)["dapod_memory_cached_bytes"] - before
+            model = self.assertJson(self.d.get("/v1/models/" + name), 200)
+            n, cfg = model["memory"]["parameters"], model["config"]
+            if name == "serve-f32":
+                self.assertEqual(held, 4 * n)
+            else:  # the matrices in 2 bytes, and one tile of a matrix converted at a time
+                self.assertGreaterEqual(held, 4 * n - 2 * matrix_parameters(cfg))
+                self.assertLess(held, 4 * n - matrix_parameters(cfg))
+        (t32, l32), (t16, l16) = answers["serve-f32"], answers["serve-bf16"]
+        self.assertEqual(t16, t32)
+        for a, b in zip(l16, l32):
+            self.assertAlmostEqual(a, b, delta=1e-5)
 
     def test_bad_adapter_parameters(self):
         cfg = self.assertJson(self.d.get("/v1/models/tiny"), 200)["config"]
