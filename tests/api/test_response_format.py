@@ -9,6 +9,8 @@
 - The log-probs are those of the constrained distribution: the first token of any JSON object is
   '{', the only one allowed, so its logprob is exactly 0 and top_logprobs lists it alone.
 - Streamed: the deltas, joined, equal the whole reply for the same seed (both routes).
+- A schema whose next character the tokenizer has no token for (the preset's ASCII and a key
+  "é"): refused naming response_format (422), not sampled from a row of -inf.
 - Refusals: a keyword outside the subset (400, OpenAI's error with param
   response_format.json_schema.schema.properties.x.foo), a fraction's multipleOf, a bad name, an
   unknown type,
@@ -172,6 +174,18 @@ class ResponseFormat(test_jobs.DaemonCase):
         tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
         err = self.chat(400, tools=tools)["error"]
         self.assertEqual(err["param"], "response_format")
+
+    def test_6_vocabulary_cannot_write_it(self):
+        # the tiny preset's characters are ASCII: a required key "é" has no token; the reply is
+        # refused naming response_format rather than sampled from a row of -inf
+        rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": {"\u00e9": {"type": "null"}}, "required": ["\u00e9"],
+            "additionalProperties": False}}}
+        r = self.d.post_json("/v1/completions", {"model": "tiny", "prompt": "x",
+                                                 "response_format": rf, "max_tokens": 8})
+        self.assertProblem(r, 422, "validation_failed")
+        self.assertEqual([e["field"] for e in r.json()["errors"]], ["response_format"])
+        self.assertIn("no token for what the schema requires", r.json()["errors"][0]["message"])
 
 
 if __name__ == "__main__":
