@@ -13,7 +13,10 @@ vocabulary, and recomputes the step in float64 from the step-0 checkpoint with
 tests/torch_ref/llama.py: the token mean of -log p over the batch's trained tokens, the
 argmax accuracy, the gradient norm, its clipping and torch's AdamW. Checked:
 - the step-1 weights (every weight, or the adapter's A and B; the norm of the difference
-  relative to the step's move, the largest element);
+  relative to the step's move, each tensor's own, the largest element); each job runs twice:
+  with adam_eps 1e-6 (AdamW as trained, its first update about lr * sign(g)) and with adam_eps 1
+  and learning_rate 0.5, where the first update is about lr * g, so that each tensor's move is
+  its gradient element by element;
 - the step's metrics: train/loss, train/mean_token_accuracy, train/tokens, grad_norm;
 - mutations the comparison must catch: the prompt's tokens trained too, and the weight-0
   message trained too, each land far from dapod's weights.
@@ -41,6 +44,11 @@ import llama  # noqa: E402
 HP = {"batch_size": 6, "epochs": 1, "learning_rate": 3e-3, "lr_schedule": "constant",
       "weight_decay": 0.1, "grad_clip": 1.0, "adam_eps": 1e-6, "micro_batch_tokens": 24,
       "checkpoint_every": 1}
+# The same step with adam_eps 1 and learning_rate 0.5 (as test_dpo_torch.py): AdamW's first
+# update is then lr * g / (|g| + 1), close to lr * g for these gradients (|g| << 1), so that
+# comparing each tensor's move compares each tensor's gradient element by element (with
+# adam_eps 1e-6 it is about lr * sign(g), which checks little more than the gradient's signs)
+GRAD_HP = {"learning_rate": 0.5, "adam_eps": 1.0}
 TEMPLATE = {"user": "U{content}|", "assistant": "A{content}|", "generation_prompt": "A",
             "stop": "|"}
 LINES = [
@@ -55,6 +63,7 @@ LINES = [
                   {"role": "assistant", "content": "copy me"}]},
 ]
 TOL_NORM = 1e-4      # ||w_dapod - w_ref|| / ||w_ref - w_0||, float32 against float64
+TOL_TENSOR = 1e-3    # the same, per tensor
 TOL_METRIC = 1e-4    # relative (and absolute near 0)
 
 
@@ -168,10 +177,22 @@ def check(dapod, work, name, failures, model="tiny", adapter=None):
         worst = max(float(np.max(np.abs(np.asarray(w1[k], np.float64) - wa[k]))) for k in names)
         return (num / den) ** 0.5, worst
 
+    def tensor_worst(wa):
+        worst, which = 0.0, ""
+        for k in names:
+            move = float(np.linalg.norm(wa[k] - np.asarray(w0[k], np.float64)))
+            err = float(np.linalg.norm(np.asarray(w1[k], np.float64) - wa[k]))
+            if move > 0 and err / move > worst:
+                worst, which = err / move, k
+        return worst, which
+
     rel, worst = dist(ref)
     if rel > TOL_NORM:
         failures.append("%s weights: ||dapod - torch|| / ||torch - w0|| = %.3e > %g"
                         % (name, rel, TOL_NORM))
+    tw, tk = tensor_worst(ref)
+    if tw > TOL_TENSOR:
+        failures.append("%s tensor %s: %.3e of its move > %g" % (name, tk, tw, TOL_TENSOR))
     for k, v in want.items():
         if abs(m[k] - v) > TOL_METRIC * max(1.0, abs(v)):
             failures.append("%s %s: dapod %.10g, torch %.10g" % (name, k, m[k], v))
@@ -186,9 +207,11 @@ def check(dapod, work, name, failures, model="tiny", adapter=None):
             failures.append("%s: %s is not told apart: %.3e against %.3e"
                             % (name, mut, muts[mut], rel))
     print("%s: supervised step against PyTorch float64: %d examples, %d trained tokens; weights "
-          "%.2e (relative to the step's move), largest element %.2e (lr %g); loss %.8g / %.8g, "
-          "token accuracy %.6g / %.6g, grad norm %.8g / %.8g; mutations: %s"
-          % (name, len(LINES), want["train/tokens"], rel, worst, m["learning_rate"],
+          "%.2e (relative to the step's move), largest element %.2e, worst tensor %.2e (%s) "
+          "(lr %g, adam_eps %g); loss %.8g / %.8g, token accuracy %.6g / %.6g, grad norm %.8g / "
+          "%.8g; mutations: %s"
+          % (name, len(LINES), want["train/tokens"], rel, worst, tw, tk, m["learning_rate"],
+             HP["adam_eps"],
              m["train/loss"], want["train/loss"], m["train/mean_token_accuracy"],
              want["train/mean_token_accuracy"], m["grad_norm"], want["grad_norm"],
              ", ".join("%s %.2e" % kv for kv in muts.items())))
@@ -202,11 +225,17 @@ def main():
     torch.set_num_threads(1)
     work = tempfile.mkdtemp(prefix="dapod-sft-torch-")
     failures = []
-    full = check(a.dapod, work, "full", failures)
-    # LoRA on the same weights as a folder (the full job's step-0 checkpoint): the adapter alone
-    # trains (PEFT's start, B = 0: the first step moves B)
-    check(a.dapod, work, "lora", failures, model=os.path.join(full, "checkpoints", "step-0"),
-          adapter={"type": "lora", "r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]})
+    adam = dict(HP)
+    for kind, over in (("adam", {}), ("grad", GRAD_HP)):
+        HP.clear()
+        HP.update(adam, **over)
+        full = check(a.dapod, work, "full-" + kind, failures)
+        # LoRA on the same weights as a folder (the full job's step-0 checkpoint): the adapter
+        # alone trains (PEFT's start, B = 0: the first step moves B)
+        check(a.dapod, work, "lora-" + kind, failures,
+              model=os.path.join(full, "checkpoints", "step-0"),
+              adapter={"type": "lora", "r": 4, "alpha": 8,
+                       "target_modules": ["q_proj", "v_proj", "down_proj"]})
     for f in failures:
         print("FAIL: " + f, file=sys.stderr)
     sys.exit(1 if failures else 0)
