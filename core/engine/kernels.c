@@ -786,6 +786,7 @@ void attention_forward(float *out, float *lse, const float *q, const float *k, c
         const float *qi = q + (size_t)i * ldq + (size_t)h * HS;
         int lim = n_past + i + 1, isa = kernels_isa();
         float l;
+        (void)isa; /* off x86 only the portable row is compiled */
 #if defined(__x86_64__) || defined(__i386__)
         if (isa == KERNELS_ISA_AVX512 && HS % 16 == 0 && (HS <= 96 || HS == 128))
           l = attn_row512(oi, qi, kb, vb, lim, HS, ldkv, scale, scratch);
