@@ -100,6 +100,13 @@ __attribute__((target("fma"))) static void lf_portable_fma(float *out, const flo
 
 #define LF_AVX512 __attribute__((target("avx512f")))
 
+/* Reduction steps of 512-bit sums: [s8 of a | s8 of b] (the 256-bit halves of each added), and
+ * from two of those the four s4s (the 128-bit quarters' pairs added). */
+#define LF_PAIR8(a, b)                                                                             \
+  _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE))
+#define LF_PAIR4(a, b)                                                                             \
+  _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD))
+
 /* The 16 sums of a 4x4 tile reduced together, each by simd_tree's additions in simd_tree's order:
  * (1) pairs of sums give [s8 of one | s8 of the other], (2) pairs of those give four s4s, (3) s2s,
  * (4) s1s; acc[4 * c + r] ends up with output (r, c). */
@@ -107,16 +114,10 @@ LF_AVX512 static inline __attribute__((always_inline)) void
 lf_reduce512(float acc[16], __m512 a00, __m512 a01, __m512 a02, __m512 a03, __m512 a10, __m512 a11,
              __m512 a12, __m512 a13, __m512 a20, __m512 a21, __m512 a22, __m512 a23, __m512 a30,
              __m512 a31, __m512 a32, __m512 a33) {
-#define LF_PAIR8(a, b)                                                                             \
-  _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE))
-#define LF_PAIR4(a, b)                                                                             \
-  _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD))
   __m512 t0 = LF_PAIR4(LF_PAIR8(a00, a01), LF_PAIR8(a02, a03));
   __m512 t1 = LF_PAIR4(LF_PAIR8(a10, a11), LF_PAIR8(a12, a13));
   __m512 t2 = LF_PAIR4(LF_PAIR8(a20, a21), LF_PAIR8(a22, a23));
   __m512 t3 = LF_PAIR4(LF_PAIR8(a30, a31), LF_PAIR8(a32, a33));
-#undef LF_PAIR8
-#undef LF_PAIR4
   __m512 z0 = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, 0x44), _mm512_shuffle_ps(t0, t1, 0xEE));
   __m512 z1 = _mm512_add_ps(_mm512_shuffle_ps(t2, t3, 0x44), _mm512_shuffle_ps(t2, t3, 0xEE));
   _mm512_storeu_ps(acc,
@@ -131,20 +132,16 @@ lf_reduce512(float acc[16], __m512 a00, __m512 a01, __m512 a02, __m512 a03, __m5
 LF_AVX512 static inline __attribute__((always_inline)) void
 lf_reduce512x8(float acc[8], __m512 a04, __m512 a05, __m512 a14, __m512 a15, __m512 a24, __m512 a25,
                __m512 a34, __m512 a35) {
-#define LF_PAIR8(a, b)                                                                             \
-  _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE))
-#define LF_PAIR4(a, b)                                                                             \
-  _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD))
   __m512 v0 = LF_PAIR4(LF_PAIR8(a04, a05), LF_PAIR8(a14, a15));
   __m512 v1 = LF_PAIR4(LF_PAIR8(a24, a25), LF_PAIR8(a34, a35));
-#undef LF_PAIR8
-#undef LF_PAIR4
   __m512 z = _mm512_add_ps(_mm512_shuffle_ps(v0, v1, 0x44), _mm512_shuffle_ps(v0, v1, 0xEE));
   float f[16];
   _mm512_storeu_ps(f, _mm512_add_ps(_mm512_shuffle_ps(z, z, 0x88), _mm512_shuffle_ps(z, z, 0xDD)));
   acc[0] = f[0], acc[4] = f[4], acc[1] = f[8], acc[5] = f[12];
   acc[2] = f[1], acc[6] = f[5], acc[3] = f[9], acc[7] = f[13];
 }
+#undef LF_PAIR8
+#undef LF_PAIR4
 
 /* x's 16 values xv times the weight vectors b0..b3 into the sums a<r>0..a<r>3 */
 #define LF_FMA4(xv, r)                                                                             \
