@@ -147,17 +147,43 @@ static int push_text(const struct lm *lm, struct sft_example *x, int *cap, const
   return rc ? dapo_err_prefix(e, "line %d: field '%s': ", lineno, field) : 0;
 }
 
-/* messages[0 .. end) rendered with the generation prompt into *out (owned). */
+/* messages[0 .. end) rendered with the generation prompt into *out (owned); with answered, an
+ * empty tool answer after them and no generation prompt (what an assistant turn with tool calls
+ * renders as, the conversation going on). */
 static int render_upto(const struct chat_template *chat, const json_t *ms, const json_t *tools,
-                       size_t end, char **out, int lineno, struct dapo_err *e) {
+                       size_t end, int answered, char **out, int lineno, struct dapo_err *e) {
   json_t *part = json_array();
   if (!part) return dapo_errf(e, DAPO_ENOMEM, "out of memory");
   for (size_t i = 0; i < end; i++) json_array_append(part, json_array_get(ms, i));
-  int rc = json_array_size(part) != end ? dapo_errf(e, DAPO_ENOMEM, "out of memory")
-                                        : chat_render_tools(chat, part, tools, 1, out, e);
+  if (answered) json_array_append_new(part, json_pack("{s:s,s:s}", "role", "tool", "content", ""));
+  int rc = json_array_size(part) != end + (answered ? 1 : 0)
+               ? dapo_errf(e, DAPO_ENOMEM, "out of memory")
+               : chat_render_tools(chat, part, tools, !answered, out, e);
   json_decref(part);
   if (rc && rc != DAPO_ENOMEM)
     return dapo_err_prefix(e, "line %d: field 'messages[%zu]': ", lineno, end);
+  return rc;
+}
+
+/* The text of assistant message a with tool calls between its generation prompt (text, the
+ * conversation before it rendered with one) and its end of turn (stop): the rendering of the
+ * conversation through it (an empty tool answer after it) must begin with text, and the turn
+ * ends at the first stop after. A new string in *out. */
+static int render_turn(const struct chat_template *chat, const json_t *ms, const json_t *tools,
+                       size_t a, const char *text, const char *stop, char **out, int lineno,
+                       struct dapo_err *e) {
+  char *full = NULL;
+  size_t len = strlen(text);
+  int rc = render_upto(chat, ms, tools, a + 1, 1, &full, lineno, e);
+  const char *end = rc || strncmp(full, text, len) ? NULL : strstr(full + len, stop);
+  if (!rc && !end)
+    rc = dapo_errf(e, DAPO_EINVAL,
+                   "line %d: field 'messages[%zu].tool_calls': the chat template renders the turn "
+                   "otherwise once it is followed, so its tokens cannot be taken piecewise",
+                   lineno, a);
+  if (!rc && !(*out = strndup(full + len, (size_t)(end - full) - len)))
+    rc = dapo_errf(e, DAPO_ENOMEM, "out of memory");
+  free(full);
   return rc;
 }
 
@@ -183,15 +209,16 @@ static int encode_messages(const struct lm *lm, const struct chat_template *chat
   for (size_t a = 0; a < json_array_size(ms) && !rc; a++) {
     const json_t *m = json_array_get(ms, a);
     if (strcmp(json_string_value(json_object_get(m, "role")), "assistant")) continue;
-    if (json_object_get(m, "tool_calls")) {
+    const json_t *calls = json_object_get(m, "tool_calls");
+    if (calls && !chat_renders_tools(chat)) {
       rc = dapo_errf(e, DAPO_EUNSUPPORTED,
-                     "line %d: field 'messages[%zu].tool_calls': not supported in supervised "
-                     "lines yet",
-                     lineno, a);
+                     "line %d: field 'messages[%zu].tool_calls': the chat template (%s) renders "
+                     "no tool calls (chatml, qwen3 and llama3.2 do)",
+                     lineno, a, chat_family(chat));
       break;
     }
     char *text = NULL;
-    if ((rc = render_upto(chat, ms, tools, a, &text, lineno, e))) break;
+    if ((rc = render_upto(chat, ms, tools, a, 0, &text, lineno, e))) break;
     size_t len = strlen(text);
     if (!done) { /* the first context: the template's own special tokens, nothing added */
       int *ids = NULL, n = 0;
@@ -211,12 +238,14 @@ static int encode_messages(const struct lm *lm, const struct chat_template *chat
     const json_t *w = json_object_get(m, "weight");
     int trained = !w || json_integer_value(w) == 1;
     const char *content = json_string_value(json_object_get(m, "content"));
-    char field[48];
-    snprintf(field, sizeof field, "messages[%zu].content", a);
+    char field[48], *turn = NULL; /* with tool calls: the turn as the template renders it */
+    snprintf(field, sizeof field, "messages[%zu].%s", a, calls ? "tool_calls" : "content");
+    if (!rc && calls) rc = render_turn(chat, ms, tools, a, text, stop, &turn, lineno, e);
+    if (turn) content = turn;
     if (!rc) rc = push_text(lm, x, cap, content, strlen(content), trained, lineno, field, e);
     if (!rc && push(x, cap, &stop_id, 1, trained)) rc = dapo_errf(e, DAPO_ENOMEM, "out of memory");
     /* what this turn adds to the text: its content and the end of turn */
-    size_t cl = strlen(content), sl = strlen(stop);
+    size_t cl = content ? strlen(content) : 0, sl = strlen(stop);
     char *next = rc ? NULL : malloc(len + cl + sl + 1);
     if (!rc && !next) rc = dapo_errf(e, DAPO_ENOMEM, "out of memory");
     if (next) {
@@ -228,6 +257,7 @@ static int encode_messages(const struct lm *lm, const struct chat_template *chat
       done_len = len + cl + sl;
     }
     free(text);
+    free(turn);
   }
   free(done);
   return rc;

@@ -56,7 +56,10 @@ struct sft_example {
  *     template writes between it and the next assistant message as context, taken as the suffix
  *     that rendering the longer conversation adds (a template that renders an earlier turn
  *     otherwise, as qwen3 drops <think>, is refused). Messages after the last assistant one are
- *     not encoded (nothing after them is trained). Assistant tool_calls are refused (not yet).
+ *     not encoded (nothing after them is trained). An assistant message with tool_calls is
+ *     trained as the template renders its turn (content and calls, chat_render_tools with the
+ *     line's tools) up to its end of turn, taken as what rendering the conversation through it
+ *     adds after its generation prompt; refused by field for a template that renders no tools.
  * end_id: the id that ends a completion (the model's EOS); chat: NULL refuses `messages` lines.
  * Longer than max_tokens: refused (DAPO_ERANGE) or, with truncate, cut at max_tokens (refused
  * when nothing trained remains). Errors name the line (and field); DAPO_ENOMEM. */
