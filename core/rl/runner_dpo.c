@@ -4,7 +4,10 @@
  * resumed run reads the very bits a straight one uses; then per step batch_size pairs in an
  * epoch-wise shuffled order (as a supervised job's), each pair's two sequences in one
  * micro-batch, DPO's sigmoid loss minimised by one AdamW step. Checkpoints, pause and resume as
- * DAPO jobs. */
+ * DAPO jobs. Data-parallel over N ranks (docs/SCALE.md) as a supervised job: each rank its share
+ * of the step's pairs (of the reference's pass, gathered; of the validation), the mean over the
+ * whole step's pairs, gradients and sums summed over the ranks; rank 0 writes the reference's
+ * file, and on resume reads it and sends it to the others. */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -137,6 +140,31 @@ static int pass(struct trainer *t, struct model *m, const struct dpo_pair *p, do
   return 0;
 }
 
+/* pass over this rank's share of idx[0 .. n) (trainer_share; all of it alone), then summed over
+ * the ranks (collective): st, with PASS_TRAIN the gradient, with PASS_REF the log-probs of ref
+ * (idx the identity; ref zero outside this rank's share: a sum where the others add zeros, so
+ * every rank holds the bits the rank that computed them has). 0, or 1 on every rank with res. */
+static int share_pass(struct trainer *t, struct model *m, const struct dpo_pair *p, double *ref,
+                      const int *idx, int n, int mode, double scale, struct dpo_sums *st) {
+  int lo, hi;
+  trainer_share(t, n, &lo, &hi);
+  if (trainer_agree(t, pass(t, m, p, ref, idx + lo, hi - lo, mode, scale, st))) return 1;
+  const struct dist *d = trainer_dist(t);
+  if (mode == PASS_REF) {
+    dist_sum_f64(d, ref, 2 * (size_t)n);
+    return 0;
+  }
+  double f[] = {st->loss, st->chosen, st->rejected, st->margin, st->lp_chosen, st->lp_rejected};
+  int64_t c[] = {st->correct, st->pairs, st->tokens};
+  dist_sum_f64(d, f, sizeof f / sizeof f[0]);
+  dist_sum_i64(d, c, sizeof c / sizeof c[0]);
+  st->loss = f[0], st->chosen = f[1], st->rejected = f[2], st->margin = f[3];
+  st->lp_chosen = f[4], st->lp_rejected = f[5];
+  st->correct = c[0], st->pairs = c[1], st->tokens = c[2];
+  if (mode == PASS_TRAIN) trainer_sum_grads(t);
+  return 0;
+}
+
 /* The metrics of sums st, added to o: a step's under TRL's names (train/loss, rewards/...,
  * logps/...: prefix ""), an evaluation's under prefix "valid/". */
 static int put_sums(json_t *o, const char *prefix, const struct dpo_sums *st) {
@@ -167,8 +195,8 @@ int trainer_dpo_step(struct trainer *t, json_t **out, int64_t *train_tokens_out)
   t->cursor.pos = hi;
   model_zero_grads(t->lm.model);
   struct dpo_sums st = {0};
-  if (pass(t, t->lm.model, t->dpo_train, t->dpo_ref_train, t->sft_order + lo, hi - lo, PASS_TRAIN,
-           (double)(hi - lo), &st))
+  if (share_pass(t, t->lm.model, t->dpo_train, t->dpo_ref_train, t->sft_order + lo, hi - lo,
+                 PASS_TRAIN, (double)(hi - lo), &st))
     return 1;
   double lr = hparams_lr_at(hp, t->step - 1, t->sft_total_steps), gn = 0;
   struct dapo_err e = {0};
@@ -190,7 +218,8 @@ int trainer_dpo_evaluate(struct trainer *t) {
   if (!idx) return trainer_oom(t);
   for (int i = 0; i < t->n_dpo_val; i++) idx[i] = i;
   struct dpo_sums st = {0};
-  int rc = pass(t, t->lm.model, t->dpo_val, t->dpo_ref_val, idx, t->n_dpo_val, PASS_EVAL, 1, &st);
+  int rc =
+      share_pass(t, t->lm.model, t->dpo_val, t->dpo_ref_val, idx, t->n_dpo_val, PASS_EVAL, 1, &st);
   free(idx);
   if (rc) return 1;
   json_t *m = json_pack("{s:I,s:I,s:I}", "step", (json_int_t)t->step, "valid/tokens",
@@ -205,22 +234,21 @@ static int compute_reference(struct trainer *t, const char *path) {
   struct model *m = t->lm.model;
   struct lora *l = m->lora;
   m->lora = NULL;
-  int rc = 0;
+  int most = t->n_dpo_train > t->n_dpo_val ? t->n_dpo_train : t->n_dpo_val;
+  int *idx = malloc(sizeof(int) * (size_t)(most ? most : 1));
+  int rc = trainer_agree(t, idx ? 0 : trainer_oom(t)); /* the ranks pass on together */
+  for (int i = 0; i < most && idx; i++) idx[i] = i;
   for (int k = 0; k < 2 && !rc; k++) {
     int n = k ? t->n_dpo_val : t->n_dpo_train;
-    int *idx = malloc(sizeof(int) * (size_t)(n ? n : 1));
-    if (!idx) {
-      rc = trainer_oom(t);
-      break;
-    }
-    for (int i = 0; i < n; i++) idx[i] = i;
     struct dpo_sums st = {0};
-    rc = pass(t, m, k ? t->dpo_val : t->dpo_train, k ? t->dpo_ref_val : t->dpo_ref_train, idx, n,
-              PASS_REF, 1, &st);
-    free(idx);
+    double *ref = k ? t->dpo_ref_val : t->dpo_ref_train;
+    memset(ref, 0, sizeof(double) * 2 * (size_t)n);
+    rc = share_pass(t, m, k ? t->dpo_val : t->dpo_train, ref, idx, n, PASS_REF, 1, &st);
   }
+  free(idx);
   m->lora = l;
   if (rc) return rc;
+  if (trainer_rank(t) != 0) return trainer_agree(t, 0); /* rank 0 writes the file */
   char tmp[PATH_MAX + 8];
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
   FILE *f = fopen(tmp, "wb");
@@ -235,13 +263,14 @@ static int compute_reference(struct trainer *t, const char *path) {
   if (f && fclose(f)) ok = 0;
   if (!ok || rename(tmp, path)) {
     unlink(tmp);
-    return trainer_fail(t, FAIL_IO_ERROR, NULL, "cannot write %s: %s", path, strerror(errno));
+    return trainer_agree(
+        t, trainer_fail(t, FAIL_IO_ERROR, NULL, "cannot write %s: %s", path, strerror(errno)));
   }
-  return 0;
+  return trainer_agree(t, 0);
 }
 
-/* The reference's log-probs as a fresh run wrote them (a resumed run: they must be there). */
-static int read_reference(struct trainer *t, const char *path) {
+/* read_reference's reading (rank 0), then agreed. */
+static int read_file(struct trainer *t, const char *path) {
   FILE *f = fopen(path, "rb");
   char magic[8];
   int64_t counts[2];
@@ -254,14 +283,26 @@ static int read_reference(struct trainer *t, const char *path) {
        fread(t->dpo_ref_val, sizeof(double), 2 * (size_t)counts[1], f) == 2 * (size_t)counts[1]);
   if (f) fclose(f);
   if (!ok)
-    return trainer_fail(t, FAIL_INVALID_CHECKPOINT, NULL,
-                        "%s is missing or does not match the job's files: the reference's "
-                        "log-probs of a DPO job are written before its step 1",
-                        path);
+    return trainer_agree(t, trainer_fail(t, FAIL_INVALID_CHECKPOINT, NULL,
+                                         "%s is missing or does not match the job's files: the "
+                                         "reference's log-probs of a DPO job are written before "
+                                         "its step 1",
+                                         path));
+  return trainer_agree(t, 0);
+}
+
+/* The reference's log-probs as a fresh run wrote them (a resumed run: they must be there): rank 0
+ * reads them, every rank gets them (collective). */
+static int read_reference(struct trainer *t, const char *path) {
+  if (trainer_rank(t) == 0 ? read_file(t, path) : trainer_agree(t, 0)) return 1;
+  const struct dist *d = trainer_dist(t);
+  dist_bcast(d, t->dpo_ref_train, sizeof(double) * 2 * (size_t)t->n_dpo_train, 0);
+  dist_bcast(d, t->dpo_ref_val, sizeof(double) * 2 * (size_t)t->n_dpo_val, 0);
   return 0;
 }
 
-int trainer_dpo_setup(struct trainer *t, int64_t from) {
+/* trainer_dpo_setup's part on each rank alone: all but the reference's log-probs. */
+static int setup_local(struct trainer *t, int64_t from, int *pair, int *seq) {
   struct dapo_err e = {0};
   const struct hparams *hp = t->hp;
   if (trainer_sft_begin(t, from)) return 1;
@@ -273,20 +314,24 @@ int trainer_dpo_setup(struct trainer *t, int64_t from) {
       dpo_load_file(t->spec->validation_file, &t->lm, t->chat, end, hp->max_sequence_tokens,
                     hp->truncate, &t->dpo_val, &t->n_dpo_val, &e))
     return trainer_fail(t, FAIL_INVALID_DATASET, "validation_file", "validation_file %s", e.msg);
-  int pair = 0, seq = 0;
-  longest(t->dpo_train, t->n_dpo_train, &pair, &seq);
-  longest(t->dpo_val, t->n_dpo_val, &pair, &seq);
-  if (seq > t->lm.cfg.max_position_embeddings)
+  longest(t->dpo_train, t->n_dpo_train, pair, seq);
+  longest(t->dpo_val, t->n_dpo_val, pair, seq);
+  if (*seq > t->lm.cfg.max_position_embeddings)
     return trainer_fail(t, FAIL_PROMPT_TOO_LONG, "training_file",
-                        "a prompt and response of %d tokens exceed the model's context (%d)", seq,
+                        "a prompt and response of %d tokens exceed the model's context (%d)", *seq,
                         t->lm.cfg.max_position_embeddings);
   t->sft_total_steps = hparams_sft_total_steps(hp, t->n_dpo_train);
   t->dpo_ref_train = malloc(sizeof(double) * 2 * (size_t)t->n_dpo_train);
   t->dpo_ref_val = malloc(sizeof(double) * 2 * (size_t)(t->n_dpo_val ? t->n_dpo_val : 1));
   if (!t->dpo_ref_train || !t->dpo_ref_val) return trainer_oom(t);
-  if (trainer_sft_buffers(t, hp->micro_batch_tokens > pair ? hp->micro_batch_tokens : pair, seq,
-                          t->n_dpo_train))
-    return 1;
+  return trainer_sft_buffers(t, hp->micro_batch_tokens > *pair ? hp->micro_batch_tokens : *pair,
+                             *seq, t->n_dpo_train);
+}
+
+int trainer_dpo_setup(struct trainer *t, int64_t from) {
+  int pair = 0, seq = 0;
+  /* every rank passes here, so that the reference's collectives meet */
+  if (trainer_agree(t, setup_local(t, from, &pair, &seq))) return 1;
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/" REF_FILE, t->out);
   /* a fresh run (step 0: the starting weights) computes them; a resumed one reads them */

@@ -211,6 +211,13 @@ int trainer_emit_metrics(struct trainer *t, json_t *m, int eval, int64_t gen_tok
  * such rank copied into every rank's res, so that all ranks end the same way. One process:
  * returns stop. */
 int trainer_agree(struct trainer *t, int stop);
+/* This rank's part [*lo, *hi) of k things (prompts of a round, responses of a minibatch, a
+ * supervised step's examples, a DPO step's pairs): ranks take consecutive runs of equal size (the
+ * first ones one fewer when k does not divide), the same on every run. */
+void trainer_share(const struct trainer *t, int k, int *lo, int *hi);
+/* A data-parallel job's gradient (the adapter's with one): the sum of every rank's, in place
+ * (collective). Returns the bytes summed (0 alone). */
+int64_t trainer_sum_grads(struct trainer *t);
 /* Cancel (bit 1) and pause (bit 2) requests, or-ed over the ranks (collective): every rank
  * takes the same decision even when a signal reached only some of them. */
 enum { TRAINER_CANCEL = 1, TRAINER_PAUSE = 2 };
@@ -231,7 +238,7 @@ int trainer_open_meta(const struct job_spec *s, struct runner_data_facts *f, str
                       json_t *errors);
 /* ---- runner_sft.c ---- */
 /* A supervised job's parts of runner_run's loop. Set-up (trainer_setup_model, the files
- * encoded, t->sft_total_steps, the buffers; one process only); step t->step (already
+ * encoded, t->sft_total_steps, the buffers); step t->step (already
  * incremented) with its metrics in *metrics_out (owned) and its trained tokens; valid/loss and
  * valid/mean_token_accuracy over the whole validation file; teardown (after a failure too).
  * 0, or 1 with res set. */
@@ -260,8 +267,8 @@ int64_t trainer_sft_epoch_steps(const struct trainer *t);
  * full_valid/x (the validation is over the whole file at every evaluation, so the epoch's full
  * validation is that pass under its own names, docs/TRAINING.md). 0, or 1 (out of memory). */
 int trainer_sft_full_valid(const struct trainer *t, json_t *m);
-/* The start of a supervised or DPO job's set-up: one process only (else resources.processes),
- * trainer_setup_model, its chat template (t->chat). 0, or 1 with res set. */
+/* The start of a supervised or DPO job's set-up: trainer_setup_model, its chat template
+ * (t->chat). 0, or 1 with res set. */
 int trainer_sft_begin(struct trainer *t, int64_t from);
 /* The buffers of a supervised or DPO job: micro-batches of cap tokens, sequences of at most
  * longest tokens, an order of n_order items; the train state. 0, or 1 with res set. */

@@ -2,7 +2,10 @@
  * its files encoded once (sft.h), then per step batch_size of them in an epoch-wise shuffled
  * order, packed into micro-batches of micro_batch_tokens, the token mean of -log p over the
  * batch's trained tokens minimised by one AdamW step; checkpoints, pause and resume as DAPO
- * jobs (the order is a function of the step, so a resumed run is the straight one). */
+ * jobs (the order is a function of the step, so a resumed run is the straight one).
+ * Data-parallel over N ranks (docs/SCALE.md): each rank runs its consecutive share of the
+ * step's examples (of the validation file's), divided by the whole step's trained tokens; the
+ * gradients and sums are summed over the ranks and every rank takes the same AdamW step. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,6 +131,23 @@ static int pass(struct trainer *t, const struct sft_example *x, const int *idx, 
   return 0;
 }
 
+/* pass over this rank's share of idx[0 .. n) (trainer_share; all of it alone), then the sums and
+ * with train the gradient summed over the ranks (collective), so that every rank holds the whole
+ * step's, as one process computes them (in another order). 0, or 1 on every rank with res. */
+static int share_pass(struct trainer *t, const struct sft_example *x, const int *idx, int n,
+                      int train, double scale, double *nll, int64_t *hits, int64_t *tokens) {
+  int lo, hi;
+  trainer_share(t, n, &lo, &hi);
+  if (trainer_agree(t, pass(t, x, idx + lo, hi - lo, train, scale, nll, hits, tokens))) return 1;
+  const struct dist *d = trainer_dist(t);
+  int64_t c[2] = {*hits, *tokens};
+  dist_sum_f64(d, nll, 1);
+  dist_sum_i64(d, c, 2);
+  *hits = c[0], *tokens = c[1];
+  if (train) trainer_sum_grads(t);
+  return 0;
+}
+
 int trainer_sft_step(struct trainer *t, json_t **out, int64_t *train_tokens_out) {
   const struct hparams *hp = t->hp;
   trainer_phase(t, "updating");
@@ -144,7 +164,7 @@ int trainer_sft_step(struct trainer *t, json_t **out, int64_t *train_tokens_out)
   model_zero_grads(t->lm.model); /* an adapter's too, as the DAPO update opens its window */
   double nll = 0;
   int64_t hits = 0, tokens = 0;
-  if (pass(t, t->sft_train, t->sft_order + lo, hi - lo, 1, (double)ntr, &nll, &hits, &tokens))
+  if (share_pass(t, t->sft_train, t->sft_order + lo, hi - lo, 1, (double)ntr, &nll, &hits, &tokens))
     return 1;
   double lr = hparams_lr_at(hp, t->step - 1, t->sft_total_steps), gn = 0;
   struct dapo_err e = {0};
@@ -167,7 +187,7 @@ int trainer_sft_evaluate(struct trainer *t) {
   for (int i = 0; i < t->n_sft_val; i++) idx[i] = i;
   double nll = 0;
   int64_t hits = 0, tokens = 0;
-  int rc = pass(t, t->sft_val, idx, t->n_sft_val, 0, 1.0, &nll, &hits, &tokens);
+  int rc = share_pass(t, t->sft_val, idx, t->n_sft_val, 0, 1.0, &nll, &hits, &tokens);
   free(idx);
   if (rc) return 1;
   json_t *m = json_pack("{s:I,s:f,s:f,s:I}", "step", (json_int_t)t->step, "valid/loss",
@@ -179,9 +199,6 @@ int trainer_sft_evaluate(struct trainer *t) {
 
 int trainer_sft_begin(struct trainer *t, int64_t from) {
   struct dapo_err e = {0};
-  if (dist_size(trainer_dist(t)) > 1)
-    return trainer_fail(t, FAIL_INVALID_SPEC, "resources.processes", "a %s job runs in one process",
-                        hparams_method_name(t->hp->method));
   if (trainer_setup_model(t, from)) return 1;
   if (trainer_sft_chat(t->spec, &t->lm, &t->chat, &e))
     return trainer_fail(t, FAIL_INVALID_CHAT_TEMPLATE, "chat_template", "%s", e.msg);

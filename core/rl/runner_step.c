@@ -188,9 +188,7 @@ static int generate(struct trainer *t, const struct dataset *d, int n, const int
 
 /* ---- the ranks of a data-parallel job -------------------------------------------------------- */
 
-/* This rank's part [*lo, *hi) of k things (prompts of a round, responses of a minibatch): ranks
- * take consecutive runs of equal size (the first ones one fewer when k does not divide). */
-static void my_share(const struct trainer *t, int k, int *lo, int *hi) {
+void trainer_share(const struct trainer *t, int k, int *lo, int *hi) {
   int64_t r = trainer_rank(t), n = dist_size(trainer_dist(t));
   *lo = (int)((int64_t)k * r / n);
   *hi = (int)((int64_t)k * (r + 1) / n);
@@ -732,9 +730,7 @@ static int share_logprobs(struct trainer *t, struct ro **loss_ros, int n) {
   return trainer_agree(t, stop);
 }
 
-/* A data-parallel job's minibatch gradient: the sum of every rank's (collective). Returns the
- * bytes summed. */
-static int64_t sum_grads(struct trainer *t) {
+int64_t trainer_sum_grads(struct trainer *t) {
   const struct dist *d = trainer_dist(t);
   if (dist_size(d) <= 1) return 0;
   const struct lora *l = t->lm.model->lora;
@@ -853,7 +849,7 @@ static int update(struct trainer *t, struct ro **loss_ros, int n, struct upd_sta
       double r0 = now_s();
       if ((stop = trainer_agree(t, stop))) break;
       double r1 = now_s();
-      us->reduce_bytes += sum_grads(t);
+      us->reduce_bytes += trainer_sum_grads(t);
       us->wait_s += r1 - r0;
       us->reduce_s += now_s() - r1;
       if (ep == 0 && j0 == 0 && (stop = share_logprobs(t, loss_ros, n))) break;
@@ -895,7 +891,7 @@ int trainer_evaluate(struct trainer *t) {
   double t0 = now_s();
   /* the validation rollouts borrow the step's array after the training ones; a data-parallel
    * job's rank evaluates its share of the prompts */
-  my_share(t, n, &lo, &hi);
+  trainer_share(t, n, &lo, &hi);
   int stop = generate(t, t->val, hi - lo, items + lo, t->vids, t->vids_len, k, &so, TAG_EVAL, 0, lo,
                       lo, -1, "evaluation", &ntok);
   free(items);
@@ -1026,7 +1022,7 @@ int trainer_step(struct trainer *t, json_t **metrics_out, int64_t *gen_tokens_ou
     for (int i = 0; i < n_prompts; i++) items[i] = ds_next(t->train, &t->cursor);
     int first = t->n_ro, lo, hi, unused = 0;
     /* a data-parallel job's rank samples, judges and shapes its share of the round's groups */
-    my_share(t, n_prompts, &lo, &hi);
+    trainer_share(t, n_prompts, &lo, &hi);
     int stop = generate(t, t->train, hi - lo, items + lo, t->ids, t->ids_len, G, &t->so, TAG_GEN,
                         (uint64_t)r, lo, sampled_groups + lo, r, "generation", &unused);
     t_gen += now_s() - t0;

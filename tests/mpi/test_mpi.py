@@ -96,34 +96,9 @@ def mpi_env():
     return env
 
 
-class Mpi(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="dapod-mpi-")
-        cls.data = os.path.join(cls.tmp, "add.jsonl")
-        write_dataset(cls.data, 100)
-        cls.val = os.path.join(cls.tmp, "val.jsonl")
-        write_dataset(cls.val, 5)
-        cls.runs = 0
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp, ignore_errors=True)
-
-    def job(self, **over):
-        hp = {"total_steps": 4, "checkpoint_every": 2, "max_new_tokens": 6, "overlong_buffer": 0,
-              "group_size": 4,
-              "prompt_batch_size": 3, "learning_rate": 1e-3, "minibatch_size": 4, "epochs": 2,
-              "micro_batch_tokens": 32, "dynamic_sampling": True}
-        hp.update(over.pop("hp", {}))
-        body = {"model": "tiny", "training_file": self.data, "seed": 5,
-                "judge": {"type": "math"}, "hyperparameters": hp}
-        body.update(over)
-        type(self).runs += 1
-        path = os.path.join(self.tmp, "job-%d.json" % self.runs)
-        with open(path, "w") as f:
-            json.dump(body, f)
-        return path
+class Runs(unittest.TestCase):
+    """What the data-parallel tests share (test_mpi_sft.py too): runs of `dapod train` alone or
+    under mpirun, and their comparisons. A subclass sets tmp and writes its job files."""
 
     def train(self, job, out, n=None, extra=(), expect=0):
         """dapod train alone (n None) or under mpirun -np n; returns (metrics lines, stderr)."""
@@ -184,7 +159,10 @@ class Mpi(unittest.TestCase):
         self.assertLessEqual(diff[0], max(SLACK * base[0], NORM_FLOOR), what)
         self.assertLessEqual(diff[1], max(SLACK * base[1], element_floor), what)
 
-    def assertSameMetrics(self, ma, mb):
+    def assertSameMetrics(self, ma, mb, bounds=None):
+        """Every metric of runs ma and mb alike: floats within METRIC_BOUND (relative and
+        absolute), or bounds[name] relative where given."""
+        bounds = bounds or {}
         self.assertEqual(len(ma), len(mb))
         for x, y in zip(ma, mb):
             x = {k: v for k, v in x.items() if not k.startswith(ONLY_DISTRIBUTED)}
@@ -194,11 +172,48 @@ class Mpi(unittest.TestCase):
                 if k.startswith(NOT_COMPARED):
                     continue
                 if isinstance(x[k], float) or isinstance(y[k], float):
-                    tol = max(METRIC_BOUND, METRIC_BOUND * abs(x[k]))
+                    tol = max(METRIC_BOUND, bounds.get(k, METRIC_BOUND) * abs(x[k]))
                     self.assertLessEqual(abs(x[k] - y[k]), tol, "step %s %s: %r vs %r"
                                          % (x.get("step"), k, x[k], y[k]))
                 else:
                     self.assertEqual(x[k], y[k], "step %s %s" % (x.get("step"), k))
+
+    def moved(self, out):
+        """||w_4 - w_0|| / ||w_0||: the job trained."""
+        w0, w4 = self.weights(out, 0), self.weights(out, 4)
+        num = sum(float(np.sum((w4[k].astype(np.float64) - w0[k]) ** 2)) for k in w0)
+        den = sum(float(np.sum(w0[k].astype(np.float64) ** 2)) for k in w0)
+        return (num / den) ** 0.5
+
+
+class Mpi(Runs):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="dapod-mpi-")
+        cls.data = os.path.join(cls.tmp, "add.jsonl")
+        write_dataset(cls.data, 100)
+        cls.val = os.path.join(cls.tmp, "val.jsonl")
+        write_dataset(cls.val, 5)
+        cls.runs = 0
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def job(self, **over):
+        hp = {"total_steps": 4, "checkpoint_every": 2, "max_new_tokens": 6, "overlong_buffer": 0,
+              "group_size": 4,
+              "prompt_batch_size": 3, "learning_rate": 1e-3, "minibatch_size": 4, "epochs": 2,
+              "micro_batch_tokens": 32, "dynamic_sampling": True}
+        hp.update(over.pop("hp", {}))
+        body = {"model": "tiny", "training_file": self.data, "seed": 5,
+                "judge": {"type": "math"}, "hyperparameters": hp}
+        body.update(over)
+        type(self).runs += 1
+        path = os.path.join(self.tmp, "job-%d.json" % self.runs)
+        with open(path, "w") as f:
+            json.dump(body, f)
+        return path
 
     def check_ranks(self, tag, weights="model.safetensors", packing=16,
                     element_floor=ELEMENT_FLOOR, **over):
@@ -247,13 +262,6 @@ class Mpi(unittest.TestCase):
         self.train(self.job(**over), other)
         self.assertSameRollouts(alone, other, steps)
         return self.weight_diff(alone, other, steps, weights)
-
-    def moved(self, out):
-        """||w_4 - w_0|| / ||w_0||: the job trained."""
-        w0, w4 = self.weights(out, 0), self.weights(out, 4)
-        num = sum(float(np.sum((w4[k].astype(np.float64) - w0[k]) ** 2)) for k in w0)
-        den = sum(float(np.sum(w0[k].astype(np.float64) ** 2)) for k in w0)
-        return (num / den) ** 0.5
 
     def test_token_mean(self):
         self.check_ranks("token-mean", validation_file=self.val,
@@ -358,7 +366,9 @@ class Mpi(unittest.TestCase):
         self.assertIn("missing.json", err)
 
 
-def main():
+def setup():
+    """--dapod and --mpirun into this module's DAPOD, MPIRUN and OPENMPI (test_mpi_sft.py and
+    test_mpi_jobs.py too); returns the other arguments, unittest's."""
     global DAPOD, MPIRUN, OPENMPI
     ap = argparse.ArgumentParser()
     ap.add_argument("--dapod", required=True)
@@ -368,8 +378,16 @@ def main():
     MPIRUN = args.mpirun
     v = subprocess.run([MPIRUN, "--version"], capture_output=True, text=True).stdout
     OPENMPI = "Open MPI" in v or "OpenRTE" in v
+    return rest
+
+
+def run_tests(rest):
     prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
     return 0 if prog.result.wasSuccessful() else 1
+
+
+def main():
+    return run_tests(setup())
 
 
 if __name__ == "__main__":

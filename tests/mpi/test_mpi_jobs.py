@@ -9,7 +9,6 @@ starts again from its last checkpoint and ends on the weights of an uninterrupte
 bit. A launcher that keeps failing ends the job with launch_failed after launch_retries. A daemon
 stopped or killed mid-job finds the job after a restart and finishes it.
 """
-import argparse
 import hashlib
 import os
 import signal
@@ -246,18 +245,10 @@ class Restart(unittest.TestCase):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--dapod", required=True)
-    ap.add_argument("--mpirun", required=True)
-    args, rest = ap.parse_known_args()
-    test_jobs.DAPOD = os.path.abspath(args.dapod)
-    test_mpi.MPIRUN = args.mpirun
-    v = __import__("subprocess").run([args.mpirun, "--version"], capture_output=True,
-                                     text=True).stdout
-    test_mpi.OPENMPI = "Open MPI" in v or "OpenRTE" in v
+    rest = test_mpi.setup()
+    test_jobs.DAPOD = test_mpi.DAPOD
     os.environ.update(test_mpi.mpi_env())  # the daemon and its launcher inherit it
-    prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
-    return 0 if prog.result.wasSuccessful() else 1
+    return test_mpi.run_tests(rest)
 
 
 if __name__ == "__main__":
