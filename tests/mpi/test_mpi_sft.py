@@ -7,7 +7,7 @@ times its difference in the one process packed otherwise where that is larger (g
 float32 gradients: up to 1.4e-6 relative), validation included (each step's sums are over the
 same examples or pairs, split over the ranks and summed in another order); the final weights within SLACK times the job's own float-order difference
 (the one process with another micro-batch packing) or the floors; N = 1 under mpirun is the
-one-process run bit for bit. A step's examples (pairs) split as 6 = 2 + 2 + 2 or 3 + 3, its last
+one-process run bit for bit; a supervised job with a LoRA adapter too. A step's examples (pairs) split as 6 = 2 + 2 + 2 or 3 + 3, its last
 as 4 = 1 + 1 + 2; the DPO validation's 2 pairs leave one of 3 ranks nothing to evaluate. A DPO
 job paused under N = 2 resumes under N = 3 (reading the reference's log-probs the first run
 wrote) and ends on the uninterrupted run's weights. Were a rank's gradient not summed with the
@@ -57,7 +57,7 @@ class MpiSupervised(Runs):
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    def job(self, method, **hp_over):
+    def job(self, method, adapter=None, **hp_over):
         # 22 lines, 6 a step: 4 steps an epoch (6, 6, 6, 4)
         hp = {"batch_size": 6, "epochs": 1, "learning_rate": 3e-3, "lr_schedule": "cosine",
               "micro_batch_tokens": 24, "checkpoint_every": 2, "eval_every": 2}
@@ -69,36 +69,41 @@ class MpiSupervised(Runs):
                 "training_file": os.path.join(self.tmp, name + ".jsonl"),
                 "validation_file": os.path.join(self.tmp, name + "-val.jsonl"),
                 "hyperparameters": hp}
+        if adapter:
+            body["adapter"] = adapter
         type(self).runs += 1
         path = os.path.join(self.tmp, "job-%d.json" % self.runs)
         with open(path, "w") as f:
             json.dump(body, f)
         return path
 
-    def check_ranks(self, method, packing):
-        alone = self.out(method + "-alone")
-        m0, _ = self.train(self.job(method), alone)
+    def check_ranks(self, method, packing, tag=None, adapter=None):
+        tag = tag or method
+        weights = "adapter_model.safetensors" if adapter else "model.safetensors"
+        alone = self.out(tag + "-alone")
+        m0, _ = self.train(self.job(method, adapter), alone)
         self.assertEqual([m["step"] for m in m0 if "learning_rate" in m], [1, 2, 3, 4])
         self.assertTrue(any("full_valid/loss" in m for m in m0), m0)
-        self.assertGreater(self.moved(alone), 1e-4)
-        other = self.out(method + "-packing")
-        mp, _ = self.train(self.job(method, micro_batch_tokens=packing), other)
-        base, bounds = self.weight_diff(alone, other, 4), self.float_order(m0, mp)
+        if not adapter:
+            self.assertGreater(self.moved(alone), 1e-4)
+        other = self.out(tag + "-packing")
+        mp, _ = self.train(self.job(method, adapter, micro_batch_tokens=packing), other)
+        base, bounds = self.weight_diff(alone, other, 4, weights), self.float_order(m0, mp)
         worst = {}
         for n in (1, 2, 3):
-            out = self.out("%s-np%d" % (method, n))
-            mn, err = self.train(self.job(method), out, n)
+            out = self.out("%s-np%d" % (tag, n))
+            mn, err = self.train(self.job(method, adapter), out, n)
             if n > 1:
                 self.assertIn("data-parallel over %d ranks" % n, err)
             self.assertSameMetrics(m0, mn, bounds)
-            worst[n] = self.weight_diff(alone, out, 4)
+            worst[n] = self.weight_diff(alone, out, 4, weights)
             if n == 1:
                 self.assertEqual(worst[n], (0.0, 0.0),
                                  "mpirun -np 1 is the one-process run, bit for bit")
-            self.assertClose(worst[n], base, "%s: N = %d" % (method, n))
+            self.assertClose(worst[n], base, "%s: N = %d" % (tag, n))
         print("%s: weights after 4 steps against one process: N=2 %.2e (norm) %.2e (element), "
               "N=3 %.2e %.2e; one process packed otherwise %.2e %.2e"
-              % ((method,) + worst[2] + worst[3] + base), file=sys.stderr)
+              % ((tag,) + worst[2] + worst[3] + base), file=sys.stderr)
 
     def float_order(self, ma, mb):
         """SLACK times the largest relative difference of each float metric between runs ma
@@ -115,6 +120,12 @@ class MpiSupervised(Runs):
 
     def test_supervised(self):
         self.check_ranks("supervised", 16)
+
+    def test_supervised_lora(self):
+        # the adapter's gradient is what the ranks sum
+        self.check_ranks("supervised", 16, "supervised-lora",
+                         {"type": "lora", "r": 4, "alpha": 8,
+                          "target_modules": ["q_proj", "v_proj", "down_proj"]})
 
     def test_dpo(self):
         self.check_ranks("dpo", 24)
