@@ -10,6 +10,7 @@ bit. A launcher that keeps failing ends the job with launch_failed after launch_
 stopped or killed mid-job finds the job after a restart and finishes it.
 """
 import hashlib
+import json
 import os
 import signal
 import sys
@@ -181,6 +182,29 @@ class MultiProcess(DaemonCase):
         a = self.d.get("/v1/jobs/%s/checkpoints/%d/model.safetensors" % (jid, target)).body
         b = self.d.get("/v1/jobs/%s/checkpoints/%d/model.safetensors" % (whole, target)).body
         self.assertTrue(len(a) > 0 and a == b)
+
+    def test_4_supervised_and_dpo(self):
+        # supervised and DPO jobs through the launcher's ranks train as one process does (the
+        # split itself: test_mpi_sft.py)
+        sums = [(a, b) for a in range(4) for b in range(4)]
+        files = {
+            "supervised": [{"prompt": "%d+%d=" % s, "completion": str(sum(s))} for s in sums],
+            "dpo": [{"prompt": "%d+%d=" % s, "chosen": str(sum(s)), "rejected": str(sum(s) + 1)}
+                    for s in sums]}
+        hp = {"batch_size": 5, "learning_rate": 0.003, "checkpoint_every": 0}
+        for method, lines in files.items():
+            fid = self.upload("".join(json.dumps(x) + "\n" for x in lines).encode())["id"]
+            ids = [self.create_ok(hp, method=method, training_file=fid, seed=3,
+                                  resources={"processes": n})["id"] for n in (2, 1)]
+            two, one = [self.wait_status(i, ("succeeded", "failed")) for i in ids]
+            self.assertEqual((two["status"], two["step"]), ("succeeded", 4), two)
+            self.assertEqual((one["status"], one["step"]), ("succeeded", 4), one)
+            for k, v in one["latest_metrics"].items():
+                if k.startswith(("train/", "rewards/", "logps/")) and isinstance(v, float):
+                    self.assertAlmostEqual(two["latest_metrics"][k], v, delta=1e-5 * abs(v) + 1e-6,
+                                           msg="%s %s" % (method, k))
+            with open(os.path.join(self.data_dir_of(ids[0]), "launch.log")) as f:
+                self.assertIn("data-parallel over 2 ranks", f.read())
 
 
 class RetriesRunOut(DaemonCase):
