@@ -215,7 +215,7 @@ int trainer_dpo_evaluate(struct trainer *t) {
   if (!t->n_dpo_val) return 0;
   trainer_phase(t, "evaluating");
   int *idx = malloc(sizeof(int) * (size_t)t->n_dpo_val);
-  if (!idx) return trainer_oom(t);
+  if (!idx) return trainer_agree(t, trainer_oom(t)); /* meets share_pass's */
   for (int i = 0; i < t->n_dpo_val; i++) idx[i] = i;
   struct dpo_sums st = {0};
   int rc =
@@ -225,7 +225,8 @@ int trainer_dpo_evaluate(struct trainer *t) {
   json_t *m = json_pack("{s:I,s:I,s:I}", "step", (json_int_t)t->step, "valid/tokens",
                         (json_int_t)st.tokens, "valid/pairs", (json_int_t)st.pairs);
   if (m && (put_sums(m, "valid/", &st) || trainer_sft_full_valid(t, m))) json_decref(m), m = NULL;
-  return m ? trainer_emit_metrics(t, m, 1, 0, 0) : trainer_oom(t);
+  /* agreed as DAPO's evaluation: rank 0 alone writes them */
+  return trainer_agree(t, m ? trainer_emit_metrics(t, m, 1, 0, 0) : trainer_oom(t));
 }
 
 /* The reference's log-probs of both files from the starting weights (with an adapter, the base:

@@ -183,7 +183,7 @@ int trainer_sft_evaluate(struct trainer *t) {
   if (!t->n_sft_val) return 0;
   trainer_phase(t, "evaluating");
   int *idx = malloc(sizeof(int) * (size_t)t->n_sft_val);
-  if (!idx) return trainer_oom(t);
+  if (!idx) return trainer_agree(t, trainer_oom(t)); /* meets share_pass's */
   for (int i = 0; i < t->n_sft_val; i++) idx[i] = i;
   double nll = 0;
   int64_t hits = 0, tokens = 0;
@@ -194,7 +194,8 @@ int trainer_sft_evaluate(struct trainer *t) {
                         nll / (double)tokens, "valid/mean_token_accuracy",
                         (double)hits / (double)tokens, "valid/tokens", (json_int_t)tokens);
   if (m && trainer_sft_full_valid(t, m)) json_decref(m), m = NULL;
-  return m ? trainer_emit_metrics(t, m, 1, 0, 0) : trainer_oom(t);
+  /* agreed as DAPO's evaluation: rank 0 alone writes them */
+  return trainer_agree(t, m ? trainer_emit_metrics(t, m, 1, 0, 0) : trainer_oom(t));
 }
 
 int trainer_sft_begin(struct trainer *t, int64_t from) {
