@@ -36,33 +36,21 @@ static void longest(const struct dpo_pair *p, int n, int *pair, int *seq) {
   }
 }
 
+/* trainer_demo_load for DPO lines: a pair is packed whole (its prompt twice, each response
+ * once); the model sees a prompt and one response at a time. */
+static int dpo_sizes(const char *path, const struct lm *lm, const struct chat_template *chat,
+                     int end_id, const struct hparams *hp, int *n, int *seq, int *packed,
+                     struct dapo_err *e) {
+  struct dpo_pair *p = NULL;
+  int rc = dpo_load_file(path, lm, chat, end_id, hp->max_sequence_tokens, hp->truncate, &p, n, e);
+  longest(p, *n, packed, seq);
+  dpo_pairs_free(p, *n);
+  return rc;
+}
+
 int dpo_check_data(const struct job_spec *s, struct runner_data_facts *f, json_t *errors) {
-  size_t before = json_array_size(errors);
-  struct lm lm;
-  struct dapo_err e = {0};
-  if (trainer_open_meta(s, f, &lm, errors)) return (int)(json_array_size(errors) - before);
-  struct chat_template *chat = NULL;
-  if (trainer_sft_chat(s, &lm, &chat, &e)) dapo_errors_add(errors, "chat_template", e.msg);
-  const char *files[2] = {s->training_file, s->validation_file};
-  const char *names[2] = {"training_file", "validation_file"};
-  for (int k = 0; k < 2 && json_array_size(errors) == before; k++) {
-    if (!files[k]) continue;
-    struct dpo_pair *p = NULL;
-    int n = 0, pair = 0, seq = 0;
-    if (dpo_load_file(files[k], &lm, chat, trainer_sft_end_id(&lm), s->hp.max_sequence_tokens,
-                      s->hp.truncate, &p, &n, &e))
-      dapo_errors_add(errors, names[k], e.msg);
-    longest(p, n, &pair, &seq);
-    if (seq > lm.cfg.max_position_embeddings)
-      dapo_errors_add(errors, names[k],
-                      "a prompt and response are longer than the model's context");
-    if (pair > f->max_prompt_tokens) f->max_prompt_tokens = pair;
-    if (k == 0) f->train_examples = n;
-    dpo_pairs_free(p, n);
-  }
-  chat_free(chat);
-  lm_close(&lm);
-  return (int)(json_array_size(errors) - before);
+  return trainer_demo_check_data(s, f, errors, dpo_sizes,
+                                 "a prompt and response are longer than the model's context");
 }
 
 /* What a pass adds up over its pairs. */

@@ -250,6 +250,20 @@ void trainer_sft_teardown(struct trainer *t);
  * every line of its files checked and encoded (field training_file or validation_file, the
  * message naming the line); f->max_prompt_tokens the longest example. */
 int sft_check_data(const struct job_spec *s, struct runner_data_facts *f, json_t *errors);
+/* What a supervised or DPO job's data check reads of one file (runner_sft.c's and runner_dpo.c's
+ * loaders): its examples' count *n, the longest sequence the model sees *seq and the most tokens
+ * of one example as a micro-batch packs it *packed (each left as it is when larger is not
+ * found). 0, or the file's first error in e (naming the line and field). */
+typedef int (*trainer_demo_load)(const char *path, const struct lm *lm,
+                                 const struct chat_template *chat, int end_id,
+                                 const struct hparams *hp, int *n, int *seq, int *packed,
+                                 struct dapo_err *e);
+/* runner_check_data for a supervised or DPO job: the model's config and tokenizer, its chat
+ * template, every line of its files checked and encoded by load (errors under training_file or
+ * validation_file; too_long when a sequence passes the model's context); f->max_prompt_tokens
+ * the most tokens of one packed example, f->train_examples the training file's. */
+int trainer_demo_check_data(const struct job_spec *s, struct runner_data_facts *f, json_t *errors,
+                            trainer_demo_load load, const char *too_long);
 /* The chat template of a job's `messages` lines: the job's, else the model's own (NULL when it
  * has none: such lines are then refused by sft_encode). 0, or a template the job gives that does
  * not build (e says why). */

@@ -35,7 +35,8 @@ static int longest(const struct sft_example *x, int n) {
   return m;
 }
 
-int sft_check_data(const struct job_spec *s, struct runner_data_facts *f, json_t *errors) {
+int trainer_demo_check_data(const struct job_spec *s, struct runner_data_facts *f, json_t *errors,
+                            trainer_demo_load load, const char *too_long) {
   size_t before = json_array_size(errors);
   struct lm lm;
   struct dapo_err e = {0};
@@ -46,21 +47,32 @@ int sft_check_data(const struct job_spec *s, struct runner_data_facts *f, json_t
   const char *names[2] = {"training_file", "validation_file"};
   for (int k = 0; k < 2 && json_array_size(errors) == before; k++) {
     if (!files[k]) continue;
-    struct sft_example *x = NULL;
-    int n = 0;
-    if (sft_load_file(files[k], &lm, chat, trainer_sft_end_id(&lm), s->hp.max_sequence_tokens,
-                      s->hp.truncate, &x, &n, &e))
+    int n = 0, seq = 0, packed = 0;
+    if (load(files[k], &lm, chat, trainer_sft_end_id(&lm), &s->hp, &n, &seq, &packed, &e))
       dapo_errors_add(errors, names[k], e.msg);
-    int m = longest(x, n);
-    if (m > lm.cfg.max_position_embeddings)
-      dapo_errors_add(errors, names[k], "an example is longer than the model's context");
-    if (m > f->max_prompt_tokens) f->max_prompt_tokens = m;
+    if (seq > lm.cfg.max_position_embeddings) dapo_errors_add(errors, names[k], too_long);
+    if (packed > f->max_prompt_tokens) f->max_prompt_tokens = packed;
     if (k == 0) f->train_examples = n;
-    sft_examples_free(x, n);
   }
   chat_free(chat);
   lm_close(&lm);
   return (int)(json_array_size(errors) - before);
+}
+
+/* trainer_demo_load for supervised lines: an example is one sequence, packed as it is. */
+static int sft_sizes(const char *path, const struct lm *lm, const struct chat_template *chat,
+                     int end_id, const struct hparams *hp, int *n, int *seq, int *packed,
+                     struct dapo_err *e) {
+  struct sft_example *x = NULL;
+  int rc = sft_load_file(path, lm, chat, end_id, hp->max_sequence_tokens, hp->truncate, &x, n, e);
+  *seq = *packed = longest(x, *n);
+  sft_examples_free(x, *n);
+  return rc;
+}
+
+int sft_check_data(const struct job_spec *s, struct runner_data_facts *f, json_t *errors) {
+  return trainer_demo_check_data(s, f, errors, sft_sizes,
+                                 "an example is longer than the model's context");
 }
 
 void trainer_sft_epoch_order(struct trainer *t, int epoch, int n) {
