@@ -24,6 +24,7 @@
 #include "config.h"
 #include "dist.h"
 #include "failure.h"
+#include "grader.h"
 #include "http.h"
 #include "judge.h"
 #include "lm.h"
@@ -40,6 +41,8 @@ static void usage(FILE *f) {
   fprintf(f, "usage: dapod [serve] [--config FILE] [--listen HOST:PORT] [--data-dir DIR] "
              "[--models-dir DIR] [flags]\n"
              "       dapod train --config JOB.json --out DIR [--threads N] [--stop-after-step N]\n"
+             "                   [--server-config FILE]  the judges of a daemon config file\n"
+             "                                (judge_models, judge_allowed_hosts, ...)\n"
              "       dapod train --config JOB.json --plan   the job checked and its memory plan\n"
              "                                (JSON on stdout), nothing trained\n"
              "                   [--events]   also as `mpirun -np N dapod train ...`: one job,\n"
@@ -377,16 +380,46 @@ static int resolve_path(json_t *body, const char *key, const char *base, int may
   return 0;
 }
 
-/* Parses dapod train's command line and job file into spec: 0, or the exit status (2) after
- * saying why on stderr. */
+/* dapod train --server-config FILE: the judge settings of a daemon configuration file
+ * (judge_models, judge_allowed_hosts, judge_allow_private; its other keys are checked as the
+ * daemon checks them, then unused), so that a job run from the command line, or a rank of a
+ * multi-process job (server/launch.c writes the daemon's), names the judges a job in the daemon
+ * may. Judge models the daemon serves itself (`serve`) are not among them: no completion service
+ * runs here. 0, or the exit status (2) after saying why on stderr; pol borrows cfg. */
+static int train_judges(const char *path, struct config *cfg, struct judge_policy *pol) {
+  struct dapo_err e = {0};
+  if (config_load_file(cfg, path, &e)) {
+    fprintf(stderr, "dapod train: --server-config %s\n", e.msg);
+    return 2;
+  }
+  *pol = (struct judge_policy){.allowed_hosts = (const char *const *)cfg->judge_allowed_hosts.v,
+                               .n_allowed = cfg->judge_allowed_hosts.n,
+                               .allow_private = cfg->judge_allow_private,
+                               .judge_models = cfg->judge_models};
+  if (grader_models_check(cfg->judge_models, pol, "judge_models", &e)) {
+    fprintf(stderr, "dapod train: --server-config %s: %s\n", path, e.msg);
+    return 2;
+  }
+  return 0;
+}
+
+/* Parses dapod train's command line and job file into spec (the judges under *pol, which
+ * --server-config fills from cfg; else the defaults: loopback http judges, no judge models): 0,
+ * or the exit status (2) after saying why on stderr. */
 static int train_parse(int argc, char **argv, struct job_spec *spec, const char **out, int *threads,
-                       int *stop_after, int *events) {
+                       int *stop_after, int *events, struct config *cfg,
+                       const struct judge_policy **pol) {
+  static struct judge_policy judges;
   const char *config = NULL;
   struct dapo_err e = {0};
+  *pol = NULL;
   for (int i = 2; i < argc; i++) {
     if (!strcmp(argv[i], "--config") && i + 1 < argc)
       config = argv[++i];
-    else if (!strcmp(argv[i], "--out") && i + 1 < argc)
+    else if (!strcmp(argv[i], "--server-config") && i + 1 < argc) {
+      if (train_judges(argv[++i], cfg, &judges)) return 2;
+      *pol = &judges;
+    } else if (!strcmp(argv[i], "--out") && i + 1 < argc)
       *out = argv[++i];
     else if (!strcmp(argv[i], "--events"))
       *events = 1;
@@ -420,7 +453,7 @@ static int train_parse(int argc, char **argv, struct job_spec *spec, const char 
     return 2;
   }
   json_t *errors = json_array();
-  int n = jobspec_parse(body, NULL, spec, errors);
+  int n = jobspec_parse(body, *pol, spec, errors);
   json_decref(body);
   if (n > 0) {
     fprintf(stderr, "dapod train: %s: %d problem%s\n", config, n, n > 1 ? "s" : "");
@@ -445,7 +478,13 @@ static int train_as(const struct dist *dist, int argc, char **argv) {
   int stop_after = 0, threads = pool_cpu_count() / dist->local_size, events = 0;
   if (threads < 1) threads = 1;
   struct job_spec spec;
-  int rc = train_parse(argc, argv, &spec, &out, &threads, &stop_after, &events);
+  struct config cfg;
+  const struct judge_policy *judges = NULL;
+  if (config_init(&cfg)) {
+    fprintf(stderr, "dapod train: out of memory\n");
+    return 2;
+  }
+  int rc = train_parse(argc, argv, &spec, &out, &threads, &stop_after, &events, &cfg, &judges);
   /* pause and cancel signals are honoured from here (before the collective below: once rank 0
    * says anything, every rank has its handlers; the daemon's launcher relies on that) */
   struct sigaction sa = {0};
@@ -464,6 +503,7 @@ static int train_as(const struct dist *dist, int argc, char **argv) {
   int worst = dist_max(dist, rc);
   if (worst) {
     if (!rc) jobspec_deinit(&spec);
+    config_deinit(&cfg);
     return worst;
   }
   int says = dist->rank == 0;
@@ -498,11 +538,13 @@ static int train_as(const struct dist *dist, int argc, char **argv) {
                              .stop_after_step = stop_after,
                              .progress_min_work = RUNNER_PROGRESS_MIN_WORK,
                              .dist = dist->size > 1 ? dist : NULL,
-                             .pool = pool};
+                             .pool = pool,
+                             .judge_policy = judges};
   struct runner_result res;
   runner_run(&spec, out, &hooks, &opts, &res);
   pool_free(pool);
   jobspec_deinit(&spec);
+  config_deinit(&cfg);
   if (events && says) ev_result(&res);
   const struct failure_info *f = failure_info(res.failure);
   switch (res.status) {
@@ -532,8 +574,17 @@ static int train_plan(int argc, char **argv) {
   const char *out = "-";
   int threads = 1, stop_after = 0, events = 0;
   struct job_spec spec;
-  int rc = train_parse(argc, argv, &spec, &out, &threads, &stop_after, &events);
-  if (rc) return rc;
+  struct config cfg;
+  const struct judge_policy *judges;
+  if (config_init(&cfg)) {
+    fprintf(stderr, "dapod train: out of memory\n");
+    return 2;
+  }
+  int rc = train_parse(argc, argv, &spec, &out, &threads, &stop_after, &events, &cfg, &judges);
+  if (rc) {
+    config_deinit(&cfg);
+    return rc;
+  }
   struct mem_plan plan;
   json_t *errors = json_array();
   int n = errors ? runner_check_job(&spec, &plan, errors) : -1;
@@ -549,6 +600,7 @@ static int train_plan(int argc, char **argv) {
   }
   json_decref(errors);
   jobspec_deinit(&spec);
+  config_deinit(&cfg);
   return n == 0 ? 0 : 1;
 }
 

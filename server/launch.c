@@ -84,8 +84,9 @@ static char *subst(const char *word, size_t len, int n) {
 }
 
 /* The launcher's words, then this dapod's `train` command line. 0, or -1 with msg set. */
-static int command(const struct config *cfg, int processes, const char *job_file, const char *out,
-                   struct words *w, char *msg, size_t cap) {
+static int command(const struct config *cfg, int processes, const char *job_file,
+                   const char *judges_file, const char *out, struct words *w, char *msg,
+                   size_t cap) {
   const char *s = cfg->launcher;
   while (*s) {
     while (*s == ' ' || *s == '\t') s++;
@@ -104,7 +105,8 @@ static int command(const struct config *cfg, int processes, const char *job_file
     return -1;
   }
   self[k] = '\0';
-  const char *tail[] = {self, "train", "--config", job_file, "--out", out, "--events"};
+  const char *tail[] = {self, "train",    "--config",        job_file,   "--out",
+                        out,  "--events", "--server-config", judges_file};
   for (size_t i = 0; i < sizeof tail / sizeof tail[0]; i++)
     if (push(w, strdup(tail[i]))) goto oom;
   /* the launcher's path, looked up now: the child may only call async-signal-safe functions */
@@ -134,19 +136,48 @@ oom:
   return -1;
 }
 
-/* The spec the ranks run, without resources, named by the job's id: launch-job.json. */
-static int write_job_file(const struct job_spec *spec, const char *path, char *msg, size_t cap) {
-  json_t *j = jobspec_to_json(spec);
+/* Writes j (stolen) to path through a temporary file: 0, or -1 with msg ("what: why"). */
+static int write_json(json_t *j, const char *path, const char *what, char *msg, size_t cap) {
   char tmp[PATH_MAX + 8];
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
   struct dapo_err e = {0};
-  int rc = !j || json_object_set_new(j, "job_id", json_string(spec->job_id))
-               ? dapo_errf(&e, DAPO_ENOMEM, "out of memory")
-               : ckpt_write_json(tmp, j, &e);
+  int rc = !j ? dapo_errf(&e, DAPO_ENOMEM, "out of memory") : ckpt_write_json(tmp, j, &e);
   json_decref(j);
   if (!rc && rename(tmp, path)) rc = dapo_errf(&e, DAPO_EIO, "%s: %s", path, strerror(errno));
-  if (rc) snprintf(msg, cap, "writing the ranks' job file: %.400s", e.msg);
+  if (rc) snprintf(msg, cap, "writing %s: %.400s", what, e.msg);
   return rc ? -1 : 0;
+}
+
+/* The daemon's judge settings as a config file the ranks read (dapod train --server-config):
+ * judge_allowed_hosts, judge_allow_private and the judge models reached over HTTP, so that the
+ * ranks' judges are the ones the daemon checked the job against. The models the daemon serves
+ * itself are left out (its completion service is not in the ranks; jobs.c refuses a
+ * multi-process job that names one): launch-judges.json. */
+static int write_judges_file(const struct config *cfg, const char *path, char *msg, size_t cap) {
+  json_t *all = config_to_json(cfg), *j = json_object(), *models = json_object();
+  const char *name;
+  json_t *entry;
+  json_object_foreach(cfg->judge_models, name, entry) {
+    if (!json_object_get(entry, "serve")) json_object_set(models, name, entry);
+  }
+  if (all && j && models) {
+    json_object_set(j, "judge_allowed_hosts", json_object_get(all, "judge_allowed_hosts"));
+    json_object_set(j, "judge_allow_private", json_object_get(all, "judge_allow_private"));
+    json_object_set(j, "judge_models", models);
+  }
+  json_decref(all);
+  json_decref(models);
+  return write_json(j, path, "the ranks' judge settings", msg, cap);
+}
+
+/* The spec the ranks run, without resources, named by the job's id: launch-job.json. */
+static int write_job_file(const struct job_spec *spec, const char *path, char *msg, size_t cap) {
+  json_t *j = jobspec_to_json(spec);
+  if (j && json_object_set_new(j, "job_id", json_string(spec->job_id))) {
+    json_decref(j);
+    j = NULL;
+  }
+  return write_json(j, path, "the ranks' job file", msg, cap);
 }
 
 /* The last bytes of launch.log on one line (what the launcher and the ranks said last). */
@@ -376,12 +407,15 @@ int launch_run(const struct config *cfg, const struct job_spec *spec, const char
   res->resumed_from = -1;
   res->status = RUNNER_FAILED;
   res->failure = FAIL_LAUNCH_FAILED;
-  char job_file[PATH_MAX], log_path[PATH_MAX];
+  char job_file[PATH_MAX], judges_file[PATH_MAX], log_path[PATH_MAX];
   snprintf(job_file, sizeof job_file, "%s/launch-job.json", out);
+  snprintf(judges_file, sizeof judges_file, "%s/launch-judges.json", out);
   snprintf(log_path, sizeof log_path, "%s/launch.log", out);
   struct words w = {0};
   if (write_job_file(spec, job_file, res->message, sizeof res->message) ||
-      command(cfg, spec->processes, job_file, out, &w, res->message, sizeof res->message)) {
+      write_judges_file(cfg, judges_file, res->message, sizeof res->message) ||
+      command(cfg, spec->processes, job_file, judges_file, out, &w, res->message,
+              sizeof res->message)) {
     words_free(&w);
     return 0;
   }

@@ -465,7 +465,10 @@ struct gmodel *gmodel_new(const json_t *spec, const char *field, enum gmodel_kin
   snprintf(ef, sizeof ef, "judge_models.%.64s", name);
   if (read_entry(entry, ef, &en, e)) goto fail;
   if (en.serve && (!pol || !pol->served)) {
-    dapo_errf(e, DAPO_EUNSUPPORTED, "%s.serve: no completion service here to serve it", ef);
+    dapo_errf(e, DAPO_EUNSUPPORTED,
+              "%s.serve: no completion service here to serve it (dapod train and the "
+              "ranks of a multi-process job reach judge models over HTTP only)",
+              ef);
     goto fail;
   }
   if (en.serve)

@@ -71,24 +71,20 @@ def label_grader(**kw):
                  "labels": ["correct", "wrong"], "passing_labels": ["correct"]}, **kw)
 
 
-class ModelGraders(test_jobs.DaemonCase):
+class StandinDaemon(test_jobs.DaemonCase):
+    """A daemon beside the stand-in judge model on a free loopback port (self.port); the daemon's
+    arguments come from daemon_args(url of the stand-in's /v1)."""
+
+    @classmethod
+    def daemon_args(cls, url):
+        raise NotImplementedError
+
     @classmethod
     def setUpClass(cls):
         cls.standin = subprocess.Popen(["/usr/bin/python3", STANDIN], stdout=subprocess.PIPE)
         cls.port = int(cls.standin.stdout.readline())
-        cls.tmp = tempfile.mkdtemp(prefix="dapod-jm-")
-        key_file = os.path.join(cls.tmp, "key")
-        with open(key_file, "w") as f:
-            f.write(KEY + "\n")
-        url = "http://127.0.0.1:%d/v1" % cls.port
-        models = {"judge": {"url": url, "model": "standin-judge", "api_key_file": key_file,
-                            "timeout_ms": 1000, "max_retries": 2, "concurrency": 4},
-                  "strict": {"url": url + "/", "model": "standin-strict", "max_retries": 0},
-                  "slow": {"url": url, "model": "standin-slow", "timeout_ms": 300,
-                           "max_retries": 0},
-                  "self": {"serve": "tiny", "timeout_ms": 120000}}
-        cls.ARGS = test_jobs.DaemonCase.ARGS + ("--judge-models", json.dumps(models))
         try:
+            cls.ARGS = cls.daemon_args("http://127.0.0.1:%d/v1" % cls.port)
             super().setUpClass()
         except BaseException:
             cls.stop_standin()
@@ -106,6 +102,22 @@ class ModelGraders(test_jobs.DaemonCase):
             super().tearDownClass()
         finally:
             cls.stop_standin()
+
+
+class ModelGraders(StandinDaemon):
+    @classmethod
+    def daemon_args(cls, url):
+        cls.tmp = tempfile.mkdtemp(prefix="dapod-jm-")
+        key_file = os.path.join(cls.tmp, "key")
+        with open(key_file, "w") as f:
+            f.write(KEY + "\n")
+        models = {"judge": {"url": url, "model": "standin-judge", "api_key_file": key_file,
+                            "timeout_ms": 1000, "max_retries": 2, "concurrency": 4},
+                  "strict": {"url": url + "/", "model": "standin-strict", "max_retries": 0},
+                  "slow": {"url": url, "model": "standin-slow", "timeout_ms": 300,
+                           "max_retries": 0},
+                  "self": {"serve": "tiny", "timeout_ms": 120000}}
+        return test_jobs.DaemonCase.ARGS + ("--judge-models", json.dumps(models))
 
     def standin_requests(self):
         return harness_get(self.port, "/requests")
@@ -508,6 +520,65 @@ class ModelGraders(test_jobs.DaemonCase):
             self.assertEqual(len(p["errors"]), 1, p)
             self.assertEqual(p["errors"][0]["field"], field, p)
             self.assertIn(has, p["errors"][0]["message"], p)
+
+    def test_train_command(self):
+        """dapod train --server-config: a job run from the command line names the judge models of
+        a daemon config file; its rewards are the stand-in's verdicts, as in the daemon."""
+        tmp = tempfile.mkdtemp(prefix="dapod-jm-train-")
+        lines = [{"prompt": "digit %d?" % k, "answer": str(k % 10)} for k in range(8)]
+        with open(os.path.join(tmp, "train.jsonl"), "w") as f:
+            f.write("".join(json.dumps(x) + "\n" for x in lines))
+        judge = {"type": "model", "judge_model": "judge", "system": "Grade the answer.",
+                 "prompt": "Answer: {{sample.output_text}}\nReference: {{item.answer}}",
+                 "scale": [0, 1]}
+        job = {"model": "tiny", "training_file": "train.jsonl", "seed": 5, "judge": judge,
+               "hyperparameters": {"total_steps": 1, "group_size": 4, "prompt_batch_size": 3,
+                                   "max_new_tokens": 3, "dynamic_sampling": False}}
+        with open(os.path.join(tmp, "job.json"), "w") as f:
+            json.dump(job, f)
+        url = "http://127.0.0.1:%d/v1" % self.port
+        config = {"judge_models": {"judge": {"url": url, "model": "standin-judge"},
+                                   "self": {"serve": "tiny"}},
+                  "workers": 1}  # a daemon's other keys are read and unused
+        with open(os.path.join(tmp, "server.json"), "w") as f:
+            json.dump(config, f)
+
+        def train(out, *extra):
+            return subprocess.run([test_jobs.DAPOD, "train", "--config",
+                                   os.path.join(tmp, "job.json"), "--out",
+                                   os.path.join(tmp, out), "--threads", "1"] + list(extra),
+                                  capture_output=True, text=True, timeout=120)
+
+        # without the daemon's config there are no judge models: refused by field
+        p = train("none")
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("judge.judge_model", p.stderr)
+        self.assertIn("none configured", p.stderr)
+        self.reset()
+        p = train("out", "--server-config", os.path.join(tmp, "server.json"))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(os.path.join(tmp, "out", "rollouts", "step-1.jsonl")) as f:
+            rows = [json.loads(x) for x in f if x.strip()]
+        self.assertEqual(len(rows), 12)
+        for row in rows:
+            same = row["response"] == row["answer"]
+            self.assertAlmostEqual(row["reward_raw"], 1.0 if same else 0.2, msg=row)
+        self.assertEqual(len(self.standin_requests()), 12)  # one call per sample
+        # a model the daemon serves itself: no completion service in dapod train
+        job["judge"]["judge_model"] = "self"
+        with open(os.path.join(tmp, "job.json"), "w") as f:
+            json.dump(job, f)
+        p = train("self", "--server-config", os.path.join(tmp, "server.json"))
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("judge_models.self.serve: no completion service here", p.stderr)
+        # the config file is checked as the daemon checks it, naming the file and the key
+        with open(os.path.join(tmp, "bad.json"), "w") as f:
+            json.dump({"judge_models": {"j": {"url": "http://example.com/v1", "model": "m"}}}, f)
+        p = train("bad", "--server-config", os.path.join(tmp, "bad.json"))
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("bad.json", p.stderr)
+        self.assertIn("judge_models.j.url: host 'example.com' is not in the judge host "
+                      "allowlist", p.stderr)
 
 
 class StartChecks(test_jobs.unittest.TestCase):

@@ -23,6 +23,7 @@ sys.path.insert(0, HERE)
 
 import harness  # noqa: E402
 import test_jobs  # noqa: E402
+import test_model_graders  # noqa: E402
 import test_mpi  # noqa: E402
 from test_jobs import DaemonCase, long_hp, read  # noqa: E402
 
@@ -205,6 +206,49 @@ class MultiProcess(DaemonCase):
                                            msg="%s %s" % (method, k))
             with open(os.path.join(self.data_dir_of(ids[0]), "launch.log")) as f:
                 self.assertIn("data-parallel over 2 ranks", f.read())
+
+
+class JudgeModels(test_model_graders.StandinDaemon):
+    """A multi-process job whose reward comes from a judge model (issue 26): the ranks read the
+    daemon's judge settings (launch-judges.json, dapod train --server-config), so every rollout's
+    reward is the stand-in judge model's verdict, as in one process; a judge model the daemon
+    serves itself is refused for a multi-process job, naming the field, and fine in one."""
+
+    @classmethod
+    def daemon_args(cls, url):
+        models = {"judge": {"url": url, "model": "standin-judge", "concurrency": 4},
+                  "self": {"serve": "tiny", "timeout_ms": 120000}}
+        return (("--workers", "1", "--blas-threads", "1", "--judge-models", json.dumps(models))
+                + launcher_args())
+
+    def judge(self, model):
+        return {"type": "model", "judge_model": model, "system": "Grade the answer.",
+                "prompt": "Answer: {{sample.output_text}}\nReference: {{item.answer}}",
+                "scale": [0, 1]}
+
+    def test_model_judge(self):
+        hp = dict(HP, total_steps=2, dynamic_sampling=False)
+        j = self.create_ok(hp, seed=3, judge=self.judge("judge"), resources={"processes": 2})
+        done = self.wait_status(j["id"], ("succeeded", "failed"))
+        self.assertEqual(done["status"], "succeeded", done)
+        rows = []
+        for step in (1, 2):
+            r = self.d.get("/v1/jobs/%s/rollouts?step=%d" % (j["id"], step))
+            rows += [json.loads(x) for x in r.body.decode().splitlines() if x.strip()]
+        self.assertEqual(len(rows), 2 * 2 * 4)
+        for row in rows:
+            same = row["response"] == row["answer"]
+            self.assertAlmostEqual(row["reward_raw"], 1.0 if same else 0.2, msg=row)
+            self.assertEqual(row["info"]["errors"], {}, row)
+        with open(os.path.join(self.d.data_dir, "jobs", j["id"], "launch-judges.json")) as f:
+            self.assertEqual(sorted(json.load(f)["judge_models"]), ["judge"])
+
+    def test_served_refused(self):
+        p = self.assertProblem(self.create(HP, judge=self.judge("self"),
+                                           resources={"processes": 2}), 422, "validation_failed")
+        self.assertFields(p, "judge")
+        self.assertIn("judge_models.self.serve: no completion service here", str(p["errors"]))
+        self.create_ok(dict(HP, total_steps=1), judge=self.judge("self"))  # one process: fine
 
 
 class RetriesRunOut(DaemonCase):
