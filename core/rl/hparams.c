@@ -40,7 +40,7 @@ static const char *const AGGS[] = {"token-mean", "seq-mean-token-mean", "seq-mea
 static const char *const JUDGE_ERRS[] = {"fail", "drop", NULL};
 static const char *const SCHEDULES[] = {"constant", "linear", "cosine", NULL};
 static const char *const METHODS[] = {"dapo", "supervised", "dpo", NULL};
-static const char *const DPO_LOSSES[] = {"sigmoid", NULL};
+static const char *const DPO_LOSSES[] = {"sigmoid", "hinge", "ipo", "robust", NULL};
 
 #define F(x) offsetof(struct hparams, x)
 #define SAME NAN
@@ -128,9 +128,14 @@ static const struct hrow ROWS[] = {
      "DPO's beta: how far the policy may move from the reference (rewards are beta * log-ratio)",
      HM_DPO | OPEN_MIN},
     {"loss_type", H_ENUM, F(loss_type), 0, 0, DPO_LOSS_SIGMOID, SAME, DPO_LOSSES,
-     "sigmoid: -log sigmoid(beta * h), the DPO paper's loss", HM_DPO},
+     "of h, how much more the policy prefers the chosen response than the reference does, as "
+     "TRL computes them: sigmoid -log sigmoid(beta h) (the DPO paper's); hinge max(0, 1 - beta "
+     "h) (SLiC); ipo (h - 1/(2 beta))^2 over log-probs averaged per response token (IPO); robust "
+     "the sigmoid loss unbiased for flipped labels (label_smoothing their share)",
+     HM_DPO},
     {"label_smoothing", H_NUM, F(label_smoothing), 0, 0.5, 0, SAME, NULL,
-     "in [0, 0.5): the chance a pair's preference is flipped (conservative DPO, TRL's sigmoid)",
+     "in [0, 0.5): the chance a pair's preference is flipped (the sigmoid and robust losses: "
+     "conservative DPO and robust DPO)",
      HM_DPO | OPEN_MAX},
 };
 #define NROWS ((int)(sizeof ROWS / sizeof ROWS[0]))
@@ -284,6 +289,12 @@ int hparams_parse_method(struct hparams *h, const json_t *j, int method, json_t 
     double d = grpo && !isnan(r->grpo) ? r->grpo : r->dflt;
     if (d != D_DERIVED) set_val(h, r, d);
   }
+  if (method == METHOD_DPO && h->label_smoothing != 0 &&
+      (h->loss_type == DPO_LOSS_HINGE || h->loss_type == DPO_LOSS_IPO))
+    add_err(errors, "label_smoothing",
+            "%g: the %s loss has no label smoothing (sigmoid and "
+            "robust have)",
+            h->label_smoothing, DPO_LOSSES[h->loss_type]);
   if (method != METHOD_DAPO) return (int)(json_array_size(errors) - before);
   /* derived defaults */
   if (!given[find_row("overlong_buffer") - ROWS] && !grpo)

@@ -19,7 +19,11 @@ enum judge_error_policy { JUDGE_ERR_FAIL = 0, JUDGE_ERR_DROP = 1 };
  * pairs (docs/TRAINING.md#dpo). */
 enum method { METHOD_DAPO = 0, METHOD_SUPERVISED = 1, METHOD_DPO = 2 };
 /* DPO's loss (the job's loss_type): the sigmoid loss of the DPO paper, with label smoothing. */
-enum dpo_loss { DPO_LOSS_SIGMOID = 0 };
+/* DPO's loss of h = (lp_c - ref_c) - (lp_r - ref_r) as TRL's DPOTrainer computes it: sigmoid
+ * -(1-ls) log s(beta h) - ls log s(-beta h); hinge max(0, 1 - beta h); ipo (h - 1/(2 beta))^2
+ * over log-probs averaged per response token; robust (-(1-ls) log s(beta h) + ls log s(-beta h))
+ * / (1 - 2 ls). */
+enum dpo_loss { DPO_LOSS_SIGMOID = 0, DPO_LOSS_HINGE, DPO_LOSS_IPO, DPO_LOSS_ROBUST };
 enum lr_schedule { LR_CONSTANT = 0, LR_LINEAR = 1, LR_COSINE = 2 };
 
 /* The largest group_size a spec may ask for: the DAPO step keeps a group's rewards and

@@ -3,11 +3,11 @@
  * with an adapter the base with the adapter switched off) and kept in the out folder, so that a
  * resumed run reads the very bits a straight one uses; then per step batch_size pairs in an
  * epoch-wise shuffled order (as a supervised job's), each pair's two sequences in one
- * micro-batch, DPO's sigmoid loss minimised by one AdamW step. Checkpoints, pause and resume as
- * DAPO jobs. Data-parallel over N ranks (docs/SCALE.md) as a supervised job: each rank its share
- * of the step's pairs (of the reference's pass, gathered; of the validation), the mean over the
- * whole step's pairs, gradients and sums summed over the ranks; rank 0 writes the reference's
- * file, and on resume reads it and sends it to the others. */
+ * micro-batch, DPO's loss (loss_type: sigmoid, hinge, ipo, robust) minimised by one AdamW step.
+ * Checkpoints, pause and resume as DAPO jobs. Data-parallel over N ranks (docs/SCALE.md) as a
+ * supervised job: each rank its share of the step's pairs (of the reference's pass, gathered; of
+ * the validation), the mean over the whole step's pairs, gradients and sums summed over the ranks;
+ * rank 0 writes the reference's file, and on resume reads it and sends it to the others. */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -66,6 +66,27 @@ static double log_sigmoid(double x) {
   return x >= 0 ? -log1p(exp(-x)) : x - log1p(exp(x));
 }
 
+/* The loss of one pair at z = beta h (hparams.h, enum dpo_loss) and its derivative in z (*dz),
+ * label smoothing ls; ipo's h is of averaged log-probs (the caller's). */
+static double dpo_loss(int type, double beta, double ls, double z, double *dz) {
+  switch (type) {
+  case DPO_LOSS_HINGE: /* max(0, 1 - z); the derivative at the kink is 0, as relu's */
+    *dz = z < 1 ? -1 : 0;
+    return z < 1 ? 1 - z : 0;
+  case DPO_LOSS_IPO: { /* (h - 1/(2 beta))^2 */
+    double d = z / beta - 1 / (2 * beta);
+    *dz = 2 * d / beta;
+    return d * d;
+  }
+  case DPO_LOSS_ROBUST: /* (-(1 - ls) log s(z) + ls log s(-z)) / (1 - 2 ls) */
+    *dz = (-(1 - ls) * exp(log_sigmoid(-z)) - ls * exp(log_sigmoid(z))) / (1 - 2 * ls);
+    return (-(1 - ls) * log_sigmoid(z) + ls * log_sigmoid(-z)) / (1 - 2 * ls);
+  default: /* sigmoid: -(1 - ls) log s(z) - ls log s(-z) */
+    *dz = -(1 - ls) * exp(log_sigmoid(-z)) + ls * exp(log_sigmoid(z));
+    return -(1 - ls) * log_sigmoid(z) - ls * log_sigmoid(-z);
+  }
+}
+
 /* Over pairs idx[0 .. n) of p, micro-batches of whole pairs (at most micro_batch_tokens; a pair
  * longer alone) through model m:
  *   PASS_REF: each pair's sequence log-probs into ref[2 i], ref[2 i + 1] (no backward);
@@ -102,23 +123,30 @@ static int pass(struct trainer *t, struct model *m, const struct dpo_pair *p, do
       int r0 = r;
       for (int w = 0; w < 2; w++)
         for (int j = 0; j < x->n_resp[w]; j++) lp[w] += t->sft_logp[r++];
-      double *rf = ref + 2 * (size_t)idx[i + k];
+      double *rf = ref + 2 * (size_t)idx[i + k], dz;
       if (mode == PASS_REF) {
         rf[0] = lp[0], rf[1] = lp[1];
         continue;
       }
-      /* h: how much more the policy prefers the chosen response than the reference does */
-      double rw_c = beta * (lp[0] - rf[0]), rw_r = beta * (lp[1] - rf[1]), z = rw_c - rw_r;
-      st->loss += -(1 - ls) * log_sigmoid(z) - ls * log_sigmoid(-z);
+      /* IPO's log-probs are averages over each response's tokens (TRL's), the others sums */
+      double per[2] = {1, 1};
+      if (t->hp->loss_type == DPO_LOSS_IPO) per[0] = x->n_resp[0], per[1] = x->n_resp[1];
+      double a[2] = {lp[0] / per[0], lp[1] / per[1]};
+      /* z = beta h, h: how much more the policy prefers the chosen response than the
+       * reference does; dz: d loss / d z */
+      double rw_c = beta * (a[0] - rf[0] / per[0]), rw_r = beta * (a[1] - rf[1] / per[1]);
+      double z = rw_c - rw_r;
+      st->loss += dpo_loss(t->hp->loss_type, beta, ls, z, &dz);
       st->chosen += rw_c, st->rejected += rw_r, st->margin += z;
-      st->lp_chosen += lp[0], st->lp_rejected += lp[1];
+      st->lp_chosen += a[0], st->lp_rejected += a[1];
       st->correct += rw_c > rw_r;
       st->pairs++;
-      /* d loss / d lp_chosen = beta * (-(1 - ls) sigmoid(-z) + ls sigmoid(z)) / scale; the
-       * rejected response's is its negative; every token of a response gets its sequence's */
-      double g = beta * (-(1 - ls) * exp(log_sigmoid(-z)) + ls * exp(log_sigmoid(z))) / scale;
-      for (int w = 0, q = r0; w < 2; w++)
-        for (int j = 0; j < x->n_resp[w]; j++) t->sft_logp[q++] = (float)(w ? -g : g);
+      /* d loss / d lp_chosen = beta dz / per[0] / scale, the rejected's the negative (over
+       * per[1]); every token of a response gets its sequence's */
+      for (int w = 0, q = r0; w < 2; w++) {
+        float g = (float)((w ? -beta : beta) * dz / per[w] / scale);
+        for (int j = 0; j < x->n_resp[w]; j++) t->sft_logp[q++] = g;
+      }
     }
     st->tokens += nt;
     if (mode == PASS_TRAIN && train_backward(t->ts, m, t->sft_logp, &e))

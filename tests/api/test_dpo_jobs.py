@@ -115,7 +115,10 @@ class DpoJobs(test_jobs.DaemonCase):
         for hp, field, part in (
                 ({"beta": 3}, "hyperparameters.beta", "3 not in (0, 2]"),
                 ({"beta": 0}, "hyperparameters.beta", "0 not in (0, 2]"),
-                ({"loss_type": "ipo"}, "hyperparameters.loss_type", "expected one of: sigmoid"),
+                ({"loss_type": "kto"}, "hyperparameters.loss_type",
+                 "expected one of: sigmoid, hinge, ipo, robust"),
+                ({"loss_type": "ipo", "label_smoothing": 0.1}, "hyperparameters.label_smoothing",
+                 "the ipo loss has no label smoothing"),
                 ({"label_smoothing": 0.5}, "hyperparameters.label_smoothing",
                  "0.5 not in [0, 0.5)"),
                 ({"group_size": 4}, "hyperparameters.group_size",

@@ -74,7 +74,7 @@ static void test_defaults(void) {
 static void test_refusals(void) {
   struct job_spec s;
   json_t *errs;
-  json_t *h = json_pack("{s:f,s:s,s:f,s:i,s:i}", "beta", 0.0, "loss_type", "ipo", "label_smoothing",
+  json_t *h = json_pack("{s:f,s:s,s:f,s:i,s:i}", "beta", 0.0, "loss_type", "kto", "label_smoothing",
                         0.5, "group_size", 4, "batch_size", 0);
   int n = parse(json_pack("{s:s,s:s,s:s,s:o,s:{s:s},s:{s:i}}", "method", "dpo", "model", "tiny",
                           "training_file", "t", "hyperparameters", h, "judge", "type", "math",
@@ -82,7 +82,7 @@ static void test_refusals(void) {
                 &s, &errs);
   CHECK_MSG(n == 7, "%d problems", n);
   CHECK(has_err(errs, "hyperparameters.beta", "0 not in (0, 2]"));
-  CHECK(has_err(errs, "hyperparameters.loss_type", "expected one of: sigmoid"));
+  CHECK(has_err(errs, "hyperparameters.loss_type", "expected one of: sigmoid, hinge, ipo, robust"));
   CHECK(has_err(errs, "hyperparameters.label_smoothing", "0.5 not in [0, 0.5)"));
   CHECK(has_err(errs, "hyperparameters.group_size", "not a hyperparameter of method dpo"));
   CHECK(has_err(errs, "hyperparameters.batch_size", "0 not in [1, 65536]"));
@@ -98,6 +98,20 @@ static void test_refusals(void) {
   CHECK(has_err(errs, "hyperparameters.label_smoothing", "-0.1 not in [0, 0.5)"));
   jobspec_deinit(&s);
   json_decref(errs);
+  /* hinge and ipo have no label smoothing; robust and sigmoid have */
+  const char *types[] = {"hinge", "ipo", "robust", "sigmoid"};
+  for (int k = 0; k < 4; k++) {
+    h = json_pack("{s:s,s:f}", "loss_type", types[k], "label_smoothing", 0.2);
+    n = parse(json_pack("{s:s,s:s,s:s,s:o}", "method", "dpo", "model", "tiny", "training_file", "t",
+                        "hyperparameters", h),
+              &s, &errs);
+    CHECK_MSG(n == (k < 2), "%s: %d problems", types[k], n);
+    CHECK(k >= 2 ||
+          has_err(errs, "hyperparameters.label_smoothing", "loss has no label smoothing"));
+    CHECK(k < 2 || s.hp.loss_type == (k == 2 ? DPO_LOSS_ROBUST : DPO_LOSS_SIGMOID));
+    jobspec_deinit(&s);
+    json_decref(errs);
+  }
   /* the DPO knobs on the other methods */
   for (int sup = 0; sup < 2; sup++) {
     h = json_pack("{s:f,s:s,s:f}", "beta", 0.5, "loss_type", "sigmoid", "label_smoothing", 0.1);

@@ -57,6 +57,16 @@ TEMPLATE = {"user": "U{content}|", "assistant": "A{content}|", "generation_promp
             "stop": "|"}
 
 
+# TRL's DPOTrainer.dpo_loss of z = beta * h
+LOSSES = {
+    "sigmoid": lambda z, beta, ls: -(1 - ls) * F.logsigmoid(z) - ls * F.logsigmoid(-z),
+    "hinge": lambda z, beta, ls: torch.relu(1 - z),
+    "ipo": lambda z, beta, ls: (z / beta - 1 / (2 * beta)) ** 2,
+    "robust": lambda z, beta, ls: ((-(1 - ls) * F.logsigmoid(z) + ls * F.logsigmoid(-z))
+                                   / (1 - 2 * ls)),
+}
+
+
 def msg(role, content):
     return {"role": role, "content": content}
 
@@ -146,7 +156,7 @@ def reference(ck0, exs, lr, adapter0=None, with_prompt=False, self_ref=False, no
     lora = llama.attach_lora(model, adapter0) if adapter0 else None
     ref, _ = llama.load_checkpoint(ck0, torch.float64)  # the starting weights, the base for LoRA
     V = llama.tokenizer_id_count(os.path.join(ck0, "tokenizer.json"))
-    beta, ls = HP["beta"], HP["label_smoothing"]
+    beta, ls, kind = HP["beta"], HP["label_smoothing"], HP.get("loss_type", "sigmoid")
     with torch.no_grad():
         ref_lp = [[float(seq_logps(ref, V, p, r, with_prompt, no_end)) for r in rs]
                   for p, rs in exs]
@@ -161,9 +171,12 @@ def reference(ck0, exs, lr, adapter0=None, with_prompt=False, self_ref=False, no
         terms, st = [], {k: 0.0 for k in METRICS}
         for (p, rs), rf in zip(exs, ref_lp):
             lp = [seq_logps(model, V, p, r, with_prompt, no_end) for r in rs]
+            if kind == "ipo":  # TRL's IPO: log-probs averaged over the response's tokens
+                n = [len(r) - (1 if no_end else 0) for r in rs]
+                lp, rf = [lp[0] / n[0], lp[1] / n[1]], [rf[0] / n[0], rf[1] / n[1]]
             rc, rr = beta * (lp[0] - rf[0]), beta * (lp[1] - rf[1])
             z = rc - rr
-            terms.append(-(1 - ls) * F.logsigmoid(z) - ls * F.logsigmoid(-z))
+            terms.append(LOSSES[kind](z, beta, ls))
             st["rewards/chosen"] += float(rc)
             st["rewards/rejected"] += float(rr)
             st["rewards/accuracy"] += float(rc > rr)
@@ -186,7 +199,7 @@ def reference(ck0, exs, lr, adapter0=None, with_prompt=False, self_ref=False, no
     return weights, metrics
 
 
-def check(dapod, work, name, failures, model="tiny", adapter=None):
+def check(dapod, work, name, failures, model="tiny", adapter=None, mutations=True):
     """Runs the job `name` and compares both steps with the reference; returns its folder."""
     out, ms = run_dapod(dapod, work, name, model, adapter)
     cks = [os.path.join(out, "checkpoints", "step-%d" % s) for s in (0, 1, 2)]
@@ -246,7 +259,7 @@ def check(dapod, work, name, failures, model="tiny", adapter=None):
     muts = {}
     for mut, kw in (("prompt tokens counted", {"with_prompt": True}),
                     ("policy as its own reference", {"self_ref": True}),
-                    ("end token left out", {"no_end": True})):
+                    ("end token left out", {"no_end": True})) if mutations else ():
         mw, mm = reference(base, exs, lr, a0, **kw)
         muts[mut] = dist(mw[1], 2)
         off = [k for s_ in (0, 1) for k in METRICS
@@ -286,6 +299,13 @@ def main():
               model=os.path.join(full, "checkpoints", "step-0"),
               adapter={"type": "lora", "r": 4, "alpha": 8,
                        "target_modules": ["q_proj", "v_proj", "down_proj"]})
+    # the other loss types (full fine-tune, each tensor's gradient): hinge, ipo, robust
+    for kind in ("hinge", "ipo", "robust"):
+        HP.clear()
+        HP.update(adam, loss_type=kind, **GRAD_HP)
+        if kind != "robust":
+            HP["label_smoothing"] = 0.0  # theirs has none
+        check(a.dapod, work, "full-" + kind, failures, mutations=False)
     for f in failures:
         print("FAIL: " + f, file=sys.stderr)
     sys.exit(1 if failures else 0)
