@@ -894,6 +894,7 @@ struct cls_args {
   float *logits, *logp, *entropy;
   const float *w;
   const int *targets;
+  const uint64_t *allowed; /* NULL, or a bitset of (V + 63) / 64 words per row */
   int V;
   float inv_temp;
   int probs; /* write the softmax back (and the entropy) */
@@ -906,8 +907,31 @@ struct cls_args {
  * - the sums go in chunks of CLS_CHUNK logits: 16 float lanes (logit j in lane j mod 16), reduced
  *   by simd_tree, the chunks' sums added in double;
  * - a NaN or an infinity among the logits makes the log-sum-exp NaN, as expf's sum would (the
- *   sum of z - z is then not 0): simd_exp4 alone would clamp it away. */
+ *   sum of z - z is then not 0): simd_exp4 alone would clamp it away;
+ * - with a row of allowed ids (structured outputs), the others are -INFINITY: left out of the
+ *   maximum, their exponential exactly 0 (their lanes go through the pass as z = sub, then are
+ *   zeroed), so their probability is exactly 0, they add nothing to the entropy and the sums of
+ *   the allowed lanes are those of a row without them. */
 enum { CLS_CHUNK = 256 };
+
+/* Lanes of 4 ids whose bits are b (bit i: lane i allowed) as a lane mask. */
+SIMD_INLINE simd_i4 cls_bits4(unsigned b) {
+  simd_i4 m = {-(int)(b & 1), -(int)(b >> 1 & 1), -(int)(b >> 2 & 1), -(int)(b >> 3 & 1)};
+  return m;
+}
+
+SIMD_INLINE simd_v4 cls_sel4(simd_i4 m, simd_v4 a, simd_v4 b) { /* a where m, else b */
+  return (simd_v4)(((simd_i4)a & m) | ((simd_i4)b & ~m));
+}
+
+/* x's lanes where bits (16 ids from a multiple of 16) allow them, the other's elsewhere. */
+SIMD_INLINE struct simd16 cls_keep_bits(struct simd16 x, unsigned bits, struct simd16 other) {
+  struct simd16 r = {cls_sel4(cls_bits4(bits), x.q0, other.q0),
+                     cls_sel4(cls_bits4(bits >> 4), x.q1, other.q1),
+                     cls_sel4(cls_bits4(bits >> 8), x.q2, other.q2),
+                     cls_sel4(cls_bits4(bits >> 12), x.q3, other.q3)};
+  return r;
+}
 
 SIMD_INLINE struct simd16 cls_exp16(struct simd16 x, float sub, const int hw) {
   struct simd16 r = {simd_exp4(x.q0 - sub, hw), simd_exp4(x.q1 - sub, hw),
@@ -922,8 +946,10 @@ SIMD_INLINE simd_v4 cls_max4(simd_v4 m, simd_v4 v) { /* v where v > m (never a N
 
 /* One pass over z[V] in chunks (above), exp(z - sub) in each lane: !probs, the sum of the
  * exponentials (NaN when a logit is not finite); probs, writes them back as the probabilities
- * (sub: the log-sum-exp) and returns the entropy, the sum of p (lse - z), terms >= 0. */
-SIMD_INLINE double cls_pass(float *z, int V, float sub, int probs, const int hw) {
+ * (sub: the log-sum-exp) and returns the entropy, the sum of p (lse - z), terms >= 0. allow: NULL,
+ * or the row's allowed ids (the others count as exactly 0). */
+SIMD_INLINE double cls_pass(float *z, int V, float sub, int probs, const uint64_t *allow,
+                            const int hw) {
   double sum = 0;
   struct simd16 bad = simd_zero();
   for (int j = 0; j < V; j += CLS_CHUNK) {
@@ -932,7 +958,10 @@ SIMD_INLINE double cls_pass(float *z, int V, float sub, int probs, const int hw)
     for (int k = j; k < end; k += 16) {
       int n = end - k < 16 ? end - k : 16;
       struct simd16 v = n == 16 ? simd_load(z + k) : simd_load_n(z + k, n);
+      unsigned bits = allow ? (unsigned)(allow[k >> 6] >> (k & 63)) & 0xffffu : 0;
+      if (allow) v = cls_keep_bits(v, bits, simd_splat(sub)); /* masked: exp(0), then 0 */
       struct simd16 e = cls_exp16(v, sub, hw);
+      if (allow) e = cls_keep_bits(e, bits, simd_zero());
       if (n < 16) e = simd_keep_n(e, n);
       if (probs) {
         struct simd16 nlp = {sub - v.q0, sub - v.q1, sub - v.q2, sub - v.q3}; /* -log p */
@@ -950,7 +979,9 @@ SIMD_INLINE double cls_pass(float *z, int V, float sub, int probs, const int hw)
 }
 
 SIMD_INLINE void cls_row_gen(float *z, int V, float inv_temp, int target, float *logp,
-                             float *entropy, int probs, const int hw) {
+                             float *entropy, int probs, const uint64_t *allow, const int hw) {
+  for (int j = 0; allow && j < V; j++) /* masked ids out of the maximum */
+    if (!(allow[j >> 6] >> (j & 63) & 1)) z[j] = -INFINITY;
   struct simd16 mv = simd_splat(-INFINITY);
   int j = 0;
   for (; j + 16 <= V; j += 16) {
@@ -966,28 +997,31 @@ SIMD_INLINE void cls_row_gen(float *z, int V, float inv_temp, int target, float 
     z[j] *= inv_temp;
     mx = z[j] > mx ? z[j] : mx;
   }
-  float lse = mx + (float)log(cls_pass(z, V, mx, 0, hw));
+  float lse = mx + (float)log(cls_pass(z, V, mx, 0, allow, hw));
   if (logp) *logp = z[target] - lse;
   if (!probs) return;
-  double h = cls_pass(z, V, lse, 1, hw); /* writes the probabilities */
+  double h = cls_pass(z, V, lse, 1, allow, hw); /* writes the probabilities */
   if (entropy) *entropy = (float)h;
 }
 
-typedef void cls_row_fn(float *, int, float, int, float *, float *, int);
+typedef void cls_row_fn(float *, int, float, int, float *, float *, int, const uint64_t *);
 
 static void cls_row_portable(float *z, int V, float inv_temp, int target, float *logp,
-                             float *entropy, int probs) {
-  cls_row_gen(z, V, inv_temp, target, logp, entropy, probs, SIMD_HW_FMA);
+                             float *entropy, int probs, const uint64_t *allow) {
+  cls_row_gen(z, V, inv_temp, target, logp, entropy, probs, allow, SIMD_HW_FMA);
 }
 
 #if defined(__x86_64__) || defined(__i386__)
 __attribute__((target("fma"))) static void cls_row_fma(float *z, int V, float inv_temp, int target,
-                                                       float *logp, float *entropy, int probs) {
-  cls_row_gen(z, V, inv_temp, target, logp, entropy, probs, 1);
+                                                       float *logp, float *entropy, int probs,
+                                                       const uint64_t *allow) {
+  cls_row_gen(z, V, inv_temp, target, logp, entropy, probs, allow, 1);
 }
-__attribute__((target("avx2,fma"))) static void
-cls_row_avx2(float *z, int V, float inv_temp, int target, float *logp, float *entropy, int probs) {
-  cls_row_gen(z, V, inv_temp, target, logp, entropy, probs, 1);
+__attribute__((target("avx2,fma"))) static void cls_row_avx2(float *z, int V, float inv_temp,
+                                                             int target, float *logp,
+                                                             float *entropy, int probs,
+                                                             const uint64_t *allow) {
+  cls_row_gen(z, V, inv_temp, target, logp, entropy, probs, allow, 1);
 }
 #endif
 
@@ -1005,28 +1039,35 @@ static cls_row_fn *cls_row_pick(void) {
 static void cls_fwd_rows(void *a_, int lo, int hi) {
   struct cls_args *a = a_;
   cls_row_fn *row = cls_row_pick();
+  size_t W = ((size_t)a->V + 63) / 64;
   for (int r = lo; r < hi; r++)
     row(a->logits + (size_t)r * a->V, a->V, a->inv_temp, a->targets[r],
-        a->logp ? a->logp + r : NULL, a->entropy ? a->entropy + r : NULL, a->probs);
+        a->logp ? a->logp + r : NULL, a->entropy ? a->entropy + r : NULL, a->probs,
+        a->allowed ? a->allowed + (size_t)r * W : NULL);
 }
 
-void classifier_forward(float *logits, float *logp, float *entropy, const int *targets, int R,
-                        int V, float inv_temp) {
+void classifier_forward(float *logits, float *logp, float *entropy, const int *targets,
+                        const uint64_t *allowed, int R, int V, float inv_temp) {
   /* logits: [R, V] -> probabilities in place */
   struct cls_args a = {.logits = logits,
                        .logp = logp,
                        .entropy = entropy,
                        .targets = targets,
+                       .allowed = allowed,
                        .V = V,
                        .inv_temp = inv_temp,
                        .probs = 1};
   parallel_for(R, (long)R * V * 8, cls_fwd_rows, &a);
 }
 
-void classifier_logprobs(float *logits, float *logp, const int *targets, int R, int V,
-                         float inv_temp) {
-  struct cls_args a = {
-      .logits = logits, .logp = logp, .targets = targets, .V = V, .inv_temp = inv_temp};
+void classifier_logprobs(float *logits, float *logp, const int *targets, const uint64_t *allowed,
+                         int R, int V, float inv_temp) {
+  struct cls_args a = {.logits = logits,
+                       .logp = logp,
+                       .targets = targets,
+                       .allowed = allowed,
+                       .V = V,
+                       .inv_temp = inv_temp};
   parallel_for(R, (long)R * V * 4, cls_fwd_rows, &a);
 }
 

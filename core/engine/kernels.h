@@ -157,14 +157,16 @@ void attention_backward(float *dq, float *dk, float *dv, const float *dout, cons
 
 /* For each of R rows of logits [R,V]: z = logits * inv_temp; logp[r] = z[y_r] - logsumexp(z);
  * entropy[r] = H(softmax(z)); then the row is replaced by softmax(z) (saved for the backward).
- * logp/entropy may be NULL. */
-void classifier_forward(float *logits, float *logp, float *entropy, const int *targets, int R,
-                        int V, float inv_temp);
+ * logp/entropy may be NULL. allowed: NULL, or per row a bitset of (V + 63) / 64 words (bit j of
+ * word j / 64): the other ids' z are -INFINITY (structured outputs: the constrained softmax, whose
+ * probabilities there are exactly 0, and so their gradient in classifier_backward). */
+void classifier_forward(float *logits, float *logp, float *entropy, const int *targets,
+                        const uint64_t *allowed, int R, int V, float inv_temp);
 /* classifier_forward's log-probs alone, for a pass no backward follows (old and reference
  * log-probs): the same arithmetic up to the log-sum-exp, so logp has the same bits, without the
  * second pass over the row (no softmax written back, no entropy). logits are left scaled. */
-void classifier_logprobs(float *logits, float *logp, const int *targets, int R, int V,
-                         float inv_temp);
+void classifier_logprobs(float *logits, float *logp, const int *targets, const uint64_t *allowed,
+                         int R, int V, float inv_temp);
 /* probs [R,V] in place -> dlogits: w[r] * inv_temp * (onehot(y_r) - p). */
 void classifier_backward(float *probs, const float *w, const int *targets, int R, int V,
                          float inv_temp);

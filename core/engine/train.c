@@ -302,9 +302,9 @@ static int forward(struct train_state *s, const struct model *m, const struct fw
     rmsnorm_forward(s->sel_xn, s->sel_rstd, s->sel_in, m->w.final_norm, R, C, c->rms_norm_eps);
     rc |= block_linear(s->probs, s->sel_xn, m->w.lm_head, m->w.lm_head16, NULL, R, C, V, 0.0f);
     if (grad)
-      classifier_forward(s->probs, logp, entropy, s->targets, R, V, inv_temp);
+      classifier_forward(s->probs, logp, entropy, s->targets, b->allowed, R, V, inv_temp);
     else
-      classifier_logprobs(s->probs, logp, s->targets, R, V, inv_temp);
+      classifier_logprobs(s->probs, logp, s->targets, b->allowed, R, V, inv_temp);
   }
 
   s->have_fwd = grad;

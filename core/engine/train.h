@@ -10,6 +10,8 @@
 #ifndef DAPO_TRAIN_H
 #define DAPO_TRAIN_H
 
+#include <stdint.h>
+
 #include "error.h"
 #include "model.h"
 
@@ -21,13 +23,22 @@
  * log-probs are computed and trained (1) and those that are only context (0): in a multi-turn
  * episode the model's sampled tokens are trained and what the world wrote between its turns is
  * not. Only trained tokens are numbered, go through the LM head and get a gradient; the others
- * are still attended to. A prompt token is never trained (its entry must be 0). */
+ * are still attended to. A prompt token is never trained (its entry must be 0).
+ *
+ * allowed (NULL: every id) restricts each trained response token's distribution to a set of ids,
+ * as the sampler's mask hook did when it drew it (structured outputs, gen_state_set_mask): one
+ * bitset row of (V + 63) / 64 words per trained response token, numbered as above (bit j of word
+ * j / 64 allows id j; V = model_vocab_used). The logits of the other ids are -INFINITY after the
+ * temperature and before the log-softmax, as the sampler divides by the temperature and masks:
+ * log-probs and entropy are the constrained distribution's, the probabilities outside the set
+ * exactly 0 and so the gradient of their logits. Each row must allow its own target. */
 struct fwd_batch {
   int n_seq;
   const int *tokens;
   const int *seq_off;           /* n_seq + 1 entries, seq_off[0] == 0 */
   const int *prompt_len;        /* n_seq entries */
   const unsigned char *trained; /* NULL, or seq_off[n_seq] entries of 0 or 1 */
+  const uint64_t *allowed;      /* NULL, or a bitset row per trained response token */
 };
 
 struct train_state;

@@ -387,7 +387,7 @@ static void test_classifier(int V) {
   memcpy(zc, z, sizeof(float) * Rr * V);
   int tg[Rr] = {0, 7 % V, V - 1, 13 % V};
   float lp[Rr], ent[Rr], it = 1.0f / 0.6f;
-  classifier_forward(z, lp, ent, tg, Rr, V, it);
+  classifier_forward(z, lp, ent, tg, NULL, Rr, V, it);
   for (int r = 0; r < Rr; r++) {
     double m = -1e30, s = 0, pz = 0;
     for (int j = 0; j < V; j++) m = fmax(m, (double)zc[r * V + j] * it);
@@ -404,7 +404,7 @@ static void test_classifier(int V) {
   /* the log-probs alone (no backward follows): the same bits, the row left scaled */
   float lp2[Rr];
   memcpy(z, zc, sizeof(float) * Rr * V);
-  classifier_logprobs(z, lp2, tg, Rr, V, it);
+  classifier_logprobs(z, lp2, tg, NULL, Rr, V, it);
   for (int r = 0; r < Rr; r++) {
     CHECK(memcmp(&lp2[r], &lp[r], sizeof(float)) == 0);
     CHECK(z[r * V + 3] == zc[r * V + 3] * it);
@@ -412,13 +412,13 @@ static void test_classifier(int V) {
   /* every instruction set: the same log-probs, entropies and probabilities */
   float *z0 = malloc(sizeof(float) * Rr * V);
   memcpy(z0, zc, sizeof(float) * Rr * V);
-  classifier_forward(z0, lp, ent, tg, Rr, V, it);
+  classifier_forward(z0, lp, ent, tg, NULL, Rr, V, it);
   int isas[4], n_isa = isa_list(isas);
   for (int ii = 0; ii < n_isa; ii++) {
     kernels_force_isa(isas[ii]);
     float lpi[Rr], enti[Rr];
     memcpy(z, zc, sizeof(float) * Rr * V);
-    classifier_forward(z, lpi, enti, tg, Rr, V, it);
+    classifier_forward(z, lpi, enti, tg, NULL, Rr, V, it);
     CHECK_MSG(!memcmp(lpi, lp, sizeof lp) && !memcmp(enti, ent, sizeof ent) &&
                   !memcmp(z, z0, sizeof(float) * Rr * V),
               "classifier isa %d differs (V=%d)", isas[ii], V);
@@ -428,10 +428,96 @@ static void test_classifier(int V) {
   memcpy(z, zc, sizeof(float) * Rr * V);
   z[1 * V + (V > 1 ? (tg[1] + 1) % V : 0)] = NAN;
   z[2 * V + V / 2] = INFINITY;
-  classifier_logprobs(z, lp2, tg, Rr, V, it);
+  classifier_logprobs(z, lp2, tg, NULL, Rr, V, it);
   CHECK_MSG(isnan(lp2[1]) && isnan(lp2[2]) && !isnan(lp2[0]) && !isnan(lp2[3]),
             "classifier V=%d: NaN/infinity rows give %g %g", V, (double)lp2[1], (double)lp2[2]);
   free(z), free(zc), free(z0);
+}
+
+/* The classifier under a mask of allowed ids (structured outputs): the log-prob, entropy and
+ * probabilities of the softmax over the allowed ids alone (a double-precision reference), exactly
+ * 0 elsewhere, so the backward's logit gradient there is exactly 0 (its others checked by a
+ * finite difference of the masked log-prob); the log-probs alone give the same bits; every
+ * instruction set the same bits. */
+static void test_classifier_masked(int V) {
+  enum { Rr = 4 };
+  size_t W = ((size_t)V + 63) / 64;
+  float *z = rnd((size_t)Rr * V, 3), *zc = malloc(sizeof(float) * Rr * V);
+  uint64_t *al = calloc((size_t)Rr * W, sizeof *al);
+  memcpy(zc, z, sizeof(float) * Rr * V);
+  int tg[Rr] = {0, 7 % V, V - 1, 13 % V};
+  for (int r = 0; r < Rr; r++) /* about a third of the ids, the target always */
+    for (int j = 0; j < V; j++)
+      if (j == tg[r] || (j * 7 + r * 3) % 3 == 0) al[r * W + j / 64] |= 1ull << (j % 64);
+  float lp[Rr], ent[Rr], it = 1.0f / 0.6f;
+  classifier_forward(z, lp, ent, tg, al, Rr, V, it);
+  for (int r = 0; r < Rr; r++) {
+    double m = -1e30, s = 0, pz = 0;
+#define ALLOWED(j) (al[r * W + (j) / 64] >> ((j) % 64) & 1)
+    for (int j = 0; j < V; j++)
+      if (ALLOWED(j)) m = fmax(m, (double)zc[r * V + j] * it);
+    for (int j = 0; j < V; j++)
+      if (ALLOWED(j)) s += exp((double)zc[r * V + j] * it - m);
+    double lse = m + log(s);
+    int n_zero = 0;
+    for (int j = 0; j < V; j++) {
+      double zz = (double)zc[r * V + j] * it, p = ALLOWED(j) ? exp(zz - lse) : 0;
+      if (ALLOWED(j)) pz += p * zz;
+      CHECK_NEAR(z[r * V + j], p, 1e-6);
+      n_zero += !ALLOWED(j) && z[r * V + j] == 0.0f && !signbit(z[r * V + j]);
+    }
+    int n_out = 0;
+    for (int j = 0; j < V; j++) n_out += !ALLOWED(j);
+    CHECK_MSG(n_zero == n_out, "masked V=%d row %d: %d of %d masked probabilities are +0", V, r,
+              n_zero, n_out);
+    CHECK_NEAR(lp[r], zc[r * V + tg[r]] * it - lse, 1e-5);
+    CHECK_NEAR(ent[r], lse - pz, 1e-5);
+  }
+  /* the backward: exactly 0 outside the mask; inside, the derivative of w * logp by the logit
+   * (a central difference of the masked log-prob, in double) */
+  float w[Rr] = {1.0f, -0.5f, 2.0f, 0.25f};
+  classifier_backward(z, w, tg, Rr, V, it);
+  for (int r = 0; r < Rr; r++)
+    for (int j = 0; j < V; j++) {
+      if (!ALLOWED(j)) {
+        CHECK_MSG(z[r * V + j] == 0.0f, "masked V=%d: dlogit[%d][%d] = %g", V, r, j,
+                  (double)z[r * V + j]);
+        continue;
+      }
+      if (j % 5) continue; /* a sample of the allowed ids */
+      double f[2];
+      for (int sgn = 0; sgn < 2; sgn++) {
+        double h = sgn ? -1e-3 : 1e-3, m = -1e30, s = 0;
+        for (int k = 0; k < V; k++)
+          if (ALLOWED(k)) m = fmax(m, ((double)zc[r * V + k] + (k == j ? h : 0)) * it);
+        for (int k = 0; k < V; k++)
+          if (ALLOWED(k)) s += exp(((double)zc[r * V + k] + (k == j ? h : 0)) * it - m);
+        f[sgn] = w[r] * (((double)zc[r * V + tg[r]] + (tg[r] == j ? h : 0)) * it - m - log(s));
+      }
+      CHECK_NEAR(z[r * V + j], (f[0] - f[1]) / 2e-3, 1e-3); /* d(w logp) / dlogit */
+    }
+#undef ALLOWED
+  /* the log-probs alone: the same bits */
+  float lp2[Rr];
+  memcpy(z, zc, sizeof(float) * Rr * V);
+  classifier_logprobs(z, lp2, tg, al, Rr, V, it);
+  CHECK(!memcmp(lp2, lp, sizeof lp));
+  /* every instruction set: the same bits */
+  float *z0 = malloc(sizeof(float) * Rr * V);
+  memcpy(z0, zc, sizeof(float) * Rr * V);
+  classifier_forward(z0, lp, ent, tg, al, Rr, V, it);
+  int isas[4], n_isa = isa_list(isas);
+  for (int ii = 0; ii < n_isa; ii++) {
+    kernels_force_isa(isas[ii]);
+    float lpi[Rr], enti[Rr];
+    memcpy(z, zc, sizeof(float) * Rr * V);
+    classifier_forward(z, lpi, enti, tg, al, Rr, V, it);
+    CHECK_MSG(!memcmp(lpi, lp, sizeof lp) && !memcmp(enti, ent, sizeof ent) &&
+                  !memcmp(z, z0, sizeof(float) * Rr * V),
+              "masked classifier isa %d differs (V=%d)", isas[ii], V);
+  }
+  kernels_force_isa(0);
+  free(z), free(zc), free(z0), free(al);
 }
 
 int main(void) {
@@ -492,5 +578,7 @@ int main(void) {
   test_classifier(50);
   test_classifier(16);
   test_classifier(1203); /* several chunks of sums, a partial vector at the end */
+  test_classifier_masked(50);
+  test_classifier_masked(1203);
   return check_done("test_kernels");
 }
