@@ -318,7 +318,8 @@ static json_t *ft_job_json(struct api_req *r, const struct store_job *j) {
                 json_object_get(judge, "grader") ? json_object_get(judge, "grader") : json_null(),
                 "hyperparameters", rft_hparams(json_object_get(res, "hyperparameters"), echo),
                 "response_format",
-                json_object_get(judge, "response_format")
+                json_object_get(res, "response_format") ? json_object_get(res, "response_format")
+                : json_object_get(judge, "response_format")
                     ? json_object_get(judge, "response_format")
                     : json_null());
   /* dapod's extension, resolved (every field), when the job has one */
@@ -653,8 +654,6 @@ static json_t *native_body(struct api_req *r, const json_t *b, json_t *errors) {
     json_object_set(nhp, "checkpoint_every", json_object_get(nhp, "eval_every"));
 
   json_t *judge = json_pack("{s:s, s:O}", "type", "grader", "grader", grader);
-  const json_t *rf = json_object_get(rl, "response_format");
-  if (judge && rf && !json_is_null(rf)) json_object_set(judge, "response_format", (json_t *)rf);
   json_t *meta = json_object_get(b, "metadata");
   json_t *nmeta = json_is_object(meta) ? json_deep_copy(meta) : json_object();
   char *echo_text = json_dumps(echo, JSON_COMPACT | JSON_SORT_KEYS);
@@ -670,6 +669,10 @@ static json_t *native_body(struct api_req *r, const json_t *b, json_t *errors) {
    * job service, its errors named method.reinforcement.episode.* */
   const json_t *episode = json_object_get(rl, "episode");
   if (episode && !json_is_null(episode)) json_object_set(nb, "episode", (json_t *)episode);
+  /* the job's response_format: it constrains the sampling, and the grader's
+   * {{sample.output_json}} parses by it (jobspec.c gives the judge a copy) */
+  const json_t *rf = json_object_get(rl, "response_format");
+  if (rf && !json_is_null(rf)) json_object_set(nb, "response_format", (json_t *)rf);
   return finish_body(r, b, nb, errors);
 }
 
@@ -683,7 +686,7 @@ static void oai_field(const char *f, const char *hp, char *out, size_t cap) {
     snprintf(out, cap, "method.reinforcement.%s", f + 6);
   else if (!strncmp(f, "hyperparameters", 15))
     snprintf(out, cap, "%s%s", hp, f);
-  else if (!strncmp(f, "episode", 7))
+  else if (!strncmp(f, "episode", 7) || !strncmp(f, "response_format", 15))
     snprintf(out, cap, "method.reinforcement.%s", f);
   else
     snprintf(out, cap, "%s", f);

@@ -78,6 +78,7 @@ static json_t *job_json(struct server *srv, const struct store_job *j) {
                       json_is_string(dtype) ? json_incref(dtype) : json_string("auto"));
   json_object_set_new(o, "adapter", or_null(json_object_get(res, "adapter")));
   json_object_set_new(o, "episode", or_null(json_object_get(res, "episode")));
+  json_object_set_new(o, "response_format", or_null(json_object_get(res, "response_format")));
   json_object_set_new(o, "memory", or_null(json_object_get(res, "memory")));
   json_object_set_new(o, "metadata", j->metadata ? json_incref(j->metadata) : json_object());
   json_object_set_new(o, "suffix", j->suffix ? json_string(j->suffix) : json_null());

@@ -133,7 +133,7 @@ static int refuse_memory(json_t *errors, const struct mem_plan *plan, int proces
 }
 
 /* What the job object shows of the resolved spec (judge, hyperparameters, seed, memory, adapter,
- * episode) and
+ * episode, response_format) and
  * what the worker runs ("run": the resolved body). NULL out of memory. */
 static json_t *resolved_of(const struct job_spec *spec, const struct mem_plan *plan,
                            const json_t *run) {
@@ -151,11 +151,12 @@ static json_t *resolved_of(const struct job_spec *spec, const struct mem_plan *p
   /* a supervised job has no judge and always a method; a DAPO job's method only when named */
   json_t *o =
       all && mem
-          ? json_pack("{s:O*, s:O*, s:O, s:O, s:o, s:O, s:O*, s:O*}", "method",
+          ? json_pack("{s:O*, s:O*, s:O, s:O, s:o, s:O, s:O*, s:O*, s:O*}", "method",
                       json_object_get(all, "method"), "judge", json_object_get(all, "judge"),
                       "hyperparameters", json_object_get(all, "hyperparameters"), "seed",
                       json_object_get(all, "seed"), "memory", mem, "run", run, "adapter",
-                      json_object_get(all, "adapter"), "episode", json_object_get(all, "episode"))
+                      json_object_get(all, "adapter"), "episode", json_object_get(all, "episode"),
+                      "response_format", json_object_get(all, "response_format"))
           : (json_decref(mem), NULL);
   json_decref(all);
   return o;

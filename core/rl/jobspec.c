@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "chat.h"
+#include "jsongrammar.h"
 
 static char *dup_str(const char *s) {
   if (!s) return NULL;
@@ -32,6 +33,57 @@ static void spec_err_named(json_t *errors, const char *base, const char *text) {
   dapo_errors_add(errors, field, text);
 }
 
+/* The body's response_format: compiled once here, as the completion routes do (errors named
+ * under "response_format"), so that a job the runner cannot constrain is refused when it is
+ * submitted; a DAPO job's single-turn sampling only. A grader judge without a response_format
+ * of its own parses {{sample.output_json}} by this one (s->judge gets a copy holding it); one
+ * with its own must give the same. */
+static void response_format_parse(const json_t *body, int method, struct job_spec *s,
+                                  json_t *errors) {
+  const json_t *rf = json_object_get(body, "response_format");
+  if (!rf || json_is_null(rf)) return;
+  const char *type = json_string_value(json_object_get(rf, "type"));
+  if (json_is_object(rf) && type && !strcmp(type, "text")) return;
+  if (method != METHOD_DAPO) {
+    dapo_errors_add(errors, "response_format",
+                    "only a DAPO job's sampling can be constrained (a supervised or DPO job "
+                    "samples nothing)");
+    return;
+  }
+  if (s->episode.on && episode_multi(&s->episode)) {
+    dapo_errors_add(errors, "response_format",
+                    "not supported with multi-turn episodes yet (dapod): the model's turns "
+                    "around tool calls are not one JSON value");
+    return;
+  }
+  struct dapo_err e = {0};
+  struct jgrammar *g = jgrammar_new(rf, "response_format", &e);
+  if (!g) {
+    spec_err_named(errors, "response_format", e.msg);
+    return;
+  }
+  jgrammar_free(g);
+  s->response_format = json_incref((json_t *)rf);
+  const char *jt = json_string_value(json_object_get(s->judge, "type"));
+  if (!jt || strcmp(jt, "grader")) return;
+  const json_t *own = json_object_get(s->judge, "response_format");
+  if (own && !json_is_null(own)) {
+    if (!json_equal((json_t *)own, (json_t *)rf))
+      dapo_errors_add(errors, "judge.response_format",
+                      "differs from the job's response_format (which constrains the sampling "
+                      "and is the judge's too): give it once, at the top level");
+    return;
+  }
+  json_t *j = json_deep_copy(s->judge);
+  if (!j || json_object_set(j, "response_format", (json_t *)rf)) {
+    json_decref(j);
+    dapo_errors_add(errors, "", "out of memory");
+    return;
+  }
+  json_decref(s->judge);
+  s->judge = j;
+}
+
 int jobspec_parse(const json_t *body, const struct judge_policy *pol, struct job_spec *s,
                   json_t *errors) {
   size_t before = json_array_size(errors);
@@ -40,11 +92,11 @@ int jobspec_parse(const json_t *body, const struct judge_policy *pol, struct job
     dapo_errors_add(errors, "", "the job body must be a JSON object");
     return 1;
   }
-  static const char *const known[] = {"model",         "training_file",    "validation_file",
-                                      "judge",         "hyperparameters",  "seed",
-                                      "metadata",      "suffix",           "job_id",
-                                      "chat_template", "checkpoint_dtype", "adapter",
-                                      "resources",     "episode",          "method"};
+  static const char *const known[] = {
+      "model",           "training_file", "validation_file",  "judge",
+      "hyperparameters", "seed",          "metadata",         "suffix",
+      "job_id",          "chat_template", "checkpoint_dtype", "adapter",
+      "resources",       "episode",       "method",           "response_format"};
   const char *key;
   json_t *v;
   json_object_foreach((json_t *)body, key, v) {
@@ -185,6 +237,8 @@ int jobspec_parse(const json_t *body, const struct judge_policy *pol, struct job
     episode_parse(json_object_get(body, "episode"), &s->hp, pol, &s->episode, errors);
   }
 
+  response_format_parse(body, method, s, errors);
+
   if (!s->model || !s->training_file || !s->job_id || !s->judge) {
     if ((model && !s->model) || (tf && !s->training_file) || !s->job_id || !s->judge)
       dapo_errors_add(errors, "", "out of memory");
@@ -208,13 +262,14 @@ json_t *jobspec_to_json(const struct job_spec *s) {
                      s->chat_template, "checkpoint_dtype",
                      s->checkpoint_dtype_given ? jobspec_dtype_name(s->checkpoint_dtype) : NULL,
                      "adapter", s->has_adapter ? lora_config_to_json(&s->adapter) : NULL);
-  json_t *o = json_pack("{s:s?,s:s?,s:s?,s:O?,s:o,s:I,s:O*,s:s*,s:o*,s:o*}", "model", s->model,
-                        "training_file", s->training_file, "validation_file", s->validation_file,
-                        "judge", s->judge, "hyperparameters", hparams_to_json(&s->hp), "seed",
-                        (json_int_t)s->seed, "chat_template", s->chat_template, "checkpoint_dtype",
-                        s->checkpoint_dtype_given ? jobspec_dtype_name(s->checkpoint_dtype) : NULL,
-                        "adapter", s->has_adapter ? lora_config_to_json(&s->adapter) : NULL,
-                        "episode", episode_to_json(&s->episode));
+  json_t *o =
+      json_pack("{s:s?,s:s?,s:s?,s:O?,s:o,s:I,s:O*,s:s*,s:o*,s:o*,s:O*}", "model", s->model,
+                "training_file", s->training_file, "validation_file", s->validation_file, "judge",
+                s->judge, "hyperparameters", hparams_to_json(&s->hp), "seed", (json_int_t)s->seed,
+                "chat_template", s->chat_template, "checkpoint_dtype",
+                s->checkpoint_dtype_given ? jobspec_dtype_name(s->checkpoint_dtype) : NULL,
+                "adapter", s->has_adapter ? lora_config_to_json(&s->adapter) : NULL, "episode",
+                episode_to_json(&s->episode), "response_format", s->response_format);
   if (o && s->method_given) json_object_set_new(o, "method", json_string("dapo"));
   return o;
 }
@@ -226,6 +281,7 @@ void jobspec_deinit(struct job_spec *s) {
   free(s->job_id);
   json_decref(s->judge);
   json_decref(s->chat_template);
+  json_decref(s->response_format);
   episode_deinit(&s->episode);
   memset(s, 0, sizeof *s);
 }

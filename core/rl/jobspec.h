@@ -41,6 +41,9 @@ struct job_spec {
   struct episode_spec episode; /* multi-turn episodes with tools (episode.h); .on 0: none */
   int method_given; /* the body named `method` (hp.method holds it): a DAPO job's resolved spec
                        then records it, so that specs of jobs without it stay as they were */
+  json_t *response_format; /* the body's `response_format` (structured outputs: the sampling is
+                              constrained to it, jsongrammar.h), checked; NULL when absent, null
+                              or {"type": "text"} (owned reference) */
 };
 
 #define JOBSPEC_PROCESSES_MAX 4096

@@ -845,12 +845,14 @@ static int setup(struct trainer *t, int64_t from) {
     for (int j = 0; j < t->so.n_stop; j++) dup |= t->so.stop_ids[j] == t->chat_stop[i];
     if (!dup) t->so.stop_ids[t->so.n_stop++] = t->chat_stop[i];
   }
+  if (trainer_json_setup(t, cap_resp)) return 1; /* (with the stop ids) */
   if (from >= 0)
     return trainer_log(t, "info", "resumed from the checkpoint of step %" PRId64, from);
   return 0;
 }
 
 static void teardown(struct trainer *t) {
+  trainer_json_teardown(t);
   trainer_clear_rollouts(t);
   free(t->ros);
   if (t->ids)

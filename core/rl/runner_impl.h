@@ -20,6 +20,7 @@
 #include "dist.h"
 #include "dpo.h"
 #include "episode.h"
+#include "jsongrammar.h"
 #include "lm.h"
 #include "rng.h"
 #include "runner.h"
@@ -155,7 +156,32 @@ struct trainer {
   struct dpo_pair *dpo_train, *dpo_val;
   int n_dpo_train, n_dpo_val;
   double *dpo_ref_train, *dpo_ref_val; /* [2 n]: pair i's chosen at 2i, rejected at 2i + 1 */
+  /* structured outputs (spec->response_format; jk NULL: none): the grammar, vocabulary and
+   * masker, one each for the job (runner_json.c); a matcher per sequence generated at once, fed
+   * the drawn tokens; and the allowed ids of the packed micro-batch's response tokens */
+  struct jgrammar *jg;
+  struct jvocab *jv;
+  struct jmasker *jk;
+  struct jmatch **jm; /* [gen_cap] */
+  int *j_fed;         /* [gen_cap] tokens fed to each matcher */
+  int j_failed;       /* set by the hooks: 1 out of memory, 2 a matcher allows no id */
+  uint64_t *b_allow;  /* [cap_resp * (V + 63) / 64]: a bitset row per response token */
+  int b_allow_ns;     /* the sequences of the micro-batch b_allow holds (0: not computed) */
 };
+
+/* ---- runner_json.c: structured outputs ---- */
+
+/* Compiles spec->response_format for the job's vocabulary and stop ids (so: after them), with
+ * cap_resp response tokens a micro-batch. 0 (also without one), or 1 with res set. */
+int trainer_json_setup(struct trainer *t, int cap_resp);
+void trainer_json_teardown(struct trainer *t);
+/* Constrains the next gen_run of ns sequences (fresh matchers, the hooks set); after it,
+ * trainer_json_end: 0, or 1 with res set when a hook failed. Nothing without a response_format. */
+void trainer_json_begin(struct trainer *t, int ns);
+int trainer_json_end(struct trainer *t);
+/* The allowed ids of the packed micro-batch's ns sequences (b_allow), replayed through a fresh
+ * matcher each; NULL without a response_format. NULL with res set on failure (*failed 1). */
+const uint64_t *trainer_json_allowed(struct trainer *t, int ns, int *failed);
 
 /* How a step ended: trained (STEP_OK), stopped with res set (STEP_STOP), or paused between
  * generation rounds before anything was trained (STEP_PAUSED). */

@@ -150,12 +150,15 @@ static int generate(struct trainer *t, const struct dataset *d, int n, const int
         .tokens = t->g_tok, .logp = t->g_logp, .len = t->g_len, .finish = t->g_fin};
     struct dapo_err e = {0};
     gen_state_set_progress(t->gs, g.on ? on_gen_progress : NULL, &gp);
+    trainer_json_begin(t, ns); /* response_format: constrained, fresh matchers */
     int rc = gen_run(t->gs, t->lm.model, ns, t->g_prompts, t->g_plen, t->g_rng, so, &go,
                      t->o ? t->o->cancel : NULL, &e);
+    int json_stop = trainer_json_end(t);
     gen_state_set_progress(t->gs, NULL, NULL);
     gp.seqs_before += ns;
     if (rc == DAPO_ECANCELLED) return trainer_fail(t, FAIL_CANCELLED, NULL, "cancelled");
     if (rc) return trainer_fail_err(t, FAIL_GENERATION_FAILED, NULL, &e);
+    if (json_stop) return 1;
     for (int s = 0; s < ns; s++) {
       struct ro *r = new_ro(t);
       if (!r) return trainer_fail(t, FAIL_OUT_OF_MEMORY, NULL, "out of memory for rollouts");
@@ -498,6 +501,7 @@ static int pack(struct trainer *t, struct ro *const *list, int from, int to) {
   int fit = pack_size(t, list, from, to, &fit_tokens), ntok = 0, ns = 0;
   t->b_off[0] = 0;
   t->b_masked = 0;
+  t->b_allow_ns = 0; /* the allowed ids are the new batch's (trainer_json_allowed) */
   for (int i = from; i < from + fit; i++) t->b_masked |= list[i]->trained != NULL;
   for (int i = from; i < from + fit; i++) {
     const struct ro *r = list[i];
@@ -520,11 +524,14 @@ static int pack(struct trainer *t, struct ro *const *list, int from, int to) {
 }
 
 static int forward(struct trainer *t, struct model *m, int ns, float *ent) {
+  int failed;
   struct fwd_batch b = {.n_seq = ns,
                         .tokens = t->b_tok,
                         .seq_off = t->b_off,
                         .prompt_len = t->b_plen,
-                        .trained = t->b_masked ? t->b_trained : NULL};
+                        .trained = t->b_masked ? t->b_trained : NULL,
+                        .allowed = trainer_json_allowed(t, ns, &failed)};
+  if (failed) return 1;
   struct dapo_err e = {0};
   if (train_forward(t->ts, m, &b, 1.0f / (float)t->hp->temperature, t->b_logp, ent, &e))
     return trainer_fail_err(t, FAIL_INTERNAL, NULL, &e);
@@ -534,11 +541,14 @@ static int forward(struct trainer *t, struct model *m, int ns, float *ent) {
 /* The log-probs of the packed micro-batch alone (b_logp), for a pass no backward follows: the
  * bits forward() gives, without the classifier's softmax pass (train_logprobs). */
 static int logprobs(struct trainer *t, struct model *m, int ns) {
+  int failed;
   struct fwd_batch b = {.n_seq = ns,
                         .tokens = t->b_tok,
                         .seq_off = t->b_off,
                         .prompt_len = t->b_plen,
-                        .trained = t->b_masked ? t->b_trained : NULL};
+                        .trained = t->b_masked ? t->b_trained : NULL,
+                        .allowed = trainer_json_allowed(t, ns, &failed)};
+  if (failed) return 1;
   struct dapo_err e = {0};
   if (train_logprobs(t->ts, m, &b, 1.0f / (float)t->hp->temperature, t->b_logp, &e))
     return trainer_fail_err(t, FAIL_INTERNAL, NULL, &e);
