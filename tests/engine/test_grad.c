@@ -2,7 +2,8 @@
  * tensor, on tiny models that cover GQA and plain MHA, tied and untied heads, Qwen2 q/k/v biases,
  * Qwen3's q/k norms and o_proj bias, scaled RoPE (yarn, llama3), a padded vocabulary, a
  * temperature, packed sequences of different lengths, and responses whose world tokens are
- * context only (fwd_batch.trained).
+ * context only (fwd_batch.trained), and distributions constrained to a set of allowed ids per
+ * response token (fwd_batch.allowed: structured outputs, the logits of the others -INFINITY).
  * Tolerance: each tensor's directional derivative along a random direction, and 6 single
  * entries per tensor, agree within |fd - an| <= 1e-2 * |an| + 2e-3 (central differences with
  * Richardson extrapolation from h = 1e-2 and 5e-3 on weights of scale ~0.3; float32 forward). */
@@ -52,7 +53,9 @@ static double richardson(struct train_state *s, struct model *m, const struct fw
 
 static struct pool *g_pool; /* NULL: serial; else every kernel split over 3 threads */
 
-static void run_case(const char *name, struct model_config cfg, float inv_temp) {
+/* constrain: each response token's distribution restricted to about half the ids (its target
+ * always among them; fwd_batch.allowed). */
+static void run_case(const char *name, struct model_config cfg, float inv_temp, int constrain) {
   struct dapo_err e = {0};
   struct model *m = model_new(&cfg, &e);
   CHECK_MSG(m != NULL, "%s: %s", name, e.msg);
@@ -79,6 +82,14 @@ static void run_case(const char *name, struct model_config cfg, float inv_temp) 
   int R = fwd_batch_resp_tokens(&b);
   float w[32], logp[32];
   for (int i = 0; i < R; i++) w[i] = (float)rng_normal(&r);
+  uint64_t allowed[32] = {0}; /* one word a row: V <= 64 here */
+  for (int i = 0, q = 0; constrain && i < 3; i++)
+    for (int t = off[i] + plen[i]; t < off[i + 1]; t++, q++) {
+      for (int j = 0; j < model_vocab_used(&cfg); j++)
+        if (rng_below(&r, 2)) allowed[q] |= 1ull << j;
+      allowed[q] |= 1ull << tokens[t];
+    }
+  if (constrain) b.allowed = allowed;
 
   struct train_state *s = train_state_new(m, 32, 32, 16, &e);
   if (s && g_pool) CHECK(train_state_set_pool(s, g_pool, &e) == 0);
@@ -288,12 +299,12 @@ int main(void) {
                               .bos_token_id = 1,
                               .eos_token_id = 2,
                               .initializer_range = 0.3f};
-  run_case("llama-gqa-tied", base, 1.0f);
+  run_case("llama-gqa-tied", base, 1.0f, 0);
 
   struct model_config c2 = base;
   c2.tie_word_embeddings = 0;
   c2.num_kv_heads = 4;
-  run_case("llama-mha-untied-temp0.7", c2, 1.0f / 0.7f);
+  run_case("llama-mha-untied-temp0.7", c2, 1.0f / 0.7f, 0);
 
   struct model_config c3 = base;
   c3.arch = ARCH_QWEN2;
@@ -301,7 +312,7 @@ int main(void) {
   c3.tie_word_embeddings = 0;
   c3.num_kv_heads = 1;
   c3.head_dim = 6; /* CQ != C */
-  run_case("qwen2-bias-mqa-untied", c3, 1.0f);
+  run_case("qwen2-bias-mqa-untied", c3, 1.0f, 0);
   /* Qwen3: per-head q/k RMSNorm (q_norm, k_norm), explicit head_dim, attention biases (q/k/v
    * and o_proj), yarn RoPE whose original context (4) the sequences run past, and a padded
    * vocabulary (the softmax covers 19 of 23 rows) */
@@ -315,7 +326,8 @@ int main(void) {
   c4.vocab_used = 19;
   c4.rope = (struct rope_scaling){
       .type = ROPE_YARN, .factor = 4.0, .original_max_position_embeddings = 4};
-  run_case("qwen3-qknorm-bias-yarn-padded", c4, 1.0f / 0.8f);
+  run_case("qwen3-qknorm-bias-yarn-padded", c4, 1.0f / 0.8f, 0);
+  run_case("qwen3-constrained-temp0.8", c4, 1.0f / 0.8f, 1); /* allowed ids per token */
   /* Llama 3.1's RoPE with an original context of 4, tied */
   struct model_config c5 = base;
   c5.head_dim = 8; /* 4 frequencies: kept, smoothed and interpolated ones */
@@ -324,16 +336,17 @@ int main(void) {
                                   .low_freq_factor = 1.0,
                                   .high_freq_factor = 4.0,
                                   .original_max_position_embeddings = 4};
-  run_case("llama3-rope-tied", c5, 1.0f);
+  run_case("llama3-rope-tied", c5, 1.0f, 0);
   run_mask_case("mask-qwen3", c4);
   run_lora_case("lora-all-linear-qwen3", c4, (1u << LT_COUNT) - 1, 3, 1.0f / 0.8f);
   run_lora_case("lora-qv-llama", base, 1u << LT_Q | 1u << LT_V, 2, 1.0f);
   /* again with the parallel paths of every kernel (3 threads, no work threshold) */
   kernels_set_par_min_work(0);
   g_pool = pool_new(3);
-  run_case("llama-gqa-tied/pool3", base, 1.0f);
-  run_case("qwen2-bias-mqa-untied/pool3", c3, 1.0f);
-  run_case("qwen3-qknorm-bias-yarn-padded/pool3", c4, 1.0f / 0.8f);
+  run_case("llama-gqa-tied/pool3", base, 1.0f, 0);
+  run_case("qwen2-bias-mqa-untied/pool3", c3, 1.0f, 0);
+  run_case("qwen3-qknorm-bias-yarn-padded/pool3", c4, 1.0f / 0.8f, 0);
+  run_case("qwen3-constrained-temp0.8/pool3", c4, 1.0f / 0.8f, 1);
   run_lora_case("lora-all-linear-qwen3/pool3", c4, (1u << LT_COUNT) - 1, 3, 1.0f / 0.8f);
   pool_free(g_pool);
   return check_done("test_grad");
