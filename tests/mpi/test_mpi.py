@@ -285,6 +285,33 @@ class Mpi(Runs):
         self.check_ranks("few-prompts", hp={"dynamic_sampling": False, "prompt_batch_size": 2,
                                             "group_size": 8})
 
+    def test_response_format(self):
+        # structured outputs (docs/TRAINING.md): the sampling constrained by a json_schema, the
+        # update's masks replayed on whichever rank trains a response; a grader of
+        # {{sample.output_json.answer}} gives rewards that vary, so the weights move
+        rf = {"type": "json_schema", "json_schema": {"name": "a", "strict": True, "schema": {
+            "type": "object", "properties": {"answer": {"type": "string", "maxLength": 3}},
+            "required": ["answer"], "additionalProperties": False}}}
+        judge = {"type": "grader", "grader": {
+            "type": "text_similarity", "name": "s", "evaluation_metric": "fuzzy_match",
+            "input": "{{sample.output_json.answer}}", "reference": "{{item.answer}}"}}
+        hp = {"max_new_tokens": 16, "dynamic_sampling": False}
+        self.check_ranks("response-format", judge=judge, response_format=rf, hp=hp)
+        # paused under 2 ranks, resumed under 3: fresh matchers, the same rollouts
+        job = self.job(judge=judge, response_format=rf,
+                       hp=dict(hp, total_steps=4, checkpoint_every=0))
+        whole, split = self.out("rf-whole"), self.out("rf-split")
+        self.train(job, whole)
+        self.train(job, split, 2, ["--stop-after-step", "2"], expect=3)
+        _, err = self.train(job, split, 3)
+        self.assertIn("resumed from the checkpoint of step 2", err)
+        self.assertSameRollouts(whole, split, 4)
+        for s in range(1, 5):
+            with open(os.path.join(whole, "rollouts", "step-%d.jsonl" % s)) as f:
+                for row in map(json.loads, f):
+                    if not row["truncated"]:
+                        self.assertEqual(list(json.loads(row["response"])), ["answer"], row)
+
     def serve(self, script, *args):
         """A stand-in server (prints its port first) for the rest of the test."""
         p = subprocess.Popen(["/usr/bin/python3", script] + list(args), stdout=subprocess.PIPE,
