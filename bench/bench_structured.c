@@ -7,6 +7,11 @@
  *   free-string: {"text": string}, a long free string (the mask is cached: the state repeats)
  *   mixed: an object of a bounded string, integers, an enum, an array and anyOf with null
  *          (numbers and keys: new states, vocabulary walks)
+ * Then the update's side (a training job under a response_format, core/rl/runner_json.c): the 16
+ * constrained responses of each case scored by train_logprobs (the old-log-prob pass) without a
+ * mask, and with one (each response replayed through a fresh matcher into a bitset per token,
+ * with the generation's masker and its cache, then the masked classifier), alternating; medians
+ * of the pass's time and their ratio.
  * --shape 0.5b takes Qwen2.5-0.5B's shape instead (24 layers of 896, GQA 14/2, q/k/v biases).
  * Usage: bench_structured TOKENIZER.json [--new N] [--reps R] [--shape small|0.5b]
  * (bench/README.md "Structured outputs"). Reports; never fails on a time. */
@@ -19,6 +24,7 @@
 #include "model.h"
 #include "sampler.h"
 #include "tokenizer.h"
+#include "train.h"
 
 #define BMAX 16
 
@@ -53,6 +59,66 @@ static int cmp_d(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+static int g_keep; /* run() keeps its tokens in g_tok, g_len (the update's batch) */
+static int *g_tok, g_len[BMAX];
+
+/* The update's old-log-prob pass over the n responses run() kept (prompt 16 tokens), without and
+ * with the mask (replay + masked classifier), alternating; prints the medians. */
+static void update_cost(const struct model *m, const struct jgrammar *g, struct glue *con, int n,
+                        int max_new, int reps) {
+  static const int prompt[16] = {785,  3974, 13876, 38835, 34208, 916, 279, 15678,
+                                 5562, 13,   576,   3974,  374,   220, 16,  15};
+  int V = model_vocab_used(&m->cfg), off[BMAX + 1] = {0}, plen[BMAX], R = 0;
+  size_t W = ((size_t)V + 63) / 64;
+  int *btok = malloc(sizeof(int) * (size_t)n * (16 + (size_t)max_new));
+  for (int q = 0; q < n; q++) {
+    memcpy(btok + off[q], prompt, sizeof prompt);
+    memcpy(btok + off[q] + 16, g_tok + (size_t)q * max_new, sizeof(int) * (size_t)g_len[q]);
+    plen[q] = 16;
+    off[q + 1] = off[q] + 16 + g_len[q];
+    R += g_len[q];
+  }
+  uint64_t *allowed = malloc(sizeof *allowed * W * (size_t)R);
+  float *lp = malloc(sizeof(float) * (size_t)R);
+  struct dapo_err e = {0};
+  struct train_state *ts = train_state_new(m, off[n], R, 16 + max_new, &e);
+  struct jmatch *mt = jmatch_new(g);
+  if (!btok || !allowed || !lp || !ts || !mt) {
+    fprintf(stderr, "update: %s\n", e.msg[0] ? e.msg : "out of memory");
+    exit(1);
+  }
+  struct fwd_batch b = {n, btok, off, plen, NULL, NULL};
+  double a[32], c[32], r[32];
+  int kk = reps < 32 ? reps : 32;
+  for (int k = 0; k < kk; k++) {
+    double t0 = now();
+    b.allowed = NULL;
+    train_logprobs(ts, m, &b, 1.0f, lp, &e);
+    a[k] = now() - t0;
+    t0 = now();
+    for (int q = 0, row = 0; q < n; q++) {
+      jmatch_reset(mt);
+      for (int i = 0; i < g_len[q]; i++, row++) {
+        jmasker_mask(con->k, mt, allowed + (size_t)row * W);
+        jmasker_feed(con->k, mt, btok[off[q] + 16 + i]);
+      }
+    }
+    b.allowed = allowed;
+    train_logprobs(ts, m, &b, 1.0f, lp, &e);
+    c[k] = now() - t0;
+    r[k] = c[k] / a[k];
+  }
+  qsort(a, (size_t)kk, sizeof *a, cmp_d);
+  qsort(c, (size_t)kk, sizeof *c, cmp_d);
+  qsort(r, (size_t)kk, sizeof *r, cmp_d);
+  printf("  update: old-log-prob pass over %d response tokens: unmasked %.1f ms, masked %.1f ms "
+         "(replay + masked classifier), ratio %.2f (medians of %d)\n",
+         R, 1e3 * a[kk / 2], 1e3 * c[kk / 2], r[kk / 2], kk);
+  jmatch_free(mt);
+  train_state_free(ts);
+  free(btok), free(allowed), free(lp);
+}
+
 /* tokens/s of one gen_run of n sequences (constrained when g->k) */
 static double run(struct gen_state *gs, const struct model *m, int n, int max_new, struct glue *g,
                   uint64_t seed) {
@@ -78,6 +144,11 @@ static double run(struct gen_state *gs, const struct model *m, int n, int max_ne
   double dt = now() - t0;
   long total = 0;
   for (int q = 0; q < n; q++) total += len[q];
+  if (g_keep) {
+    free(g_tok);
+    g_tok = tok, tok = NULL;
+    memcpy(g_len, len, sizeof len);
+  }
   free(tok);
   free(lp);
   if (rc) {
@@ -174,11 +245,18 @@ int main(int argc, char **argv) {
              "(medians of %d; %lld masks, %lld vocabulary walks)\n",
              cases[ci][0], n, a[kk / 2], b[kk / 2], r[kk / 2], kk, (long long)(hits + walks),
              (long long)walks);
+      if (n == BMAX) { /* the update's side, on one more constrained batch */
+        g_keep = 1;
+        run(gs, m, n, max_new, &con, 1000);
+        g_keep = 0;
+        update_cost(m, g, &con, n, max_new, reps);
+      }
       for (int q = 0; q < n; q++) jmatch_free(con.m[q]);
       jmasker_free(con.k);
     }
     jgrammar_free(g);
   }
+  free(g_tok);
   gen_state_free(gs);
   jvocab_free(voc);
   model_free(m);
