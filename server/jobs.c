@@ -404,7 +404,7 @@ static int finish_admission(struct server *srv, const json_t *body, const char *
     const struct lora_config *ad = runner_job_adapter(spec, f, errors);
     if (ad) shown.has_adapter = 1, shown.adapter = *ad;
     runner_plan_job(&f->cfg, ad, &spec->hp, &spec->episode, f->max_prompt_tokens,
-                    spec->validation_file != NULL, &plan, errors);
+                    spec->validation_file != NULL, spec->response_format != NULL, &plan, errors);
   }
   if (json_array_size(errors) == base && f->model_ok &&
       plan.total * (uint64_t)spec->processes > limit &&

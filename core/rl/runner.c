@@ -166,10 +166,11 @@ static void caps(const struct hparams *hp, const struct episode_spec *ep, int ma
  * them out of one allocation (set-up), so that the plan counts exactly what is allocated.
  * N: tokens of a micro-batch (cap_tokens), S: sequences generated at once (gen_cap), R: tokens
  * per sequence after its prompt (episode_after_prompt), M: entries of the loss mask (N for a
- * multi-turn job, else 0). Returns the bytes; with t, points t's arrays into base (that many
- * bytes, 64-byte aligned). */
-static size_t scratch_layout(struct trainer *t, char *base, size_t N, size_t S, size_t R,
-                             size_t M) {
+ * multi-turn job, else 0), A: words of the update's allowed ids (a job with a response_format:
+ * (V + 63) / 64 a response token of a micro-batch, else 0). Returns the bytes; with t, points
+ * t's arrays into base (that many bytes, 64-byte aligned). */
+static size_t scratch_layout(struct trainer *t, char *base, size_t N, size_t S, size_t R, size_t M,
+                             size_t A) {
   size_t off = 0;
 #define CARVE(field, count)                                                                        \
   do {                                                                                             \
@@ -189,6 +190,7 @@ static size_t scratch_layout(struct trainer *t, char *base, size_t N, size_t S, 
   CARVE(mb_adv, N);     /* advantages of the minibatch */
   CARVE(b_ro, N);       /* the responses of the micro-batch */
   CARVE(b_trained, M);  /* its loss mask (multi-turn episodes) */
+  CARVE(b_allow, A);    /* its allowed ids (response_format) */
   CARVE(g_tok, S * R);  /* generated tokens */
   CARVE(g_logp, S * R); /* their sampling log-probs */
   CARVE(g_len, S);
@@ -212,9 +214,15 @@ json_t *mem_plan_to_json(const struct mem_plan *p) {
       p->cap_tokens, "generation_batch", p->gen_batch);
 }
 
+/* Words of the update's allowed ids (trainer.b_allow) for cap_resp response tokens. */
+static size_t allow_words(const struct model_config *c, int constrained, int cap_resp) {
+  return constrained ? ((size_t)model_vocab_used(c) + 63) / 64 * (size_t)cap_resp : 0;
+}
+
 void runner_memory_plan(const struct model_config *c, const struct lora_config *adapter,
                         const struct hparams *hp, const struct episode_spec *ep,
-                        int max_prompt_tokens, int with_validation, struct mem_plan *p) {
+                        int max_prompt_tokens, int with_validation, int constrained,
+                        struct mem_plan *p) {
   memset(p, 0, sizeof *p);
   struct model_config cc = *c;
   int cap_t, cap_tokens, cap_resp, gen_cap;
@@ -238,7 +246,8 @@ void runner_memory_plan(const struct model_config *c, const struct lora_config *
   p->generation = gen_state_bytes(&cc, adapter, gen_cap, cap_t);
   p->buffers = scratch_layout(NULL, NULL, (size_t)cap_tokens, (size_t)gen_cap,
                               (size_t)episode_after_prompt(ep, hp),
-                              episode_multi(ep) ? (size_t)cap_tokens : 0) +
+                              episode_multi(ep) ? (size_t)cap_tokens : 0,
+                              allow_words(&cc, constrained, cap_resp)) +
                tile;
   p->total = p->weights + p->gradients + p->optimizer + p->reference + p->activations +
              p->generation + p->buffers;
@@ -345,9 +354,9 @@ int runner_check_data(const struct job_spec *s, struct runner_data_facts *f, jso
 
 int runner_plan_job(const struct model_config *c, const struct lora_config *adapter,
                     const struct hparams *hp, const struct episode_spec *ep, int max_prompt_tokens,
-                    int with_validation, struct mem_plan *plan, json_t *errors) {
+                    int with_validation, int constrained, struct mem_plan *plan, json_t *errors) {
   int n = adapter ? lora_config_check(adapter, c, errors) : 0;
-  runner_memory_plan(c, adapter, hp, ep, max_prompt_tokens, with_validation, plan);
+  runner_memory_plan(c, adapter, hp, ep, max_prompt_tokens, with_validation, constrained, plan);
   return n;
 }
 
@@ -363,7 +372,7 @@ int runner_plan_model(const char *model, const struct lora_config *adapter,
                        adapter   ? adapter
                        : lm.lora ? &lm.lora->cfg
                                  : NULL,
-                       hp, NULL, max_prompt_tokens, 0, plan, errors);
+                       hp, NULL, max_prompt_tokens, 0, 0, plan, errors);
   lm_close(&lm);
   return rc;
 }
@@ -395,7 +404,7 @@ int runner_check_job(const struct job_spec *s, struct mem_plan *plan, json_t *er
     const struct lora_config *ad = runner_job_adapter(s, &f, errors);
     n += (int)(json_array_size(errors) - before);
     n += runner_plan_job(&f.cfg, ad, &s->hp, &s->episode, f.max_prompt_tokens,
-                         s->validation_file != NULL, plan, errors);
+                         s->validation_file != NULL, s->response_format != NULL, plan, errors);
   }
   return n;
 }
@@ -826,13 +835,14 @@ static int setup(struct trainer *t, int64_t from) {
       (train_state_set_pool(t->ts, t->o->pool, &e) || gen_state_set_pool(t->gs, t->o->pool, &e)))
     return trainer_fail_err(t, FAIL_OUT_OF_MEMORY, NULL, &e);
   size_t mask = episode_multi(&t->spec->episode) ? (size_t)t->cap_tokens : 0;
+  size_t allow = allow_words(&t->lm.model->cfg, t->spec->response_format != NULL, cap_resp);
   size_t bytes = scratch_layout(NULL, NULL, (size_t)t->cap_tokens, (size_t)t->gen_cap,
-                                (size_t)t->after_prompt, mask);
+                                (size_t)t->after_prompt, mask, allow);
   if (!(t->scratch = aligned_alloc(64, bytes)))
     return trainer_fail(t, FAIL_OUT_OF_MEMORY, NULL, "out of memory for batch buffers (%zu bytes)",
                         bytes);
   scratch_layout(t, t->scratch, (size_t)t->cap_tokens, (size_t)t->gen_cap, (size_t)t->after_prompt,
-                 mask);
+                 mask, allow);
 
   t->so.top_p = (float)hp->top_p;
   t->so.temperature = (float)hp->temperature;
@@ -845,7 +855,7 @@ static int setup(struct trainer *t, int64_t from) {
     for (int j = 0; j < t->so.n_stop; j++) dup |= t->so.stop_ids[j] == t->chat_stop[i];
     if (!dup) t->so.stop_ids[t->so.n_stop++] = t->chat_stop[i];
   }
-  if (trainer_json_setup(t, cap_resp)) return 1; /* (with the stop ids) */
+  if (trainer_json_setup(t)) return 1; /* (with the stop ids) */
   if (from >= 0)
     return trainer_log(t, "info", "resumed from the checkpoint of step %" PRId64, from);
   return 0;

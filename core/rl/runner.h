@@ -145,10 +145,13 @@ struct mem_plan {
 struct lora_config;
 /* With an adapter (NULL: a full fine-tune), the base is frozen: gradients and moments exist for
  * the adapter only, and the KL reference is the base itself (no second copy). */
-/* ep: a multi-turn job's episodes (NULL or single turns: max_new_tokens after each prompt). */
+/* ep: a multi-turn job's episodes (NULL or single turns: max_new_tokens after each prompt).
+ * constrained: the job has a response_format (its update's allowed ids: a bitset of the
+ * vocabulary per response token of a micro-batch, counted in buffers). */
 void runner_memory_plan(const struct model_config *c, const struct lora_config *adapter,
                         const struct hparams *hp, const struct episode_spec *ep,
-                        int max_prompt_tokens, int with_validation, struct mem_plan *p);
+                        int max_prompt_tokens, int with_validation, int constrained,
+                        struct mem_plan *p);
 
 /* A job's plan once its model's config is known (runner_check_data's cfg: config.json as
  * lm_open_meta reads it, vocab_used from the tokenizer): the adapter (NULL: a full fine-tune)
@@ -158,7 +161,7 @@ void runner_memory_plan(const struct model_config *c, const struct lora_config *
  * in any case; returns the adapter's problem count. */
 int runner_plan_job(const struct model_config *c, const struct lora_config *adapter,
                     const struct hparams *hp, const struct episode_spec *ep, int max_prompt_tokens,
-                    int with_validation, struct mem_plan *plan, json_t *errors);
+                    int with_validation, int constrained, struct mem_plan *plan, json_t *errors);
 
 /* The plan of a job on model (what lm_open takes: a preset name or a folder) whose longest
  * prompt has max_prompt_tokens tokens and which has no validation file: the model's config and

@@ -165,15 +165,16 @@ struct trainer {
   struct jmatch **jm; /* [gen_cap] */
   int *j_fed;         /* [gen_cap] tokens fed to each matcher */
   int j_failed;       /* set by the hooks: 1 out of memory, 2 a matcher allows no id */
-  uint64_t *b_allow;  /* [cap_resp * (V + 63) / 64]: a bitset row per response token */
+  uint64_t *b_allow;  /* [cap_resp * (V + 63) / 64]: a bitset row per response token (in
+                         scratch, scratch_layout) */
   int b_allow_ns;     /* the sequences of the micro-batch b_allow holds (0: not computed) */
 };
 
 /* ---- runner_json.c: structured outputs ---- */
 
-/* Compiles spec->response_format for the job's vocabulary and stop ids (so: after them), with
- * cap_resp response tokens a micro-batch. 0 (also without one), or 1 with res set. */
-int trainer_json_setup(struct trainer *t, int cap_resp);
+/* Compiles spec->response_format for the job's vocabulary and stop ids (so: after them; b_allow
+ * is carved with the batch scratch). 0 (also without one), or 1 with res set. */
+int trainer_json_setup(struct trainer *t);
 void trainer_json_teardown(struct trainer *t);
 /* Constrains the next gen_run of ns sequences (fresh matchers, the hooks set); after it,
  * trainer_json_end: 0, or 1 with res set when a hook failed. Nothing without a response_format. */

@@ -23,7 +23,7 @@ static size_t words(const struct trainer *t) {
   return ((size_t)model_vocab_used(&t->lm.model->cfg) + 63) / 64;
 }
 
-int trainer_json_setup(struct trainer *t, int cap_resp) {
+int trainer_json_setup(struct trainer *t) {
   const json_t *rf = t->spec->response_format;
   if (!rf) return 0;
   struct dapo_err e = {0};
@@ -35,8 +35,7 @@ int trainer_json_setup(struct trainer *t, int cap_resp) {
     return trainer_fail_err(t, FAIL_OUT_OF_MEMORY, NULL, &e);
   t->jm = calloc((size_t)t->gen_cap, sizeof *t->jm);
   t->j_fed = calloc((size_t)t->gen_cap, sizeof *t->j_fed);
-  t->b_allow = malloc(sizeof *t->b_allow * words(t) * (size_t)cap_resp);
-  if (!t->jm || !t->j_fed || !t->b_allow) return trainer_oom(t);
+  if (!t->jm || !t->j_fed) return trainer_oom(t);
   for (int i = 0; i < t->gen_cap; i++)
     if (!(t->jm[i] = jmatch_new(t->jg))) return trainer_oom(t);
   return 0;
@@ -44,11 +43,11 @@ int trainer_json_setup(struct trainer *t, int cap_resp) {
 
 void trainer_json_teardown(struct trainer *t) {
   for (int i = 0; t->jm && i < t->gen_cap; i++) jmatch_free(t->jm[i]);
-  free(t->jm), free(t->j_fed), free(t->b_allow);
+  free(t->jm), free(t->j_fed); /* (b_allow is the batch scratch's) */
   jmasker_free(t->jk);
   jvocab_free(t->jv);
   jgrammar_free(t->jg);
-  t->jm = NULL, t->j_fed = NULL, t->b_allow = NULL, t->jk = NULL, t->jv = NULL, t->jg = NULL;
+  t->jm = NULL, t->j_fed = NULL, t->jk = NULL, t->jv = NULL, t->jg = NULL;
 }
 
 /* gen_run's mask hook (decoding steps call it from the pool's threads, for distinct sequences:

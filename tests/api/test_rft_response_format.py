@@ -10,7 +10,8 @@ outputs", docs/OPENAI.md), on the tiny preset (random weights: what it writes is
   trainer that does not mask gave 3.9 here). The job object echoes the response_format under
   method.reinforcement, the native view as `response_format`.
 - The native /v1/jobs job takes `response_format` at the top level; the resolved grader judge
-  holds it too (its output_json parses by it).
+  holds it too (its output_json parses by it); its memory plan counts the update's masks (more
+  buffer bytes than the same job without).
 - Refusals at submission, naming the field: a keyword outside the subset
   (response_format.json_schema.schema.properties.x.foo; OpenAI's route:
   method.reinforcement.response_format.json_schema.schema.properties.x.foo), a judge whose own
@@ -107,6 +108,19 @@ class RftResponseFormat(test_jobs.DaemonCase):
         job = r.json()
         self.assertEqual(job["response_format"], RF)
         self.assertEqual(job["judge"]["response_format"], RF)
+        # the memory plan counts the update's allowed ids: a bitset of the vocabulary per
+        # response token of a micro-batch (the same job without them plans fewer buffer bytes)
+        body = self.native_body()
+        del body["response_format"]
+        r = self.d.post_json("/v1/jobs", body)
+        self.assertEqual(r.status, 201, r)
+        free = r.json()
+        self.assertIsNone(free["response_format"])
+        self.assertEqual(self.d.post_json("/v1/jobs/%s/cancel" % free["id"], {}).status, 200)
+        extra = job["memory"]["buffers_bytes"] - free["memory"]["buffers_bytes"]
+        print("response_format: %d more buffer bytes planned" % extra, file=sys.stderr)
+        self.assertGreater(extra, 0)
+        self.assertEqual(job["memory"]["total_bytes"] - free["memory"]["total_bytes"], extra)
         done = self.wait_status(job["id"], ("succeeded", "failed"))
         self.assertEqual(done["status"], "succeeded", done)
         self.check_rollouts(job["id"])

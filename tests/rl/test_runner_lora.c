@@ -141,8 +141,8 @@ static void test_memory_plan(void) {
   CHECK(hparams_parse(&hp, h, errs) == 0);
   struct lora_config c = {.r = 8, .alpha = 16, .targets = (1u << LT_COUNT) - 1};
   struct mem_plan full, ad;
-  runner_memory_plan(&lm.cfg, NULL, &hp, NULL, 20, 0, &full);
-  runner_memory_plan(&lm.cfg, &c, &hp, NULL, 20, 0, &ad);
+  runner_memory_plan(&lm.cfg, NULL, &hp, NULL, 20, 0, 0, &full);
+  runner_memory_plan(&lm.cfg, &c, &hp, NULL, 20, 0, 0, &ad);
   uint64_t n = (uint64_t)model_param_count(&lm.cfg), a = (uint64_t)lora_param_count(&c, &lm.cfg);
   CHECK(full.reference == 4 * n && ad.reference == 0);
   CHECK(ad.trainable == a && full.trainable == n);
