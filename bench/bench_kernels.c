@@ -5,7 +5,7 @@
  * measured in turns in one process (F32, BF16, BF16, F32, ...) and printed as ratios beside this
  * machine's measured peaks (SGEMM at 1 and n threads, memory bandwidth), and says whether
  * cblas_sbgemm and AVX512_BF16 exist here. It reports, it never fails on a time.
- * Usage: bench_kernels [--threads N] [--reps N] */
+ * Usage: bench_kernels [--threads N] [--reps N] [--lanes] */
 #include <cblas.h>
 #include <dlfcn.h>
 #include <math.h>
@@ -170,6 +170,51 @@ static void work_free(struct work *wk) {
   free(wk->x), free(wk->y), free(wk->dy), free(wk->dx), free(wk->xd), free(wk->yd);
 }
 
+/* --lanes: linear_few (16 lanes along k, a reduction tree) against linear_lanes (the outputs in
+ * the lanes, one chain each) on this thread alone, float32 weights, GFLOP/s at M = 1, 4, 16, 64
+ * for Qwen2.5-0.5B's shapes and a small model's LM head with Qwen's vocabulary, in turns (old,
+ * new, new, old, ...); the weights cycle over copies of about 256 MB in all, so that they come
+ * from memory as in decoding. */
+static void lanes_bench(struct rng *r, int reps) {
+  static const int shapes[5][2] = {{896, 896}, {896, 128}, {896, 4864}, {4864, 896}, {128, 151669}};
+  static const int Ms[4] = {1, 4, 16, 64};
+  pool_set_current(NULL);
+  printf("one thread; SGEMM 1024^3 %.0f GFLOP/s\n", sgemm_peak(1));
+  printf("%-13s %3s %11s %11s %9s\n", "IN x OUT", "M", "old GFLOP/s", "new GFLOP/s", "new/old");
+  for (int s = 0; s < 5; s++) {
+    int IN = shapes[s][0], OUT = shapes[s][1];
+    size_t nw = (size_t)IN * OUT;
+    int nmat = (int)((256u << 20) / (nw * sizeof(float)));
+    nmat = nmat < 1 ? 1 : nmat > 512 ? 512 : nmat;
+    float **w = malloc(sizeof(float *) * (size_t)nmat);
+    for (int i = 0; i < nmat; i++) w[i] = rnd(r, nw, 0.03f);
+    float *x = rnd(r, (size_t)64 * IN, 1), *y = rnd(r, (size_t)64 * OUT, 1);
+    for (int mi = 0; mi < 4; mi++) {
+      int M = Ms[mi], at = 0, calls = (int)(2e8 / (2.0 * M * nw)) + 1; /* ~0.2 GFLOP a sample */
+      double t[2][64], q[64];
+      for (int rep = -1; rep < reps; rep++)
+        for (int h = 0; h < 2; h++) {
+          int k = (rep & 1) ^ h; /* 0 old, 1 new */
+          double t0 = now_s();
+          for (int c = 0; c < calls; c++, at = (at + 1) % nmat)
+            if (k)
+              linear_lanes(y, x, w[at], NULL, M, IN, OUT, 0, OUT, 0.0f);
+            else
+              linear_few(y, x, w[at], NULL, M, IN, OUT, 0, OUT, 0.0f);
+          if (rep >= 0) t[k][rep] = (now_s() - t0) / calls;
+        }
+      for (int i = 0; i < reps; i++) q[i] = t[0][i] / t[1][i];
+      double flop = 2.0 * M * nw, mq = median(q, reps);
+      double g0 = flop / median(t[0], reps) * 1e-9, g1 = flop / median(t[1], reps) * 1e-9;
+      printf("%5d x %-6d %3d %11.1f %11.1f %8.2fx\n", IN, OUT, M, g0, g1, mq);
+      fflush(stdout);
+    }
+    for (int i = 0; i < nmat; i++) free(w[i]);
+    free(w), free(x), free(y);
+  }
+  printf("(medians of %d samples each, in turns; new/old > 1: linear_lanes faster)\n", reps);
+}
+
 int main(int argc, char **argv) {
   int threads = pool_cpu_count(), reps = 9;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -178,6 +223,13 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--reps"))
       reps = atoi(argv[i + 1]) > 0 && atoi(argv[i + 1]) <= 64 ? atoi(argv[i + 1]) : reps;
   }
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--lanes")) {
+      struct rng r;
+      rng_seed(&r, 3, 0);
+      lanes_bench(&r, reps);
+      return 0;
+    }
   struct rng r;
   rng_seed(&r, 3, 0);
   printf("OpenBLAS %s (OPENBLAS_CORETYPE=%s), %d threads, decoding ISA %d (kernels.h)\n",

@@ -113,6 +113,21 @@ void linear_few_narrow(float *out, const float *inp, const float *w, int M, int 
 void linear_few_bf16(float *out, const float *inp, const uint16_t *w, const float *bias, int M,
                      int IN, int OUT, int j0, int j1, float beta);
 
+/* Decoding with the outputs in the vector lanes: columns [j0, j1) of out[M,OUT] = inp[M,IN] .
+ * w[OUT,IN]^T (+ bias[OUT], may be NULL; beta 1 adds to out, 0 overwrites: out = (beta ? out : 0)
+ * + (dot + bias)), on the calling thread, w in float32 or (linear_lanes_bf16) BF16 converted
+ * exactly. Each dot is ONE chain of fused multiply-adds over k in increasing order from +0, the
+ * bits of fmaf's loop, so an element does not depend on M, the column range, the thread or the
+ * instruction set (tested against that loop). No reduction: panels of 16 or 32 weight rows are
+ * transposed on the fly into a small block on the stack (about 40 KiB), each shared by the M
+ * rows. Any [j0, j1) is correct; the kernel works in whole panels from j0, so column ranges
+ * aligned to LINEAR_FEW_COLS (a partial one last) waste nothing. Cannot fail. */
+#define LINEAR_FEW_COLS 16
+void linear_lanes(float *out, const float *inp, const float *w, const float *bias, int M, int IN,
+                  int OUT, int j0, int j1, float beta);
+void linear_lanes_bf16(float *out, const float *inp, const uint16_t *w, const float *bias, int M,
+                       int IN, int OUT, int j0, int j1, float beta);
+
 /* RoPE, Hugging Face rotate_half convention: for i < HS/2, (x[i], x[i+HS/2]) rotated by
  * pos * theta^(-2i/HS). cos/sin tables are [max_pos, HS/2]. x rows have stride ld, nh heads. */
 struct rope_table {

@@ -711,3 +711,432 @@ void linear_few_bf16(float *out, const float *inp, const uint16_t *w, const floa
   }
   if (buf != stack) free(buf);
 }
+
+/* ---- outputs in the lanes (linear_lanes): one chain of fused multiply-adds per output ------- */
+
+/* Each output is fmaf's chain over k in increasing order from +0, so no reduction at all: groups
+ * of 32 weight rows (64 for up to 3 input rows on AVX-512) are transposed ("packed") on the fly
+ * into a k-major block pt (pt[k * width + c] = w[j + c, k0 + k], BF16 converted on the way) of
+ * 4096 floats (16 KiB: LL_KC k of 32 columns), and every row of inp runs against it with
+ * broadcast inputs, R rows x width columns of sums in registers (the classic SGEMM micro-kernel).
+ * Longer rows carry their sums over in acc (float32 in memory: the chain is unchanged), so the
+ * block stays in L1 whatever IN. The pack's cost (a 16 x 16 transpose in registers: 4 shuffles
+ * per vector) is shared by the M rows; the weights are read once per call (per LL_ROWS rows), in
+ * place, with no copy kept. Measured on the Xeon of bench/README.md, one thread, against 256 k
+ * blocks of 32 columns with L1 prefetches of the next group: 128 k with prefetches into L2 were
+ * 1.2-1.3x faster at M = 1 and 16 (the block, the rows being packed and the prefetched ones no
+ * longer all compete for L1). */
+enum { LL_KC = 128, LL_ROWS = 64 };
+
+/* Pack columns [j, j + nc) (nc <= width, the rest +0) of k in [k0, k0 + kc): moves, exact.
+ * nxt: 1 when width more columns follow (which a pack may prefetch). */
+typedef void ll_pack_fn(float *pt, const float *w, const uint16_t *w16, int IN, int j, int nc,
+                        int k0, int kc, int width, int nxt);
+/* Rows x[r * IN + k] (r < R, k < kc) against pt: acc[r * width + c] continues its chain. */
+typedef void ll_tile_fn(float *acc, const float *x, int IN, const float *pt, int kc, int R,
+                        int width);
+
+static inline float ll_w(const float *w, const uint16_t *w16, size_t i) {
+  if (!w16) return w[i];
+  uint32_t u = (uint32_t)w16[i] << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+static void ll_pack_scalar(float *pt, const float *w, const uint16_t *w16, int IN, int j, int nc,
+                           int k0, int kc, int width, int nxt) {
+  (void)nxt;
+  for (int c = 0; c < width; c++) {
+    size_t row = (size_t)(j + c) * IN + k0;
+    for (int k = 0; k < kc; k++) pt[(size_t)k * width + c] = c < nc ? ll_w(w, w16, row + k) : 0.0f;
+  }
+}
+
+/* Portable tiles: rows 2 at a time (a lone last row repeated), one 16-lane panel at a time. */
+SIMD_INLINE void ll_tile_gen(float *acc, const float *x, int IN, const float *pt, int kc, int R,
+                             int width, const int hw) {
+  for (int p = 0; p < width; p += 16)
+    for (int r = 0; r < R; r += 2) {
+      const float *x0 = x + (size_t)r * IN, *x1 = x + (size_t)(r + 1 < R ? r + 1 : r) * IN;
+      float *c0 = acc + (size_t)r * width + p,
+            *c1 = acc + (size_t)(r + 1 < R ? r + 1 : r) * width + p;
+      struct simd16 a0 = simd_load(c0), a1 = simd_load(c1);
+      for (int k = 0; k < kc; k++) {
+        struct simd16 b = simd_load(pt + (size_t)k * width + p);
+        a0 = simd_fma(simd_splat(x0[k]), b, a0, hw);
+        a1 = simd_fma(simd_splat(x1[k]), b, a1, hw);
+      }
+      simd_store(c1, a1); /* c0 last: the same row when R is odd */
+      simd_store(c0, a0);
+    }
+}
+
+static void ll_tile_portable(float *acc, const float *x, int IN, const float *pt, int kc, int R,
+                             int width) {
+  ll_tile_gen(acc, x, IN, pt, kc, R, width, SIMD_HW_FMA);
+}
+
+#ifdef LF_X86
+__attribute__((target("fma"))) static void ll_tile_portable_fma(float *acc, const float *x, int IN,
+                                                                const float *pt, int kc, int R,
+                                                                int width) {
+  ll_tile_gen(acc, x, IN, pt, kc, R, width, 1);
+}
+
+/* AVX2: 4 rows x one 16-lane panel (two ymm each), a partial group repeating its last row */
+LF_AVX2 static void ll_tile_avx2(float *acc, const float *x, int IN, const float *pt, int kc, int R,
+                                 int width) {
+  for (int p = 0; p < width; p += 16)
+    for (int r = 0; r < R; r += 4) {
+      int nr = R - r < 4 ? R - r : 4;
+      const float *xr[4];
+      float *cr[4];
+      for (int i = 0; i < 4; i++) {
+        int ri = r + (i < nr ? i : nr - 1);
+        xr[i] = x + (size_t)ri * IN, cr[i] = acc + (size_t)ri * width + p;
+      }
+      __m256 a0 = _mm256_loadu_ps(cr[0]), a1 = _mm256_loadu_ps(cr[0] + 8);
+      __m256 a2 = _mm256_loadu_ps(cr[1]), a3 = _mm256_loadu_ps(cr[1] + 8);
+      __m256 a4 = _mm256_loadu_ps(cr[2]), a5 = _mm256_loadu_ps(cr[2] + 8);
+      __m256 a6 = _mm256_loadu_ps(cr[3]), a7 = _mm256_loadu_ps(cr[3] + 8);
+      for (int k = 0; k < kc; k++) {
+        __m256 b0 = _mm256_loadu_ps(pt + (size_t)k * width + p);
+        __m256 b1 = _mm256_loadu_ps(pt + (size_t)k * width + p + 8);
+        __m256 v = _mm256_broadcast_ss(xr[0] + k);
+        a0 = _mm256_fmadd_ps(v, b0, a0), a1 = _mm256_fmadd_ps(v, b1, a1);
+        v = _mm256_broadcast_ss(xr[1] + k);
+        a2 = _mm256_fmadd_ps(v, b0, a2), a3 = _mm256_fmadd_ps(v, b1, a3);
+        v = _mm256_broadcast_ss(xr[2] + k);
+        a4 = _mm256_fmadd_ps(v, b0, a4), a5 = _mm256_fmadd_ps(v, b1, a5);
+        v = _mm256_broadcast_ss(xr[3] + k);
+        a6 = _mm256_fmadd_ps(v, b0, a6), a7 = _mm256_fmadd_ps(v, b1, a7);
+      }
+      /* last row first: a repeated row's stores all hold the same sums */
+      _mm256_storeu_ps(cr[3], a6), _mm256_storeu_ps(cr[3] + 8, a7);
+      _mm256_storeu_ps(cr[2], a4), _mm256_storeu_ps(cr[2] + 8, a5);
+      _mm256_storeu_ps(cr[1], a2), _mm256_storeu_ps(cr[1] + 8, a3);
+      _mm256_storeu_ps(cr[0], a0), _mm256_storeu_ps(cr[0] + 8, a1);
+    }
+}
+
+/* AVX-512 pack: 16 x 16 blocks transposed in registers (unpack, shuffle, two 128-bit shuffles),
+ * BF16 rows widened on load; k past kc loads as +0. */
+LF_AVX512 static inline __attribute__((always_inline)) __m512
+ll_load512(const float *w, const uint16_t *w16, size_t i, __mmask16 mk) {
+  if (w16) {
+    __m256i h;
+    if (mk == 0xffff) {
+      h = _mm256_loadu_si256((const __m256i *)(w16 + i));
+    } else { /* a masked 16-bit load needs AVX512BW: the tail through a buffer */
+      uint16_t t[16] = {0};
+      memcpy(t, w16 + i, sizeof(uint16_t) * (size_t)__builtin_popcount(mk));
+      h = _mm256_loadu_si256((const __m256i *)t);
+    }
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  return _mm512_maskz_loadu_ps(mk, w + i);
+}
+
+/* Transposes the 16 vectors r0..r15 in place (r<i> ends up holding lane i of each), through
+ * t0..t15: named variables, since arrays of vectors stay in memory at -O2. */
+#define LL_UNPACK(a, b) t##a = _mm512_unpacklo_ps(r##a, r##b), t##b = _mm512_unpackhi_ps(r##a, r##b)
+#define LL_SHUF(a, b, c, d)                                                                        \
+  r##a = _mm512_shuffle_ps(t##a, t##c, 0x44), r##b = _mm512_shuffle_ps(t##a, t##c, 0xEE),          \
+  r##c = _mm512_shuffle_ps(t##b, t##d, 0x44), r##d = _mm512_shuffle_ps(t##b, t##d, 0xEE)
+#define LL_TRANSPOSE16()                                                                           \
+  do {                                                                                             \
+    LL_UNPACK(0, 1), LL_UNPACK(2, 3), LL_UNPACK(4, 5), LL_UNPACK(6, 7);                            \
+    LL_UNPACK(8, 9), LL_UNPACK(10, 11), LL_UNPACK(12, 13), LL_UNPACK(14, 15);                      \
+    LL_SHUF(0, 1, 2, 3), LL_SHUF(4, 5, 6, 7), LL_SHUF(8, 9, 10, 11), LL_SHUF(12, 13, 14, 15);      \
+    t0 = _mm512_shuffle_f32x4(r0, r4, 0x88), t4 = _mm512_shuffle_f32x4(r0, r4, 0xDD);              \
+    t1 = _mm512_shuffle_f32x4(r1, r5, 0x88), t5 = _mm512_shuffle_f32x4(r1, r5, 0xDD);              \
+    t2 = _mm512_shuffle_f32x4(r2, r6, 0x88), t6 = _mm512_shuffle_f32x4(r2, r6, 0xDD);              \
+    t3 = _mm512_shuffle_f32x4(r3, r7, 0x88), t7 = _mm512_shuffle_f32x4(r3, r7, 0xDD);              \
+    t8 = _mm512_shuffle_f32x4(r8, r12, 0x88), t12 = _mm512_shuffle_f32x4(r8, r12, 0xDD);           \
+    t9 = _mm512_shuffle_f32x4(r9, r13, 0x88), t13 = _mm512_shuffle_f32x4(r9, r13, 0xDD);           \
+    t10 = _mm512_shuffle_f32x4(r10, r14, 0x88), t14 = _mm512_shuffle_f32x4(r10, r14, 0xDD);        \
+    t11 = _mm512_shuffle_f32x4(r11, r15, 0x88), t15 = _mm512_shuffle_f32x4(r11, r15, 0xDD);        \
+    r0 = _mm512_shuffle_f32x4(t0, t8, 0x88), r8 = _mm512_shuffle_f32x4(t0, t8, 0xDD);              \
+    r1 = _mm512_shuffle_f32x4(t1, t9, 0x88), r9 = _mm512_shuffle_f32x4(t1, t9, 0xDD);              \
+    r2 = _mm512_shuffle_f32x4(t2, t10, 0x88), r10 = _mm512_shuffle_f32x4(t2, t10, 0xDD);           \
+    r3 = _mm512_shuffle_f32x4(t3, t11, 0x88), r11 = _mm512_shuffle_f32x4(t3, t11, 0xDD);           \
+    r4 = _mm512_shuffle_f32x4(t4, t12, 0x88), r12 = _mm512_shuffle_f32x4(t4, t12, 0xDD);           \
+    r5 = _mm512_shuffle_f32x4(t5, t13, 0x88), r13 = _mm512_shuffle_f32x4(t5, t13, 0xDD);           \
+    r6 = _mm512_shuffle_f32x4(t6, t14, 0x88), r14 = _mm512_shuffle_f32x4(t6, t14, 0xDD);           \
+    r7 = _mm512_shuffle_f32x4(t7, t15, 0x88), r15 = _mm512_shuffle_f32x4(t7, t15, 0xDD);           \
+  } while (0)
+
+LF_AVX512 static inline __attribute__((always_inline)) void
+ll_pack512_gen(float *pt, const float *w, const uint16_t *w16, int IN, int j, int nc, int k0,
+               int kc, int width, size_t pf, const int bf16) {
+  for (int c0 = 0; c0 < width; c0 += 16) {
+    /* rows past nc repeat the last one (their columns are never stored) */
+    size_t o[16];
+    for (int i = 0; i < 16; i++) o[i] = (size_t)(j + (c0 + i < nc ? c0 + i : nc - 1)) * IN + k0;
+    for (int k = 0; k < kc; k += 16) {
+      if (pf && (!bf16 || !(k & 16))) /* the same rows of the next panel: a line each */
+        for (int i = 0; i < 16; i++)
+          _mm_prefetch(bf16 ? (const char *)(w16 + o[i] + pf + k)
+                            : (const char *)(w + o[i] + pf + k),
+                       _MM_HINT_T1);
+      __mmask16 mk = kc - k < 16 ? (__mmask16)((1u << (kc - k)) - 1) : (__mmask16)0xffff;
+      __m512 t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15;
+#define LL_L(i) __m512 r##i = ll_load512(bf16 ? NULL : w, bf16 ? w16 : NULL, o[i] + k, mk)
+      LL_L(0);
+      LL_L(1);
+      LL_L(2);
+      LL_L(3);
+      LL_L(4);
+      LL_L(5);
+      LL_L(6);
+      LL_L(7);
+      LL_L(8);
+      LL_L(9);
+      LL_L(10);
+      LL_L(11);
+      LL_L(12);
+      LL_L(13);
+      LL_L(14);
+      LL_L(15);
+#undef LL_L
+      LL_TRANSPOSE16();
+      float *d = pt + (size_t)k * width + c0;
+      if (kc - k >= 16) {
+#define LL_S(i) _mm512_store_ps(d + (size_t)(i)*width, r##i)
+        LL_S(0);
+        LL_S(1);
+        LL_S(2);
+        LL_S(3);
+        LL_S(4);
+        LL_S(5);
+        LL_S(6);
+        LL_S(7);
+        LL_S(8);
+        LL_S(9);
+        LL_S(10);
+        LL_S(11);
+        LL_S(12);
+        LL_S(13);
+        LL_S(14);
+        LL_S(15);
+#undef LL_S
+      } else { /* the k tail: only its rows (pt holds kc of them) */
+        __m512 rr[16] = {r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15};
+        for (int i = 0; i < kc - k; i++) _mm512_store_ps(d + (size_t)i * width, rr[i]);
+      }
+    }
+  }
+}
+#undef LL_TRANSPOSE16
+#undef LL_SHUF
+#undef LL_UNPACK
+
+LF_AVX512 static void ll_pack512(float *pt, const float *w, const uint16_t *w16, int IN, int j,
+                                 int nc, int k0, int kc, int width, int nxt) {
+  size_t pf = nc == width && nxt ? (size_t)width * IN : 0; /* elements to the next panel */
+  if (w16)
+    ll_pack512_gen(pt, NULL, w16, IN, j, nc, k0, kc, width, pf, 1);
+  else
+    ll_pack512_gen(pt, w, NULL, IN, j, nc, k0, kc, width, pf, 0);
+}
+
+/* AVX-512 tile: R (a constant, <= 12) rows x P (a constant: 1 or 2, or 4 with R <= 3) panels of
+ * 16 columns, up to 24 sums in registers (a<i>, b<i>, c<i>, d<i>: panels 0-3 of row i), the
+ * inputs broadcast from memory. 4 panels give a lone row 4 independent chains (latency-bound
+ * otherwise: each fused multiply-add waits for the previous one of its output). */
+LF_AVX512 static inline __attribute__((always_inline)) void
+ll_tile512_rp(float *acc, const float *x, int IN, const float *pt, int kc, const int R,
+              const int P) {
+  const int width = 16 * P;
+  __m512 z = _mm512_setzero_ps();
+#define LL_DECL(i)                                                                                 \
+  __m512 a##i = R > i ? _mm512_loadu_ps(acc + i * width) : z;                                      \
+  __m512 b##i = R > i && P > 1 ? _mm512_loadu_ps(acc + i * width + 16) : z;                        \
+  const float *x##i = x + (size_t)(R > i ? i : 0) * IN
+#define LL_DECL4(i)                                                                                \
+  LL_DECL(i);                                                                                      \
+  __m512 c##i = R > i && P > 2 ? _mm512_loadu_ps(acc + i * width + 32) : z;                        \
+  __m512 d##i = R > i && P > 2 ? _mm512_loadu_ps(acc + i * width + 48) : z
+  LL_DECL4(0);
+  LL_DECL4(1);
+  LL_DECL4(2);
+  LL_DECL(3);
+  LL_DECL(4);
+  LL_DECL(5);
+  LL_DECL(6);
+  LL_DECL(7);
+  LL_DECL(8);
+  LL_DECL(9);
+  LL_DECL(10);
+  LL_DECL(11);
+#undef LL_DECL4
+#undef LL_DECL
+#define LL_FMA(i)                                                                                  \
+  if (R > i) {                                                                                     \
+    __m512 v = _mm512_set1_ps(x##i[k]);                                                            \
+    a##i = _mm512_fmadd_ps(v, p0, a##i);                                                           \
+    if (P > 1) b##i = _mm512_fmadd_ps(v, p1, b##i);                                                \
+  }
+#define LL_FMA4(i)                                                                                 \
+  if (R > i) {                                                                                     \
+    __m512 v = _mm512_set1_ps(x##i[k]);                                                            \
+    a##i = _mm512_fmadd_ps(v, p0, a##i);                                                           \
+    if (P > 1) b##i = _mm512_fmadd_ps(v, p1, b##i);                                                \
+    if (P > 2) c##i = _mm512_fmadd_ps(v, p2, c##i), d##i = _mm512_fmadd_ps(v, p3, d##i);           \
+  }
+  for (int k = 0; k < kc; k++) {
+    const float *pk = pt + (size_t)k * width;
+    __m512 p0 = _mm512_load_ps(pk), p1 = P > 1 ? _mm512_load_ps(pk + 16) : z;
+    __m512 p2 = P > 2 ? _mm512_load_ps(pk + 32) : z, p3 = P > 2 ? _mm512_load_ps(pk + 48) : z;
+    LL_FMA4(0);
+    LL_FMA4(1);
+    LL_FMA4(2);
+    LL_FMA(3);
+    LL_FMA(4);
+    LL_FMA(5);
+    LL_FMA(6);
+    LL_FMA(7);
+    LL_FMA(8);
+    LL_FMA(9);
+    LL_FMA(10);
+    LL_FMA(11);
+  }
+#undef LL_FMA4
+#undef LL_FMA
+#define LL_ST(i)                                                                                   \
+  if (R > i) {                                                                                     \
+    _mm512_storeu_ps(acc + i * width, a##i);                                                       \
+    if (P > 1) _mm512_storeu_ps(acc + i * width + 16, b##i);                                       \
+  }
+#define LL_ST4(i)                                                                                  \
+  LL_ST(i);                                                                                        \
+  if (R > i && P > 2) {                                                                            \
+    _mm512_storeu_ps(acc + i * width + 32, c##i);                                                  \
+    _mm512_storeu_ps(acc + i * width + 48, d##i);                                                  \
+  }
+  LL_ST4(0);
+  LL_ST4(1);
+  LL_ST4(2);
+  LL_ST(3);
+  LL_ST(4);
+  LL_ST(5);
+  LL_ST(6);
+  LL_ST(7);
+  LL_ST(8);
+  LL_ST(9);
+  LL_ST(10);
+  LL_ST(11);
+#undef LL_ST4
+#undef LL_ST
+}
+
+#define LL_CASE(r)                                                                                 \
+  case r:                                                                                          \
+    if (width == 64 && r <= 3)                                                                     \
+      ll_tile512_rp(acc, x, IN, pt, kc, r, 4);                                                     \
+    else if (width == 32)                                                                          \
+      ll_tile512_rp(acc, x, IN, pt, kc, r, 2);                                                     \
+    else                                                                                           \
+      ll_tile512_rp(acc, x, IN, pt, kc, r, 1);                                                     \
+    return
+
+/* width 64 only with R <= 3 (ll_drive) */
+LF_AVX512 static void ll_tile512(float *acc, const float *x, int IN, const float *pt, int kc, int R,
+                                 int width) {
+  switch (R) {
+    LL_CASE(1);
+    LL_CASE(2);
+    LL_CASE(3);
+    LL_CASE(4);
+    LL_CASE(5);
+    LL_CASE(6);
+    LL_CASE(7);
+    LL_CASE(8);
+    LL_CASE(9);
+    LL_CASE(10);
+    LL_CASE(11);
+    LL_CASE(12);
+  }
+}
+#undef LL_CASE
+#endif
+
+struct ll_form {
+  ll_pack_fn *pack;
+  ll_tile_fn *tile;
+  int rmax;  /* rows per tile */
+  int wide3; /* 1: up to 3 rows take 64 columns at a time (4 chains for a lone row) */
+};
+
+/* lf_store on n outputs, 16 lanes at a time (the same operations, lane by lane) */
+static inline void ll_store(float *o, const float *acc, const float *bias, int n, float beta) {
+  int c = 0;
+  for (; c + 16 <= n; c += 16) {
+    struct simd16 r = simd_load(acc + c);
+    if (bias) r = simd_add(r, simd_load(bias + c));
+    if (beta != 0.0f) r = simd_add(simd_load(o + c), r);
+    simd_store(o + c, r);
+  }
+  if (c < n) {
+    int l = n - c;
+    struct simd16 r = simd_load_n(acc + c, l);
+    if (bias) r = simd_add(r, simd_load_n(bias + c, l));
+    if (beta != 0.0f) r = simd_add(simd_load_n(o + c, l), r);
+    simd_store_n(o + c, r, l);
+  }
+}
+
+static void ll_drive(const struct ll_form *f, float *out, const float *inp, const float *w,
+                     const uint16_t *w16, const float *bias, int M, int IN, int OUT, int j0, int j1,
+                     float beta) {
+  float pt[LL_KC * 32] __attribute__((aligned(64)));
+  float acc[LL_ROWS * 32] __attribute__((aligned(64)));
+  for (int m0 = 0; m0 < M; m0 += LL_ROWS) {
+    int mr = M - m0 < LL_ROWS ? M - m0 : LL_ROWS;
+    int nb = (mr + f->rmax - 1) / f->rmax; /* row tiles of even sizes */
+    const float *x = inp + (size_t)m0 * IN;
+    int group = f->wide3 && mr <= 3 ? 64 : 32, kcmax = LL_KC * 32 / group;
+    for (int j = j0; j < j1; j += group) {
+      int nc = j1 - j < group ? j1 - j : group, width = (nc + 15) / 16 * 16;
+      width = width == 48 ? 64 : width;
+      memset(acc, 0, sizeof(float) * (size_t)mr * width);
+      for (int k0 = 0; k0 < IN; k0 += kcmax) {
+        int kc = IN - k0 < kcmax ? IN - k0 : kcmax;
+        f->pack(pt, w, w16, IN, j, nc, k0, kc, width, j + 2 * group <= j1);
+        for (int b = 0, r0 = 0; b < nb; b++) {
+          int R = mr / nb + (b < mr % nb);
+          f->tile(acc + (size_t)r0 * width, x + (size_t)r0 * IN + k0, IN, pt, kc, R, width);
+          r0 += R;
+        }
+      }
+      for (int m = 0; m < mr; m++)
+        ll_store(out + (size_t)(m0 + m) * OUT + j, acc + (size_t)m * width, bias ? bias + j : NULL,
+                 nc, beta);
+    }
+  }
+}
+
+static const struct ll_form *ll_form_now(void) {
+  static const struct ll_form forms[] = {
+      {ll_pack_scalar, ll_tile_portable, 2, 0},
+#ifdef LF_X86
+      {ll_pack_scalar, ll_tile_portable_fma, 2, 0},
+      {ll_pack_scalar, ll_tile_avx2, 4, 0},
+      {ll_pack512, ll_tile512, 12, 1},
+#endif
+  };
+  return &forms[lf_form()];
+}
+
+void linear_lanes(float *out, const float *inp, const float *w, const float *bias, int M, int IN,
+                  int OUT, int j0, int j1, float beta) {
+  if (M < 1 || j0 >= j1) return;
+  ll_drive(ll_form_now(), out, inp, w, NULL, bias, M, IN, OUT, j0, j1, beta);
+}
+
+void linear_lanes_bf16(float *out, const float *inp, const uint16_t *w, const float *bias, int M,
+                       int IN, int OUT, int j0, int j1, float beta) {
+  if (M < 1 || j0 >= j1) return;
+  ll_drive(ll_form_now(), out, inp, NULL, w, bias, M, IN, OUT, j0, j1, beta);
+}

@@ -272,6 +272,74 @@ static void test_linear_few_bf16(int M, int IN, int OUT) {
   free(x), free(b), free(y0), free(w), free(wf), free(y), free(yf);
 }
 
+/* linear_lanes and linear_lanes_bf16: exactly one chain of fmaf in increasing k from +0 per
+ * output, then + bias, then added to out (beta 1) or stored (beta 0): the definition computed
+ * here one output at a time, against every instruction set, every M in [1, Mmax], the whole
+ * range and column ranges aligned to LINEAR_FEW_COLS with a partial last one, float32 and BF16
+ * weights (the same bits on the float32 of the BF16 weights). And near the double reference. */
+static void test_linear_lanes(int Mmax, int IN, int OUT) {
+  size_t n = (size_t)Mmax * OUT;
+  float *wf, *x = rnd((size_t)Mmax * IN, 1), *b = rnd(OUT, 1), *y0 = rnd(n, 1);
+  uint16_t *w16 = rnd_bf16((size_t)OUT * IN, 0.2f, &wf);
+  float *want = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+  float *yr = calloc(n, sizeof(float));
+  for (int m = 0; m < Mmax; m++)
+    for (int j = 0; j < OUT; j++) {
+      volatile float acc = 0.0f; /* one fmaf at a time, as written */
+      for (int k = 0; k < IN; k++) acc = fmaf(x[(size_t)m * IN + k], wf[(size_t)j * IN + k], acc);
+      volatile float r = acc + b[j];
+      want[(size_t)m * OUT + j] = y0[(size_t)m * OUT + j] + r;
+    }
+  matmul_forward_ref(yr, x, wf, b, Mmax, IN, OUT);
+  for (size_t i = 0; i < n; i++) yr[i] += y0[i];
+  CHECK_MSG(maxdiff(want, yr, n) < 1e-4f, "lanes reference IN=%d OUT=%d", IN, OUT);
+  /* columns in aligned chunks of 1, 2 and 3 panels, each split overwriting then adding */
+  int cut1 = LINEAR_FEW_COLS, cut2 = cut1 + 2 * LINEAR_FEW_COLS;
+  cut1 = cut1 < OUT ? cut1 : OUT, cut2 = cut2 < OUT ? cut2 : OUT;
+  int isas[4], n_isa = isa_list(isas);
+  for (int ii = 0; ii < n_isa; ii++) {
+    kernels_force_isa(isas[ii]);
+    for (int bf = 0; bf < 2; bf++)
+      for (int M = 1; M <= Mmax; M++) {
+        size_t nm = (size_t)M * OUT;
+        memcpy(y, y0, nm * sizeof(float));
+        if (bf)
+          linear_lanes_bf16(y, x, w16, b, M, IN, OUT, 0, OUT, 1.0f);
+        else
+          linear_lanes(y, x, wf, b, M, IN, OUT, 0, OUT, 1.0f);
+        CHECK_MSG(!memcmp(y, want, nm * sizeof(float)),
+                  "linear_lanes%s isa %d differs from fmaf's chain (M=%d IN=%d OUT=%d)",
+                  bf ? "_bf16" : "", isas[ii], M, IN, OUT);
+        memcpy(y, y0, nm * sizeof(float));
+        int cuts[4] = {0, cut1, cut2, OUT};
+        for (int c = 2; c >= 0; c--) { /* [cut2, OUT) first: the order does not matter */
+          if (c == 1)                  /* overwrite, then add y0 here */
+            for (int m = 0; m < M; m++)
+              for (int j = cuts[1]; j < cuts[2]; j++) y[(size_t)m * OUT + j] = 12345.0f;
+          if (bf)
+            linear_lanes_bf16(y, x, w16, b, M, IN, OUT, cuts[c], cuts[c + 1], c == 1 ? 0.0f : 1.0f);
+          else
+            linear_lanes(y, x, wf, b, M, IN, OUT, cuts[c], cuts[c + 1], c == 1 ? 0.0f : 1.0f);
+          if (c == 1)
+            for (int m = 0; m < M; m++)
+              for (int j = cuts[1]; j < cuts[2]; j++)
+                y[(size_t)m * OUT + j] = y0[(size_t)m * OUT + j] + y[(size_t)m * OUT + j];
+        }
+        CHECK_MSG(!memcmp(y, want, nm * sizeof(float)),
+                  "linear_lanes%s isa %d: split columns differ (M=%d IN=%d OUT=%d)",
+                  bf ? "_bf16" : "", isas[ii], M, IN, OUT);
+      }
+  }
+  /* no bias, beta 0 */
+  kernels_force_isa(0);
+  linear_lanes(y, x, wf, NULL, Mmax, IN, OUT, 0, OUT, 0.0f);
+  for (size_t i = 0; i < n; i++) want[i] = y0[i] + (y[i] + b[i % OUT]);
+  CHECK_MSG(maxdiff(y, yr, n) > 0.1f && maxdiff(want, yr, n) < 1e-4f,
+            "linear_lanes without bias, beta 0 (IN=%d OUT=%d)", IN, OUT);
+  CHECK_MSG(n_isa >= 1, "linear_lanes: no instruction set ran");
+  free(x), free(b), free(y0), free(w16), free(wf), free(want), free(y), free(yr);
+}
+
 /* max over [rows, C] of |got - want| / sum_k |a[r, k] w[c * wc + k * wk]|, a: [rows, K] */
 static double worst_rel(const float *got, const float *want, const float *a, const float *w,
                         int rows, int C, int K, int wc, int wk) {
@@ -552,6 +620,9 @@ int main(void) {
   test_linear_few_bf16(64, 896, 14);
   test_linear_few_bf16(3, 4864, 7);
   test_linear_few_bf16(5, 4864, 7);
+  test_linear_lanes(70, 37, 53);  /* every M to 70 (6 tiles of 12 rows); odd IN and OUT */
+  test_linear_lanes(13, 600, 19); /* IN over 2 blocks of 256 k, with a tail */
+  test_linear_lanes(3, 5, 70);
   struct pool *pool = pool_new(3);
   for (int p = 0; p < 2; p++) {
     struct pool *use = p ? pool : NULL;
