@@ -726,7 +726,25 @@ void linear_few_bf16(float *out, const float *inp, const uint16_t *w, const floa
  * blocks of 32 columns with L1 prefetches of the next group: 128 k with prefetches into L2 were
  * 1.2-1.3x faster at M = 1 and 16 (the block, the rows being packed and the prefetched ones no
  * longer all compete for L1). */
-enum { LL_KC = 128, LL_ROWS = 64 };
+enum { LL_KC = 128, LL_ROWS = 64, LL_FEW = 1 };
+
+/* lf_store on n outputs, 16 lanes at a time (the same operations, lane by lane) */
+static inline void ll_store(float *o, const float *acc, const float *bias, int n, float beta) {
+  int c = 0;
+  for (; c + 16 <= n; c += 16) {
+    struct simd16 r = simd_load(acc + c);
+    if (bias) r = simd_add(r, simd_load(bias + c));
+    if (beta != 0.0f) r = simd_add(simd_load(o + c), r);
+    simd_store(o + c, r);
+  }
+  if (c < n) {
+    int l = n - c;
+    struct simd16 r = simd_load_n(acc + c, l);
+    if (bias) r = simd_add(r, simd_load_n(bias + c, l));
+    if (beta != 0.0f) r = simd_add(simd_load_n(o + c, l), r);
+    simd_store_n(o + c, r, l);
+  }
+}
 
 /* Pack columns [j, j + nc) (nc <= width, the rest +0) of k in [k0, k0 + kc): moves, exact.
  * nxt: 1 when width more columns follow (which a pack may prefetch). */
@@ -867,6 +885,35 @@ ll_load512(const float *w, const uint16_t *w16, size_t i, __mmask16 mk) {
     r7 = _mm512_shuffle_f32x4(t7, t15, 0x88), r15 = _mm512_shuffle_f32x4(t7, t15, 0xDD);           \
   } while (0)
 
+/* Declares r0..r15: the 16 x 16 block at k of the weight rows at offsets o[16] (w, or w16 when
+ * bf16; k past the mask mk read as +0), transposed so that r<i> holds k + i of the 16 rows; and
+ * when pf, first prefetches (hint) a line of each row pf elements on (every other block for BF16:
+ * a line holds 32 of them). */
+#define LL_L(i) __m512 r##i = ll_load512(bf16 ? NULL : w, bf16 ? w16 : NULL, o[i] + k, mk)
+#define LL_BLOCK16(hint)                                                                           \
+  if (pf && (!bf16 || !(k & 16)))                                                                  \
+    for (int i_ = 0; i_ < 16; i_++)                                                                \
+      _mm_prefetch(                                                                                \
+          bf16 ? (const char *)(w16 + o[i_] + pf + k) : (const char *)(w + o[i_] + pf + k), hint); \
+  __m512 t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15;                     \
+  LL_L(0);                                                                                         \
+  LL_L(1);                                                                                         \
+  LL_L(2);                                                                                         \
+  LL_L(3);                                                                                         \
+  LL_L(4);                                                                                         \
+  LL_L(5);                                                                                         \
+  LL_L(6);                                                                                         \
+  LL_L(7);                                                                                         \
+  LL_L(8);                                                                                         \
+  LL_L(9);                                                                                         \
+  LL_L(10);                                                                                        \
+  LL_L(11);                                                                                        \
+  LL_L(12);                                                                                        \
+  LL_L(13);                                                                                        \
+  LL_L(14);                                                                                        \
+  LL_L(15);                                                                                        \
+  LL_TRANSPOSE16()
+
 LF_AVX512 static inline __attribute__((always_inline)) void
 ll_pack512_gen(float *pt, const float *w, const uint16_t *w16, int IN, int j, int nc, int k0,
                int kc, int width, size_t pf, const int bf16) {
@@ -875,32 +922,8 @@ ll_pack512_gen(float *pt, const float *w, const uint16_t *w16, int IN, int j, in
     size_t o[16];
     for (int i = 0; i < 16; i++) o[i] = (size_t)(j + (c0 + i < nc ? c0 + i : nc - 1)) * IN + k0;
     for (int k = 0; k < kc; k += 16) {
-      if (pf && (!bf16 || !(k & 16))) /* the same rows of the next panel: a line each */
-        for (int i = 0; i < 16; i++)
-          _mm_prefetch(bf16 ? (const char *)(w16 + o[i] + pf + k)
-                            : (const char *)(w + o[i] + pf + k),
-                       _MM_HINT_T1);
       __mmask16 mk = kc - k < 16 ? (__mmask16)((1u << (kc - k)) - 1) : (__mmask16)0xffff;
-      __m512 t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15;
-#define LL_L(i) __m512 r##i = ll_load512(bf16 ? NULL : w, bf16 ? w16 : NULL, o[i] + k, mk)
-      LL_L(0);
-      LL_L(1);
-      LL_L(2);
-      LL_L(3);
-      LL_L(4);
-      LL_L(5);
-      LL_L(6);
-      LL_L(7);
-      LL_L(8);
-      LL_L(9);
-      LL_L(10);
-      LL_L(11);
-      LL_L(12);
-      LL_L(13);
-      LL_L(14);
-      LL_L(15);
-#undef LL_L
-      LL_TRANSPOSE16();
+      LL_BLOCK16(_MM_HINT_T1); /* prefetching the same rows of the next panel into L2 */
       float *d = pt + (size_t)k * width + c0;
       if (kc - k >= 16) {
 #define LL_S(i) _mm512_store_ps(d + (size_t)(i)*width, r##i)
@@ -928,6 +951,63 @@ ll_pack512_gen(float *pt, const float *w, const uint16_t *w16, int IN, int j, in
     }
   }
 }
+/* A lone row against 16 weight rows at a time with no block: each 16 x 16 block of weights,
+ * loaded and transposed in registers, goes straight into the row's chain (lane c is output
+ * j + c), in increasing k as ll_tile512 does. The weight rows stream in order (16 contiguous rows
+ * at a time, the next 16 prefetched), as linear_few's 1x16 tile reads them, and the transpose's
+ * shuffles overlap the chain's latency. Measured against the block (one thread, weights from L3,
+ * in turns): at 896 x 4864 10.6-11.0 GFLOP/s against 7.4-7.8; for 2 and 3 rows the block was
+ * faster (19 and 30 GFLOP/s against 14 and 16). */
+LF_AVX512 static inline __attribute__((always_inline)) void
+ll_row512_gen(float *out, const float *x, const float *w, const uint16_t *w16, const float *bias,
+              int IN, int j0, int j1, float beta, const int bf16) {
+  for (int j = j0; j < j1; j += 16) {
+    int nc = j1 - j < 16 ? j1 - j : 16;
+    size_t o[16];
+    for (int i = 0; i < 16; i++) o[i] = (size_t)(j + (i < nc ? i : nc - 1)) * IN;
+    size_t pf = j + 32 <= j1 ? (size_t)16 * IN : 0;
+    __m512 a = _mm512_setzero_ps();
+    for (int k = 0; k < IN; k += 16) {
+      int n = IN - k < 16 ? IN - k : 16;
+      __mmask16 mk = n < 16 ? (__mmask16)((1u << n) - 1) : (__mmask16)0xffff;
+      LL_BLOCK16(_MM_HINT_T0); /* prefetching the next 16 rows into L1 */
+#define LL_K(i)                                                                                    \
+  if (n > i) a = _mm512_fmadd_ps(_mm512_set1_ps(x[k + i]), r##i, a)
+      LL_K(0);
+      LL_K(1);
+      LL_K(2);
+      LL_K(3);
+      LL_K(4);
+      LL_K(5);
+      LL_K(6);
+      LL_K(7);
+      LL_K(8);
+      LL_K(9);
+      LL_K(10);
+      LL_K(11);
+      LL_K(12);
+      LL_K(13);
+      LL_K(14);
+      LL_K(15);
+#undef LL_K
+    }
+    float acc[16];
+    _mm512_storeu_ps(acc, a);
+    ll_store(out + j, acc, bias ? bias + j : NULL, nc, beta);
+  }
+}
+
+LF_AVX512 static void ll_row512(float *out, const float *inp, const float *w, const uint16_t *w16,
+                                const float *bias, int M, int IN, int OUT, int j0, int j1,
+                                float beta) {
+  (void)M, (void)OUT; /* one row */
+  if (w16)
+    ll_row512_gen(out, inp, NULL, w16, bias, IN, j0, j1, beta, 1);
+  else
+    ll_row512_gen(out, inp, w, NULL, bias, IN, j0, j1, beta, 0);
+}
+#undef LL_BLOCK16
+#undef LL_L
 #undef LL_TRANSPOSE16
 #undef LL_SHUF
 #undef LL_UNPACK
@@ -1067,31 +1147,20 @@ struct ll_form {
   ll_tile_fn *tile;
   int rmax;  /* rows per tile */
   int wide3; /* 1: up to 3 rows take 64 columns at a time (4 chains for a lone row) */
+  /* NULL, or up to LL_FEW rows without the block (ll_row512) */
+  void (*few)(float *, const float *, const float *, const uint16_t *, const float *, int, int, int,
+              int, int, float);
 };
-
-/* lf_store on n outputs, 16 lanes at a time (the same operations, lane by lane) */
-static inline void ll_store(float *o, const float *acc, const float *bias, int n, float beta) {
-  int c = 0;
-  for (; c + 16 <= n; c += 16) {
-    struct simd16 r = simd_load(acc + c);
-    if (bias) r = simd_add(r, simd_load(bias + c));
-    if (beta != 0.0f) r = simd_add(simd_load(o + c), r);
-    simd_store(o + c, r);
-  }
-  if (c < n) {
-    int l = n - c;
-    struct simd16 r = simd_load_n(acc + c, l);
-    if (bias) r = simd_add(r, simd_load_n(bias + c, l));
-    if (beta != 0.0f) r = simd_add(simd_load_n(o + c, l), r);
-    simd_store_n(o + c, r, l);
-  }
-}
 
 static void ll_drive(const struct ll_form *f, float *out, const float *inp, const float *w,
                      const uint16_t *w16, const float *bias, int M, int IN, int OUT, int j0, int j1,
                      float beta) {
   float pt[LL_KC * 32] __attribute__((aligned(64)));
   float acc[LL_ROWS * 32] __attribute__((aligned(64)));
+  if (f->few && M <= LL_FEW) {
+    f->few(out, inp, w, w16, bias, M, IN, OUT, j0, j1, beta);
+    return;
+  }
   for (int m0 = 0; m0 < M; m0 += LL_ROWS) {
     int mr = M - m0 < LL_ROWS ? M - m0 : LL_ROWS;
     int nb = (mr + f->rmax - 1) / f->rmax; /* row tiles of even sizes */
@@ -1119,11 +1188,11 @@ static void ll_drive(const struct ll_form *f, float *out, const float *inp, cons
 
 static const struct ll_form *ll_form_now(void) {
   static const struct ll_form forms[] = {
-      {ll_pack_scalar, ll_tile_portable, 2, 0},
+      {ll_pack_scalar, ll_tile_portable, 2, 0, NULL},
 #ifdef LF_X86
-      {ll_pack_scalar, ll_tile_portable_fma, 2, 0},
-      {ll_pack_scalar, ll_tile_avx2, 4, 0},
-      {ll_pack512, ll_tile512, 12, 1},
+      {ll_pack_scalar, ll_tile_portable_fma, 2, 0, NULL},
+      {ll_pack_scalar, ll_tile_avx2, 4, 0, NULL},
+      {ll_pack512, ll_tile512, 12, 1, ll_row512},
 #endif
   };
   return &forms[lf_form()];

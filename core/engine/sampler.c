@@ -291,13 +291,15 @@ static int run_rows(struct gen_state *s, const struct model *m, int n_seq, int N
 }
 
 /* Decoding: columns [lo, hi) of out[n,OUT] = inp . W^T (+ bias, beta) for a float32 or a frozen
- * BF16 matrix (linear_few_bf16 gives linear_few's bits on the converted weights). */
+ * BF16 matrix, by linear_lanes (each output one chain of fused multiply-adds in increasing k: the
+ * same bits for any n, column range, thread or instruction set, and for BF16 weights as for
+ * their float32). */
 static void few(float *out, const float *inp, const float *w, const uint16_t *w16,
                 const float *bias, int n, int IN, int OUT, int lo, int hi, float beta) {
   if (w16)
-    linear_few_bf16(out, inp, w16, bias, n, IN, OUT, lo, hi, beta);
+    linear_lanes_bf16(out, inp, w16, bias, n, IN, OUT, lo, hi, beta);
   else
-    linear_few(out, inp, w, bias, n, IN, OUT, lo, hi, beta);
+    linear_lanes(out, inp, w, bias, n, IN, OUT, lo, hi, beta);
 }
 
 /* One decoding step of the n_act active rows, run by every thread of the pool (ti of nt). Split
@@ -321,15 +323,15 @@ struct decode_args {
   const int *skip; /* NULL, or per row: 1 when its token is not sampled (gen_advance) */
 };
 
-/* Columns of this thread's share of [0, n), in whole tiles of 4 (linear_few's AVX-512 tile). */
+/* Columns of this thread's share of [0, n), in whole panels of LINEAR_FEW_COLS (linear_lanes). */
 static void col_share(int n, int ti, int nt, int *lo, int *hi) {
-  pool_split((n + 3) / 4, ti, nt, lo, hi);
-  *lo *= 4;
-  *hi = *hi * 4 < n ? *hi * 4 : n;
+  pool_split((n + LINEAR_FEW_COLS - 1) / LINEAR_FEW_COLS, ti, nt, lo, hi);
+  *lo *= LINEAR_FEW_COLS;
+  *hi = *hi * LINEAR_FEW_COLS < n ? *hi * LINEAR_FEW_COLS : n;
 }
 
 /* The LM head of a prefill: logits [n, V] of the n normed rows in s->sel (one per distinct
- * prompt), by linear_few on the pool's threads, each its share of the columns as decode_step
+ * prompt), by linear_lanes on the pool's threads, each its share of the columns as decode_step
  * splits them, so a sequence's first token comes from decoding's arithmetic. Through OpenBLAS
  * (block_linear), which packs the whole [V, C] matrix on every call, a small model's head with
  * Qwen's vocabulary ([1, 128] x [151669, 128]^T) took 16 ms on one thread, against 3 ms. */
@@ -368,7 +370,7 @@ static void lora_few(const struct lora *lo, int l, int t, float *y, const float 
                      int OUT, int c_lo, int c_hi, float *tbuf) {
   if (!lo || !lo->w[l].a[t]) return;
   int r = lo->cfg.r;
-  linear_few(tbuf, x, lo->w[l].a[t], NULL, n, IN, r, 0, r, 0.0f);
+  linear_lanes(tbuf, x, lo->w[l].a[t], NULL, n, IN, r, 0, r, 0.0f);
   for (size_t i = 0; i < (size_t)n * r; i++) tbuf[i] *= lo->scale;
   linear_few_narrow(y, tbuf, lo->w[l].b[t], n, r, OUT, c_lo, c_hi, 1.0f);
 }
