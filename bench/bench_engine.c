@@ -13,13 +13,15 @@
  * Usage: bench_engine --sgemm | --bandwidth [--threads N] |
  *        --model tiny|small|medium|qwen-small|qwen-0.5b [--serve]
  *        [--train-steps N]
- *        [--gen-reps N] [--gen-new N] [--threads N] [--phase train|gen]
+ *        [--gen-reps N] [--gen-new N] [--gen-batch N] [--threads N] [--phase train|gen]
  *        [--isa portable|baseline|avx2|avx512] [--vs-isa portable|baseline|avx2]
  * --serve answers commands on stdin (see serve()) so that bench_torch.py --pair can interleave
  * our measurements with PyTorch's; --phase runs one phase only, for perf. --isa forces the
  * instruction set of the hand-vectorised decoding kernels (kernels_force_isa) for the whole run;
  * --vs-isa measures each generation twice, on this CPU's best and on the one named, in turns
- * (best, named, named, best, ...), and prints the ratio of each pair's tokens/s. */
+ * (best, named, named, best, ...), and prints the ratio of each pair's tokens/s. --gen-batch sets
+ * the larger generation batch (default 16, at most 64: decoding batch 64 as bench/scale.sh's
+ * rollouts, against the roofline). */
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,9 +38,10 @@
 #include "sampler.h"
 #include "train.h"
 
-static struct pool *g_pool; /* the engine's compute pool (core/engine/pool.h), or NULL */
-static int g_isa;           /* --isa: the forced instruction set, or 0 (the best) */
-static int g_vs_isa;        /* --vs-isa: the instruction set measured against g_isa, or 0 */
+static struct pool *g_pool;  /* the engine's compute pool (core/engine/pool.h), or NULL */
+static int g_isa;            /* --isa: the forced instruction set, or 0 (the best) */
+static int g_vs_isa;         /* --vs-isa: the instruction set measured against g_isa, or 0 */
+static int g_gen_batch = 16; /* --gen-batch: the larger generation batch */
 
 static const char *isa_name(int isa) {
   return isa == KERNELS_ISA_AVX512     ? "avx512"
@@ -51,7 +54,7 @@ static const char *isa_name(int isa) {
 #define SEQ_LEN 256
 #define PROMPT_LEN 64
 #define GEN_PROMPT 32
-#define GEN_BATCH 16
+#define GEN_BATCH 64 /* the most --gen-batch takes */
 
 /* Peak resident set of this process in KiB: VmHWM (ru_maxrss would carry over the peak of a
  * parent that forked us, such as bench_torch.py's Python with torch loaded). */
@@ -343,7 +346,7 @@ static int bench_init(struct bench *b, const char *name, int train, int gen, int
     if (g_pool && train_state_set_pool(b->ts, g_pool, e)) return e->code;
     if ((rc = adamw_init(&b->opt, b->m, &b->oc, e))) return rc;
   }
-  if (gen && !(b->gs = gen_state_new(b->m, GEN_BATCH, GEN_PROMPT + gen_new, e))) return e->code;
+  if (gen && !(b->gs = gen_state_new(b->m, g_gen_batch, GEN_PROMPT + gen_new, e))) return e->code;
   if (gen && g_pool && gen_state_set_pool(b->gs, g_pool, e)) return e->code;
   return 0;
 }
@@ -386,9 +389,9 @@ static int bench_gen(struct bench *b, int n, uint64_t seed, double *secs, struct
 
 /* The two per-step passes over the vocabulary that a decoding step of n rows makes after the
  * blocks, timed apart on the pool as decode_step runs them (sampler.c): the LM head, each thread
- * its share of the output columns in tiles of 4; then sampling (temperature 1, no top-p), each
- * thread its share of the rows. The rows fed to the head are random unit-RMS vectors (the final
- * norm's output); the logits it gives are the ones sampled. */
+ * its share of the output columns in panels of LINEAR_FEW_COLS; then sampling (temperature 1, no
+ * top-p), each thread its share of the rows. The rows fed to the head are random unit-RMS vectors
+ * (the final norm's output); the logits it gives are the ones sampled. */
 struct split_args {
   const struct model *m;
   const float *x;
@@ -404,12 +407,13 @@ static void split_task(void *ctx, int ti, int nt) {
   struct pool *saved = pool_current();
   pool_set_current(NULL);
   if (a->head) {
-    pool_split((a->V + 3) / 4, ti, nt, &lo, &hi);
-    lo *= 4, hi = hi * 4 < a->V ? hi * 4 : a->V;
+    int cols = LINEAR_FEW_COLS;
+    pool_split((a->V + cols - 1) / cols, ti, nt, &lo, &hi);
+    lo *= cols, hi = hi * cols < a->V ? hi * cols : a->V;
     if (a->m->w.lm_head16)
-      linear_few_bf16(a->logits, a->x, a->m->w.lm_head16, NULL, a->n, C, a->V, lo, hi, 0.0f);
+      linear_lanes_bf16(a->logits, a->x, a->m->w.lm_head16, NULL, a->n, C, a->V, lo, hi, 0.0f);
     else
-      linear_few(a->logits, a->x, a->m->w.lm_head, NULL, a->n, C, a->V, lo, hi, 0.0f);
+      linear_lanes(a->logits, a->x, a->m->w.lm_head, NULL, a->n, C, a->V, lo, hi, 0.0f);
   } else {
     struct sampler_opts so = {.temperature = 1.0f, .top_p = 1.0f, .max_new_tokens = 1};
     pool_split(a->n, ti, nt, &lo, &hi);
@@ -485,7 +489,7 @@ static json_t *info_json(const struct bench *b) {
                                          : "OpenBLAS threads, engine code serial"));
   json_object_set_new(j, "params", json_integer((json_int_t)b->m->n_params));
   json_object_set_new(j, "train_flops", json_real(b->train_flops));
-  json_object_set_new(j, "gen_flops_b16", json_real(gen_flops(b, GEN_BATCH)));
+  json_object_set_new(j, "gen_flops_b16", json_real(gen_flops(b, 16)));
   json_object_set_new(j, "gen_flops_b1", json_real(gen_flops(b, 1)));
   json_object_set_new(j, "gen_new", json_integer(b->gen_new));
   json_object_set_new(j, "tokens_per_step", json_integer(N_SEQ * SEQ_LEN));
@@ -534,7 +538,7 @@ static int run_model(const char *name, int train_steps, int gen_reps, int gen_ne
   }
   if (phase != 1) {
     gen = json_object();
-    int batches[2] = {GEN_BATCH, 1};
+    int batches[2] = {g_gen_batch, 1};
     for (int bi = 0; bi < 2; bi++) {
       int n = batches[bi];
       double sv[64], ratio[64]; /* --vs-isa: the named ISA's seconds, and tok/s ratios */
@@ -581,7 +585,9 @@ static int run_model(const char *name, int train_steps, int gen_reps, int gen_ne
                             json_pack("{s:s, s:f, s:f, s:f}", "isa", isa_name(g_vs_isa), "tok_s",
                                       n * gen_new / vsecs, "seconds", vsecs, "ratio", r));
       }
-      json_object_set_new(gen, n == 1 ? "b1" : "b16", g);
+      char key[16];
+      snprintf(key, sizeof key, "b%d", n);
+      json_object_set_new(gen, key, g);
     }
     json_object_set_new(j, "gen", gen);
     gen = NULL;
@@ -623,7 +629,7 @@ static int serve(const char *name, int gen_new) {
         emit(json_pack("{s:f, s:f, s:f, s:f}", "step_s", t[0], "forward_s", t[1], "backward_s",
                        t[2], "adamw_s", t[3]));
     } else if (sscanf(line, "gen16 %llu", &seed) == 1 || sscanf(line, "gen1 %llu", &seed) == 1) {
-      int n = !strncmp(line, "gen16", 5) ? GEN_BATCH : 1;
+      int n = !strncmp(line, "gen16", 5) ? g_gen_batch : 1;
       if (!(rc = bench_gen(&b, n, seed, &t[0], &e))) emit(json_pack("{s:f}", "seconds", t[0]));
     } else {
       rc = dapo_errf(&e, DAPO_EINVAL, "unknown command '%.100s'", line);
@@ -659,10 +665,11 @@ int main(int argc, char **argv) {
       continue;
     }
     if (!v) {
-      fprintf(stderr, "usage: bench_engine --sgemm | --bandwidth [--threads N] | --model "
-                      "tiny|small|medium|qwen-small|qwen-0.5b [--serve] "
-                      "[--train-steps N] [--gen-reps N] [--gen-new N] [--threads N | "
-                      "--blas-threads N] [--phase train|gen] [--isa NAME] [--vs-isa NAME]\n");
+      fprintf(stderr,
+              "usage: bench_engine --sgemm | --bandwidth [--threads N] | --model "
+              "tiny|small|medium|qwen-small|qwen-0.5b [--serve] "
+              "[--train-steps N] [--gen-reps N] [--gen-new N] [--gen-batch N] [--threads N | "
+              "--blas-threads N] [--phase train|gen] [--isa NAME] [--vs-isa NAME]\n");
       return 2;
     }
     i++;
@@ -674,6 +681,8 @@ int main(int argc, char **argv) {
       gen_reps = parse_pos(a, v);
     else if (!strcmp(a, "--gen-new"))
       gen_new = parse_pos(a, v);
+    else if (!strcmp(a, "--gen-batch") && atoi(v) >= 1 && atoi(v) <= GEN_BATCH)
+      g_gen_batch = atoi(v);
     else if (!strcmp(a, "--phase") && (!strcmp(v, "train") || !strcmp(v, "gen")))
       phase = !strcmp(v, "train") ? 1 : 2;
     else if (!strcmp(a, "--threads"))
