@@ -30,10 +30,11 @@ void matmul_forward(float *out, const float *inp, const float *w, const float *b
                     int OUT, float beta);
 void matmul_forward_ref(float *out, const float *inp, const float *w, const float *bias, int N,
                         int IN, int OUT);
-/* Few rows (decoding, linear_few.c): columns [j0, j1) of out[M,OUT] = inp[M,IN] . w[OUT,IN]^T
- * (+ bias[OUT], may be NULL; beta 1 adds to out, 0 overwrites), on the calling thread. Each
- * element's arithmetic is fixed (16 FMA lanes, a fixed reduction tree), so it does not depend on
- * M, the column range or the instruction set used. */
+/* Few rows (linear_few.c): columns [j0, j1) of out[M,OUT] = inp[M,IN] . w[OUT,IN]^T (+ bias[OUT],
+ * may be NULL; beta 1 adds to out, 0 overwrites), on the calling thread. Each element's
+ * arithmetic is fixed (16 FMA lanes, a fixed reduction tree), so it does not depend on M, the
+ * column range or the instruction set used. Decoding now uses linear_lanes (below); this one
+ * stays for matmul_forward_bf16's few rows. */
 void linear_few(float *out, const float *inp, const float *w, const float *bias, int M, int IN,
                 int OUT, int j0, int j1, float beta);
 
