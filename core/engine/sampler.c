@@ -6,12 +6,17 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "block.h"
 #include "kernels.h"
 #include "lora.h"
 #include "pool.h"
 #include "softmax.h"
+
+/* Tickets of one decoding step split dynamically (decode_step): per layer its five phases (QKV,
+ * attention, O, gate-up, down), then the LM head and sampling; one cache line each. */
+enum { PHASES_PER_LAYER = 5, TICKET_STRIDE = 16 };
 
 struct gen_state {
   struct model_config cfg;
@@ -32,9 +37,13 @@ struct gen_state {
    * whether its sample is skipped (a token fed that is not the feed's last) */
   int *slot_len, *feed_pre, *feed_len, *row_skip;
   enum gen_split split;
-  int64_t weight_bytes;     /* what one decoding step reads */
-  struct pool_barrier bar;  /* between decode_step's phases; its spin budget persists */
-  gen_progress_fn progress; /* told between decoding steps (gen_state_set_progress); NULL: none */
+  int chunk;                  /* GEN_SPLIT_DYNAMIC's columns per chunk (gen_state_set_chunk) */
+  int *tickets;               /* per phase of a decoding step, one cache line each (decode_step) */
+  int delay_thread, delay_us; /* gen_state_set_delay (tests) */
+  struct gen_profile *prof;   /* gen_state_set_profile; NULL: none */
+  int64_t weight_bytes;       /* what one decoding step reads */
+  struct pool_barrier bar;    /* between decode_step's phases; its spin budget persists */
+  gen_progress_fn progress;   /* told between decoding steps (gen_state_set_progress); NULL: none */
   void *progress_ctx;
   gen_step_fn step; /* told after each round of sampling (gen_state_set_step); NULL: none */
   void *step_ctx;
@@ -59,7 +68,7 @@ static void gplan(const struct model_config *c, const struct lora_config *lc, in
   /* per thread: prefill's attention scores [T, T], or decoding's (decode_step) */
   size_t lr = lc ? (size_t)lc->r : 0; /* an adapter's x A^T: [rows, r] in prefill, [B, r] */
   p->acts += rows * lr;
-  size_t dec = (size_t)T + (size_t)B * C + 2 * V + (size_t)B * lr;
+  size_t dec = (size_t)T + (size_t)B * C + 2 * V + 3 * (size_t)B * lr; /* 3 targets a phase */
   p->scratch = (size_t)T * T > dec ? (size_t)T * T : dec;
   p->pick = V;
   p->total = p->cache + p->acts + p->sel + p->logits + p->pick;
@@ -78,6 +87,7 @@ void gen_state_free(struct gen_state *s) {
   free(s->mem);
   thread_scratch_deinit(&s->scr);
   free(s->ints);
+  free(s->tickets);
   rope_table_deinit(&s->rope);
   free(s);
 }
@@ -106,7 +116,9 @@ struct gen_state *gen_state_new(const struct model *m, int cap_batch, int cap_se
   gplan(c, lc, cap_batch, cap_seq_len, &p);
   s->mem = dapo_alloc_floats(p.total);
   s->ints = calloc(p.ints, sizeof(int));
-  if (!s->mem || !s->ints) goto oom;
+  s->chunk = GEN_CHUNK_DEFAULT;
+  s->tickets = calloc(((size_t)PHASES_PER_LAYER * c->num_layers + 2) * TICKET_STRIDE, sizeof(int));
+  if (!s->mem || !s->ints || !s->tickets) goto oom;
   if (model_rope_table_init(&s->rope, c)) goto oom;
 
   size_t rows = s->cap_rows, C = c->hidden_size, CQ = (size_t)c->num_heads * c->head_dim,
@@ -159,6 +171,20 @@ oom:
 
 void gen_state_set_split(struct gen_state *s, enum gen_split split) {
   s->split = split;
+}
+
+void gen_state_set_chunk(struct gen_state *s, int cols) {
+  s->chunk = cols > 0 ? (cols + GEN_CHUNK_ALIGN - 1) / GEN_CHUNK_ALIGN * GEN_CHUNK_ALIGN
+                      : GEN_CHUNK_DEFAULT;
+}
+
+void gen_state_set_profile(struct gen_state *s, struct gen_profile *p) {
+  s->prof = p;
+}
+
+void gen_state_set_delay(struct gen_state *s, int thread, int usec) {
+  s->delay_thread = thread;
+  s->delay_us = usec > 0 ? usec : 0;
 }
 
 void gen_state_set_progress(struct gen_state *s, gen_progress_fn fn, void *ctx) {
@@ -320,6 +346,7 @@ struct decode_args {
   struct rng *rngs;
   struct gen_out *out;
   int by_rows;     /* each thread decodes its own rows alone (no barriers) */
+  int chunk;       /* > 0: the group takes chunks of this many columns from shared tickets */
   const int *skip; /* NULL, or per row: 1 when its token is not sampled (gen_advance) */
 };
 
@@ -328,6 +355,63 @@ static void col_share(int n, int ti, int nt, int *lo, int *hi) {
   pool_split((n + LINEAR_FEW_COLS - 1) / LINEAR_FEW_COLS, ti, nt, lo, hi);
   *lo *= LINEAR_FEW_COLS;
   *hi = *hi * LINEAR_FEW_COLS < n ? *hi * LINEAR_FEW_COLS : n;
+}
+
+/* The work of one phase of a decoding step, as a queue of ranges over up to 3 matrices' output
+ * columns (or over rows: align 1). Static (ticket NULL): thread gi of gn takes its own share of
+ * each matrix once (col_share; rows: pool_split). Dynamic: the group's threads take chunks of
+ * `chunk` from one counter (every matrix of the phase in one queue), so a thread that loses its
+ * core to another process delays its current chunk only, not the whole phase. Which thread
+ * computes a range never changes its bits: linear_few's columns do not depend on the range. */
+struct phase_q {
+  int *ticket; /* NULL: static shares */
+  int nm, w[3], chunk, rows;
+  int gi, gn, next;
+  long *taken; /* NULL, or counts the column ranges taken (gen_profile.chunks) */
+};
+
+static void phase_q_init(struct phase_q *q, int *ticket, int chunk, int gi, int gn, int rows,
+                         int nm, const int *w, long *taken) {
+  *q = (struct phase_q){.ticket = ticket,
+                        .nm = nm,
+                        .chunk = chunk,
+                        .rows = rows,
+                        .gi = gi,
+                        .gn = gn,
+                        .taken = rows ? NULL : taken};
+  for (int j = 0; j < nm; j++) q->w[j] = w[j];
+}
+
+/* The next range [*lo, *hi) of matrix *j; 0 when the phase has no more work for this thread. */
+static int phase_q_take(struct phase_q *q, int *j, int *lo, int *hi) {
+  if (!q->ticket) {
+    while (q->next < q->nm) {
+      int m = q->next++;
+      if (q->rows)
+        pool_split(q->w[m], q->gi, q->gn, lo, hi);
+      else
+        col_share(q->w[m], q->gi, q->gn, lo, hi);
+      if (*lo < *hi) {
+        *j = m;
+        if (q->taken) ++*q->taken;
+        return 1;
+      }
+    }
+    return 0;
+  }
+  int k = __atomic_fetch_add(q->ticket, 1, __ATOMIC_RELAXED);
+  for (int m = 0; m < q->nm; m++) {
+    int nch = (q->w[m] + q->chunk - 1) / q->chunk;
+    if (k < nch) {
+      *j = m;
+      *lo = k * q->chunk;
+      *hi = *lo + q->chunk < q->w[m] ? *lo + q->chunk : q->w[m];
+      if (q->taken) ++*q->taken;
+      return 1;
+    }
+    k -= nch;
+  }
+  return 0;
 }
 
 /* The LM head of a prefill: logits [n, V] of the n normed rows in s->sel (one per distinct
@@ -361,18 +445,53 @@ static void lm_head(struct gen_state *s, const struct model *m, int n) {
     head_cols(&a, 0, 1);
 }
 
-/* Decoding with an adapter: columns [lo, hi) of y[n,OUT] += s (x A^T) B^T for target t of layer
- * l; every thread computes x A^T whole into its own tbuf [n,r] (r is small), so the arithmetic
- * is the same for any split, and then its columns of tbuf B^T with linear_few_narrow (16 columns
- * in the lanes, one fused multiply-add per k: at r = 16, 64 sequences and 0.5B's widths, one
- * thread, 3.3-3.6x faster than linear_few, whose every output ended in a 16-lane reduction). */
-static void lora_few(const struct lora *lo, int l, int t, float *y, const float *x, int n, int IN,
-                     int OUT, int c_lo, int c_hi, float *tbuf) {
-  if (!lo || !lo->w[l].a[t]) return;
+/* Decoding with an adapter, in two halves so that a phase's columns can be taken in chunks: the
+ * thread computes tbuf[n,r] = s (x A^T) whole for target t of layer l (r is small; every thread
+ * the same arithmetic for any split), then lora_xb adds tbuf B^T to columns [lo, hi) of y with
+ * linear_few_narrow (16 columns in the lanes, one fused multiply-add per k: at r = 16, 64
+ * sequences and 0.5B's widths, one thread, 3.3-3.6x faster than linear_few, whose every output
+ * ended in a 16-lane reduction). lora_xa returns 0 where the target has no adapter. */
+static int lora_xa(const struct lora *lo, int l, int t, const float *x, int n, int IN,
+                   float *tbuf) {
+  if (!lo || !lo->w[l].a[t]) return 0;
   int r = lo->cfg.r;
   linear_lanes(tbuf, x, lo->w[l].a[t], NULL, n, IN, r, 0, r, 0.0f);
   for (size_t i = 0; i < (size_t)n * r; i++) tbuf[i] *= lo->scale;
-  linear_few_narrow(y, tbuf, lo->w[l].b[t], n, r, OUT, c_lo, c_hi, 1.0f);
+  return 1;
+}
+
+static void lora_xb(const struct lora *lo, int l, int t, int has, float *y, const float *tbuf,
+                    int n, int OUT, int c_lo, int c_hi) {
+  if (has) linear_few_narrow(y, tbuf, lo->w[l].b[t], n, lo->cfg.r, OUT, c_lo, c_hi, 1.0f);
+}
+
+static int *step_ticket(const struct decode_args *x, int phase) {
+  return x->chunk > 0 ? x->s->tickets + (size_t)phase * TICKET_STRIDE : NULL;
+}
+
+static double mono_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* gen_state_set_profile: the time since the last mark goes to kind k of this thread's row. */
+struct prof_mark {
+  double *row, t;
+};
+static void prof(struct prof_mark *pm, int k) {
+  if (!pm->row) return;
+  double t = mono_s();
+  pm->row[k] += t - pm->t;
+  pm->t = t;
+}
+
+/* Test hook (gen_state_set_delay): this thread sleeps before the work of each phase. */
+static void maybe_delay(const struct gen_state *s, int ti) {
+  if (s->delay_us > 0 && ti == s->delay_thread) {
+    struct timespec ts = {0, 1000L * s->delay_us};
+    nanosleep(&ts, NULL);
+  }
 }
 
 static void decode_step(void *ctx, int ti, int nt) {
@@ -387,8 +506,11 @@ static void decode_step(void *ctx, int ti, int nt) {
   float *scr = s->scr.buf + (size_t)ti * s->scr.stride, *xn = scr + s->cap_t;
   float *pick_p = xn + (size_t)s->cap_batch * C;
   int *pick_idx = (int *)(pick_p + V);
-  float *lora_t = (float *)(pick_idx + V); /* [cap_batch, r] with an adapter */
   const struct lora *lo = m->lora;
+  /* [cap_batch, r] per adapter target of a phase (three at most: Q, K, V) */
+  size_t lr = (size_t)s->cap_batch * (size_t)s->lora_r;
+  float *lt[3] = {(float *)(pick_idx + V), (float *)(pick_idx + V) + lr,
+                  (float *)(pick_idx + V) + 2 * lr};
   const struct block_acts *a = &s->acts;
   /* the rows this group of threads computes together, and this thread's place in the group */
   int g_lo = 0, g_hi = x->n_act, gi = ti, gn = nt;
@@ -406,67 +528,109 @@ static void decode_step(void *ctx, int ti, int nt) {
         *att = a->att + (size_t)g_lo * CQ, *gg = a->g + (size_t)g_lo * FF,
         *uu = a->u + (size_t)g_lo * FF, *hh = a->h + (size_t)g_lo * FF,
         *logits = s->logits + (size_t)g_lo * V;
-  int r_lo, r_hi, q_lo, q_hi, kv_lo, kv_hi, c_lo, c_hi, f_lo, f_hi, v_lo, v_hi;
-  pool_split(n, gi, gn, &r_lo, &r_hi);
-  col_share(CQ, gi, gn, &q_lo, &q_hi);
-  col_share(CKV, gi, gn, &kv_lo, &kv_hi);
-  col_share(C, gi, gn, &c_lo, &c_hi);
-  col_share(FF, gi, gn, &f_lo, &f_hi);
-  col_share(V, gi, gn, &v_lo, &v_hi);
+  /* by rows the group is this thread alone: static shares, which are then everything */
+  int chunk = gn > 1 ? x->chunk : 0, ph = 0, j, lo_, hi_;
+  const int w_qkv[3] = {CQ, CKV, CKV}, w_c[1] = {C}, w_ff[1] = {FF}, w_v[1] = {V}, w_n[1] = {n};
+  struct phase_q pq;
+  int pt = s->prof && ti < GEN_PROF_THREADS;
+  struct prof_mark pm = {pt ? s->prof->sec[ti] : NULL, pt ? mono_s() : 0};
+  long *taken = pt ? &s->prof->chunks[ti] : NULL;
+#define PHASE(nm, w, rows)                                                                         \
+  (maybe_delay(s, ti),                                                                             \
+   phase_q_init(&pq, chunk ? step_ticket(x, ph) : NULL, (rows) ? 1 : chunk, gi, gn, rows, nm, w,   \
+                taken),                                                                            \
+   ph++)
+#define WAIT(k) (prof(&pm, k), pool_barrier_wait(&s->bar, gn), prof(&pm, GEN_PROF_WAIT))
   size_t layer_cache = (size_t)s->cap_batch * s->cap_t * CKV;
   for (int l = 0; l < c->num_layers; l++) {
     const struct layer_views *w = &m->w.layers[l];
     rmsnorm_forward(xn, NULL, xs, w->attn_norm, n, C, c->rms_norm_eps);
-    few(q, xn, w->wq, w->wq16, w->bq, n, C, CQ, q_lo, q_hi, 0.0f);
-    few(k, xn, w->wk, w->wk16, w->bk, n, C, CKV, kv_lo, kv_hi, 0.0f);
-    few(v, xn, w->wv, w->wv16, w->bv, n, C, CKV, kv_lo, kv_hi, 0.0f);
-    lora_few(lo, l, LT_Q, q, xn, n, C, CQ, q_lo, q_hi, lora_t);
-    lora_few(lo, l, LT_K, k, xn, n, C, CKV, kv_lo, kv_hi, lora_t);
-    lora_few(lo, l, LT_V, v, xn, n, C, CKV, kv_lo, kv_hi, lora_t);
-    pool_barrier_wait(&s->bar, gn);
+    int has[3];
+    for (int t = 0; t < 3; t++) has[t] = lora_xa(lo, l, LT_Q + t, xn, n, C, lt[t]);
+    prof(&pm, GEN_PROF_NORM);
+    PHASE(3, w_qkv, 0);
+    while (phase_q_take(&pq, &j, &lo_, &hi_)) {
+      float *out = j == 0 ? q : j == 1 ? k : v;
+      const float *wf = j == 0   ? w->wq
+                        : j == 1 ? w->wk
+                                 : w->wv,
+                  *bias = j == 0   ? w->bq
+                          : j == 1 ? w->bk
+                                   : w->bv;
+      const uint16_t *w16 = j == 0 ? w->wq16 : j == 1 ? w->wk16 : w->wv16;
+      few(out, xn, wf, w16, bias, n, C, w_qkv[j], lo_, hi_, 0.0f);
+      lora_xb(lo, l, LT_Q + j, has[j], out, lt[j], n, w_qkv[j], lo_, hi_);
+    }
+    WAIT(GEN_PROF_QKV);
     float *ck = s->cache_k + l * layer_cache, *cv = s->cache_v + l * layer_cache;
-    for (int i = r_lo; i < r_hi; i++) {
-      int row = g_lo + i;
-      float *qi = q + (size_t)i * CQ, *ki = k + (size_t)i * CKV;
-      block_qk_finish(c, w, qi, ki, NULL, NULL, NULL, NULL, s->pos + row, 1, &s->rope);
-      size_t base = (size_t)s->slot[row] * s->cap_t;
-      int past = s->n_past[row];
-      memcpy(ck + (base + past) * CKV, ki, sizeof(float) * CKV);
-      memcpy(cv + (base + past) * CKV, v + (size_t)i * CKV, sizeof(float) * CKV);
-      for (int g = 0; g < NKV; g++)
-        attention_forward(att + (size_t)i * CQ, NULL, qi, ck + base * CKV, cv + base * CKV, 1, past,
-                          g * n_rep, n_rep, g, HS, CQ, CKV, CQ, NH, scr);
+    PHASE(1, w_n, 1);
+    while (phase_q_take(&pq, &j, &lo_, &hi_))
+      for (int i = lo_; i < hi_; i++) {
+        int row = g_lo + i;
+        float *qi = q + (size_t)i * CQ, *ki = k + (size_t)i * CKV;
+        block_qk_finish(c, w, qi, ki, NULL, NULL, NULL, NULL, s->pos + row, 1, &s->rope);
+        size_t base = (size_t)s->slot[row] * s->cap_t;
+        int past = s->n_past[row];
+        memcpy(ck + (base + past) * CKV, ki, sizeof(float) * CKV);
+        memcpy(cv + (base + past) * CKV, v + (size_t)i * CKV, sizeof(float) * CKV);
+        for (int g = 0; g < NKV; g++)
+          attention_forward(att + (size_t)i * CQ, NULL, qi, ck + base * CKV, cv + base * CKV, 1,
+                            past, g * n_rep, n_rep, g, HS, CQ, CKV, CQ, NH, scr);
+      }
+    WAIT(GEN_PROF_ATTN);
+    has[0] = lora_xa(lo, l, LT_O, att, n, CQ, lt[0]);
+    prof(&pm, GEN_PROF_NORM);
+    PHASE(1, w_c, 0);
+    while (phase_q_take(&pq, &j, &lo_, &hi_)) {
+      few(xs, att, w->wo, w->wo16, w->bo, n, CQ, C, lo_, hi_, 1.0f);
+      lora_xb(lo, l, LT_O, has[0], xs, lt[0], n, C, lo_, hi_);
     }
-    pool_barrier_wait(&s->bar, gn);
-    few(xs, att, w->wo, w->wo16, w->bo, n, CQ, C, c_lo, c_hi, 1.0f);
-    lora_few(lo, l, LT_O, xs, att, n, CQ, C, c_lo, c_hi, lora_t);
-    pool_barrier_wait(&s->bar, gn);
+    WAIT(GEN_PROF_O);
     rmsnorm_forward(xn, NULL, xs, w->ffn_norm, n, C, c->rms_norm_eps);
-    few(gg, xn, w->w_gate, w->w_gate16, NULL, n, C, FF, f_lo, f_hi, 0.0f);
-    few(uu, xn, w->w_up, w->w_up16, NULL, n, C, FF, f_lo, f_hi, 0.0f);
-    lora_few(lo, l, LT_GATE, gg, xn, n, C, FF, f_lo, f_hi, lora_t);
-    lora_few(lo, l, LT_UP, uu, xn, n, C, FF, f_lo, f_hi, lora_t);
-    for (int i = 0; i < n; i++) {
-      size_t o = (size_t)i * FF + f_lo;
-      swiglu_forward(hh + o, gg + o, uu + o, (size_t)(f_hi - f_lo));
+    has[0] = lora_xa(lo, l, LT_GATE, xn, n, C, lt[0]);
+    has[1] = lora_xa(lo, l, LT_UP, xn, n, C, lt[1]);
+    prof(&pm, GEN_PROF_NORM);
+    PHASE(1, w_ff, 0);
+    while (phase_q_take(&pq, &j, &lo_, &hi_)) {
+      few(gg, xn, w->w_gate, w->w_gate16, NULL, n, C, FF, lo_, hi_, 0.0f);
+      few(uu, xn, w->w_up, w->w_up16, NULL, n, C, FF, lo_, hi_, 0.0f);
+      lora_xb(lo, l, LT_GATE, has[0], gg, lt[0], n, FF, lo_, hi_);
+      lora_xb(lo, l, LT_UP, has[1], uu, lt[1], n, FF, lo_, hi_);
+      for (int i = 0; i < n; i++) {
+        size_t o = (size_t)i * FF + lo_;
+        swiglu_forward(hh + o, gg + o, uu + o, (size_t)(hi_ - lo_));
+      }
     }
-    pool_barrier_wait(&s->bar, gn);
-    few(xs, hh, w->w_down, w->w_down16, NULL, n, FF, C, c_lo, c_hi, 1.0f);
-    lora_few(lo, l, LT_DOWN, xs, hh, n, FF, C, c_lo, c_hi, lora_t);
-    pool_barrier_wait(&s->bar, gn);
+    WAIT(GEN_PROF_FFN);
+    has[0] = lora_xa(lo, l, LT_DOWN, hh, n, FF, lt[0]);
+    prof(&pm, GEN_PROF_NORM);
+    PHASE(1, w_c, 0);
+    while (phase_q_take(&pq, &j, &lo_, &hi_)) {
+      few(xs, hh, w->w_down, w->w_down16, NULL, n, FF, C, lo_, hi_, 1.0f);
+      lora_xb(lo, l, LT_DOWN, has[0], xs, lt[0], n, C, lo_, hi_);
+    }
+    WAIT(GEN_PROF_DOWN);
   }
   rmsnorm_forward(xn, NULL, xs, m->w.final_norm, n, C, c->rms_norm_eps);
-  few(logits, xn, m->w.lm_head, m->w.lm_head16, NULL, n, C, V, v_lo, v_hi, 0.0f);
-  pool_barrier_wait(&s->bar, gn);
-  for (int i = r_lo; i < r_hi; i++) {
-    if (x->skip && x->skip[g_lo + i]) continue;
-    int qq = s->active[g_lo + i];
-    float lp;
-    if (s->mask) s->mask(s->mask_ctx, qq, logits + (size_t)i * V, V);
-    record_top(x->out, qq, x->maxn, logits + (size_t)i * V, V, x->o);
-    int tok = sampler_pick(logits + (size_t)i * V, V, x->o, &x->rngs[qq], &lp, pick_idx, pick_p);
-    append_token(x->out, qq, x->maxn, tok, lp, x->o);
-  }
+  prof(&pm, GEN_PROF_NORM);
+  PHASE(1, w_v, 0);
+  while (phase_q_take(&pq, &j, &lo_, &hi_))
+    few(logits, xn, m->w.lm_head, m->w.lm_head16, NULL, n, C, V, lo_, hi_, 0.0f);
+  WAIT(GEN_PROF_HEAD);
+  PHASE(1, w_n, 1);
+  while (phase_q_take(&pq, &j, &lo_, &hi_))
+    for (int i = lo_; i < hi_; i++) {
+      if (x->skip && x->skip[g_lo + i]) continue;
+      int qq = s->active[g_lo + i];
+      float lp;
+      if (s->mask) s->mask(s->mask_ctx, qq, logits + (size_t)i * V, V);
+      record_top(x->out, qq, x->maxn, logits + (size_t)i * V, V, x->o);
+      int tok = sampler_pick(logits + (size_t)i * V, V, x->o, &x->rngs[qq], &lp, pick_idx, pick_p);
+      append_token(x->out, qq, x->maxn, tok, lp, x->o);
+    }
+#undef PHASE
+#undef WAIT
+  prof(&pm, GEN_PROF_SAMPLE);
   pool_set_current(saved);
 }
 
@@ -474,6 +638,21 @@ static void decode_step(void *ctx, int ti, int nt) {
 static int decode_by_rows(const struct gen_state *s) {
   return s->split == GEN_SPLIT_ROWS ||
          (s->split == GEN_SPLIT_AUTO && s->weight_bytes < DECODE_COLUMNS_MIN_BYTES);
+}
+
+/* One decoding step on the pool (or serially): the tickets of a dynamic split start at 0 (the
+ * pool's lock orders these stores before the threads' first take). */
+static void run_step(struct gen_state *s, struct decode_args *da) {
+  da->by_rows = decode_by_rows(s);
+  da->chunk = !da->by_rows && s->split != GEN_SPLIT_COLUMNS ? s->chunk : 0;
+  int nt = s->pool ? pool_threads(s->pool) : 1;
+  if (nt > 1 && da->chunk)
+    memset(s->tickets, 0,
+           ((size_t)PHASES_PER_LAYER * s->cfg.num_layers + 2) * TICKET_STRIDE * sizeof(int));
+  if (nt > 1)
+    pool_run(s->pool, decode_step, da);
+  else
+    decode_step(da, 0, 1);
 }
 
 static void embed(struct gen_state *s, const struct model *m, int row, int tok) {
@@ -572,7 +751,6 @@ static int gen_run_impl(struct gen_state *s, const struct model *m, int n,
   }
 
   /* decode: all unfinished sequences advance together */
-  int by_rows = decode_by_rows(s);
   int64_t sampled = n; /* every sequence has its first token */
   for (;;) {
     if (cancel && __atomic_load_n(cancel, __ATOMIC_RELAXED)) /* set by another thread */
@@ -591,18 +769,9 @@ static int gen_run_impl(struct gen_state *s, const struct model *m, int n,
     if (s->progress) s->progress(s->progress_ctx, sampled, n - n_act);
     if (n_act == 0) break;
     sampled += n_act;
-    struct decode_args da = {.s = s,
-                             .m = m,
-                             .n_act = n_act,
-                             .maxn = maxn,
-                             .o = o,
-                             .rngs = rngs,
-                             .out = out,
-                             .by_rows = by_rows};
-    if (s->pool && pool_threads(s->pool) > 1)
-      pool_run(s->pool, decode_step, &da);
-    else
-      decode_step(&da, 0, 1);
+    struct decode_args da = {
+        .s = s, .m = m, .n_act = n_act, .maxn = maxn, .o = o, .rngs = rngs, .out = out};
+    run_step(s, &da);
   }
   return 0;
 }
@@ -750,12 +919,8 @@ static int advance_impl(struct gen_state *s, const struct model *m, int n,
                              .o = &od,
                              .rngs = rngs,
                              .out = &out,
-                             .by_rows = decode_by_rows(s),
                              .skip = s->row_skip};
-    if (s->pool && pool_threads(s->pool) > 1)
-      pool_run(s->pool, decode_step, &da);
-    else
-      decode_step(&da, 0, 1);
+    run_step(s, &da);
   }
   for (int q = 0; q < n; q++) s->slot_len[feeds[q].slot] += feeds[q].n;
   return 0;

@@ -58,12 +58,46 @@ struct pool;
 /* Runs generation on pool p's threads (borrowed; NULL: serial). Returns 0 or DAPO_ENOMEM. */
 int gen_state_set_pool(struct gen_state *s, struct pool *p, struct dapo_err *e);
 
-/* How a pool shares a decoding step (sampler.c, decode_step). GEN_SPLIT_AUTO: by columns when the
- * weights are larger than the caches (each weight read once per step), else by rows (no barriers
- * inside the step). The tokens and log-probs are the same either way; tests and benchmarks force
+/* How a pool shares a decoding step (sampler.c, decode_step). GEN_SPLIT_ROWS: each thread decodes
+ * its own rows alone (no barriers). GEN_SPLIT_COLUMNS: in phases separated by barriers, each
+ * thread its fixed share of every weight matrix's columns (each weight read once per step).
+ * GEN_SPLIT_DYNAMIC: the same phases, the threads taking chunks of gen_state_set_chunk columns
+ * from a shared counter, so that a thread slowed by another process costs a chunk, not a phase.
+ * GEN_SPLIT_AUTO: dynamic columns when the weights are larger than the caches, else rows. The
+ * tokens and log-probs are the same bits for every split and chunk; tests and benchmarks force
  * one. */
-enum gen_split { GEN_SPLIT_AUTO, GEN_SPLIT_ROWS, GEN_SPLIT_COLUMNS };
+enum gen_split { GEN_SPLIT_AUTO, GEN_SPLIT_ROWS, GEN_SPLIT_COLUMNS, GEN_SPLIT_DYNAMIC };
 void gen_state_set_split(struct gen_state *s, enum gen_split split);
+/* GEN_SPLIT_DYNAMIC's (and AUTO's) columns per chunk, rounded up to a multiple of
+ * GEN_CHUNK_ALIGN; <= 0: GEN_CHUNK_DEFAULT. */
+enum { GEN_CHUNK_ALIGN = 16, GEN_CHUNK_DEFAULT = 64 };
+void gen_state_set_chunk(struct gen_state *s, int cols);
+/* Where decoding steps' time goes, per thread of the pool (benchmarks: bench_engine --decode):
+ * seconds summed over the steps decoded while set, by kind of work. GEN_PROF_NORM: the RMSNorms
+ * and the adapters' x A^T (every thread computes them whole); GEN_PROF_WAIT: waiting at the
+ * barriers between phases. gen_state_set_profile(s, NULL) stops. */
+enum {
+  GEN_PROF_QKV,
+  GEN_PROF_ATTN,
+  GEN_PROF_O,
+  GEN_PROF_FFN, /* gate, up and SwiGLU */
+  GEN_PROF_DOWN,
+  GEN_PROF_HEAD,
+  GEN_PROF_SAMPLE,
+  GEN_PROF_NORM,
+  GEN_PROF_WAIT,
+  GEN_PROF_KINDS
+};
+enum { GEN_PROF_THREADS = 16 };
+struct gen_profile {
+  double sec[GEN_PROF_THREADS][GEN_PROF_KINDS];
+  long chunks[GEN_PROF_THREADS]; /* column ranges taken */
+};
+void gen_state_set_profile(struct gen_state *s, struct gen_profile *p);
+
+/* For tests: thread `thread` of the pool sleeps usec microseconds before its work in each phase
+ * of a decoding step (a neighbour taking its core); usec 0: none (the default). */
+void gen_state_set_delay(struct gen_state *s, int thread, int usec);
 
 /* Told by gen_run after its prefill and after each decoding step, on gen_run's thread: tokens
  * sampled so far by this gen_run (all sequences) and how many of its n sequences have finished

@@ -13,6 +13,7 @@
 
 #include "check.h"
 #include "kernels.h"
+#include "lora.h"
 #include "test_isa.h"
 #include "model.h"
 #include "pool.h"
@@ -430,7 +431,8 @@ static void test_top_gen(int arch) {
     for (int par = 0; par < 3; par++) {
       if (par) {
         CHECK(gen_state_set_pool(s, p, &e) == 0);
-        gen_state_set_split(s, par == 1 ? GEN_SPLIT_ROWS : GEN_SPLIT_COLUMNS);
+        gen_state_set_split(s, par == 1 ? GEN_SPLIT_ROWS : GEN_SPLIT_DYNAMIC);
+        gen_state_set_chunk(s, 16);
       }
       memset(&top, 0, sizeof top);
       struct rng rngs[NSEQ];
@@ -500,38 +502,83 @@ static void test_top_gen(int arch) {
   model_free(m);
 }
 
-/* The pool's parallel paths (every kernel split, no work threshold) sample the same tokens. */
+/* Every split of decoding (sampler.h, gen_split) on a pool of nt threads: rows, static columns,
+ * and dynamic columns with chunks of 16, 32 and 256 columns (the test model's widths are 16-48:
+ * one to three chunks a matrix, the last one partial), then dynamic again with thread 1 sleeping
+ * 300 us before each phase (a neighbour taking its core: the others take its chunks). */
+struct split_case {
+  enum gen_split split;
+  int chunk, delay_us;
+};
+static const struct split_case split_cases[] = {
+    {GEN_SPLIT_ROWS, 0, 0},     {GEN_SPLIT_COLUMNS, 0, 0},   {GEN_SPLIT_DYNAMIC, 16, 0},
+    {GEN_SPLIT_DYNAMIC, 32, 0}, {GEN_SPLIT_DYNAMIC, 256, 0}, {GEN_SPLIT_DYNAMIC, 16, 300},
+    {GEN_SPLIT_AUTO, 0, 0}};
+enum { N_SPLIT_CASES = sizeof split_cases / sizeof split_cases[0] };
+
+static void set_split_case(struct gen_state *s, int c) {
+  gen_state_set_split(s, split_cases[c].split);
+  gen_state_set_chunk(s, split_cases[c].chunk);
+  gen_state_set_delay(s, 1, split_cases[c].delay_us);
+}
+
+/* The pool's parallel paths (every kernel split, no work threshold) sample the same tokens as
+ * the serial run, for every split of decoding on 2 and 3 threads, with and without a LoRA
+ * adapter on every target (decoding's adapter products are split with the base's columns); the
+ * log-probs within 1e-4 of the serial run's (prefill's products differ) and the same bits as the
+ * pool's split by rows. */
 static void test_pool(int arch) {
-  struct model *m = make_model(arch, 0, 2);
-  struct dapo_err e;
-  struct gen_state *s = gen_state_new(m, NSEQ, 64, &e);
-  int pa[5] = {5, 6, 7, 8, 9}, pb[3] = {10, 11, 12};
-  const int *prompts[NSEQ] = {pa, pa, pa, pa, pb, pb, pb, pa};
-  int plen[NSEQ] = {5, 5, 5, 5, 3, 3, 3, 2};
-  uint64_t seeds[NSEQ] = {1, 2, 3, 4, 5, 6, 7, 8};
-  struct sampler_opts o = {.temperature = 1.0f, .top_p = 0.9f, .max_new_tokens = MAXN};
-  struct run serial, par;
-  gen(s, m, NSEQ, prompts, plen, seeds, &o, &serial);
-  struct pool *p = pool_new(3);
-  long old = kernels_par_min_work();
-  kernels_set_par_min_work(0);
-  CHECK(gen_state_set_pool(s, p, &e) == 0);
-  /* decoding split by rows and by columns (phases and barriers): the same tokens */
-  for (int split = GEN_SPLIT_ROWS; split <= GEN_SPLIT_COLUMNS; split++) {
-    gen_state_set_split(s, (enum gen_split)split);
-    gen(s, m, NSEQ, prompts, plen, seeds, &o, &par);
-    CHECK_MSG(!memcmp(serial.tokens, par.tokens, sizeof serial.tokens),
-              "pool (split %d) changed the tokens", split);
-    CHECK_MSG(!padding_drawn(m, par.tokens, NSEQ * MAXN), "pool (split %d) drew a padding id",
-              split);
-    float d = 0;
-    for (int i = 0; i < NSEQ * MAXN; i++) d = fmaxf(d, fabsf(serial.logp[i] - par.logp[i]));
-    CHECK_MSG(d < 1e-4f, "pool (split %d) changed log-probs by %g", split, (double)d);
+  for (int adapter = 0; adapter < 2; adapter++) {
+    struct model *m = make_model(arch, 0, 2);
+    struct dapo_err e;
+    struct lora *la = NULL;
+    if (adapter) {
+      struct lora_config lc = {.r = 3, .alpha = 6, .targets = (1u << LT_COUNT) - 1};
+      la = lora_new(&lc, &m->cfg, &e);
+      CHECK_MSG(la != NULL, "%s", e.msg);
+      struct rng r;
+      rng_seed(&r, 6, 6);
+      for (size_t k = 0; k < la->n_params; k++) la->params[k] = 0.2f * (float)rng_normal(&r);
+      m->lora = la;
+    }
+    struct gen_state *s = gen_state_new(m, NSEQ, 64, &e);
+    int pa[5] = {5, 6, 7, 8, 9}, pb[3] = {10, 11, 12};
+    const int *prompts[NSEQ] = {pa, pa, pa, pa, pb, pb, pb, pa};
+    int plen[NSEQ] = {5, 5, 5, 5, 3, 3, 3, 2};
+    uint64_t seeds[NSEQ] = {1, 2, 3, 4, 5, 6, 7, 8};
+    struct sampler_opts o = {.temperature = 1.0f, .top_p = 0.9f, .max_new_tokens = MAXN};
+    struct run serial, rows, par;
+    gen(s, m, NSEQ, prompts, plen, seeds, &o, &serial);
+    long old = kernels_par_min_work();
+    kernels_set_par_min_work(0);
+    for (int nt = 2; nt <= 3; nt++) {
+      struct pool *p = pool_new(nt);
+      CHECK(gen_state_set_pool(s, p, &e) == 0);
+      for (int c = 0; c < N_SPLIT_CASES; c++) {
+        set_split_case(s, c);
+        gen(s, m, NSEQ, prompts, plen, seeds, &o, c ? &par : &rows);
+        struct run *got = c ? &par : &rows;
+        CHECK_MSG(!memcmp(serial.tokens, got->tokens, sizeof serial.tokens),
+                  "adapter %d, %d threads, split %d chunk %d delay %d: the tokens changed", adapter,
+                  nt, split_cases[c].split, split_cases[c].chunk, split_cases[c].delay_us);
+        CHECK_MSG(!padding_drawn(m, got->tokens, NSEQ * MAXN), "pool (case %d) drew a padding id",
+                  c);
+        float d = 0;
+        for (int i = 0; i < NSEQ * MAXN; i++) d = fmaxf(d, fabsf(serial.logp[i] - got->logp[i]));
+        CHECK_MSG(d < 1e-4f, "pool (case %d) changed log-probs by %g", c, (double)d);
+        CHECK_MSG(!c || !memcmp(rows.logp, par.logp, sizeof rows.logp),
+                  "adapter %d, %d threads, case %d: log-probs not the bits of the split by rows",
+                  adapter, nt, c);
+      }
+      set_split_case(s, N_SPLIT_CASES - 1);
+      gen_state_set_pool(s, NULL, &e);
+      pool_free(p);
+    }
+    kernels_set_par_min_work(old);
+    gen_state_free(s);
+    model_free(m);
+    lora_free(la);
   }
-  kernels_set_par_min_work(old);
-  gen_state_free(s);
-  pool_free(p);
-  model_free(m);
 }
 
 /* gen_advance drives the sequences of a gen_run token by token: the same tokens bit for bit
@@ -554,12 +601,17 @@ static void test_advance(int arch) {
   struct run want;
   struct pool *p = pool_new(3);
   long old = kernels_par_min_work();
-  for (int mode = 0; mode < 3; mode++) { /* serial; pool by rows; pool by columns */
+  /* serial; then on the pool, each split of decoding (split_cases: rows, static columns,
+   * dynamic chunks, a delayed thread) */
+  for (int mode = 0; mode <= N_SPLIT_CASES; mode++) {
     if (mode == 1) {
       kernels_set_par_min_work(0);
       CHECK(gen_state_set_pool(s, p, &e) == 0);
     }
-    gen_state_set_split(s, mode == 2 ? GEN_SPLIT_COLUMNS : GEN_SPLIT_ROWS);
+    if (mode)
+      set_split_case(s, mode - 1);
+    else
+      gen_state_set_split(s, GEN_SPLIT_ROWS);
     gen(s, m, NSEQ, prompts, plen, seeds, &o, &want); /* gen_run in the same mode */
     /* every slot fed each round (wait 0); slots that wait one round in three (wait 1); each
      * slot alone in its own calls (wait 2). With world = 1 every sequence's third feed is its
