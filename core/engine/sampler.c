@@ -37,10 +37,12 @@ struct gen_state {
    * whether its sample is skipped (a token fed that is not the feed's last) */
   int *slot_len, *feed_pre, *feed_len, *row_skip;
   enum gen_split split;
-  int chunk;                  /* GEN_SPLIT_DYNAMIC's columns per chunk (gen_state_set_chunk) */
+  int chunk;                  /* GEN_SPLIT_DYNAMIC's KiB per chunk (gen_state_set_chunk) */
   int *tickets;               /* per phase of a decoding step, one cache line each (decode_step) */
   int delay_thread, delay_us; /* gen_state_set_delay (tests) */
   struct gen_profile *prof;   /* gen_state_set_profile; NULL: none */
+  int tuned;                  /* gen_state_tune chose split and chunk */
+  double tune_s[4];           /* its medians per candidate (tune_cands) */
   int64_t weight_bytes;       /* what one decoding step reads */
   struct pool_barrier bar;    /* between decode_step's phases; its spin budget persists */
   gen_progress_fn progress;   /* told between decoding steps (gen_state_set_progress); NULL: none */
@@ -173,9 +175,8 @@ void gen_state_set_split(struct gen_state *s, enum gen_split split) {
   s->split = split;
 }
 
-void gen_state_set_chunk(struct gen_state *s, int cols) {
-  s->chunk = cols > 0 ? (cols + GEN_CHUNK_ALIGN - 1) / GEN_CHUNK_ALIGN * GEN_CHUNK_ALIGN
-                      : GEN_CHUNK_DEFAULT;
+void gen_state_set_chunk(struct gen_state *s, int kib) {
+  s->chunk = kib > 0 ? kib : GEN_CHUNK_DEFAULT;
 }
 
 void gen_state_set_profile(struct gen_state *s, struct gen_profile *p) {
@@ -346,7 +347,7 @@ struct decode_args {
   struct rng *rngs;
   struct gen_out *out;
   int by_rows;     /* each thread decodes its own rows alone (no barriers) */
-  int chunk;       /* > 0: the group takes chunks of this many columns from shared tickets */
+  int chunk;       /* > 0: the group takes chunks of this many KiB of weights from tickets */
   const int *skip; /* NULL, or per row: 1 when its token is not sampled (gen_advance) */
 };
 
@@ -369,6 +370,13 @@ struct phase_q {
   int gi, gn, next;
   long *taken; /* NULL, or counts the column ranges taken (gen_profile.chunks) */
 };
+
+/* A dynamic chunk's columns of a matrix with IN inputs: kib KiB of its float32 rows, a multiple
+ * of GEN_CHUNK_ALIGN (at least one). */
+static int chunk_cols(int kib, int IN) {
+  long c = (long)kib * 1024 / ((long)IN * 4) / GEN_CHUNK_ALIGN * GEN_CHUNK_ALIGN;
+  return c < GEN_CHUNK_ALIGN ? GEN_CHUNK_ALIGN : c > (1 << 20) ? (1 << 20) : (int)c;
+}
 
 static void phase_q_init(struct phase_q *q, int *ticket, int chunk, int gi, int gn, int rows,
                          int nm, const int *w, long *taken) {
@@ -535,10 +543,10 @@ static void decode_step(void *ctx, int ti, int nt) {
   int pt = s->prof && ti < GEN_PROF_THREADS;
   struct prof_mark pm = {pt ? s->prof->sec[ti] : NULL, pt ? mono_s() : 0};
   long *taken = pt ? &s->prof->chunks[ti] : NULL;
-#define PHASE(nm, w, rows)                                                                         \
+#define PHASE(nm, w, rows, IN)                                                                     \
   (maybe_delay(s, ti),                                                                             \
-   phase_q_init(&pq, chunk ? step_ticket(x, ph) : NULL, (rows) ? 1 : chunk, gi, gn, rows, nm, w,   \
-                taken),                                                                            \
+   phase_q_init(&pq, chunk ? step_ticket(x, ph) : NULL, (rows) ? 1 : chunk_cols(chunk, IN), gi,    \
+                gn, rows, nm, w, taken),                                                           \
    ph++)
 #define WAIT(k) (prof(&pm, k), pool_barrier_wait(&s->bar, gn), prof(&pm, GEN_PROF_WAIT))
   size_t layer_cache = (size_t)s->cap_batch * s->cap_t * CKV;
@@ -548,7 +556,7 @@ static void decode_step(void *ctx, int ti, int nt) {
     int has[3];
     for (int t = 0; t < 3; t++) has[t] = lora_xa(lo, l, LT_Q + t, xn, n, C, lt[t]);
     prof(&pm, GEN_PROF_NORM);
-    PHASE(3, w_qkv, 0);
+    PHASE(3, w_qkv, 0, C);
     while (phase_q_take(&pq, &j, &lo_, &hi_)) {
       float *out = j == 0 ? q : j == 1 ? k : v;
       const float *wf = j == 0   ? w->wq
@@ -563,7 +571,7 @@ static void decode_step(void *ctx, int ti, int nt) {
     }
     WAIT(GEN_PROF_QKV);
     float *ck = s->cache_k + l * layer_cache, *cv = s->cache_v + l * layer_cache;
-    PHASE(1, w_n, 1);
+    PHASE(1, w_n, 1, 1);
     while (phase_q_take(&pq, &j, &lo_, &hi_))
       for (int i = lo_; i < hi_; i++) {
         int row = g_lo + i;
@@ -580,7 +588,7 @@ static void decode_step(void *ctx, int ti, int nt) {
     WAIT(GEN_PROF_ATTN);
     has[0] = lora_xa(lo, l, LT_O, att, n, CQ, lt[0]);
     prof(&pm, GEN_PROF_NORM);
-    PHASE(1, w_c, 0);
+    PHASE(1, w_c, 0, CQ);
     while (phase_q_take(&pq, &j, &lo_, &hi_)) {
       few(xs, att, w->wo, w->wo16, w->bo, n, CQ, C, lo_, hi_, 1.0f);
       lora_xb(lo, l, LT_O, has[0], xs, lt[0], n, C, lo_, hi_);
@@ -590,7 +598,7 @@ static void decode_step(void *ctx, int ti, int nt) {
     has[0] = lora_xa(lo, l, LT_GATE, xn, n, C, lt[0]);
     has[1] = lora_xa(lo, l, LT_UP, xn, n, C, lt[1]);
     prof(&pm, GEN_PROF_NORM);
-    PHASE(1, w_ff, 0);
+    PHASE(1, w_ff, 0, C);
     while (phase_q_take(&pq, &j, &lo_, &hi_)) {
       few(gg, xn, w->w_gate, w->w_gate16, NULL, n, C, FF, lo_, hi_, 0.0f);
       few(uu, xn, w->w_up, w->w_up16, NULL, n, C, FF, lo_, hi_, 0.0f);
@@ -604,7 +612,7 @@ static void decode_step(void *ctx, int ti, int nt) {
     WAIT(GEN_PROF_FFN);
     has[0] = lora_xa(lo, l, LT_DOWN, hh, n, FF, lt[0]);
     prof(&pm, GEN_PROF_NORM);
-    PHASE(1, w_c, 0);
+    PHASE(1, w_c, 0, FF);
     while (phase_q_take(&pq, &j, &lo_, &hi_)) {
       few(xs, hh, w->w_down, w->w_down16, NULL, n, FF, C, lo_, hi_, 1.0f);
       lora_xb(lo, l, LT_DOWN, has[0], xs, lt[0], n, C, lo_, hi_);
@@ -613,11 +621,11 @@ static void decode_step(void *ctx, int ti, int nt) {
   }
   rmsnorm_forward(xn, NULL, xs, m->w.final_norm, n, C, c->rms_norm_eps);
   prof(&pm, GEN_PROF_NORM);
-  PHASE(1, w_v, 0);
+  PHASE(1, w_v, 0, C);
   while (phase_q_take(&pq, &j, &lo_, &hi_))
     few(logits, xn, m->w.lm_head, m->w.lm_head16, NULL, n, C, V, lo_, hi_, 0.0f);
   WAIT(GEN_PROF_HEAD);
-  PHASE(1, w_n, 1);
+  PHASE(1, w_n, 1, 1);
   while (phase_q_take(&pq, &j, &lo_, &hi_))
     for (int i = lo_; i < hi_; i++) {
       if (x->skip && x->skip[g_lo + i]) continue;
@@ -934,4 +942,95 @@ int gen_advance(struct gen_state *s, const struct model *m, int n, const struct 
   int rc = advance_impl(s, m, n, feeds, rngs, o, tok, logp, e);
   pool_set_current(saved);
   return rc;
+}
+
+/* ---- the split chosen by measuring (gen_state_tune) ----------------------------------------- */
+
+/* The candidates gen_state_tune times: rows, and dynamic columns at three chunk sizes (static
+ * columns lose to dynamic on a busy machine and tie on a quiet one: docs/ENGINE.md). */
+static const struct {
+  enum gen_split split;
+  int kib;
+} tune_cands[] = {{GEN_SPLIT_ROWS, 0},
+                  {GEN_SPLIT_DYNAMIC, 64},
+                  {GEN_SPLIT_DYNAMIC, 256},
+                  {GEN_SPLIT_DYNAMIC, 1024}};
+enum { TUNE_CANDS = sizeof tune_cands / sizeof tune_cands[0], TUNE_ROUNDS = 3 };
+
+int gen_state_tune(struct gen_state *s, const struct model *m, int batch, struct dapo_err *e) {
+  if (!s->pool || pool_threads(s->pool) < 2) return 0; /* one thread: nothing to split */
+  if (batch > s->cap_batch) batch = s->cap_batch;
+  if (batch < 1) batch = 1;
+  int V = model_vocab_used(&m->cfg), pos = s->cap_t / 2;
+  int *tok = calloc((size_t)batch * 3, sizeof(int));
+  float *lp = calloc((size_t)batch, sizeof(float));
+  struct rng *rngs = calloc((size_t)batch, sizeof *rngs);
+  if (!tok || !lp || !rngs) {
+    free(tok), free(lp), free(rngs);
+    return dapo_errf(e, DAPO_ENOMEM, "out of memory timing the decoding splits");
+  }
+  struct pool *saved = pool_current();
+  pool_set_current(s->pool);
+  gen_mask_fn mask = s->mask;
+  s->mask = NULL;
+  double t[TUNE_CANDS][TUNE_ROUNDS];
+  /* rows at mid-capacity (a cache half full: attention's share as in a typical step), the
+   * rounds in turns (candidate 1, 2, ..., then again) after one warm-up step */
+  for (int r = -1; r < TUNE_ROUNDS; r++)
+    for (int c = 0; c < (r < 0 ? 1 : TUNE_CANDS); c++) {
+      for (int i = 0; i < batch; i++) {
+        s->n_past[i] = s->pos[i] = pos;
+        s->slot[i] = s->active[i] = i;
+        tok[i] = tok[batch + i] = 0;
+        rng_seed(&rngs[i], 1, (uint64_t)i);
+        embed(s, m, i, (i * 7919) % V);
+      }
+      struct sampler_opts o = {.temperature = 1.0f, .top_p = 1.0f, .max_new_tokens = 1};
+      struct gen_out out = {
+          .tokens = tok, .logp = lp, .len = tok + batch, .finish = tok + 2 * batch};
+      struct decode_args da = {
+          .s = s, .m = m, .n_act = batch, .maxn = 1, .o = &o, .rngs = rngs, .out = &out};
+      s->split = tune_cands[c].split;
+      int chunk0 = s->chunk;
+      s->chunk = tune_cands[c].kib ? tune_cands[c].kib : chunk0;
+      double t0 = mono_s();
+      run_step(s, &da);
+      if (r >= 0) t[c][r] = mono_s() - t0;
+      s->chunk = chunk0;
+    }
+  pool_set_current(saved);
+  /* the fastest by the median of its rounds */
+  int best = 0;
+  double best_t = 0;
+  for (int c = 0; c < TUNE_CANDS; c++) {
+    double *v = t[c], lo = fmin(v[0], fmin(v[1], v[2])), hi = fmax(v[0], fmax(v[1], v[2]));
+    double med = v[0] + v[1] + v[2] - lo - hi;
+    s->tune_s[c] = med;
+    if (c == 0 || med < best_t) best = c, best_t = med;
+  }
+  s->mask = mask;
+  s->split = tune_cands[best].split;
+  if (tune_cands[best].kib) s->chunk = tune_cands[best].kib;
+  s->tuned = 1;
+  free(tok), free(lp), free(rngs);
+  return 0;
+}
+
+const char *gen_state_describe_split(const struct gen_state *s, char *buf, size_t n) {
+  int by_rows = decode_by_rows(s);
+  int off = snprintf(buf, n, "%s",
+                     by_rows                         ? "rows"
+                     : s->split == GEN_SPLIT_COLUMNS ? "static columns"
+                                                     : "dynamic columns");
+  if (!by_rows && s->split != GEN_SPLIT_COLUMNS && off >= 0 && (size_t)off < n)
+    off += snprintf(buf + off, n - (size_t)off, " (chunks of %d KiB)", s->chunk);
+  if (s->tuned && off >= 0 && (size_t)off < n) {
+    off += snprintf(buf + off, n - (size_t)off, "; measured per step:");
+    for (int c = 0; c < TUNE_CANDS && off >= 0 && (size_t)off < n; c++)
+      off += tune_cands[c].kib ? snprintf(buf + off, n - (size_t)off, "%s dynamic %d KiB %.2f ms",
+                                          c ? "," : "", tune_cands[c].kib, s->tune_s[c] * 1e3)
+                               : snprintf(buf + off, n - (size_t)off, "%s rows %.2f ms",
+                                          c ? "," : "", s->tune_s[c] * 1e3);
+  }
+  return buf;
 }

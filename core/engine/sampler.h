@@ -68,10 +68,22 @@ int gen_state_set_pool(struct gen_state *s, struct pool *p, struct dapo_err *e);
  * one. */
 enum gen_split { GEN_SPLIT_AUTO, GEN_SPLIT_ROWS, GEN_SPLIT_COLUMNS, GEN_SPLIT_DYNAMIC };
 void gen_state_set_split(struct gen_state *s, enum gen_split split);
-/* GEN_SPLIT_DYNAMIC's (and AUTO's) columns per chunk, rounded up to a multiple of
- * GEN_CHUNK_ALIGN; <= 0: GEN_CHUNK_DEFAULT. */
-enum { GEN_CHUNK_ALIGN = 16, GEN_CHUNK_DEFAULT = 64 };
-void gen_state_set_chunk(struct gen_state *s, int cols);
+/* GEN_SPLIT_DYNAMIC's (and AUTO's) chunk: KiB of a matrix's float32 rows (a BF16 matrix: the
+ * same columns), rounded down to a multiple of GEN_CHUNK_ALIGN columns, at least one;
+ * <= 0: GEN_CHUNK_DEFAULT. */
+enum { GEN_CHUNK_ALIGN = 16, GEN_CHUNK_DEFAULT = 256 };
+void gen_state_set_chunk(struct gen_state *s, int kib);
+/* Chooses the split and chunk of decoding on s's pool (gen_state_set_pool first) by timing a
+ * few decoding steps of `batch` rows (capped by the state's capacity) at half the sequence
+ * capacity, for each candidate (rows; dynamic columns in chunks of 64, 256 and 1024 KiB) in
+ * turns: the fastest median of 3. The choice never changes a token or a log-prob (every split
+ * computes the same bits), only the speed; it stays until gen_state_set_split/_chunk. It
+ * overwrites the KV cache and the logits: call it before generating (gen_advance's slots lose
+ * what they held). Without a pool of 2 or more threads it does nothing. 0 or DAPO_ENOMEM. */
+int gen_state_tune(struct gen_state *s, const struct model *m, int batch, struct dapo_err *e);
+/* The split decoding uses now (and, after gen_state_tune, what it measured), in buf. */
+const char *gen_state_describe_split(const struct gen_state *s, char *buf, size_t n);
+
 /* Where decoding steps' time goes, per thread of the pool (benchmarks: bench_engine --decode):
  * seconds summed over the steps decoded while set, by kind of work. GEN_PROF_NORM: the RMSNorms
  * and the adapters' x A^T (every thread computes them whole); GEN_PROF_WAIT: waiting at the

@@ -25,6 +25,7 @@
 #include "checkpoint.h"
 #include "kernels.h"
 #include "parse.h"
+#include "pool.h"
 #include "runner_impl.h"
 
 /* ---- failures and what the hooks are told --------------------------------------------------- */
@@ -832,8 +833,15 @@ static int setup(struct trainer *t, int64_t from) {
       !(t->gs = gen_state_new(t->lm.model, t->gen_cap, t->cap_t, &e)))
     return trainer_fail_err(t, FAIL_OUT_OF_MEMORY, NULL, &e);
   if (t->o && t->o->pool &&
-      (train_state_set_pool(t->ts, t->o->pool, &e) || gen_state_set_pool(t->gs, t->o->pool, &e)))
+      (train_state_set_pool(t->ts, t->o->pool, &e) || gen_state_set_pool(t->gs, t->o->pool, &e) ||
+       gen_state_tune(t->gs, t->lm.model, t->gen_cap, &e)))
     return trainer_fail_err(t, FAIL_OUT_OF_MEMORY, NULL, &e);
+  if (t->o && t->o->pool && pool_threads(t->o->pool) > 1) {
+    char split[256];
+    if (trainer_log(t, "info", "decoding split: %s",
+                    gen_state_describe_split(t->gs, split, sizeof split)))
+      return 1;
+  }
   size_t mask = episode_multi(&t->spec->episode) ? (size_t)t->cap_tokens : 0;
   size_t allow = allow_words(&t->lm.model->cfg, t->spec->response_format != NULL, cap_resp);
   size_t bytes = scratch_layout(NULL, NULL, (size_t)t->cap_tokens, (size_t)t->gen_cap,

@@ -432,7 +432,7 @@ static void test_top_gen(int arch) {
       if (par) {
         CHECK(gen_state_set_pool(s, p, &e) == 0);
         gen_state_set_split(s, par == 1 ? GEN_SPLIT_ROWS : GEN_SPLIT_DYNAMIC);
-        gen_state_set_chunk(s, 16);
+        gen_state_set_chunk(s, 1);
       }
       memset(&top, 0, sizeof top);
       struct rng rngs[NSEQ];
@@ -503,16 +503,17 @@ static void test_top_gen(int arch) {
 }
 
 /* Every split of decoding (sampler.h, gen_split) on a pool of nt threads: rows, static columns,
- * and dynamic columns with chunks of 16, 32 and 256 columns (the test model's widths are 16-48:
- * one to three chunks a matrix, the last one partial), then dynamic again with thread 1 sleeping
- * 300 us before each phase (a neighbour taking its core: the others take its chunks). */
+ * and dynamic columns with chunks of 1, 4 and 64 KiB (16, 32 and all the columns of the test
+ * model's matrices, whose rows are 32-48 floats: one to three chunks a matrix, the last one
+ * partial), then dynamic again with thread 1 sleeping 300 us before each phase (a neighbour
+ * taking its core: the others take its chunks). */
 struct split_case {
   enum gen_split split;
   int chunk, delay_us;
 };
 static const struct split_case split_cases[] = {
-    {GEN_SPLIT_ROWS, 0, 0},     {GEN_SPLIT_COLUMNS, 0, 0},   {GEN_SPLIT_DYNAMIC, 16, 0},
-    {GEN_SPLIT_DYNAMIC, 32, 0}, {GEN_SPLIT_DYNAMIC, 256, 0}, {GEN_SPLIT_DYNAMIC, 16, 300},
+    {GEN_SPLIT_ROWS, 0, 0},    {GEN_SPLIT_COLUMNS, 0, 0},  {GEN_SPLIT_DYNAMIC, 1, 0},
+    {GEN_SPLIT_DYNAMIC, 4, 0}, {GEN_SPLIT_DYNAMIC, 64, 0}, {GEN_SPLIT_DYNAMIC, 1, 300},
     {GEN_SPLIT_AUTO, 0, 0}};
 enum { N_SPLIT_CASES = sizeof split_cases / sizeof split_cases[0] };
 
@@ -570,6 +571,14 @@ static void test_pool(int arch) {
                   "adapter %d, %d threads, case %d: log-probs not the bits of the split by rows",
                   adapter, nt, c);
       }
+      /* the split chosen by timing steps: whichever it is, the same bits */
+      CHECK(gen_state_tune(s, m, NSEQ, &e) == 0);
+      char desc[256];
+      CHECK(strstr(gen_state_describe_split(s, desc, sizeof desc), "measured per step") != NULL);
+      gen(s, m, NSEQ, prompts, plen, seeds, &o, &par);
+      CHECK_MSG(!memcmp(serial.tokens, par.tokens, sizeof serial.tokens) &&
+                    !memcmp(rows.logp, par.logp, sizeof rows.logp),
+                "adapter %d, %d threads, after gen_state_tune (%s): other bits", adapter, nt, desc);
       set_split_case(s, N_SPLIT_CASES - 1);
       gen_state_set_pool(s, NULL, &e);
       pool_free(p);
