@@ -21,7 +21,12 @@
  * --vs-isa measures each generation twice, on this CPU's best and on the one named, in turns
  * (best, named, named, best, ...), and prints the ratio of each pair's tokens/s. --gen-batch sets
  * the larger generation batch (default 16, at most 64: decoding batch 64 as bench/scale.sh's
- * rollouts, against the roofline). */
+ * rollouts, against the roofline).
+ *        --decode --model NAME [--gen-batch N] [--gen-new N] [--gen-reps N] [--lora R]
+ *        [--splits rows,columns,auto,dynamic:KIB,...] [--busy] [--tune] [--threads N] [--isa ..]
+ * times gen_run under each decoding split in turns (run_decode; --gen-batch default 64 there):
+ * "busy machine" with --busy (a CPU hog pinned to the last CPU throughout), gen_state_tune's
+ * choice and its time with --tune. */
 #include <cblas.h>
 #include <sched.h>
 #include <signal.h>
@@ -681,7 +686,7 @@ static const char *const prof_names[GEN_PROF_KINDS] = {
  * split (median of the rounds' ratios), and where the time of a step went (gen_profile, summed
  * over the pool's threads); with busy, a CPU hog (start_hog) runs throughout. */
 static int run_decode(const char *name, int batch, int gen_new, int reps, int lora_r, int busy,
-                      const struct split_opt *sp, int n_sp) {
+                      int tune, const struct split_opt *sp, int n_sp) {
   struct bench b;
   struct dapo_err e = {0};
   int rc = bench_init(&b, name, 0, 0, gen_new, &e);
@@ -703,6 +708,12 @@ static int run_decode(const char *name, int batch, int gen_new, int reps, int lo
   }
   if (lora_r) {
     struct lora_config lc = {.r = lora_r, .alpha = 2 * lora_r, .targets = (1u << LT_COUNT) - 1};
+    /* a BF16 checkpoint's values: every matrix rounded to BF16 (truncated), then held so */
+    for (int i = 0; i < b.m->n_tensors; i++) {
+      const struct param_info *p = &b.m->tensors[i];
+      uint32_t *x = (uint32_t *)(b.m->params + p->offset);
+      for (size_t k = 0; p->ndim == 2 && k < p->numel; k++) x[k] &= 0xffff0000u;
+    }
     if ((rc = model_freeze_bf16(b.m, &e))) goto out;
     if (!(la = lora_new(&lc, &b.m->cfg, &e))) {
       rc = e.code;
@@ -722,6 +733,13 @@ static int run_decode(const char *name, int batch, int gen_new, int reps, int lo
   double load0 = load_average();
   if (busy) hog = start_hog();
   memset(prof, 0, sizeof prof);
+  if (tune) {
+    char desc[256];
+    double t0 = now_s();
+    if ((rc = gen_state_tune(gs, b.m, batch, &e))) goto out;
+    fprintf(stderr, "gen_state_tune: %.1f s: %s\n", now_s() - t0,
+            gen_state_describe_split(gs, desc, sizeof desc));
+  }
   for (int r = -1; r < reps; r++)
     for (int k = 0; k < n_sp; k++) {
       gen_state_set_split(gs, sp[k].split);
@@ -847,12 +865,12 @@ int main(int argc, char **argv) {
   const char *model = NULL;
   int pool_n = pool_cpu_count();
   int sgemm = 0, bw = 0, serve_mode = 0, train_steps = 3, gen_reps = 3, gen_new = 128, phase = 0;
-  int decode = 0, busy = 0, gen_batch = 64, lora_r = 0, n_sp = 0;
+  int decode = 0, busy = 0, tune = 0, gen_batch = 64, lora_r = 0, n_sp = 0;
   struct split_opt sp[16];
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(a, "--decode") || !strcmp(a, "--busy")) {
-      *(!strcmp(a, "--decode") ? &decode : &busy) = 1;
+    if (!strcmp(a, "--decode") || !strcmp(a, "--busy") || !strcmp(a, "--tune")) {
+      *(!strcmp(a, "--decode") ? &decode : !strcmp(a, "--busy") ? &busy : &tune) = 1;
       continue;
     }
     if (!strcmp(a, "--sgemm") || !strcmp(a, "--serve") || !strcmp(a, "--bandwidth")) {
@@ -919,7 +937,7 @@ int main(int argc, char **argv) {
   }
   if (decode) {
     if (!n_sp) n_sp = parse_splits("columns,dynamic:16,dynamic:64,dynamic:256,rows", sp, 16);
-    return run_decode(model, gen_batch, gen_new, gen_reps, lora_r, busy, sp, n_sp);
+    return run_decode(model, gen_batch, gen_new, gen_reps, lora_r, busy, tune, sp, n_sp);
   }
   return serve_mode ? serve(model, gen_new)
                     : run_model(model, train_steps, gen_reps, gen_new, phase);

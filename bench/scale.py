@@ -587,14 +587,14 @@ def report_busy(quiet, busy):
     rows = []
     for label in quiet:
         for cond, g in (("quiet", quiet[label]), ("busy", busy.get(label))):
-            if not g:
+            if not g or not (g[0] or g[2]):
                 continue
             ov, po, tv, pt = g
             rows.append((label, cond, fmt(ov), fmt(po * 100 if po else None, "%.0f%%"), fmt(tv),
                          fmt(pt * 100 if pt else None, "%.0f%%"),
                          fmt(ov / tv if ov and tv else None, "%.2fx")))
     print()
-    print("Generation, quiet and beside a CPU hog on the last CPU (busy); %% of each run's "
+    print("Generation, quiet and beside a CPU hog on the last CPU (busy); % of each run's "
           "roofline:")
     table(("model", "machine", "ours tok/s", "ours % roofline", "torch tok/s",
            "torch % roofline", "ours/torch"), rows)
