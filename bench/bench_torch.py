@@ -4,9 +4,11 @@ final report.
 
   bench_torch.py --probe                      thread settings tried on the small model; JSON line
   bench_torch.py --model NAME [--engine PATH] [--probe-file F] [--train-steps N] [--gen-reps N]
-                 [--gen-new N]                PyTorch's figures for one model; with --engine, our
+                 [--gen-new N] [--busy]       PyTorch's figures for one model; with --engine, our
                                               engine (bench_engine --serve, a child process) is
-                                              measured alternately with PyTorch; JSON lines
+                                              measured alternately with PyTorch; JSON lines. --busy:
+                                              the generation measurements beside a CPU hog on the
+                                              last CPU (hog.py), both sides alike
   bench_torch.py --model NAME --engine PATH --methods PATH [--probe-file F] [--train-steps N]
                                               the DAPO update, a supervised step and a DPO step at
                                               the training shape: ours (bench_engine --serve,
@@ -35,6 +37,8 @@ import resource
 import subprocess
 import sys
 import time
+
+from hog import start_hog, stop_hog
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 N_SEQ, SEQ_LEN, PROMPT_LEN, GEN_PROMPT, GEN_BATCH = 16, 256, 64, 32, 16
@@ -284,6 +288,10 @@ def measure(args):
     if eng:
         eng.info["gen"] = {}
     seeds = iter(range(1000, 100000))
+    hog = start_hog() if args.busy else None
+    pair["busy"] = out_t["busy"] = bool(args.busy)
+    if eng:
+        eng.info["busy"] = bool(args.busy)
     for key, n in (("b16", GEN_BATCH), ("b1", 1)):
         T.set_threads(*best["gen16" if n > 1 else "gen1"])
         ours, peer = paired(args.gen_reps,
@@ -299,7 +307,8 @@ def measure(args):
             eng.info["gen"][key] = dict(batch=n, seconds=to, tok_s=n * args.gen_new / to)
             pair[key] = med([p / q for p, q in zip(peer, ours)])
             msg += ", ours %.0f tok/s" % (n * args.gen_new / to)
-        print(msg, file=sys.stderr)
+        print(msg + (" (busy: a CPU hog on the last CPU)" if hog else ""), file=sys.stderr)
+    stop_hog(hog)
     out_t["peak_rss_kib"] = rss_kib()
     if eng:
         info = eng.close()
@@ -727,6 +736,7 @@ def main():
     ap.add_argument("--train-steps", type=int, default=3)
     ap.add_argument("--gen-reps", type=int, default=3)
     ap.add_argument("--gen-new", type=int, default=128)
+    ap.add_argument("--busy", action="store_true", help="generation beside a CPU hog (hog.py)")
     ap.add_argument("--scale", metavar="FOLDER", help="a model folder (bench/scale.py)")
     ap.add_argument("--rollouts", help="--scale: dapod's rollouts file of the step")
     ap.add_argument("--lora", metavar="R,ALPHA", help="--scale: LoRA on every linear layer")

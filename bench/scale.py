@@ -9,7 +9,7 @@ machine's limits (SGEMM peak, memory bandwidth). Reports, never fails on a time.
            [--busy] [--new-tokens N]
 
 --busy ("busy machine" mode): every part runs twice in turns, quiet and then beside a CPU hog
-(start_hog: one process spinning on an integer loop, pinned to the last online CPU, default
+(hog.py: one process spinning on an integer loop, pinned to the last online CPU, default
 priority, started before the part and killed after it: the same neighbour for ours and for
 PyTorch); results/<model>-<part>-busy.json beside the quiet ones, and the report adds the busy
 run's tables and one of generation quiet against busy (tok/s, % of the roofline, ours/PyTorch).
@@ -39,6 +39,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from hog import start_hog, stop_hog
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -172,19 +174,6 @@ def job_file(cache, model_dir, data, lora):
 
 # ---------------------------------------------------------------------------------------------
 # the machine
-
-
-def start_hog():
-    """The busy mode's neighbour (the module's docstring): a Python busy loop on the last CPU."""
-    cpu = (os.cpu_count() or 1) - 1
-    return subprocess.Popen(["/usr/bin/python3", "-c",
-                             "import os\nos.sched_setaffinity(0, {%d})\nwhile True: pass" % cpu])
-
-
-def stop_hog(p):
-    if p:
-        p.kill()
-        p.wait()
 
 
 def mem_available_gb():
