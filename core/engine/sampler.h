@@ -61,9 +61,10 @@ int gen_state_set_pool(struct gen_state *s, struct pool *p, struct dapo_err *e);
 /* How a pool shares a decoding step (sampler.c, decode_step). GEN_SPLIT_ROWS: each thread decodes
  * its own rows alone (no barriers). GEN_SPLIT_COLUMNS: in phases separated by barriers, each
  * thread its fixed share of every weight matrix's columns (each weight read once per step).
- * GEN_SPLIT_DYNAMIC: the same phases, the threads taking chunks of gen_state_set_chunk columns
+ * GEN_SPLIT_DYNAMIC: the same phases, the threads taking chunks of columns (gen_state_set_chunk)
  * from a shared counter, so that a thread slowed by another process costs a chunk, not a phase.
- * GEN_SPLIT_AUTO: dynamic columns when the weights are larger than the caches, else rows. The
+ * GEN_SPLIT_AUTO: dynamic columns when the weights exceed 4 MiB, else rows (gen_state_tune
+ * replaces it by what it measures). The
  * tokens and log-probs are the same bits for every split and chunk; tests and benchmarks force
  * one. */
 enum gen_split { GEN_SPLIT_AUTO, GEN_SPLIT_ROWS, GEN_SPLIT_COLUMNS, GEN_SPLIT_DYNAMIC };
