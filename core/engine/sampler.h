@@ -72,7 +72,7 @@ void gen_state_set_split(struct gen_state *s, enum gen_split split);
 /* GEN_SPLIT_DYNAMIC's (and AUTO's) chunk: KiB of a matrix's float32 rows (a BF16 matrix: the
  * same columns), rounded down to a multiple of GEN_CHUNK_ALIGN columns, at least one;
  * <= 0: GEN_CHUNK_DEFAULT. */
-enum { GEN_CHUNK_ALIGN = 16, GEN_CHUNK_DEFAULT = 256 };
+enum { GEN_CHUNK_ALIGN = 16, GEN_CHUNK_DEFAULT = 1024 };
 void gen_state_set_chunk(struct gen_state *s, int kib);
 /* Chooses the split and chunk of decoding on s's pool (gen_state_set_pool first) by timing a
  * few decoding steps of `batch` rows (capped by the state's capacity) at half the sequence
