@@ -363,13 +363,16 @@ static void col_share(int n, int ti, int nt, int *lo, int *hi) {
  * each matrix once (col_share; rows: pool_split). Dynamic: the group's threads take chunks of
  * `chunk` from one counter (every matrix of the phase in one queue), so a thread that loses its
  * core to another process delays its current chunk only, not the whole phase. Which thread
- * computes a range never changes its bits: linear_few's columns do not depend on the range. */
+ * computes a range never changes its bits: linear_lanes' columns do not depend on the range, and
+ * chunks start on its panels (GEN_CHUNK_ALIGN). */
 struct phase_q {
   int *ticket; /* NULL: static shares */
   int nm, w[3], chunk, rows;
   int gi, gn, next;
   long *taken; /* NULL, or counts the column ranges taken (gen_profile.chunks) */
 };
+
+_Static_assert(GEN_CHUNK_ALIGN % LINEAR_FEW_COLS == 0, "chunks must start on linear_lanes' panels");
 
 /* A dynamic chunk's columns of a matrix with IN inputs: kib KiB of its float32 rows, a multiple
  * of GEN_CHUNK_ALIGN (at least one). */
