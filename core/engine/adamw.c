@@ -97,6 +97,7 @@ int adamw_step(struct adamw *o, struct model *model, float lr, double *norm_out,
       p[i] -= step_size * (mm[i] / denom);
     }
   }
+  model_weights_changed(model);
   return 0;
 }
 

@@ -620,6 +620,7 @@ out:
     free(tok);
     return rc;
   }
+  model_weights_changed(m);
   *out = m;
   if (tokenizer_json) *tokenizer_json = tok;
   return 0;

@@ -128,6 +128,17 @@ void linear_lanes(float *out, const float *inp, const float *w, const float *bia
                   int OUT, int j0, int j1, float beta);
 void linear_lanes_bf16(float *out, const float *inp, const uint16_t *w, const float *bias, int M,
                        int IN, int OUT, int j0, int j1, float beta);
+/* linear_lanes on weights packed beforehand, for decoding small models whose weights sit in the
+ * caches (a lone row otherwise spends most of its time transposing): linear_lanes_pack writes
+ * w[OUT,IN] (float32, or w16 in BF16 when w is NULL, converted exactly) as panels of
+ * LINEAR_FEW_COLS rows in k-major order (panel p = rows [16p, 16p + 16), [IN][16] floats, the last
+ * one padded with +0), linear_lanes_panel_floats(IN, OUT) floats; linear_lanes_packed computes
+ * from them exactly the bits linear_lanes gives on w, for any M, column range and instruction set
+ * (tested), a lone row with several panels' chains in flight. */
+size_t linear_lanes_panel_floats(int IN, int OUT);
+void linear_lanes_pack(float *panels, const float *w, const uint16_t *w16, int IN, int OUT);
+void linear_lanes_packed(float *out, const float *inp, const float *panels, const float *bias,
+                         int M, int IN, int OUT, int j0, int j1, float beta);
 
 /* RoPE, Hugging Face rotate_half convention: for i < HS/2, (x[i], x[i+HS/2]) rotated by
  * pos * theta^(-2i/HS). cos/sin tables are [max_pos, HS/2]. x rows have stride ld, nh heads. */

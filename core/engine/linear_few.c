@@ -1209,3 +1209,141 @@ void linear_lanes_bf16(float *out, const float *inp, const uint16_t *w, const fl
   if (M < 1 || j0 >= j1) return;
   ll_drive(ll_form_now(), out, inp, NULL, w, bias, M, IN, OUT, j0, j1, beta);
 }
+
+/* ---- packed panels (linear_lanes_packed): linear_lanes without the transposes ---------------- */
+
+/* The weights packed once (linear_lanes_pack) as linear_lanes packs them per call: panel p holds
+ * rows [16p, 16p + 16) k-major (panel[k * 16 + c] = w[16p + c, k], rows past OUT +0), so a step
+ * only streams them. Each output is the same chain as linear_lanes' (fmaf over k in increasing
+ * order from +0, then ll_store's bias and beta): the same bits. Rows run against up to LP_P
+ * panels at once, each panel its own chains, so a lone row has LP_P independent chains (one
+ * vector load and one fused multiply-add per k per panel) instead of waiting on one. */
+enum { LP_P = 4 };
+
+size_t linear_lanes_panel_floats(int IN, int OUT) {
+  return (size_t)((OUT + LINEAR_FEW_COLS - 1) / LINEAR_FEW_COLS) * LINEAR_FEW_COLS * (size_t)IN;
+}
+
+void linear_lanes_pack(float *panels, const float *w, const uint16_t *w16, int IN, int OUT) {
+  for (int j = 0; j < OUT; j += 16)
+    ll_pack_scalar(panels + (size_t)j * IN, w, w16, IN, j, OUT - j < 16 ? OUT - j : 16, 0, IN, 16,
+                   0);
+}
+
+/* The columns of panels [p, p + np) within [j0, j1) from their sums acc[16 * i + c] */
+static inline void lp_store(float *o, const float *acc, const float *bias, int p, int np, int j0,
+                            int j1, float beta) {
+  for (int i = 0; i < np; i++) {
+    int c0 = (p + i) * 16, s = c0 > j0 ? c0 : j0, e = c0 + 16 < j1 ? c0 + 16 : j1;
+    ll_store(o + s, acc + 16 * i + (s - c0), bias ? bias + s : NULL, e - s, beta);
+  }
+}
+
+/* Portable: one row at a time against LP_P panels (a partial group repeating its last panel) */
+SIMD_INLINE void lp_gen(float *out, const float *inp, const float *pk, const float *bias, int M,
+                        int IN, int OUT, int j0, int j1, float beta, const int hw) {
+  int p1 = (j1 + 15) / 16;
+  for (int m = 0; m < M; m++) {
+    const float *x = inp + (size_t)m * IN;
+    for (int p = j0 / 16; p < p1; p += LP_P) {
+      int np = p1 - p < LP_P ? p1 - p : LP_P;
+      const float *b[LP_P];
+      for (int i = 0; i < LP_P; i++) b[i] = pk + (size_t)(p + (i < np ? i : np - 1)) * 16 * IN;
+      struct simd16 a0 = simd_zero(), a1 = a0, a2 = a0, a3 = a0;
+      for (int k = 0; k < IN; k++) {
+        struct simd16 v = simd_splat(x[k]);
+        a0 = simd_fma(v, simd_load(b[0] + (size_t)k * 16), a0, hw);
+        a1 = simd_fma(v, simd_load(b[1] + (size_t)k * 16), a1, hw);
+        a2 = simd_fma(v, simd_load(b[2] + (size_t)k * 16), a2, hw);
+        a3 = simd_fma(v, simd_load(b[3] + (size_t)k * 16), a3, hw);
+      }
+      float acc[16 * LP_P];
+      simd_store(acc, a0), simd_store(acc + 16, a1), simd_store(acc + 32, a2);
+      simd_store(acc + 48, a3);
+      lp_store(out + (size_t)m * OUT, acc, bias, p, np, j0, j1, beta);
+    }
+  }
+}
+
+typedef void lp_fn(float *, const float *, const float *, const float *, int, int, int, int, int,
+                   float);
+
+static void lp_portable(float *out, const float *inp, const float *pk, const float *bias, int M,
+                        int IN, int OUT, int j0, int j1, float beta) {
+  lp_gen(out, inp, pk, bias, M, IN, OUT, j0, j1, beta, SIMD_HW_FMA);
+}
+
+#ifdef LF_X86
+__attribute__((target("fma"))) static void lp_portable_fma(float *out, const float *inp,
+                                                           const float *pk, const float *bias,
+                                                           int M, int IN, int OUT, int j0, int j1,
+                                                           float beta) {
+  lp_gen(out, inp, pk, bias, M, IN, OUT, j0, j1, beta, 1);
+}
+
+/* AVX2 with FMA: the portable source, its 128-bit vectors as VEX instructions */
+LF_AVX2 static void lp_avx2(float *out, const float *inp, const float *pk, const float *bias, int M,
+                            int IN, int OUT, int j0, int j1, float beta) {
+  lp_gen(out, inp, pk, bias, M, IN, OUT, j0, j1, beta, 1);
+}
+
+/* AVX-512: R (a constant, <= 4) rows x P (a constant, <= 8 / R... at most 16 sums) panels, one
+ * zmm per (row, panel), the inputs broadcast from memory. */
+LF_AVX512 static inline __attribute__((always_inline)) void
+lp_tile512(float *acc, const float *x, const float *const b[8], int IN, const int R, const int P) {
+  __m512 a[4][8];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+    for (int i = 0; i < P; i++) a[r][i] = _mm512_setzero_ps();
+  for (int k = 0; k < IN; k++) {
+    __m512 w[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < P; i++) w[i] = _mm512_loadu_ps(b[i] + (size_t)k * 16);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+      __m512 v = _mm512_set1_ps(x[(size_t)r * IN + k]);
+#pragma GCC unroll 8
+      for (int i = 0; i < P; i++) a[r][i] = _mm512_fmadd_ps(v, w[i], a[r][i]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+    for (int i = 0; i < P; i++) _mm512_storeu_ps(acc + (size_t)(r * P + i) * 16, a[r][i]);
+}
+
+LF_AVX512 static void lp_avx512(float *out, const float *inp, const float *pk, const float *bias,
+                                int M, int IN, int OUT, int j0, int j1, float beta) {
+  int p1 = (j1 + 15) / 16;
+  float acc[4 * 8 * 16];
+  for (int m = 0; m < M; m += 4) {
+    int R = M - m < 4 ? M - m : 4, P = R == 1 ? 8 : 4;
+    const float *x = inp + (size_t)m * IN;
+    for (int p = j0 / 16; p < p1; p += P) {
+      int np = p1 - p < P ? p1 - p : P;
+      const float *b[8];
+      for (int i = 0; i < 8; i++) b[i] = pk + (size_t)(p + (i < np ? i : np - 1)) * 16 * IN;
+      switch (R) {
+      case 1: lp_tile512(acc, x, b, IN, 1, 8); break;
+      case 2: lp_tile512(acc, x, b, IN, 2, 4); break;
+      case 3: lp_tile512(acc, x, b, IN, 3, 4); break;
+      default: lp_tile512(acc, x, b, IN, 4, 4); break;
+      }
+      for (int r = 0; r < R; r++)
+        lp_store(out + (size_t)(m + r) * OUT, acc + (size_t)r * P * 16, bias, p, np, j0, j1, beta);
+    }
+  }
+}
+#endif
+
+void linear_lanes_packed(float *out, const float *inp, const float *panels, const float *bias,
+                         int M, int IN, int OUT, int j0, int j1, float beta) {
+  if (M < 1 || j0 >= j1) return;
+#ifdef LF_X86
+  static lp_fn *const forms[] = {lp_portable, lp_portable_fma, lp_avx2, lp_avx512};
+#else
+  static lp_fn *const forms[] = {lp_portable};
+#endif
+  forms[lf_form()](out, inp, panels, bias, M, IN, OUT, j0, j1, beta);
+}

@@ -326,6 +326,7 @@ void lora_merge(const struct lora *l, struct model *m) {
           W[(size_t)o * in + i] += (float)(l->scale * s);
         }
     }
+  model_weights_changed(m);
 }
 
 int lora_save(const struct lora *l, const char *dir, const char *base_model, struct dapo_err *e) {

@@ -513,12 +513,18 @@ static void add_tensor(struct model *m, const char *name, enum param_kind kind, 
   *off += (p->numel + 15) & ~(size_t)15;
 }
 
+void model_weights_changed(struct model *m) {
+  static uint64_t next; /* 0 is never a version */
+  m->version = __atomic_add_fetch(&next, 1, __ATOMIC_RELAXED);
+}
+
 /* The table and the views' arrays of a model, without its parameters. */
 static struct model *model_layout(const struct model_config *c, struct dapo_err *e) {
   if (model_config_validate(c, e)) return NULL;
   struct model *m = calloc(1, sizeof *m);
   if (!m) goto oom;
   m->cfg = *c;
+  model_weights_changed(m);
   int L = c->num_layers;
   m->tensors = calloc((size_t)(15 * L + 3), sizeof *m->tensors);
   m->w.layers = calloc((size_t)L, sizeof(struct layer_views));
@@ -626,6 +632,7 @@ static int hold_bf16(struct model *m, struct dapo_err *e) {
     B16(w_down);
 #undef B16
   }
+  model_weights_changed(m); /* the same values, other views */
   return 0;
 }
 
@@ -741,6 +748,7 @@ void model_init_random(struct model *m, uint64_t seed) {
       for (size_t k = 0; k < p->numel; k++) x[k] = (float)(rng_normal(&r) * std);
     }
   }
+  model_weights_changed(m);
 }
 
 const struct param_info *model_find_tensor(const struct model *m, const char *name) {

@@ -167,7 +167,16 @@ struct model {
   size_t params_map_bytes;    /* params is then a sparse mapping of this size holding only the
                                  1-D tensors (norms, biases): the matrices' pages are never
                                  touched */
+  uint64_t version;           /* the weights' version (model_weights_changed): unique across all
+                                 models of the process, so a copy made from (model, version)
+                                 is never taken for another model's or older weights */
 };
+
+/* Every writer of a model's weights in place (AdamW, loading or restoring weights, random
+ * initialisation, adapter merges, freezing) calls this afterwards: it gives the model a new
+ * version, which copies derived from the weights (the decoding panels of gen_state, sampler.c)
+ * compare to know they are stale. Thread-safe. */
+void model_weights_changed(struct model *m);
 
 /* Holds a frozen model's matrices in BF16 (2 bytes per parameter, converted exactly to float32
  * inside the kernels) when every one of them is exactly a BF16 value, as the weights of a BF16

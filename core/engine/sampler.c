@@ -51,6 +51,16 @@ struct gen_state {
   void *step_ctx;
   gen_mask_fn mask; /* masks the logits before each draw (gen_state_set_mask); NULL: none */
   void *mask_ctx;
+  /* The decoding matrices packed into panels (linear_lanes_pack) for a model whose float32
+   * matrices total at most DECODE_PACK_MAX_BYTES, else NULL: pk[7 * l + t] (t: wq, wk, wv, wo,
+   * w_gate, w_up, w_down) and pk[7 * L] (the LM head) point into pack. They hold the weights of
+   * pack_m at pack_version (model.version), refreshed by pack_refresh at every gen_run and
+   * gen_advance; panels: pk while decoding uses them, NULL otherwise (gen_state_set_pack). */
+  float *pack;
+  const float **pk, *const *panels;
+  const struct model *pack_m;
+  uint64_t pack_version;
+  int pack_off;
 };
 
 struct glayout {
@@ -77,11 +87,48 @@ static void gplan(const struct model_config *c, const struct lora_config *lc, in
   p->ints = rows * 5 + V + 7 * (size_t)B + rows;
 }
 
+/* Floats of the packed decoding matrices of c (gen_state.pack), 0 when over the budget. */
+static size_t pack_floats(const struct model_config *c) {
+  int C = c->hidden_size, CQ = c->num_heads * c->head_dim, CKV = c->num_kv_heads * c->head_dim,
+      FF = c->intermediate_size;
+  size_t n = linear_lanes_panel_floats(C, CQ) + 2 * linear_lanes_panel_floats(C, CKV) +
+             linear_lanes_panel_floats(CQ, C) + 2 * linear_lanes_panel_floats(C, FF) +
+             linear_lanes_panel_floats(FF, C);
+  n = n * c->num_layers + linear_lanes_panel_floats(C, model_vocab_used(c));
+  return n * sizeof(float) <= DECODE_PACK_MAX_BYTES ? n : 0;
+}
+
 size_t gen_state_bytes(const struct model_config *c, const struct lora_config *lc, int cap_batch,
                        int cap_seq_len) {
   struct glayout p;
   gplan(c, lc, cap_batch, cap_seq_len, &p);
-  return (p.total + p.scratch) * sizeof(float) + p.ints * sizeof(int);
+  return (p.total + p.scratch + pack_floats(c)) * sizeof(float) + p.ints * sizeof(int) +
+         (pack_floats(c) ? sizeof(float *) * (7 * (size_t)c->num_layers + 1) : 0);
+}
+
+/* Packs m's decoding matrices into s->pack unless it holds them at m's version already. */
+static void pack_refresh(struct gen_state *s, const struct model *m) {
+  s->panels = s->pack && !s->pack_off ? s->pk : NULL;
+  if (!s->panels || (s->pack_m == m && s->pack_version == m->version)) return;
+  const struct model_config *c = &m->cfg;
+  int C = c->hidden_size, CQ = c->num_heads * c->head_dim, CKV = c->num_kv_heads * c->head_dim,
+      FF = c->intermediate_size, L = c->num_layers;
+  float *q = s->pack;
+#define PACK(i, w, w16, IN, OUT)                                                                   \
+  (linear_lanes_pack(q, w, w16, IN, OUT), s->pk[i] = q, q += linear_lanes_panel_floats(IN, OUT))
+  for (int l = 0; l < L; l++) {
+    const struct layer_views *w = &m->w.layers[l];
+    PACK(7 * l, w->wq, w->wq16, C, CQ);
+    PACK(7 * l + 1, w->wk, w->wk16, C, CKV);
+    PACK(7 * l + 2, w->wv, w->wv16, C, CKV);
+    PACK(7 * l + 3, w->wo, w->wo16, CQ, C);
+    PACK(7 * l + 4, w->w_gate, w->w_gate16, C, FF);
+    PACK(7 * l + 5, w->w_up, w->w_up16, C, FF);
+    PACK(7 * l + 6, w->w_down, w->w_down16, FF, C);
+  }
+  PACK(7 * L, m->w.lm_head, m->w.lm_head16, C, model_vocab_used(c));
+#undef PACK
+  s->pack_m = m, s->pack_version = m->version;
 }
 
 void gen_state_free(struct gen_state *s) {
@@ -90,6 +137,8 @@ void gen_state_free(struct gen_state *s) {
   thread_scratch_deinit(&s->scr);
   free(s->ints);
   free(s->tickets);
+  free(s->pack);
+  free(s->pk);
   rope_table_deinit(&s->rope);
   free(s);
 }
@@ -122,6 +171,11 @@ struct gen_state *gen_state_new(const struct model *m, int cap_batch, int cap_se
   s->tickets = calloc(((size_t)PHASES_PER_LAYER * c->num_layers + 2) * TICKET_STRIDE, sizeof(int));
   if (!s->mem || !s->ints || !s->tickets) goto oom;
   if (model_rope_table_init(&s->rope, c)) goto oom;
+  if (pack_floats(c)) {
+    s->pack = dapo_alloc_floats(pack_floats(c));
+    s->pk = calloc(7 * (size_t)c->num_layers + 1, sizeof *s->pk);
+    if (!s->pack || !s->pk) goto oom;
+  }
 
   size_t rows = s->cap_rows, C = c->hidden_size, CQ = (size_t)c->num_heads * c->head_dim,
          CKV = (size_t)c->num_kv_heads * c->head_dim, FF = c->intermediate_size;
@@ -169,6 +223,11 @@ oom:
   dapo_errf(e, DAPO_ENOMEM, "out of memory allocating the KV cache (%zu MiB)",
             gen_state_bytes(c, lc, cap_batch, cap_seq_len) >> 20);
   return NULL;
+}
+
+void gen_state_set_pack(struct gen_state *s, int on) {
+  s->pack_off = !on;
+  s->pack_m = NULL; /* packed again when turned back on */
 }
 
 void gen_state_set_split(struct gen_state *s, enum gen_split split) {
@@ -321,9 +380,11 @@ static int run_rows(struct gen_state *s, const struct model *m, int n_seq, int N
  * BF16 matrix, by linear_lanes (each output one chain of fused multiply-adds in increasing k: the
  * same bits for any n, column range, thread or instruction set, and for BF16 weights as for
  * their float32). */
-static void few(float *out, const float *inp, const float *w, const uint16_t *w16,
+static void few(float *out, const float *inp, const float *w, const uint16_t *w16, const float *pk,
                 const float *bias, int n, int IN, int OUT, int lo, int hi, float beta) {
-  if (w16)
+  if (pk) /* the same bits from the panels packed beforehand (gen_state.pack) */
+    linear_lanes_packed(out, inp, pk, bias, n, IN, OUT, lo, hi, beta);
+  else if (w16)
     linear_lanes_bf16(out, inp, w16, bias, n, IN, OUT, lo, hi, beta);
   else
     linear_lanes(out, inp, w, bias, n, IN, OUT, lo, hi, beta);
@@ -443,8 +504,9 @@ static void head_cols(void *ctx, int ti, int nt) {
   struct pool *saved = pool_current();
   pool_set_current(NULL); /* the kernel runs on this thread alone */
   col_share(V, ti, nt, &lo, &hi);
-  few(a->s->logits, a->s->sel, m->w.lm_head, m->w.lm_head16, NULL, a->n, m->cfg.hidden_size, V, lo,
-      hi, 0.0f);
+  const float *const *pk = a->s->panels;
+  few(a->s->logits, a->s->sel, m->w.lm_head, m->w.lm_head16, pk ? pk[7 * m->cfg.num_layers] : NULL,
+      NULL, a->n, m->cfg.hidden_size, V, lo, hi, 0.0f);
   pool_set_current(saved);
 }
 
@@ -553,6 +615,8 @@ static void decode_step(void *ctx, int ti, int nt) {
    ph++)
 #define WAIT(k) (prof(&pm, k), pool_barrier_wait(&s->bar, gn), prof(&pm, GEN_PROF_WAIT))
   size_t layer_cache = (size_t)s->cap_batch * s->cap_t * CKV;
+  const float *const *pk = s->panels; /* packed matrices (pack_refresh) or NULL */
+#define PK(t) (pk ? pk[7 * l + (t)] : NULL)
   for (int l = 0; l < c->num_layers; l++) {
     const struct layer_views *w = &m->w.layers[l];
     rmsnorm_forward(xn, NULL, xs, w->attn_norm, n, C, c->rms_norm_eps);
@@ -569,7 +633,7 @@ static void decode_step(void *ctx, int ti, int nt) {
                           : j == 1 ? w->bk
                                    : w->bv;
       const uint16_t *w16 = j == 0 ? w->wq16 : j == 1 ? w->wk16 : w->wv16;
-      few(out, xn, wf, w16, bias, n, C, w_qkv[j], lo_, hi_, 0.0f);
+      few(out, xn, wf, w16, PK(j), bias, n, C, w_qkv[j], lo_, hi_, 0.0f);
       lora_xb(lo, l, LT_Q + j, has[j], out, lt[j], n, w_qkv[j], lo_, hi_);
     }
     WAIT(GEN_PROF_QKV);
@@ -593,7 +657,7 @@ static void decode_step(void *ctx, int ti, int nt) {
     prof(&pm, GEN_PROF_NORM);
     PHASE(1, w_c, 0, CQ);
     while (phase_q_take(&pq, &j, &lo_, &hi_)) {
-      few(xs, att, w->wo, w->wo16, w->bo, n, CQ, C, lo_, hi_, 1.0f);
+      few(xs, att, w->wo, w->wo16, PK(3), w->bo, n, CQ, C, lo_, hi_, 1.0f);
       lora_xb(lo, l, LT_O, has[0], xs, lt[0], n, C, lo_, hi_);
     }
     WAIT(GEN_PROF_O);
@@ -603,8 +667,8 @@ static void decode_step(void *ctx, int ti, int nt) {
     prof(&pm, GEN_PROF_NORM);
     PHASE(1, w_ff, 0, C);
     while (phase_q_take(&pq, &j, &lo_, &hi_)) {
-      few(gg, xn, w->w_gate, w->w_gate16, NULL, n, C, FF, lo_, hi_, 0.0f);
-      few(uu, xn, w->w_up, w->w_up16, NULL, n, C, FF, lo_, hi_, 0.0f);
+      few(gg, xn, w->w_gate, w->w_gate16, PK(4), NULL, n, C, FF, lo_, hi_, 0.0f);
+      few(uu, xn, w->w_up, w->w_up16, PK(5), NULL, n, C, FF, lo_, hi_, 0.0f);
       lora_xb(lo, l, LT_GATE, has[0], gg, lt[0], n, FF, lo_, hi_);
       lora_xb(lo, l, LT_UP, has[1], uu, lt[1], n, FF, lo_, hi_);
       for (int i = 0; i < n; i++) {
@@ -617,7 +681,7 @@ static void decode_step(void *ctx, int ti, int nt) {
     prof(&pm, GEN_PROF_NORM);
     PHASE(1, w_c, 0, FF);
     while (phase_q_take(&pq, &j, &lo_, &hi_)) {
-      few(xs, hh, w->w_down, w->w_down16, NULL, n, FF, C, lo_, hi_, 1.0f);
+      few(xs, hh, w->w_down, w->w_down16, PK(6), NULL, n, FF, C, lo_, hi_, 1.0f);
       lora_xb(lo, l, LT_DOWN, has[0], xs, lt[0], n, C, lo_, hi_);
     }
     WAIT(GEN_PROF_DOWN);
@@ -626,7 +690,9 @@ static void decode_step(void *ctx, int ti, int nt) {
   prof(&pm, GEN_PROF_NORM);
   PHASE(1, w_v, 0, C);
   while (phase_q_take(&pq, &j, &lo_, &hi_))
-    few(logits, xn, m->w.lm_head, m->w.lm_head16, NULL, n, C, V, lo_, hi_, 0.0f);
+    few(logits, xn, m->w.lm_head, m->w.lm_head16, pk ? pk[7 * c->num_layers] : NULL, NULL, n, C, V,
+        lo_, hi_, 0.0f);
+#undef PK
   WAIT(GEN_PROF_HEAD);
   PHASE(1, w_n, 1, 1);
   while (phase_q_take(&pq, &j, &lo_, &hi_))
@@ -792,6 +858,7 @@ int gen_run(struct gen_state *s, const struct model *m, int n, const int *const 
             struct gen_out *out, const volatile int *cancel, struct dapo_err *e) {
   struct pool *saved = pool_current();
   pool_set_current(s->pool);
+  pack_refresh(s, m);
   int rc = gen_run_impl(s, m, n, prompts, prompt_len, rngs, o, out, cancel, e);
   pool_set_current(saved);
   return rc;
@@ -942,6 +1009,7 @@ int gen_advance(struct gen_state *s, const struct model *m, int n, const struct 
                 struct dapo_err *e) {
   struct pool *saved = pool_current();
   pool_set_current(s->pool);
+  pack_refresh(s, m);
   int rc = advance_impl(s, m, n, feeds, rngs, o, tok, logp, e);
   pool_set_current(saved);
   return rc;
@@ -976,6 +1044,7 @@ int gen_state_tune(struct gen_state *s, const struct model *m, int batch, struct
   }
   struct pool *saved = pool_current();
   pool_set_current(s->pool);
+  pack_refresh(s, m); /* timed as gen_run will decode */
   gen_mask_fn mask = s->mask;
   s->mask = NULL;
   double t[TUNE_CANDS][TUNE_ROUNDS];

@@ -112,6 +112,16 @@ void gen_state_set_profile(struct gen_state *s, struct gen_profile *p);
  * of a decoding step (a neighbour taking its core); usec 0: none (the default). */
 void gen_state_set_delay(struct gen_state *s, int thread, int usec);
 
+/* Decoding packs the weight matrices of a small model (their float32 bytes, with the LM head, at
+ * most DECODE_PACK_MAX_BYTES; a frozen BF16 base counted and packed in float32) once into panels
+ * the state owns (linear_lanes_pack, counted in gen_state_bytes), so that no step transposes
+ * them: a lone sequence decodes several times faster. The panels are packed again at the start
+ * of gen_run or gen_advance when the model or its version (model_weights_changed) differs.
+ * Tokens and log-probs are the same bits either way (linear_lanes_packed); on (1, the default)
+ * or off (0) for tests and benchmarks. */
+#define DECODE_PACK_MAX_BYTES ((size_t)256 << 20)
+void gen_state_set_pack(struct gen_state *s, int on);
+
 /* Told by gen_run after its prefill and after each decoding step, on gen_run's thread: tokens
  * sampled so far by this gen_run (all sequences) and how many of its n sequences have finished
  * (a stop token or max_new_tokens); the last call has finished == n. It must be cheap (it runs

@@ -780,6 +780,7 @@ folders_made:
     snprintf(p, sizeof p, "%s/trainer_weights.safetensors", dir);
     if (exact_file && ckpt_load_tensors(p, t->lm.model, 1, prefix, buf, NULL, &e))
       return trainer_fail_err(t, FAIL_INVALID_CHECKPOINT, NULL, &e);
+    model_weights_changed(t->lm.model);
   }
   return 0;
 }

@@ -277,12 +277,31 @@ static void test_linear_few_bf16(int M, int IN, int OUT) {
  * here one output at a time, against every instruction set, every M in [1, Mmax], the whole
  * range and column ranges aligned to LINEAR_FEW_COLS with a partial last one, float32 and BF16
  * weights (the same bits on the float32 of the BF16 weights). And near the double reference. */
+/* variant 0: linear_lanes on wf, 1: linear_lanes_bf16 on w16, 2 and 3: linear_lanes_packed on
+ * panels packed from wf (pf) and from w16 (p16) */
+static void lanes_call(int variant, float *y, const float *x, const float *wf, const uint16_t *w16,
+                       const float *pf, const float *p16, const float *b, int M, int IN, int OUT,
+                       int j0, int j1, float beta) {
+  if (variant == 0) linear_lanes(y, x, wf, b, M, IN, OUT, j0, j1, beta);
+  if (variant == 1) linear_lanes_bf16(y, x, w16, b, M, IN, OUT, j0, j1, beta);
+  if (variant >= 2) linear_lanes_packed(y, x, variant == 2 ? pf : p16, b, M, IN, OUT, j0, j1, beta);
+}
+static const char *const lanes_name[4] = {"", "_bf16", "_packed", "_packed(bf16)"};
+
 static void test_linear_lanes(int Mmax, int IN, int OUT) {
   size_t n = (size_t)Mmax * OUT;
   float *wf, *x = rnd((size_t)Mmax * IN, 1), *b = rnd(OUT, 1), *y0 = rnd(n, 1);
   uint16_t *w16 = rnd_bf16((size_t)OUT * IN, 0.2f, &wf);
   float *want = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
   float *yr = calloc(n, sizeof(float));
+  size_t np = linear_lanes_panel_floats(IN, OUT);
+  float *pf = malloc(np * sizeof(float)), *p16 = malloc(np * sizeof(float));
+  memset(pf, 0xff, np * sizeof(float)); /* NaNs where the pack writes nothing */
+  memset(p16, 0xff, np * sizeof(float));
+  linear_lanes_pack(pf, wf, NULL, IN, OUT);
+  linear_lanes_pack(p16, NULL, w16, IN, OUT);
+  CHECK_MSG(np == (size_t)((OUT + 15) / 16) * 16 * IN && !memcmp(pf, p16, np * sizeof(float)),
+            "linear_lanes_pack: float32 and BF16 panels differ (IN=%d OUT=%d)", IN, OUT);
   for (int m = 0; m < Mmax; m++)
     for (int j = 0; j < OUT; j++) {
       volatile float acc = 0.0f; /* one fmaf at a time, as written */
@@ -299,35 +318,30 @@ static void test_linear_lanes(int Mmax, int IN, int OUT) {
   int isas[4], n_isa = isa_list(isas);
   for (int ii = 0; ii < n_isa; ii++) {
     kernels_force_isa(isas[ii]);
-    for (int bf = 0; bf < 2; bf++)
+    for (int bf = 0; bf < 4; bf++)
       for (int M = 1; M <= Mmax; M++) {
         size_t nm = (size_t)M * OUT;
         memcpy(y, y0, nm * sizeof(float));
-        if (bf)
-          linear_lanes_bf16(y, x, w16, b, M, IN, OUT, 0, OUT, 1.0f);
-        else
-          linear_lanes(y, x, wf, b, M, IN, OUT, 0, OUT, 1.0f);
+        lanes_call(bf, y, x, wf, w16, pf, p16, b, M, IN, OUT, 0, OUT, 1.0f);
         CHECK_MSG(!memcmp(y, want, nm * sizeof(float)),
                   "linear_lanes%s isa %d differs from fmaf's chain (M=%d IN=%d OUT=%d)",
-                  bf ? "_bf16" : "", isas[ii], M, IN, OUT);
+                  lanes_name[bf], isas[ii], M, IN, OUT);
         memcpy(y, y0, nm * sizeof(float));
         int cuts[4] = {0, cut1, cut2, OUT};
         for (int c = 2; c >= 0; c--) { /* [cut2, OUT) first: the order does not matter */
           if (c == 1)                  /* overwrite, then add y0 here */
             for (int m = 0; m < M; m++)
               for (int j = cuts[1]; j < cuts[2]; j++) y[(size_t)m * OUT + j] = 12345.0f;
-          if (bf)
-            linear_lanes_bf16(y, x, w16, b, M, IN, OUT, cuts[c], cuts[c + 1], c == 1 ? 0.0f : 1.0f);
-          else
-            linear_lanes(y, x, wf, b, M, IN, OUT, cuts[c], cuts[c + 1], c == 1 ? 0.0f : 1.0f);
+          lanes_call(bf, y, x, wf, w16, pf, p16, b, M, IN, OUT, cuts[c], cuts[c + 1],
+                     c == 1 ? 0.0f : 1.0f);
           if (c == 1)
             for (int m = 0; m < M; m++)
               for (int j = cuts[1]; j < cuts[2]; j++)
                 y[(size_t)m * OUT + j] = y0[(size_t)m * OUT + j] + y[(size_t)m * OUT + j];
         }
         CHECK_MSG(!memcmp(y, want, nm * sizeof(float)),
-                  "linear_lanes%s isa %d: split columns differ (M=%d IN=%d OUT=%d)",
-                  bf ? "_bf16" : "", isas[ii], M, IN, OUT);
+                  "linear_lanes%s isa %d: split columns differ (M=%d IN=%d OUT=%d)", lanes_name[bf],
+                  isas[ii], M, IN, OUT);
       }
   }
   /* no bias, beta 0 */
@@ -337,7 +351,8 @@ static void test_linear_lanes(int Mmax, int IN, int OUT) {
   CHECK_MSG(maxdiff(y, yr, n) > 0.1f && maxdiff(want, yr, n) < 1e-4f,
             "linear_lanes without bias, beta 0 (IN=%d OUT=%d)", IN, OUT);
   CHECK_MSG(n_isa >= 1, "linear_lanes: no instruction set ran");
-  free(x), free(b), free(y0), free(w16), free(wf), free(want), free(y), free(yr);
+  free(x), free(b), free(y0), free(w16), free(wf), free(want), free(y), free(yr), free(pf),
+      free(p16);
 }
 
 /* max over [rows, C] of |got - want| / sum_k |a[r, k] w[c * wc + k * wk]|, a: [rows, K] */
@@ -623,6 +638,7 @@ int main(void) {
   test_linear_lanes(70, 37, 53);  /* every M to 70 (6 tiles of 12 rows); odd IN and OUT */
   test_linear_lanes(13, 600, 19); /* IN over 2 blocks of 256 k, with a tail */
   test_linear_lanes(3, 5, 70);
+  test_linear_lanes(2, 128, 200); /* a lone row over 13 panels (groups of 8 and 4, partial) */
   struct pool *pool = pool_new(3);
   for (int p = 0; p < 2; p++) {
     struct pool *use = p ? pool : NULL;

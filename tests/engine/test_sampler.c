@@ -20,10 +20,13 @@
 #include "rng.h"
 #include "sampler.h"
 #include "softmax.h"
+#include "adamw.h"
 #include "train.h"
 
 #define MAXN 24
 #define NSEQ 8
+
+static struct model *model_from(const struct model_config *c);
 
 static struct model *make_model(int arch, int tied, int nkv) {
   struct model_config c = {.arch = arch,
@@ -50,6 +53,13 @@ static struct model *make_model(int arch, int tied, int nkv) {
         .type = ROPE_YARN, .factor = 4.0, .original_max_position_embeddings = 16};
     c.vocab_used = 30;
   }
+  return model_from(&c);
+}
+
+/* A random model of config c, its norms and biases off their trivial values and its padding
+ * rows (past vocab_used) large. */
+static struct model *model_from(const struct model_config *cp) {
+  struct model_config c = *cp;
   struct dapo_err e;
   struct model *m = model_new(&c, &e);
   if (!m) {
@@ -1062,6 +1072,73 @@ static void test_passes_bits(void) {
          compared, n_isa, worst);
 }
 
+/* Decoding from the packed panels (gen_state_set_pack): the tokens and log-probs of the matrices
+ * read in place, bit for bit, for the test model and a wider one shaped like qwen-small (a head
+ * of 3001 ids, widths not multiples of 16), batch 1 and NSEQ, serially and on 2 threads split
+ * either way. Then freshness: a generation, an AdamW step on the model, a generation again on
+ * the same state equals a fresh state's (the panels are packed again: model.version). */
+static void test_pack(int wide) {
+  struct model *m = make_model(ARCH_QWEN3, 0, 2);
+  if (wide) {
+    struct model_config c = m->cfg;
+    c.hidden_size = 72, c.intermediate_size = 200, c.num_heads = 6, c.head_dim = 12;
+    c.vocab_size = 3008, c.vocab_used = 3001;
+    model_free(m);
+    m = model_from(&c);
+  }
+  struct dapo_err e;
+  struct gen_state *s = gen_state_new(m, NSEQ, 64, &e), *s2 = NULL;
+  int pa[5] = {5, 6, 7, 8, 9}, pb[3] = {10, 11, 12};
+  const int *prompts[NSEQ] = {pa, pb, pa, pa, pb, pb, pb, pa};
+  int plen[NSEQ] = {5, 3, 5, 4, 3, 3, 2, 2};
+  uint64_t seeds[NSEQ] = {1, 2, 3, 4, 5, 6, 7, 8};
+  struct sampler_opts o = {.temperature = 1.0f, .top_p = 0.95f, .max_new_tokens = MAXN};
+  struct run *r = malloc(4 * sizeof *r), *off = r, *on = r + 1, *fresh = r + 2, *before = r + 3;
+  struct pool *p = pool_new(2);
+  long old = kernels_par_min_work();
+  kernels_set_par_min_work(0);
+  for (int threads = 1; threads <= 2; threads++)
+    for (int split = GEN_SPLIT_ROWS; split <= (threads > 1 ? GEN_SPLIT_COLUMNS : GEN_SPLIT_ROWS);
+         split++) {
+      CHECK(gen_state_set_pool(s, threads > 1 ? p : NULL, &e) == 0);
+      gen_state_set_split(s, (enum gen_split)split);
+      for (int n = 1; n <= NSEQ; n += NSEQ - 1) {
+        gen_state_set_pack(s, 0);
+        gen(s, m, n, prompts, plen, seeds, &o, off);
+        gen_state_set_pack(s, 1);
+        gen(s, m, n, prompts, plen, seeds, &o, on);
+        CHECK_MSG(!memcmp(off, on, sizeof *on),
+                  "packed decoding changed the tokens or log-probs (wide %d, %d threads, split %d, "
+                  "batch %d)",
+                  wide, threads, split, n);
+      }
+    }
+  kernels_set_par_min_work(old);
+  /* freshness: s packed m above; an AdamW step changes every weight */
+  CHECK(gen_state_set_pool(s, NULL, &e) == 0);
+  gen(s, m, NSEQ, prompts, plen, seeds, &o, before);
+  struct adamw opt;
+  struct adamw_cfg cfg = adamw_cfg_default();
+  cfg.lr = 0.05f, cfg.grad_clip = 0;
+  CHECK(model_alloc_grads(m, &e) == 0 && adamw_init(&opt, m, &cfg, &e) == 0);
+  struct rng rg;
+  rng_seed(&rg, 9, 9);
+  for (size_t i = 0; i < m->n_params; i++) m->grads[i] = (float)rng_normal(&rg);
+  CHECK(adamw_step(&opt, m, cfg.lr, NULL, &e) == 0);
+  gen(s, m, NSEQ, prompts, plen, seeds, &o, on);
+  CHECK((s2 = gen_state_new(m, NSEQ, 64, &e)) != NULL);
+  gen(s2, m, NSEQ, prompts, plen, seeds, &o, fresh);
+  CHECK_MSG(memcmp(before, fresh, sizeof *fresh), "the AdamW step changed nothing (wide %d)", wide);
+  CHECK_MSG(!memcmp(on, fresh, sizeof *on),
+            "after an AdamW step the state decoded with stale panels (wide %d)", wide);
+  adamw_deinit(&opt);
+  pool_free(p);
+  gen_state_free(s);
+  gen_state_free(s2);
+  free(r);
+  model_free(m);
+}
+
 int main(void) {
   test_passes_bits();
   test_model(ARCH_LLAMA, 1, 2);
@@ -1072,6 +1149,8 @@ int main(void) {
   test_greedy_argmax(ARCH_QWEN3);
   test_pool(ARCH_QWEN2);
   test_pool(ARCH_QWEN3);
+  test_pack(0);
+  test_pack(1);
   test_advance(ARCH_QWEN2);
   test_advance(ARCH_QWEN3);
   test_concurrent_pick();
