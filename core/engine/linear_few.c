@@ -1218,7 +1218,9 @@ void linear_lanes_bf16(float *out, const float *inp, const uint16_t *w, const fl
  * order from +0, then ll_store's bias and beta): the same bits. Rows run against up to LP_P
  * panels at once, each panel its own chains, so a lone row has LP_P independent chains (one
  * vector load and one fused multiply-add per k per panel) instead of waiting on one. */
-enum { LP_P = 4 };
+/* LP_R: rows of an AVX-512 tile (6 rows x 4 panels was no faster than 4 x 4 at batch 16 on
+ * qwen-small, one thread, in turns) */
+enum { LP_P = 4, LP_R = 4 };
 
 size_t linear_lanes_panel_floats(int IN, int OUT) {
   return (size_t)((OUT + LINEAR_FEW_COLS - 1) / LINEAR_FEW_COLS) * LINEAR_FEW_COLS * (size_t)IN;
@@ -1243,12 +1245,12 @@ static inline void lp_store(float *o, const float *acc, const float *bias, int p
 SIMD_INLINE void lp_gen(float *out, const float *inp, const float *pk, const float *bias, int M,
                         int IN, int OUT, int j0, int j1, float beta, const int hw) {
   int p1 = (j1 + 15) / 16;
-  for (int m = 0; m < M; m++) {
-    const float *x = inp + (size_t)m * IN;
-    for (int p = j0 / 16; p < p1; p += LP_P) {
-      int np = p1 - p < LP_P ? p1 - p : LP_P;
-      const float *b[LP_P];
-      for (int i = 0; i < LP_P; i++) b[i] = pk + (size_t)(p + (i < np ? i : np - 1)) * 16 * IN;
+  for (int p = j0 / 16; p < p1; p += LP_P) { /* panels outer, as lp_avx512 */
+    int np = p1 - p < LP_P ? p1 - p : LP_P;
+    const float *b[LP_P];
+    for (int i = 0; i < LP_P; i++) b[i] = pk + (size_t)(p + (i < np ? i : np - 1)) * 16 * IN;
+    for (int m = 0; m < M; m++) {
+      const float *x = inp + (size_t)m * IN;
       struct simd16 a0 = simd_zero(), a1 = a0, a2 = a0, a3 = a0;
       for (int k = 0; k < IN; k++) {
         struct simd16 v = simd_splat(x[k]);
@@ -1287,11 +1289,12 @@ LF_AVX2 static void lp_avx2(float *out, const float *inp, const float *pk, const
   lp_gen(out, inp, pk, bias, M, IN, OUT, j0, j1, beta, 1);
 }
 
-/* AVX-512: R (a constant, <= 4) rows x P (a constant, <= 8 / R... at most 16 sums) panels, one
- * zmm per (row, panel), the inputs broadcast from memory. */
+/* AVX-512: R (a constant, <= 4) rows x P (a constant, <= 8) panels, R * P <= 16 sums in zmm
+ * registers (a lone row: 8 panels, 8 independent chains; else 4 x 4), the panels' vectors loaded
+ * once per k and the inputs broadcast from memory. */
 LF_AVX512 static inline __attribute__((always_inline)) void
 lp_tile512(float *acc, const float *x, const float *const b[8], int IN, const int R, const int P) {
-  __m512 a[4][8];
+  __m512 a[LP_R][8];
 #pragma GCC unroll 4
   for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
@@ -1315,17 +1318,19 @@ lp_tile512(float *acc, const float *x, const float *const b[8], int IN, const in
 
 LF_AVX512 static void lp_avx512(float *out, const float *inp, const float *pk, const float *bias,
                                 int M, int IN, int OUT, int j0, int j1, float beta) {
-  int p1 = (j1 + 15) / 16;
-  float acc[4 * 8 * 16];
-  for (int m = 0; m < M; m += 4) {
-    int R = M - m < 4 ? M - m : 4, P = R == 1 ? 8 : 4;
-    const float *x = inp + (size_t)m * IN;
-    for (int p = j0 / 16; p < p1; p += P) {
-      int np = p1 - p < P ? p1 - p : P;
-      const float *b[8];
-      for (int i = 0; i < 8; i++) b[i] = pk + (size_t)(p + (i < np ? i : np - 1)) * 16 * IN;
-      switch (R) {
-      case 1: lp_tile512(acc, x, b, IN, 1, 8); break;
+  int p1 = (j1 + 15) / 16, P = M == 1 ? 8 : 4;
+  float acc[LP_R * 8 * 16];
+  /* panels outer: a group's panels (P * IN * 64 bytes) stay in L1 or L2 for all the rows */
+  for (int p = j0 / 16; p < p1; p += P) {
+    int np = p1 - p < P ? p1 - p : P;
+    const float *b[8];
+    for (int i = 0; i < 8; i++) b[i] = pk + (size_t)(p + (i < np ? i : np - 1)) * 16 * IN;
+    for (int m = 0; m < M; m += LP_R) {
+      int R = M - m < LP_R ? M - m : LP_R;
+      const float *x = inp + (size_t)m * IN;
+      switch (M == 1 ? 0 : R) {
+      case 0: lp_tile512(acc, x, b, IN, 1, 8); break;
+      case 1: lp_tile512(acc, x, b, IN, 1, 4); break;
       case 2: lp_tile512(acc, x, b, IN, 2, 4); break;
       case 3: lp_tile512(acc, x, b, IN, 3, 4); break;
       default: lp_tile512(acc, x, b, IN, 4, 4); break;
