@@ -13,7 +13,8 @@
  * Usage: bench_engine --sgemm | --bandwidth [--threads N] |
  *        --model tiny|small|medium|qwen-small|qwen-0.5b [--serve]
  *        [--train-steps N]
- *        [--gen-reps N] [--gen-new N] [--gen-batch N] [--threads N] [--phase train|gen]
+ *        [--gen-reps N] [--gen-new N] [--gen-batch N] [--pack on|off] [--threads N]
+ *        [--phase train|gen]
  *        [--isa portable|baseline|avx2|avx512] [--vs-isa portable|baseline|avx2]
  * --serve answers commands on stdin (see serve()) so that bench_torch.py --pair can interleave
  * our measurements with PyTorch's; --phase runs one phase only, for perf. --isa forces the
@@ -21,7 +22,8 @@
  * --vs-isa measures each generation twice, on this CPU's best and on the one named, in turns
  * (best, named, named, best, ...), and prints the ratio of each pair's tokens/s. --gen-batch sets
  * the larger generation batch (default 16, at most 64: decoding batch 64 as bench/scale.sh's
- * rollouts, against the roofline).
+ * rollouts, against the roofline). --pack off decodes without the packed panels of a small
+ * model (gen_state_set_pack: the same tokens, the matrices transposed on the fly).
  *        --decode --model NAME [--gen-batch N] [--gen-new N] [--gen-reps N] [--lora R]
  *        [--splits rows,columns,auto,dynamic:KIB,...] [--busy] [--tune] [--threads N] [--isa ..]
  * times gen_run under each decoding split in turns (run_decode; --gen-batch default 64 there):
@@ -52,6 +54,7 @@ static struct pool *g_pool;  /* the engine's compute pool (core/engine/pool.h), 
 static int g_isa;            /* --isa: the forced instruction set, or 0 (the best) */
 static int g_vs_isa;         /* --vs-isa: the instruction set measured against g_isa, or 0 */
 static int g_gen_batch = 16; /* --gen-batch: the larger generation batch */
+static int g_pack = 1;       /* --pack: decoding from packed panels (small models) */
 
 static const char *isa_name(int isa) {
   return isa == KERNELS_ISA_AVX512     ? "avx512"
@@ -358,6 +361,7 @@ static int bench_init(struct bench *b, const char *name, int train, int gen, int
   }
   if (gen && !(b->gs = gen_state_new(b->m, g_gen_batch, GEN_PROMPT + gen_new, e))) return e->code;
   if (gen && g_pool && gen_state_set_pool(b->gs, g_pool, e)) return e->code;
+  if (gen) gen_state_set_pack(b->gs, g_pack);
   return 0;
 }
 
@@ -727,6 +731,7 @@ static int run_decode(const char *name, int batch, int gen_new, int reps, int lo
     rc = e.code;
     goto out;
   }
+  gen_state_set_pack(gs, g_pack);
   for (int i = 0; i < batch; i++) prompts[i] = b.prompt, plens[i] = GEN_PROMPT;
   if (reps > 64) reps = 64;
   if (n_sp > 16) n_sp = 16;
@@ -881,7 +886,8 @@ int main(int argc, char **argv) {
       fprintf(stderr,
               "usage: bench_engine --sgemm | --bandwidth [--threads N] | --model "
               "tiny|small|medium|qwen-small|qwen-0.5b [--serve] "
-              "[--train-steps N] [--gen-reps N] [--gen-new N] [--gen-batch N] [--threads N | "
+              "[--train-steps N] [--gen-reps N] [--gen-new N] [--gen-batch N] [--pack on|off] "
+              "[--threads N | "
               "--blas-threads N] [--phase train|gen] [--isa NAME] [--vs-isa NAME]\n");
       return 2;
     }
@@ -904,6 +910,8 @@ int main(int argc, char **argv) {
       return 2;
     } else if (!strcmp(a, "--splits"))
       continue;
+    else if (!strcmp(a, "--pack") && (!strcmp(v, "on") || !strcmp(v, "off")))
+      g_pack = !strcmp(v, "on");
     else if (!strcmp(a, "--phase") && (!strcmp(v, "train") || !strcmp(v, "gen")))
       phase = !strcmp(v, "train") ? 1 : 2;
     else if (!strcmp(a, "--threads"))
