@@ -98,12 +98,17 @@ static size_t pack_floats(const struct model_config *c) {
   return n * sizeof(float) <= DECODE_PACK_MAX_BYTES ? n : 0;
 }
 
+size_t gen_pack_bytes(const struct model_config *c) {
+  return pack_floats(c)
+             ? pack_floats(c) * sizeof(float) + sizeof(float *) * (7 * (size_t)c->num_layers + 1)
+             : 0;
+}
+
 size_t gen_state_bytes(const struct model_config *c, const struct lora_config *lc, int cap_batch,
                        int cap_seq_len) {
   struct glayout p;
   gplan(c, lc, cap_batch, cap_seq_len, &p);
-  return (p.total + p.scratch + pack_floats(c)) * sizeof(float) + p.ints * sizeof(int) +
-         (pack_floats(c) ? sizeof(float *) * (7 * (size_t)c->num_layers + 1) : 0);
+  return (p.total + p.scratch) * sizeof(float) + p.ints * sizeof(int) + gen_pack_bytes(c);
 }
 
 /* Packs m's decoding matrices into s->pack unless it holds them at m's version already. */

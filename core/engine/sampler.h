@@ -120,6 +120,8 @@ void gen_state_set_delay(struct gen_state *s, int thread, int usec);
  * Tokens and log-probs are the same bits either way (linear_lanes_packed); on (1, the default)
  * or off (0) for tests and benchmarks. */
 #define DECODE_PACK_MAX_BYTES ((size_t)256 << 20)
+/* The bytes of that copy for a model of config c (part of gen_state_bytes), 0 over the budget. */
+size_t gen_pack_bytes(const struct model_config *c);
 void gen_state_set_pack(struct gen_state *s, int on);
 
 /* Told by gen_run after its prefill and after each decoding step, on gen_run's thread: tokens
