@@ -92,15 +92,12 @@ static int resolve_body(struct server *srv, const json_t *body, const char *owne
 static int parse_run(struct server *srv, const json_t *run, struct job_spec *spec, json_t *errors) {
   struct judge_policy pol;
   server_judge_policy(srv, &pol);
-  size_t before = json_array_size(errors);
-  if (jobspec_parse(run, &pol, spec, errors) < 0) return -1;
   /* the ranks of a multi-process job judge without the daemon's completion service
    * (launch.c): a judge model the daemon serves itself is refused under its field */
-  if (spec->processes > 1 && pol.served && json_array_size(errors) == before) {
-    jobspec_deinit(spec);
-    pol.served = NULL;
-    if (jobspec_parse(run, &pol, spec, errors) < 0) return -1;
-  }
+  const json_t *np = json_object_get(json_object_get(run, "resources"), "processes");
+  if (json_is_integer(np) && json_integer_value(np) > 1) pol.served = NULL;
+  size_t before = json_array_size(errors);
+  if (jobspec_parse(run, &pol, spec, errors) < 0) return -1;
   /* a multi-process job needs the configured launcher (docs/SCALE.md) */
   char msg[200];
   if (spec->processes > 1 && !srv->cfg.launcher[0])
