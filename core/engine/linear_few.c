@@ -1218,9 +1218,8 @@ void linear_lanes_bf16(float *out, const float *inp, const uint16_t *w, const fl
  * order from +0, then ll_store's bias and beta): the same bits. Rows run against up to LP_P
  * panels at once, each panel its own chains, so a lone row has LP_P independent chains (one
  * vector load and one fused multiply-add per k per panel) instead of waiting on one. */
-/* LP_R: rows of an AVX-512 tile (6 rows x 4 panels was no faster than 4 x 4 at batch 16 on
- * qwen-small, one thread, in turns) */
-enum { LP_P = 4, LP_R = 4 };
+/* LP_P: panels of the portable form's group (lp_avx512 chooses its own tiles) */
+enum { LP_P = 4 };
 
 size_t linear_lanes_panel_floats(int IN, int OUT) {
   return (size_t)((OUT + LINEAR_FEW_COLS - 1) / LINEAR_FEW_COLS) * LINEAR_FEW_COLS * (size_t)IN;
@@ -1289,57 +1288,108 @@ LF_AVX2 static void lp_avx2(float *out, const float *inp, const float *pk, const
   lp_gen(out, inp, pk, bias, M, IN, OUT, j0, j1, beta, 1);
 }
 
-/* AVX-512: R (a constant, <= 4) rows x P (a constant, <= 8) panels, R * P <= 16 sums in zmm
- * registers (a lone row: 8 panels, 8 independent chains; else 4 x 4), the panels' vectors loaded
- * once per k and the inputs broadcast from memory. */
+/* AVX-512: tiles of R rows x P panels of sums in zmm registers (R, P constants): a lone row
+ * against 8 panels (8 independent chains), 2 to 4 rows against 4, more rows in tiles of up to
+ * 12 rows against 2 panels (24 sums, the SGEMM micro-kernel's shape: per k 2 vector loads and
+ * 12 broadcasts for 24 fused multiply-adds). Each tile ends in vector stores straight into out
+ * (ll_store's bias and beta on the way, masked at the range's ends), with no staging buffer: on
+ * qwen-small's [151669, 128] head at batch 16 (one thread, from L3) the 4 x 4 tile with staged
+ * stores ran 84 GFLOP/s, 12 x 2 (then 4 x 2) with direct stores 130. */
+LF_AVX512 static inline __attribute__((always_inline)) __m512
+lp_fin512(__m512 a, float *o, const float *bias, __mmask16 k, float beta) {
+  if (bias) a = _mm512_add_ps(a, _mm512_maskz_loadu_ps(k, bias));
+  if (beta != 0.0f) a = _mm512_add_ps(_mm512_maskz_loadu_ps(k, o), a);
+  return a;
+}
+
 LF_AVX512 static inline __attribute__((always_inline)) void
-lp_tile512(float *acc, const float *x, const float *const b[8], int IN, const int R, const int P) {
-  __m512 a[LP_R][8];
-#pragma GCC unroll 4
+lp_tile512(float *out, const float *x, const float *const b[8], const float *bias, int IN, int OUT,
+           int c0, const __mmask16 km[8], float beta, const int R, const int P, const int full) {
+  __m512 a[12][8];
+#pragma GCC unroll 12
   for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
     for (int i = 0; i < P; i++) a[r][i] = _mm512_setzero_ps();
   for (int k = 0; k < IN; k++) {
     __m512 w[8];
 #pragma GCC unroll 8
-    for (int i = 0; i < P; i++) w[i] = _mm512_loadu_ps(b[i] + (size_t)k * 16);
-#pragma GCC unroll 4
+    for (int i = 0; i < P; i++) /* a full group: one pointer (1.05-1.1x against one per panel) */
+      w[i] = _mm512_loadu_ps((full ? b[0] + (size_t)i * 16 * IN : b[i]) + (size_t)k * 16);
+#pragma GCC unroll 12
     for (int r = 0; r < R; r++) {
       __m512 v = _mm512_set1_ps(x[(size_t)r * IN + k]);
 #pragma GCC unroll 8
       for (int i = 0; i < P; i++) a[r][i] = _mm512_fmadd_ps(v, w[i], a[r][i]);
     }
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 12
   for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
-    for (int i = 0; i < P; i++) _mm512_storeu_ps(acc + (size_t)(r * P + i) * 16, a[r][i]);
+    for (int i = 0; i < P; i++) {
+      float *o = out + (size_t)r * OUT + c0 + 16 * i;
+      const float *bi = bias ? bias + c0 + 16 * i : NULL;
+      if (km[i] == 0xFFFF)
+        _mm512_storeu_ps(o, lp_fin512(a[r][i], o, bi, 0xFFFF, beta));
+      else if (km[i])
+        _mm512_mask_storeu_ps(o, km[i], lp_fin512(a[r][i], o, bi, km[i], beta));
+    }
 }
 
+#define LP_CASE(r, p)                                                                              \
+  case r:                                                                                          \
+    if (np == p)                                                                                   \
+      lp_tile512(o, x, b, bias, IN, OUT, c0, km, beta, r, p, 1);                                   \
+    else                                                                                           \
+      lp_tile512(o, x, b, bias, IN, OUT, c0, km, beta, r, p, 0);                                   \
+    break
 LF_AVX512 static void lp_avx512(float *out, const float *inp, const float *pk, const float *bias,
                                 int M, int IN, int OUT, int j0, int j1, float beta) {
-  int p1 = (j1 + 15) / 16, P = M == 1 ? 8 : 4;
-  float acc[LP_R * 8 * 16];
+  int p1 = (j1 + 15) / 16, P = M == 1 ? 8 : M <= 4 ? 4 : 2;
+  int nb = (M + 11) / 12; /* row tiles of up to 12 rows, the first ones full */
   /* panels outer: a group's panels (P * IN * 64 bytes) stay in L1 or L2 for all the rows */
   for (int p = j0 / 16; p < p1; p += P) {
-    int np = p1 - p < P ? p1 - p : P;
+    int np = p1 - p < P ? p1 - p : P, c0 = p * 16;
     const float *b[8];
-    for (int i = 0; i < 8; i++) b[i] = pk + (size_t)(p + (i < np ? i : np - 1)) * 16 * IN;
-    for (int m = 0; m < M; m += LP_R) {
-      int R = M - m < LP_R ? M - m : LP_R;
+    __mmask16 km[8];
+    for (int i = 0; i < 8; i++) {
+      int s = c0 + 16 * i, lo = j0 > s ? j0 - s : 0, hi = j1 - s < 16 ? j1 - s : 16;
+      b[i] = pk + (size_t)(p + (i < np ? i : np - 1)) * 16 * IN;
+      km[i] = i < np && hi > lo ? (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1)) : 0;
+    }
+    for (int m = 0, t = 0; t < nb; t++) {
+      int R = M - m < 12 ? M - m : 12;
       const float *x = inp + (size_t)m * IN;
-      switch (M == 1 ? 0 : R) {
-      case 0: lp_tile512(acc, x, b, IN, 1, 8); break;
-      case 1: lp_tile512(acc, x, b, IN, 1, 4); break;
-      case 2: lp_tile512(acc, x, b, IN, 2, 4); break;
-      case 3: lp_tile512(acc, x, b, IN, 3, 4); break;
-      default: lp_tile512(acc, x, b, IN, 4, 4); break;
-      }
-      for (int r = 0; r < R; r++)
-        lp_store(out + (size_t)(m + r) * OUT, acc + (size_t)r * P * 16, bias, p, np, j0, j1, beta);
+      float *o = out + (size_t)m * OUT;
+      if (P == 8) switch (1) {
+          LP_CASE(1, 8);
+        }
+      else if (P == 4)
+        switch (R) {
+          LP_CASE(1, 4);
+          LP_CASE(2, 4);
+          LP_CASE(3, 4);
+        default: LP_CASE(4, 4);
+        }
+      else
+        switch (R) {
+          LP_CASE(1, 2);
+          LP_CASE(2, 2);
+          LP_CASE(3, 2);
+          LP_CASE(4, 2);
+          LP_CASE(5, 2);
+          LP_CASE(6, 2);
+          LP_CASE(7, 2);
+          LP_CASE(8, 2);
+          LP_CASE(9, 2);
+          LP_CASE(10, 2);
+          LP_CASE(11, 2);
+        default: LP_CASE(12, 2);
+        }
+      m += R;
     }
   }
 }
+#undef LP_CASE
 #endif
 
 void linear_lanes_packed(float *out, const float *inp, const float *panels, const float *bias,

@@ -284,15 +284,17 @@ int sampler_pick(float *logits, int V, const struct sampler_opts *o, struct rng 
   /* logits: [V]; the passes over it are softmax.c's (one arithmetic on every instruction set) */
   float mx = smx_max(logits, V);
   if (o->temperature <= 0.0f) {
-    *logp = -(float)log(smx_exp_sum(logits, V, 1.0f, mx, NULL));
+    *logp = -(float)log(smx_exp_sum(logits, V, 1.0f, mx, NULL, NULL));
     return smx_argmax(logits, V, mx);
   }
   float inv_t = 1.0f / o->temperature, zmax = mx * inv_t;
-  double sum = smx_exp_sum(logits, V, inv_t, zmax, scratch_p);
+  int whole = o->top_p >= 1.0f; /* no nucleus: the row's e_j need not be written */
+  double sum =
+      smx_exp_sum(logits, V, inv_t, zmax, whole ? NULL : scratch_p, whole ? scratch_p : NULL);
   float lse = zmax + (float)log(sum);
   int pick = -1;
-  if (o->top_p >= 1.0f) {
-    pick = smx_draw(scratch_p, V, rng_float(r) * sum);
+  if (whole) {
+    pick = smx_draw_chunks(logits, V, inv_t, zmax, scratch_p, rng_float(r) * sum);
   } else {
     /* nucleus: a token whose probability is below (1 - top_p) / (V - 1) can never be inside it */
     float cutoff = V > 1 ? (float)((1.0 - o->top_p) / (V - 1) * sum) : 0.0f;
@@ -322,7 +324,7 @@ void sampler_top(const float *logits, int V, float temperature, int k, int *ids,
   float mx = smx_max(logits, V);
   int greedy = temperature <= 0.0f;
   float inv_t = greedy ? 1.0f : 1.0f / temperature, zmax = mx * inv_t;
-  double sum = smx_exp_sum(logits, V, inv_t, zmax, NULL);
+  double sum = smx_exp_sum(logits, V, inv_t, zmax, NULL, NULL);
   float lse = greedy ? (float)log(sum) : zmax + (float)log(sum);
   if (k > V) k = V;
   smx_top(logits, V, inv_t, greedy ? mx : 0.0f, lse, k, ids, logp);

@@ -50,7 +50,7 @@ SIMD_INLINE simd_v4 smx_e4(simd_v4 x, float scale, float sub, const int hw) {
 }
 
 SIMD_INLINE double exp_sum_gen(const float *x, int V, float scale, float sub, float *p,
-                               const int hw) {
+                               float *chunks, const int hw) {
   double sum = 0;
   for (int j = 0; j < V; j += SMX_CHUNK) {
     int end = V - j < SMX_CHUNK ? V : j + SMX_CHUNK;
@@ -64,7 +64,9 @@ SIMD_INLINE double exp_sum_gen(const float *x, int V, float scale, float sub, fl
       if (p) simd_store_n(p + k, e, n);
       acc = simd_add(acc, e);
     }
-    sum += simd_tree(acc);
+    float cs = simd_tree(acc);
+    if (chunks) chunks[j / SMX_CHUNK] = cs;
+    sum += cs;
   }
   return sum;
 }
@@ -149,7 +151,7 @@ SIMD_INLINE void top_gen(const float *x, int V, float scale, float sub, float ls
 
 struct smx_form {
   float (*max)(const float *, int);
-  double (*exp_sum)(const float *, int, float, float, float *);
+  double (*exp_sum)(const float *, int, float, float, float *, float *);
   int (*draw)(const float *, int, double);
   int (*at_least)(const float *, int, float, int *);
   void (*top)(const float *, int, float, float, float, int, int *, float *);
@@ -159,8 +161,9 @@ struct smx_form {
   attr static float max_##name(const float *x, int V) {                                            \
     return max_gen(x, V);                                                                          \
   }                                                                                                \
-  attr static double exp_sum_##name(const float *x, int V, float scale, float sub, float *p) {     \
-    return exp_sum_gen(x, V, scale, sub, p, hw);                                                   \
+  attr static double exp_sum_##name(const float *x, int V, float scale, float sub, float *p,       \
+                                    float *chunks) {                                               \
+    return exp_sum_gen(x, V, scale, sub, p, chunks, hw);                                           \
   }                                                                                                \
   attr static int draw_##name(const float *p, int V, double u) {                                   \
     return draw_gen(p, V, u);                                                                      \
@@ -184,8 +187,8 @@ SMX_FORM(avx2, __attribute__((target("avx2,fma"))), 1)
 #ifdef SMX_X86
 /* AVX-512: e_j as smx_e4 computes it (simd_exp512: simd_exp4's bits), 16 lanes in one
  * register; the sums as exp_sum_gen's. */
-__attribute__((target("avx512f"))) static double exp_sum_avx512(const float *x, int V, float scale,
-                                                                float sub, float *p) {
+__attribute__((target("avx512f"))) static double
+exp_sum_avx512(const float *x, int V, float scale, float sub, float *p, float *chunks) {
   const __m512 sc = _mm512_set1_ps(scale), sb = _mm512_set1_ps(sub), lo = _mm512_set1_ps(-87.3f);
   double sum = 0;
   for (int j = 0; j < V; j += SMX_CHUNK) {
@@ -201,7 +204,9 @@ __attribute__((target("avx512f"))) static double exp_sum_avx512(const float *x, 
     }
     float lanes[16];
     _mm512_storeu_ps(lanes, acc);
-    sum += simd_tree(simd_load(lanes));
+    float cs = simd_tree(simd_load(lanes));
+    if (chunks) chunks[j / SMX_CHUNK] = cs;
+    sum += cs;
   }
   return sum;
 }
@@ -230,12 +235,33 @@ int smx_argmax(const float *x, int V, float mx) {
   return 0;
 }
 
-double smx_exp_sum(const float *x, int V, float scale, float sub, float *p) {
-  return form()->exp_sum(x, V, scale, sub, p);
+double smx_exp_sum(const float *x, int V, float scale, float sub, float *p, float *chunks) {
+  return form()->exp_sum(x, V, scale, sub, p, chunks);
 }
 
 int smx_draw(const float *p, int V, double u) {
   return form()->draw(p, V, u);
+}
+
+int smx_draw_chunks(const float *x, int V, float scale, float sub, const float *chunks, double u) {
+  const struct smx_form *f = form();
+  double c = 0;
+  for (int j = 0; j < V; j += SMX_CHUNK) {
+    float s = chunks[j / SMX_CHUNK];
+    if (u < c + s) { /* this chunk's e_j again (each depends on x[j] alone), then draw_gen's walk */
+      int end = V - j < SMX_CHUNK ? V : j + SMX_CHUNK, last = -1;
+      float p[SMX_CHUNK];
+      f->exp_sum(x + j, end - j, scale, sub, p, NULL);
+      for (int k = j; k < end; k++) {
+        c += p[k - j];
+        if (p[k - j] > 0) last = k;
+        if (u < c) return k;
+      }
+      return last;
+    }
+    c += s;
+  }
+  return -1;
 }
 
 int smx_at_least(const float *p, int V, float cutoff, int *idx) {

@@ -19,13 +19,17 @@ float smx_max(const float *x, int V);
 /* The lowest j with x[j] == mx (mx from smx_max), or 0 when there is none. */
 int smx_argmax(const float *x, int V, float mx);
 /* The sum of e_j over the row (above) with z_j = x[j] * scale - sub; with p, stores e_j into
- * p[j]. */
-double smx_exp_sum(const float *x, int V, float scale, float sub, float *p);
+ * p[j]; with chunks, each chunk's sum (as added) into chunks[j / SMX_CHUNK]. */
+double smx_exp_sum(const float *x, int V, float scale, float sub, float *p, float *chunks);
 /* The draw from p[V] (smx_exp_sum's e_j) with u in [0, its sum): the running sum walks the chunks'
  * sums (as smx_exp_sum added them) to the chunk where it passes u, then that chunk's p[j] one by
  * one in double; the first j where it exceeds u (a j with p[j] > 0). When rounding leaves u past
  * the chunk's own sum, its last j with p[j] > 0; -1 when no chunk's sum passes u. */
 int smx_draw(const float *p, int V, double u);
+/* smx_draw's result without p: from the chunks' sums that smx_exp_sum(x, V, scale, sub, ...)
+ * stored, recomputing only the e_j of the chunk where the running sum passes u (the same bits),
+ * so the exponentials' pass need not write the row. */
+int smx_draw_chunks(const float *x, int V, float scale, float sub, const float *chunks, double u);
 /* Appends to idx, in increasing j, every j with p[j] >= cutoff; returns how many. */
 int smx_at_least(const float *p, int V, float cutoff, int *idx);
 /* The nucleus of p[V] among its candidates idx[n] (ids whose p could be in it, as smx_at_least

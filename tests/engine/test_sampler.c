@@ -990,7 +990,8 @@ static void fill_row(float *x, int V, int kind, struct rng *r) {
 }
 
 /* Every instruction set's sampler_pick and sampler_top give the reference's bits: the token, its
- * log-prob, every e_j it drew from (its scratch_p), the listed ids and log-probs, over row lengths
+ * log-prob, every e_j it draws from (smx_exp_sum's), the draw from the chunks' sums equal to the
+ * draw from the row for many u, the listed ids and log-probs, over row lengths
  * around the 16 lanes and the 256-id chunks; top_p < 1 agrees across instruction sets; a masked id
  * (-INFINITY) is never drawn, and the softmax's sum is within 1e-5 of the float64 one. */
 static void test_passes_bits(void) {
@@ -998,6 +999,7 @@ static void test_passes_bits(void) {
   static const int lens[] = {1, 5, 16, 17, 255, 256, 257, 1000, 4099};
   static const float temps[NT] = {0.0f, 0.3f, 1.0f, 1.7f, 1.0f};
   static float x[VMAX], copy[VMAX], sp[VMAX], lps[SAMPLER_TOP_MAX], rlps[SAMPLER_TOP_MAX];
+  static float chunk_sums[(VMAX + SMX_CHUNK - 1) / SMX_CHUNK];
   static int idx[VMAX], ids[SAMPLER_TOP_MAX], rids[SAMPLER_TOP_MAX];
   int isas[4], n_isa = isa_list(isas), compared = 0, bad = 0, masked = 0, nucleus_bad = 0,
                nucleus_rows = 0;
@@ -1048,8 +1050,21 @@ static void test_passes_bits(void) {
               bad += tok != first || memcmp(&lp, &first_lp, sizeof lp);
               continue;
             }
-            int ok = tok == want && !memcmp(&lp, &want_lp, sizeof lp) &&
-                     (temps[ti] <= 0.0f || !memcmp(sp, ref_p, sizeof(float) * (size_t)V)) &&
+            int e_ok = 1; /* the e_j the draw walks (sampler_pick no longer writes them) */
+            if (temps[ti] > 0.0f) {
+              float inv_t = 1.0f / temps[ti], zmax = smx_max(x, V) * inv_t;
+              double sum = smx_exp_sum(x, V, inv_t, zmax, sp, chunk_sums);
+              e_ok = !memcmp(sp, ref_p, sizeof(float) * (size_t)V);
+              /* the draw from the chunks' sums is the draw from the row, for any u: a grid, the
+               * chunks' own boundaries and the end */
+              double c = 0;
+              for (int q = 0; q <= 40 && sum > 0; q++) {
+                double u = q < 20 ? sum * q / 20.0 : q < 40 ? c : sum * (1 - 1e-12);
+                if (q >= 20 && q < 40 && (q - 20) * SMX_CHUNK < V) c += chunk_sums[q - 20];
+                e_ok &= smx_draw(sp, V, u) == smx_draw_chunks(x, V, inv_t, zmax, chunk_sums, u);
+              }
+            }
+            int ok = tok == want && !memcmp(&lp, &want_lp, sizeof lp) && e_ok &&
                      !memcmp(ids, rids, sizeof(int) * (size_t)k) &&
                      !memcmp(lps, rlps, sizeof(float) * (size_t)k);
             if (!ok && bad++ < 5)
