@@ -409,6 +409,7 @@ static int bench_gen(struct bench *b, int n, uint64_t seed, double *secs, struct
 struct split_args {
   const struct model *m;
   const float *x;
+  const float *pk;   /* NULL, or the head packed as decoding packs it (--pack on, small model) */
   float *logits, *p; /* [n, V]; per thread [V] */
   int *idx;          /* per thread [V] */
   int n, V, head;    /* head: the LM head, else sampling */
@@ -424,7 +425,9 @@ static void split_task(void *ctx, int ti, int nt) {
     int cols = LINEAR_FEW_COLS;
     pool_split((a->V + cols - 1) / cols, ti, nt, &lo, &hi);
     lo *= cols, hi = hi * cols < a->V ? hi * cols : a->V;
-    if (a->m->w.lm_head16)
+    if (a->pk)
+      linear_lanes_packed(a->logits, a->x, a->pk, NULL, a->n, C, a->V, lo, hi, 0.0f);
+    else if (a->m->w.lm_head16)
       linear_lanes_bf16(a->logits, a->x, a->m->w.lm_head16, NULL, a->n, C, a->V, lo, hi, 0.0f);
     else
       linear_lanes(a->logits, a->x, a->m->w.lm_head, NULL, a->n, C, a->V, lo, hi, 0.0f);
@@ -452,12 +455,18 @@ static int gen_split(struct bench *b, int n, int reps, double *head, double *pic
   a.p = malloc(sizeof(float) * (size_t)nt * V);
   a.idx = malloc(sizeof(int) * (size_t)nt * V);
   a.rngs = malloc(sizeof(struct rng) * (size_t)n);
+  float *pk = NULL; /* decoding's packed copy of the head (gen_state_set_pack) */
+  if (g_pack && gen_pack_bytes(&b->m->cfg))
+    pk = malloc(sizeof(float) * linear_lanes_panel_floats(C, V));
   double th[64], tp[64];
   int rc = 0;
-  if (!x || !a.logits || !a.p || !a.idx || !a.rngs) {
+  if (!x || !a.logits || !a.p || !a.idx || !a.rngs ||
+      (g_pack && gen_pack_bytes(&b->m->cfg) && !pk)) {
     rc = dapo_errf(e, DAPO_ENOMEM, "out of memory");
     goto out;
   }
+  if (pk) linear_lanes_pack(pk, b->m->w.lm_head, b->m->w.lm_head16, C, V);
+  a.pk = pk;
   for (size_t i = 0; i < (size_t)n * C; i++) x[i] = (float)rng_normal(&b->r);
   for (int i = 0; i < n; i++) rng_seed(&a.rngs[i], 7, (uint64_t)i);
   a.x = x;
@@ -476,6 +485,7 @@ static int gen_split(struct bench *b, int n, int reps, double *head, double *pic
   *pick = median(tp, reps);
 out:
   free(x);
+  free(pk);
   free(a.logits);
   free(a.p);
   free(a.idx);
