@@ -211,7 +211,20 @@ exp_sum_avx512(const float *x, int V, float scale, float sub, float *p, float *c
   return sum;
 }
 
-static const struct smx_form form_avx512 = {max_avx2, exp_sum_avx512, draw_avx2, at_least_avx2,
+/* AVX-512: max_gen's maximum, 16 lanes in one register: vmaxps(v, m) is v > m ? v : m lane by
+ * lane (m where either is a NaN or both are zeros), smx_max4's select; then max_gen's order. */
+__attribute__((target("avx512f"))) static float max_avx512(const float *x, int V) {
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  int j = 0;
+  for (; j + 16 <= V; j += 16) m = _mm512_max_ps(_mm512_loadu_ps(x + j), m);
+  float lanes[16], mx = -INFINITY;
+  _mm512_storeu_ps(lanes, m);
+  for (int l = 0; l < 16; l++) mx = lanes[l] > mx ? lanes[l] : mx;
+  for (; j < V; j++) mx = x[j] > mx ? x[j] : mx;
+  return mx;
+}
+
+static const struct smx_form form_avx512 = {max_avx512, exp_sum_avx512, draw_avx2, at_least_avx2,
                                             top_avx2};
 #endif
 
