@@ -170,14 +170,16 @@ static void work_free(struct work *wk) {
   free(wk->x), free(wk->y), free(wk->dy), free(wk->dx), free(wk->xd), free(wk->yd);
 }
 
-/* --lanes: linear_few (16 lanes along k, a reduction tree) against linear_lanes (the outputs in
- * the lanes, one chain each) on this thread alone, float32 weights, GFLOP/s at M = 1, 4, 16, 64
+/* --lanes: linear_lanes_block (the outputs in the lanes: weight rows transposed into a block on
+ * the fly; main's kernel until rows in the lanes) against linear_lanes (the rows in the lanes
+ * from 16 rows on AVX-512, the block otherwise; the same bits) on this thread alone, float32
+ * weights, GFLOP/s at M = 1, 4, 16, 32, 64
  * for Qwen2.5-0.5B's shapes and a small model's LM head with Qwen's vocabulary, in turns (old,
  * new, new, old, ...); the weights cycle over copies of about 256 MB in all, so that they come
  * from memory as in decoding. */
 static void lanes_bench(struct rng *r, int reps) {
   static const int shapes[5][2] = {{896, 896}, {896, 128}, {896, 4864}, {4864, 896}, {128, 151669}};
-  static const int Ms[4] = {1, 4, 16, 64};
+  static const int Ms[5] = {1, 4, 16, 32, 64};
   pool_set_current(NULL);
   printf("one thread; SGEMM 1024^3 %.0f GFLOP/s\n", sgemm_peak(1));
   printf("%-13s %3s %11s %11s %9s\n", "IN x OUT", "M", "old GFLOP/s", "new GFLOP/s", "new/old");
@@ -189,7 +191,7 @@ static void lanes_bench(struct rng *r, int reps) {
     float **w = malloc(sizeof(float *) * (size_t)nmat);
     for (int i = 0; i < nmat; i++) w[i] = rnd(r, nw, 0.03f);
     float *x = rnd(r, (size_t)64 * IN, 1), *y = rnd(r, (size_t)64 * OUT, 1);
-    for (int mi = 0; mi < 4; mi++) {
+    for (int mi = 0; mi < 5; mi++) {
       int M = Ms[mi], at = 0, calls = (int)(2e8 / (2.0 * M * nw)) + 1; /* ~0.2 GFLOP a sample */
       double t[2][64], q[64];
       for (int rep = -1; rep < reps; rep++)
@@ -200,7 +202,7 @@ static void lanes_bench(struct rng *r, int reps) {
             if (k)
               linear_lanes(y, x, w[at], NULL, M, IN, OUT, 0, OUT, 0.0f);
             else
-              linear_few(y, x, w[at], NULL, M, IN, OUT, 0, OUT, 0.0f);
+              linear_lanes_block(y, x, w[at], NULL, NULL, M, IN, OUT, 0, OUT, 0.0f);
           if (rep >= 0) t[k][rep] = (now_s() - t0) / calls;
         }
       for (int i = 0; i < reps; i++) q[i] = t[0][i] / t[1][i];

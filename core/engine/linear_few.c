@@ -19,6 +19,7 @@
 
 #include <stdint.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1198,16 +1199,202 @@ static const struct ll_form *ll_form_now(void) {
   return &forms[lf_form()];
 }
 
+#ifdef LF_X86
+/* ---- rows in the lanes (AVX-512, M >= LR_MIN): no transpose of the weights ------------------ */
+
+/* The same chains as ll_drive (each output fmaf's chain over k in increasing order from +0, then
+ * ll_store's bias and beta), with the input rows in the lanes instead of the outputs: the rows of
+ * inp (64 at a time) are transposed once per call into xt (xt[k * mp + m], by ll_pack512: mp a
+ * multiple of 16, rows past M repeating the last one, never stored), and each weight row is read
+ * in place and in order, one weight broadcast per k against V vectors of 16 rows: tiles of V x J
+ * sums in registers over the whole of IN (V = mp / 16; J weight rows: 6 for 4 vectors, 8 for 3,
+ * 12 for 1 or 2). No weight is transposed (linear_lanes' block costs 64 shuffles per 16 x 16
+ * weights, and its pack from memory did not overlap the tiles' arithmetic: bench/README.md) and
+ * no sum leaves its register before the end of its row. BF16 rows are widened LR_KB k at a time
+ * into a small float32 buffer (a move: the same bits), float32 rows are read where they are.
+ * xt (64 IN floats) is this thread's, kept from call to call (lr_xt). */
+enum { LR_MIN = 16, LR_J = 12, LR_CB = 48, LR_KB = 256, LR_PF = 1024 };
+
+static pthread_key_t lr_key;
+static pthread_once_t lr_once = PTHREAD_ONCE_INIT;
+static _Thread_local struct {
+  float *p;
+  size_t n;
+} lr_ws;
+static void lr_key_new(void) {
+  if (pthread_key_create(&lr_key, free)) lr_key = (pthread_key_t)-1;
+}
+
+/* This thread's buffer of at least n floats (64-byte aligned), freed when the thread ends; NULL
+ * without memory. */
+static float *lr_xt(size_t n) {
+  if (lr_ws.n >= n) return lr_ws.p;
+  pthread_once(&lr_once, lr_key_new);
+  if (lr_key == (pthread_key_t)-1) return NULL;
+  float *p = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+  if (!p) return NULL;
+  free(lr_ws.p);
+  lr_ws.p = p, lr_ws.n = n;
+  pthread_setspecific(lr_key, p);
+  return p;
+}
+
+#define LR_A(v, j) a##v##_##j
+#define LR_DJ(j)                                                                                   \
+  __m512 LR_A(0, j) = z, LR_A(1, j) = z, LR_A(2, j) = z, LR_A(3, j) = z;                           \
+  const size_t oj##j = (size_t)(J > j && j < nj ? j : nj - 1) * IN;                                \
+  const float *wj##j = w
+/* row j's weights for k in [k0, k0 + kc): in place, or widened into cv */
+#define LR_RJ(j)                                                                                   \
+  if (J > j) {                                                                                     \
+    if (bf16) {                                                                                    \
+      float *c = cv + j * LR_KB;                                                                   \
+      for (int k = 0; k < kc; k += 16) {                                                           \
+        int n = kc - k < 16 ? kc - k : 16;                                                         \
+        __mmask16 mk = n < 16 ? (__mmask16)((1u << n) - 1) : (__mmask16)0xffff;                    \
+        _mm512_store_ps(c + k, ll_load512(NULL, w16, oj##j + k0 + k, mk));                         \
+      }                                                                                            \
+      wj##j = c;                                                                                   \
+    } else {                                                                                       \
+      wj##j = w + oj##j + k0;                                                                      \
+    }                                                                                              \
+  }
+#define LR_PJ(j)                                                                                   \
+  if (J > j) _mm_prefetch((const char *)(wj##j + k + LR_PF), _MM_HINT_T0)
+#define LR_FJ(j)                                                                                   \
+  if (J > j) {                                                                                     \
+    __m512 b = _mm512_set1_ps(wj##j[k]);                                                           \
+    LR_A(0, j) = _mm512_fmadd_ps(x0, b, LR_A(0, j));                                               \
+    if (V > 1) LR_A(1, j) = _mm512_fmadd_ps(x1, b, LR_A(1, j));                                    \
+    if (V > 2) LR_A(2, j) = _mm512_fmadd_ps(x2, b, LR_A(2, j));                                    \
+    if (V > 3) LR_A(3, j) = _mm512_fmadd_ps(x3, b, LR_A(3, j));                                    \
+  }
+#define LR_SJ(j)                                                                                   \
+  if (J > j) {                                                                                     \
+    _mm512_store_ps(s + j * 64, LR_A(0, j));                                                       \
+    if (V > 1) _mm512_store_ps(s + j * 64 + 16, LR_A(1, j));                                       \
+    if (V > 2) _mm512_store_ps(s + j * 64 + 32, LR_A(2, j));                                       \
+    if (V > 3) _mm512_store_ps(s + j * 64 + 48, LR_A(3, j));                                       \
+  }
+#define LR_ALL(M)                                                                                  \
+  M(0);                                                                                            \
+  M(1);                                                                                            \
+  M(2);                                                                                            \
+  M(3);                                                                                            \
+  M(4);                                                                                            \
+  M(5);                                                                                            \
+  M(6);                                                                                            \
+  M(7);                                                                                            \
+  M(8);                                                                                            \
+  M(9);                                                                                            \
+  M(10);                                                                                           \
+  M(11)
+/* s[j * 64 + m] (j < nj <= J, m < 16 V): weight row j of w (or w16 when bf16; rows past nj
+ * repeat the last, their sums unused) against the rows xt holds */
+LF_AVX512 static inline __attribute__((always_inline)) void
+lr_tile(float *s, const float *xt, int mp, const float *w, const uint16_t *w16, int IN, int nj,
+        const int V, const int J, const int bf16) {
+  float cv[LR_J * LR_KB] __attribute__((aligned(64)));
+  __m512 z = _mm512_setzero_ps();
+  LR_ALL(LR_DJ);
+  for (int k0 = 0; k0 < IN; k0 += LR_KB) {
+    int kc = IN - k0 < LR_KB ? IN - k0 : LR_KB;
+    LR_ALL(LR_RJ);
+    for (int k = 0; k < kc; k++) {
+      const float *xk = xt + (size_t)(k0 + k) * mp;
+      if (!bf16 && !(k & 15)) {
+        LR_ALL(LR_PJ);
+      }
+      __m512 x0 = _mm512_load_ps(xk), x1 = V > 1 ? _mm512_load_ps(xk + 16) : z;
+      __m512 x2 = V > 2 ? _mm512_load_ps(xk + 32) : z, x3 = V > 3 ? _mm512_load_ps(xk + 48) : z;
+      LR_ALL(LR_FJ);
+    }
+  }
+  LR_ALL(LR_SJ);
+}
+#undef LR_ALL
+#undef LR_SJ
+#undef LR_FJ
+#undef LR_PJ
+#undef LR_RJ
+#undef LR_DJ
+#undef LR_A
+
+#define LR_V(v, j)                                                                                 \
+  case v:                                                                                          \
+    if (w16)                                                                                       \
+      lr_tile(s, xt, mp, NULL, w16, IN, nj, v, j, 1);                                              \
+    else                                                                                           \
+      lr_tile(s, xt, mp, w, NULL, IN, nj, v, j, 0);                                                \
+    return
+LF_AVX512 static void lr_tile_v(float *s, const float *xt, int mp, const float *w,
+                                const uint16_t *w16, int IN, int nj, int V) {
+  switch (V) {
+    LR_V(1, 8);
+    LR_V(2, 12);
+    LR_V(3, 8);
+    LR_V(4, 6);
+  }
+}
+#undef LR_V
+
+/* 0 without memory for xt (nothing written). Columns LR_CB at a time: their tiles' sums
+ * (s[c * 64 + m]) transposed by ll_pack512 into rows (ot[m * LR_CB + c]) for ll_store. */
+LF_AVX512 static int lr_drive(float *out, const float *inp, const float *w, const uint16_t *w16,
+                              const float *bias, int M, int IN, int OUT, int j0, int j1,
+                              float beta) {
+  static const int jv[5] = {0, 8, 12, 8, 6}; /* J by V: LR_CB a multiple of each */
+  float s[LR_CB * 64] __attribute__((aligned(64)));
+  float ot[64 * LR_CB] __attribute__((aligned(64)));
+  float *xt = lr_xt((size_t)64 * IN);
+  if (!xt) return 0;
+  for (int m0 = 0; m0 < M; m0 += 64) {
+    int mr = M - m0 < 64 ? M - m0 : 64, mp = (mr + 15) / 16 * 16, V = mp / 16, J = jv[V];
+    ll_pack512(xt, inp + (size_t)m0 * IN, NULL, IN, 0, mr, 0, IN, mp, 0);
+    for (int jb = j0; jb < j1; jb += LR_CB) {
+      int ncb = j1 - jb < LR_CB ? j1 - jb : LR_CB;
+      for (int c = 0; c < ncb; c += J) {
+        size_t j = (size_t)(jb + c);
+        int nj = ncb - c < J ? ncb - c : J;
+        lr_tile_v(s + c * 64, xt, mp, w16 ? NULL : w + j * IN, w16 ? w16 + j * IN : NULL, IN, nj,
+                  V);
+      }
+      ll_pack512(ot, s, NULL, 64, 0, ncb, 0, mr, LR_CB, 0);
+      for (int m = 0; m < mr; m++)
+        ll_store(out + (size_t)(m0 + m) * OUT + jb, ot + m * LR_CB, bias ? bias + jb : NULL, ncb,
+                 beta);
+    }
+  }
+  return 1;
+}
+#endif
+
+/* linear_lanes' kernel for M rows on this processor: rows in the lanes (lr_drive) on AVX-512 from
+ * LR_MIN rows, else the block (ll_drive) */
+static void ll_any(float *out, const float *inp, const float *w, const uint16_t *w16,
+                   const float *bias, int M, int IN, int OUT, int j0, int j1, float beta) {
+  if (M < 1 || j0 >= j1) return;
+#ifdef LF_X86
+  if (M >= LR_MIN && lf_form() == 3 && lr_drive(out, inp, w, w16, bias, M, IN, OUT, j0, j1, beta))
+    return;
+#endif
+  ll_drive(ll_form_now(), out, inp, w, w16, bias, M, IN, OUT, j0, j1, beta);
+}
+
 void linear_lanes(float *out, const float *inp, const float *w, const float *bias, int M, int IN,
                   int OUT, int j0, int j1, float beta) {
-  if (M < 1 || j0 >= j1) return;
-  ll_drive(ll_form_now(), out, inp, w, NULL, bias, M, IN, OUT, j0, j1, beta);
+  ll_any(out, inp, w, NULL, bias, M, IN, OUT, j0, j1, beta);
 }
 
 void linear_lanes_bf16(float *out, const float *inp, const uint16_t *w, const float *bias, int M,
                        int IN, int OUT, int j0, int j1, float beta) {
+  ll_any(out, inp, NULL, w, bias, M, IN, OUT, j0, j1, beta);
+}
+
+void linear_lanes_block(float *out, const float *inp, const float *w, const uint16_t *w16,
+                        const float *bias, int M, int IN, int OUT, int j0, int j1, float beta) {
   if (M < 1 || j0 >= j1) return;
-  ll_drive(ll_form_now(), out, inp, NULL, w, bias, M, IN, OUT, j0, j1, beta);
+  ll_drive(ll_form_now(), out, inp, w, w16, bias, M, IN, OUT, j0, j1, beta);
 }
 
 /* ---- packed panels (linear_lanes_packed): linear_lanes without the transposes ---------------- */

@@ -278,15 +278,20 @@ static void test_linear_few_bf16(int M, int IN, int OUT) {
  * range and column ranges aligned to LINEAR_FEW_COLS with a partial last one, float32 and BF16
  * weights (the same bits on the float32 of the BF16 weights). And near the double reference. */
 /* variant 0: linear_lanes on wf, 1: linear_lanes_bf16 on w16, 2 and 3: linear_lanes_packed on
- * panels packed from wf (pf) and from w16 (p16) */
+ * panels packed from wf (pf) and from w16 (p16), 4 and 5: linear_lanes_block on wf and w16 (the
+ * block linear_lanes takes below 16 rows or without AVX-512, at every M) */
 static void lanes_call(int variant, float *y, const float *x, const float *wf, const uint16_t *w16,
                        const float *pf, const float *p16, const float *b, int M, int IN, int OUT,
                        int j0, int j1, float beta) {
   if (variant == 0) linear_lanes(y, x, wf, b, M, IN, OUT, j0, j1, beta);
   if (variant == 1) linear_lanes_bf16(y, x, w16, b, M, IN, OUT, j0, j1, beta);
-  if (variant >= 2) linear_lanes_packed(y, x, variant == 2 ? pf : p16, b, M, IN, OUT, j0, j1, beta);
+  if (variant == 2 || variant == 3)
+    linear_lanes_packed(y, x, variant == 2 ? pf : p16, b, M, IN, OUT, j0, j1, beta);
+  if (variant == 4) linear_lanes_block(y, x, wf, NULL, b, M, IN, OUT, j0, j1, beta);
+  if (variant == 5) linear_lanes_block(y, x, NULL, w16, b, M, IN, OUT, j0, j1, beta);
 }
-static const char *const lanes_name[4] = {"", "_bf16", "_packed", "_packed(bf16)"};
+static const char *const lanes_name[6] = {"",       "_bf16",       "_packed", "_packed(bf16)",
+                                          "_block", "_block(bf16)"};
 
 static void test_linear_lanes(int Mmax, int IN, int OUT) {
   size_t n = (size_t)Mmax * OUT;
@@ -318,7 +323,7 @@ static void test_linear_lanes(int Mmax, int IN, int OUT) {
   int isas[4], n_isa = isa_list(isas);
   for (int ii = 0; ii < n_isa; ii++) {
     kernels_force_isa(isas[ii]);
-    for (int bf = 0; bf < 4; bf++)
+    for (int bf = 0; bf < 6; bf++)
       for (int M = 1; M <= Mmax; M++) {
         size_t nm = (size_t)M * OUT;
         memcpy(y, y0, nm * sizeof(float));
@@ -635,7 +640,10 @@ int main(void) {
   test_linear_few_bf16(64, 896, 14);
   test_linear_few_bf16(3, 4864, 7);
   test_linear_few_bf16(5, 4864, 7);
-  test_linear_lanes(70, 37, 53);  /* every M to 70 (6 tiles of 12 rows); odd IN and OUT */
+  test_linear_lanes(70, 37, 53); /* every M to 70 (6 tiles of 12 rows); odd IN and OUT */
+  /* rows in the lanes (AVX-512, 16 rows and more): IN over 256 k (BF16 widened in 2 pieces), OUT
+   * over 2 blocks of 48 columns, 64 rows and a few more */
+  test_linear_lanes(70, 270, 61);
   test_linear_lanes(13, 600, 19); /* IN over 2 blocks of 256 k, with a tail */
   test_linear_lanes(3, 5, 70);
   test_linear_lanes(2, 128, 200); /* a lone row over 13 panels (groups of 8 and 4, partial) */
