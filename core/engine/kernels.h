@@ -119,12 +119,12 @@ void linear_few_bf16(float *out, const float *inp, const uint16_t *w, const floa
  * + (dot + bias)), on the calling thread, w in float32 or (linear_lanes_bf16) BF16 converted
  * exactly. Each dot is ONE chain of fused multiply-adds over k in increasing order from +0, the
  * bits of fmaf's loop, so an element does not depend on M, the column range, the thread or the
- * instruction set (tested against that loop). No reduction: below 16 rows (or without AVX-512)
- * panels of 16 or 32 weight rows are transposed on the fly into a small block on the stack (about
- * 40 KiB), each shared by the M rows; from 16 rows on AVX-512 the rows of inp (64 at a time) are
- * transposed instead, into a buffer of 64 IN floats that the calling thread keeps from call to
- * call (freed when it ends), and the weights are read in place (rows in the lanes). Any [j0, j1)
- * is correct; the kernel works in whole panels from j0, so column ranges aligned to
+ * instruction set (tested against that loop). No reduction: panels of 16 or 32 weight rows are
+ * transposed on the fly into a small block on the stack (about 40 KiB), each shared by the M
+ * rows; except from 16 rows of float32 weights on AVX-512, where the rows of inp (64 at a time)
+ * are transposed instead, into a buffer of 64 IN floats that the calling thread keeps from call
+ * to call (freed when it ends), and the weights are read in place (rows in the lanes). Any
+ * [j0, j1) is correct; the kernel works in whole panels from j0, so column ranges aligned to
  * LINEAR_FEW_COLS (a partial one last) waste nothing. Cannot fail (without memory for the buffer
  * it takes the block). */
 #define LINEAR_FEW_COLS 16

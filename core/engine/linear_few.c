@@ -1210,10 +1210,11 @@ static const struct ll_form *ll_form_now(void) {
  * sums in registers over the whole of IN (V = mp / 16; J weight rows: 6 for 4 vectors, 8 for 3,
  * 12 for 1 or 2). No weight is transposed (linear_lanes' block costs 64 shuffles per 16 x 16
  * weights, and its pack from memory did not overlap the tiles' arithmetic: bench/README.md) and
- * no sum leaves its register before the end of its row. BF16 rows are widened LR_KB k at a time
- * into a small float32 buffer (a move: the same bits), float32 rows are read where they are.
- * xt (64 IN floats) is this thread's, kept from call to call (lr_xt). */
-enum { LR_MIN = 16, LR_J = 12, LR_CB = 48, LR_KB = 256, LR_PF = 1024 };
+ * no sum leaves its register before the end of its row. Float32 weights only: BF16 rows widened
+ * 256 k at a time into a float32 buffer were no faster than the block, which widens them in its
+ * transpose (bench/README.md). xt (64 IN floats) is this thread's, kept from call to call
+ * (lr_xt); LR_PF: floats ahead that each weight row is prefetched (L1). */
+enum { LR_MIN = 16, LR_CB = 48, LR_PF = 1024 };
 
 static pthread_key_t lr_key;
 static pthread_once_t lr_once = PTHREAD_ONCE_INIT;
@@ -1242,23 +1243,8 @@ static float *lr_xt(size_t n) {
 #define LR_A(v, j) a##v##_##j
 #define LR_DJ(j)                                                                                   \
   __m512 LR_A(0, j) = z, LR_A(1, j) = z, LR_A(2, j) = z, LR_A(3, j) = z;                           \
-  const size_t oj##j = (size_t)(J > j && j < nj ? j : nj - 1) * IN;                                \
-  const float *wj##j = w
+  const float *wj##j = w + (size_t)(J > j && j < nj ? j : nj - 1) * IN
 /* row j's weights for k in [k0, k0 + kc): in place, or widened into cv */
-#define LR_RJ(j)                                                                                   \
-  if (J > j) {                                                                                     \
-    if (bf16) {                                                                                    \
-      float *c = cv + j * LR_KB;                                                                   \
-      for (int k = 0; k < kc; k += 16) {                                                           \
-        int n = kc - k < 16 ? kc - k : 16;                                                         \
-        __mmask16 mk = n < 16 ? (__mmask16)((1u << n) - 1) : (__mmask16)0xffff;                    \
-        _mm512_store_ps(c + k, ll_load512(NULL, w16, oj##j + k0 + k, mk));                         \
-      }                                                                                            \
-      wj##j = c;                                                                                   \
-    } else {                                                                                       \
-      wj##j = w + oj##j + k0;                                                                      \
-    }                                                                                              \
-  }
 #define LR_PJ(j)                                                                                   \
   if (J > j) _mm_prefetch((const char *)(wj##j + k + LR_PF), _MM_HINT_T0)
 #define LR_FJ(j)                                                                                   \
@@ -1289,26 +1275,22 @@ static float *lr_xt(size_t n) {
   M(9);                                                                                            \
   M(10);                                                                                           \
   M(11)
-/* s[j * 64 + m] (j < nj <= J, m < 16 V): weight row j of w (or w16 when bf16; rows past nj
- * repeat the last, their sums unused) against the rows xt holds */
-LF_AVX512 static inline __attribute__((always_inline)) void
-lr_tile(float *s, const float *xt, int mp, const float *w, const uint16_t *w16, int IN, int nj,
-        const int V, const int J, const int bf16) {
-  float cv[LR_J * LR_KB] __attribute__((aligned(64)));
+/* s[j * 64 + m] (j < nj <= J, m < 16 V): weight row j of w (rows past nj repeat the last, their
+ * sums unused) against the rows xt holds */
+LF_AVX512 static inline __attribute__((always_inline)) void lr_tile(float *s, const float *xt,
+                                                                    int mp, const float *w, int IN,
+                                                                    int nj, const int V,
+                                                                    const int J) {
   __m512 z = _mm512_setzero_ps();
   LR_ALL(LR_DJ);
-  for (int k0 = 0; k0 < IN; k0 += LR_KB) {
-    int kc = IN - k0 < LR_KB ? IN - k0 : LR_KB;
-    LR_ALL(LR_RJ);
-    for (int k = 0; k < kc; k++) {
-      const float *xk = xt + (size_t)(k0 + k) * mp;
-      if (!bf16 && !(k & 15)) {
-        LR_ALL(LR_PJ);
-      }
-      __m512 x0 = _mm512_load_ps(xk), x1 = V > 1 ? _mm512_load_ps(xk + 16) : z;
-      __m512 x2 = V > 2 ? _mm512_load_ps(xk + 32) : z, x3 = V > 3 ? _mm512_load_ps(xk + 48) : z;
-      LR_ALL(LR_FJ);
+  for (int k = 0; k < IN; k++) {
+    const float *xk = xt + (size_t)k * mp;
+    if (!(k & 15)) {
+      LR_ALL(LR_PJ);
     }
+    __m512 x0 = _mm512_load_ps(xk), x1 = V > 1 ? _mm512_load_ps(xk + 16) : z;
+    __m512 x2 = V > 2 ? _mm512_load_ps(xk + 32) : z, x3 = V > 3 ? _mm512_load_ps(xk + 48) : z;
+    LR_ALL(LR_FJ);
   }
   LR_ALL(LR_SJ);
 }
@@ -1316,19 +1298,13 @@ lr_tile(float *s, const float *xt, int mp, const float *w, const uint16_t *w16, 
 #undef LR_SJ
 #undef LR_FJ
 #undef LR_PJ
-#undef LR_RJ
 #undef LR_DJ
 #undef LR_A
 
 #define LR_V(v, j)                                                                                 \
-  case v:                                                                                          \
-    if (w16)                                                                                       \
-      lr_tile(s, xt, mp, NULL, w16, IN, nj, v, j, 1);                                              \
-    else                                                                                           \
-      lr_tile(s, xt, mp, w, NULL, IN, nj, v, j, 0);                                                \
-    return
-LF_AVX512 static void lr_tile_v(float *s, const float *xt, int mp, const float *w,
-                                const uint16_t *w16, int IN, int nj, int V) {
+  case v: lr_tile(s, xt, mp, w, IN, nj, v, j); return
+LF_AVX512 static void lr_tile_v(float *s, const float *xt, int mp, const float *w, int IN, int nj,
+                                int V) {
   switch (V) {
     LR_V(1, 8);
     LR_V(2, 12);
@@ -1340,9 +1316,8 @@ LF_AVX512 static void lr_tile_v(float *s, const float *xt, int mp, const float *
 
 /* 0 without memory for xt (nothing written). Columns LR_CB at a time: their tiles' sums
  * (s[c * 64 + m]) transposed by ll_pack512 into rows (ot[m * LR_CB + c]) for ll_store. */
-LF_AVX512 static int lr_drive(float *out, const float *inp, const float *w, const uint16_t *w16,
-                              const float *bias, int M, int IN, int OUT, int j0, int j1,
-                              float beta) {
+LF_AVX512 static int lr_drive(float *out, const float *inp, const float *w, const float *bias,
+                              int M, int IN, int OUT, int j0, int j1, float beta) {
   static const int jv[5] = {0, 8, 12, 8, 6}; /* J by V: LR_CB a multiple of each */
   float s[LR_CB * 64] __attribute__((aligned(64)));
   float ot[64 * LR_CB] __attribute__((aligned(64)));
@@ -1356,8 +1331,7 @@ LF_AVX512 static int lr_drive(float *out, const float *inp, const float *w, cons
       for (int c = 0; c < ncb; c += J) {
         size_t j = (size_t)(jb + c);
         int nj = ncb - c < J ? ncb - c : J;
-        lr_tile_v(s + c * 64, xt, mp, w16 ? NULL : w + j * IN, w16 ? w16 + j * IN : NULL, IN, nj,
-                  V);
+        lr_tile_v(s + c * 64, xt, mp, w + j * IN, IN, nj, V);
       }
       ll_pack512(ot, s, NULL, 64, 0, ncb, 0, mr, LR_CB, 0);
       for (int m = 0; m < mr; m++)
@@ -1369,13 +1343,14 @@ LF_AVX512 static int lr_drive(float *out, const float *inp, const float *w, cons
 }
 #endif
 
-/* linear_lanes' kernel for M rows on this processor: rows in the lanes (lr_drive) on AVX-512 from
- * LR_MIN rows, else the block (ll_drive) */
+/* linear_lanes' kernel for M rows on this processor: rows in the lanes (lr_drive) for float32
+ * weights on AVX-512 from LR_MIN rows, else the block (ll_drive) */
 static void ll_any(float *out, const float *inp, const float *w, const uint16_t *w16,
                    const float *bias, int M, int IN, int OUT, int j0, int j1, float beta) {
   if (M < 1 || j0 >= j1) return;
 #ifdef LF_X86
-  if (M >= LR_MIN && lf_form() == 3 && lr_drive(out, inp, w, w16, bias, M, IN, OUT, j0, j1, beta))
+  if (!w16 && M >= LR_MIN && lf_form() == 3 &&
+      lr_drive(out, inp, w, bias, M, IN, OUT, j0, j1, beta))
     return;
 #endif
   ll_drive(ll_form_now(), out, inp, w, w16, bias, M, IN, OUT, j0, j1, beta);

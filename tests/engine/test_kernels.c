@@ -641,8 +641,8 @@ int main(void) {
   test_linear_few_bf16(3, 4864, 7);
   test_linear_few_bf16(5, 4864, 7);
   test_linear_lanes(70, 37, 53); /* every M to 70 (6 tiles of 12 rows); odd IN and OUT */
-  /* rows in the lanes (AVX-512, 16 rows and more): IN over 256 k (BF16 widened in 2 pieces), OUT
-   * over 2 blocks of 48 columns, 64 rows and a few more */
+  /* rows in the lanes (float32 on AVX-512, 16 rows and more): OUT over 2 blocks of 48 columns,
+   * 64 rows and a few more (a second block of 6 rows); the block on the other ISAs and BF16 */
   test_linear_lanes(70, 270, 61);
   test_linear_lanes(13, 600, 19); /* IN over 2 blocks of 256 k, with a tail */
   test_linear_lanes(3, 5, 70);
