@@ -1341,6 +1341,9 @@ LF_AVX512 static int lr_drive(float *out, const float *inp, const float *w, cons
     ll_pack512(xt, inp + (size_t)m0 * IN, NULL, IN, 0, mr, 0, IN, mp, 0);
     for (int jb = j0; jb < j1; jb += LR_CB) {
       int ncb = j1 - jb < LR_CB ? j1 - jb : LR_CB;
+      for (int m = 0; m < mr; m++) /* the block's outputs, while its tiles run */
+        for (int c = 0; c < ncb; c += 16)
+          __builtin_prefetch(out + (size_t)(m0 + m) * OUT + jb + c, 1, 3);
       for (int c = 0; c < ncb; c += J) {
         size_t j = (size_t)(jb + c);
         int nj = ncb - c < J ? ncb - c : J;
