@@ -1200,7 +1200,7 @@ static const struct ll_form *ll_form_now(void) {
 }
 
 #ifdef LF_X86
-/* ---- rows in the lanes (AVX-512, M >= LR_MIN): no transpose of the weights ------------------ */
+/* ---- rows in the lanes (AVX-512, float32, from LR_MIN rows): no transpose of the weights ----- */
 
 /* The same chains as ll_drive (each output fmaf's chain over k in increasing order from +0, then
  * ll_store's bias and beta), with the input rows in the lanes instead of the outputs: the rows of
@@ -1208,7 +1208,7 @@ static const struct ll_form *ll_form_now(void) {
  * multiple of 16, rows past M repeating the last one, never stored), and each weight row is read
  * in place and in order, one weight broadcast per k against V vectors of 16 rows: tiles of V x J
  * sums in registers over the whole of IN (V = mp / 16; J weight rows: 6 for 4 vectors, 8 for 3,
- * 12 for 1 or 2). No weight is transposed (linear_lanes' block costs 64 shuffles per 16 x 16
+ * 12 for 2, 8 for 1). No weight is transposed (linear_lanes' block costs 64 shuffles per 16 x 16
  * weights, and its pack from memory did not overlap the tiles' arithmetic: bench/README.md) and
  * no sum leaves its register before the end of its row. Float32 weights only: BF16 rows widened
  * 256 k at a time into a float32 buffer were no faster than the block, which widens them in its
@@ -1244,7 +1244,7 @@ static float *lr_xt(size_t n) {
 #define LR_DJ(j)                                                                                   \
   __m512 LR_A(0, j) = z, LR_A(1, j) = z, LR_A(2, j) = z, LR_A(3, j) = z;                           \
   const float *wj##j = w + (size_t)(J > j && j < nj ? j : nj - 1) * IN
-/* row j's weights for k in [k0, k0 + kc): in place, or widened into cv */
+/* row j's line LR_PF floats on (every 16 k) */
 #define LR_PJ(j)                                                                                   \
   if (J > j) _mm_prefetch((const char *)(wj##j + k + LR_PF), _MM_HINT_T0)
 #define LR_FJ(j)                                                                                   \
