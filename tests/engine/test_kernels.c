@@ -360,6 +360,40 @@ static void test_linear_lanes(int Mmax, int IN, int OUT) {
       free(p16);
 }
 
+/* linear_lanes on a pool's threads, each its columns ([0, 96) and [96, 200): rows in the lanes
+ * on AVX-512, with the buffer each thread keeps from call to call, grown for a longer IN, freed
+ * when the pool's threads end), the same bits as the whole range on this thread */
+struct lanes_pool_ctx {
+  float *y;
+  const float *x, *w, *b;
+  int M, IN, OUT;
+};
+static void lanes_pool_task(void *ctx, int i, int n) {
+  const struct lanes_pool_ctx *c = ctx;
+  int j0 = i == 0 ? 0 : 96, j1 = i == n - 1 ? c->OUT : 96;
+  linear_lanes(c->y, c->x, c->w, c->b, c->M, c->IN, c->OUT, j0, j1, 0.0f);
+}
+static void test_linear_lanes_pool(void) {
+  struct pool *p = pool_new(2);
+  CHECK_MSG(p != NULL, "pool_new(2)");
+  if (!p) return;
+  for (int IN = 24; IN <= 300; IN += 276) {
+    int M = 64, OUT = 200;
+    float *x = rnd((size_t)M * IN, 1), *w = rnd((size_t)OUT * IN, 0.2f), *b = rnd(OUT, 1);
+    float *want = malloc(sizeof(float) * M * OUT), *y = malloc(sizeof(float) * M * OUT);
+    linear_lanes(want, x, w, b, M, IN, OUT, 0, OUT, 0.0f);
+    for (int rep = 0; rep < 2; rep++) {
+      memset(y, 0xff, sizeof(float) * M * OUT);
+      struct lanes_pool_ctx c = {y, x, w, b, M, IN, OUT};
+      pool_run(p, lanes_pool_task, &c);
+      CHECK_MSG(!memcmp(y, want, sizeof(float) * M * OUT),
+                "linear_lanes on 2 threads differs from one (IN=%d, call %d)", IN, rep);
+    }
+    free(x), free(w), free(b), free(want), free(y);
+  }
+  pool_free(p);
+}
+
 /* max over [rows, C] of |got - want| / sum_k |a[r, k] w[c * wc + k * wk]|, a: [rows, K] */
 static double worst_rel(const float *got, const float *want, const float *a, const float *w,
                         int rows, int C, int K, int wc, int wk) {
@@ -645,6 +679,7 @@ int main(void) {
    * range and [48, 200), over blocks of 48 columns, a partial one last), 64 rows and a few more
    * (a second block of 6 rows, the block's); the block on the other ISAs and BF16 */
   test_linear_lanes(70, 40, 200);
+  test_linear_lanes_pool();
   test_linear_lanes(13, 600, 19); /* IN over 2 blocks of 256 k, with a tail */
   test_linear_lanes(3, 5, 70);
   test_linear_lanes(2, 128, 200); /* a lone row over 13 panels (groups of 8 and 4, partial) */
