@@ -53,7 +53,7 @@ static void emit(json_t *j) {
 }
 
 static struct fwd_batch batch(struct bench *b) {
-  struct fwd_batch fb = {N_SEQ, b->tok, b->off, b->plen, b->trained, NULL};
+  struct fwd_batch fb = {N_SEQ, b->tok, b->off, b->plen, b->trained, NULL, NULL};
   return fb;
 }
 

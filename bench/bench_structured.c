@@ -87,7 +87,7 @@ static void update_cost(const struct model *m, const struct jgrammar *g, struct 
     fprintf(stderr, "update: %s\n", e.msg[0] ? e.msg : "out of memory");
     exit(1);
   }
-  struct fwd_batch b = {n, btok, off, plen, NULL, NULL};
+  struct fwd_batch b = {n, btok, off, plen, NULL, NULL, NULL};
   double a[32], c[32], r[32];
   int kk = reps < 32 ? reps : 32;
   for (int k = 0; k < kk; k++) {

@@ -55,8 +55,26 @@ static void attn_fwd_thread(void *ctx, int ti, int nt) {
     const float *qs = x->a->q + (size_t)r0 * CQ;
     float *os = x->a->att + (size_t)r0 * CQ;
     float *ls = x->a->lse ? x->a->lse + (size_t)r0 * NH : NULL;
+    if (x->s->prefix_of && x->s->prefix_of[i] >= 0) { /* its context gathered: head g alone */
+      size_t n_ctx = (size_t)past + t;
+      float *kc = scr, *vc = scr + n_ctx * HS;
+      block_gather_kv(kc, vc, x->a->k, x->a->v, x->s->row0[x->s->prefix_of[i]], past, r0, t, g, HS,
+                      CKV);
+      attention_forward(os, ls, qs, kc, vc, t, past, g * n_rep, n_rep, 0, HS, CQ, HS, CQ, NH,
+                        scr + 2 * n_ctx * HS);
+      continue;
+    }
     attention_forward(os, ls, qs, x->kc[i], x->vc[i], t, past, g * n_rep, n_rep, g, HS, CQ, CKV, CQ,
                       NH, scr);
+  }
+}
+
+void block_gather_kv(float *kc, float *vc, const float *k, const float *v, int p0, int P, int r0,
+                     int t, int kvh, int HS, int CKV) {
+  for (int j = 0; j < P + t; j++) {
+    size_t src = (size_t)(j < P ? p0 + j : r0 + j - P) * CKV + (size_t)kvh * HS;
+    memcpy(kc + (size_t)j * HS, k + src, sizeof(float) * HS);
+    memcpy(vc + (size_t)j * HS, v + src, sizeof(float) * HS);
   }
 }
 

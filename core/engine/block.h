@@ -37,12 +37,15 @@ void block_qk_finish(const struct model_config *c, const struct layer_views *w, 
                      const int *pos, int N, const struct rope_table *rope);
 
 /* How the packed rows split into sequences. Sequence s owns rows row0[s] .. row0[s]+t_new[s]-1 at
- * positions n_past[s]... With cache_k == NULL (training) n_past must be 0 and the context is the
- * packed k/v rows themselves; otherwise new keys/values are copied into the cache at
+ * positions n_past[s]... With cache_k == NULL (training) the context is the packed k/v rows
+ * themselves: n_past[s] is 0, or s continues a shared prefix (prefix_of[s] = i >= 0, training
+ * only): its context is sequence i's first n_past[s] rows, then its own (gathered per thread into
+ * the scratch, block_gather_kv). Otherwise new keys/values are copied into the cache at
  * [slot[s] * cap_t + n_past[s]] and attention reads the cache. */
 struct block_seqs {
   int n_seq;
   const int *row0, *t_new, *n_past;
+  const int *prefix_of;     /* NULL, or per sequence -1 or the sequence whose prefix it continues */
   const int *pos;           /* [N] position of each row */
   float *cache_k, *cache_v; /* this layer's cache, [slots * cap_t, CKV], or NULL */
   const int *slot;
@@ -62,8 +65,14 @@ int thread_scratch_init(struct thread_scratch *t, size_t stride, struct dapo_err
 int thread_scratch_fit(struct thread_scratch *t, const struct pool *p, struct dapo_err *e);
 void thread_scratch_deinit(struct thread_scratch *t);
 
+/* Head kvh's keys and values of a continuation's context, contiguous ([P + t, HS] each, in kc and
+ * vc): rows p0 .. p0 + P - 1 of k/v [., CKV] (the prefix), then rows r0 .. r0 + t - 1 (its own). */
+void block_gather_kv(float *kc, float *vc, const float *k, const float *v, int p0, int P, int r0,
+                     int t, int kvh, int HS, int CKV);
+
 /* scratch: one slice of scratch_stride floats per thread of the calling thread's pool (pool.h),
- * each at least max over sequences of t_new * (n_past + t_new) floats. */
+ * each at least max over sequences of t_new * (n_past + t_new) floats, and with prefix_of
+ * 2 * (n_past + t_new) * head_dim more for the gathered context. */
 /* out[N,OUT] = inp . W^T (+ bias; beta 1 accumulates into out) for a matrix held in float32 (w)
  * or, in a frozen model, in BF16 (w16, model_freeze_bf16). 0 or DAPO_ENOMEM. */
 int block_linear(float *out, const float *inp, const float *w, const uint16_t *w16,

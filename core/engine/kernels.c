@@ -849,42 +849,47 @@ void attention_forward_ref(float *out, const float *q, const float *k, const flo
 }
 
 void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                        const float *k, const float *v, const float *lse, int T, int h0, int n_rep,
-                        int kvh, int HS, int ldq, int ldkv, int ldo, int NH, float *scratch) {
+                        const float *k, const float *v, const float *lse, int T, int n_past, int h0,
+                        int n_rep, int kvh, int HS, int ldq, int ldkv, int ldo, int NH,
+                        float *scratch) {
+  /* P, dP: [T, n_ctx]; query row i sees context rows 0 .. n_past + i */
+  int n_ctx = n_past + T;
   float scale = 1.0f / sqrtf((float)HS);
   const float *kb = k + (size_t)kvh * HS, *vb = v + (size_t)kvh * HS;
   float *dkb = dk + (size_t)kvh * HS, *dvb = dv + (size_t)kvh * HS;
-  float *P = scratch, *dP = scratch + (size_t)T * T;
+  float *P = scratch, *dP = scratch + (size_t)T * n_ctx;
   for (int r = 0; r < n_rep; r++) {
     int h = h0 + r;
     const float *qh = q + (size_t)h * HS, *doh = dout + (size_t)h * HS;
     float *dqh = dq + (size_t)h * HS;
     /* P = exp(scale * Q K^T - lse), causal */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, HS, scale, qh, ldq, kb, ldkv, 0.0f,
-                P, T);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, n_ctx, HS, scale, qh, ldq, kb, ldkv,
+                0.0f, P, n_ctx);
     for (int i = 0; i < T; i++) {
-      float *p = P + (size_t)i * T;
+      float *p = P + (size_t)i * n_ctx;
       float l = lse[(size_t)i * NH + h];
-      for (int j = 0; j <= i; j++) p[j] = expf(p[j] - l);
-      for (int j = i + 1; j < T; j++) p[j] = 0.0f;
+      int lim = n_past + i + 1;
+      for (int j = 0; j < lim; j++) p[j] = expf(p[j] - l);
+      for (int j = lim; j < n_ctx; j++) p[j] = 0.0f;
     }
     /* dV += P^T dO;  dP = dO V^T */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, HS, T, 1.0f, P, T, doh, ldo, 1.0f, dvb,
-                ldkv);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, HS, 1.0f, doh, ldo, vb, ldkv, 0.0f,
-                dP, T);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n_ctx, HS, T, 1.0f, P, n_ctx, doh, ldo,
+                1.0f, dvb, ldkv);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, n_ctx, HS, 1.0f, doh, ldo, vb, ldkv,
+                0.0f, dP, n_ctx);
     /* dS = P * (dP - rowsum(P * dP)), scaled */
     for (int i = 0; i < T; i++) {
-      float *p = P + (size_t)i * T, *dp = dP + (size_t)i * T;
+      float *p = P + (size_t)i * n_ctx, *dp = dP + (size_t)i * n_ctx;
+      int lim = n_past + i + 1;
       float D = 0;
-      for (int j = 0; j <= i; j++) D += p[j] * dp[j];
-      for (int j = 0; j <= i; j++) p[j] = p[j] * (dp[j] - D) * scale;
+      for (int j = 0; j < lim; j++) D += p[j] * dp[j];
+      for (int j = 0; j < lim; j++) p[j] = p[j] * (dp[j] - D) * scale;
     }
     /* dQ += dS K;  dK += dS^T Q */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, HS, T, 1.0f, P, T, kb, ldkv, 1.0f,
-                dqh, ldq);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, HS, T, 1.0f, P, T, qh, ldq, 1.0f, dkb,
-                ldkv);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, HS, n_ctx, 1.0f, P, n_ctx, kb, ldkv,
+                1.0f, dqh, ldq);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n_ctx, HS, T, 1.0f, P, n_ctx, qh, ldq,
+                1.0f, dkb, ldkv);
   }
 }
 

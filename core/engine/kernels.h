@@ -185,11 +185,14 @@ void attention_forward(float *out, float *lse, const float *q, const float *k, c
 void attention_forward_ref(float *out, const float *q, const float *k, const float *v, int t_new,
                            int n_past, int h0, int n_rep, int kvh, int HS, int ldq, int ldkv,
                            int ldo);
-/* Backward for n_past == 0 (training): recomputes P from q, k and lse. dq/dk/dv accumulate.
- * scratch: 2 * T * T floats. */
+/* Backward of attention_forward (lse saved by it): recomputes P from q, k and lse. T query rows at
+ * positions n_past .. n_past + T - 1 against n_ctx = n_past + T context rows (n_past 0:
+ * training a whole sequence; > 0: rows continuing a shared prefix). dq [T, ldq] and dk/dv
+ * [n_ctx, ldkv] accumulate (the past rows get their share too). scratch: 2 * T * n_ctx floats. */
 void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                        const float *k, const float *v, const float *lse, int T, int h0, int n_rep,
-                        int kvh, int HS, int ldq, int ldkv, int ldo, int NH, float *scratch);
+                        const float *k, const float *v, const float *lse, int T, int n_past, int h0,
+                        int n_rep, int kvh, int HS, int ldq, int ldkv, int ldo, int NH,
+                        float *scratch);
 
 /* For each of R rows of logits [R,V]: z = logits * inv_temp; logp[r] = z[y_r] - logsumexp(z);
  * entropy[r] = H(softmax(z)); then the row is replaced by softmax(z) (saved for the backward).

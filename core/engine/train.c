@@ -24,6 +24,10 @@ struct train_state {
   struct block_acts *acts; /* [L] */
   int *pos;                /* [N] */
   int *row0, *t_new, *n_past;
+  int *prefix_of;      /* [n_seq] the last batch's (-1: whole), when has_prefix */
+  int *roots, n_roots; /* the whole sequences, in order */
+  int *cont_next;      /* per sequence: the next continuation of its root (-1: none) */
+  int has_prefix;
   int *sel_rows;                     /* [R] packed row whose output predicts response token r */
   int *targets;                      /* [R] */
   int *tokens;                       /* [N] copy of the last batch's tokens */
@@ -74,7 +78,9 @@ static void plan(const struct model_config *c, const struct lora_config *lc, int
     p->per_layer += N * (size_t)lc->r * nt;
     p->bwd += N * (size_t)lc->r;
   }
-  p->scratch = 2 * (size_t)T * T; /* per thread, allocated separately */
+  /* per thread, allocated separately: the attention's P and dP, and a continuation's gathered
+   * keys, values and their gradients (block_gather_kv) */
+  p->scratch = 2 * (size_t)T * T + 4 * (size_t)T * c->head_dim;
   p->total = p->res + L * p->per_layer + p->sel + p->probs + p->bwd;
 }
 
@@ -82,7 +88,7 @@ size_t train_state_bytes(const struct model_config *c, const struct lora_config 
                          int cap_resp, int cap_seq_len) {
   struct layout p;
   plan(c, lc, cap_tokens, cap_resp, cap_seq_len, &p);
-  size_t ints = (size_t)cap_tokens * 5 + (size_t)cap_resp * 2;
+  size_t ints = (size_t)cap_tokens * 8 + (size_t)cap_resp * 2;
   return p.total * sizeof(float) + ints * sizeof(int) +
          (size_t)c->num_layers * sizeof(struct block_acts);
 }
@@ -120,7 +126,7 @@ struct train_state *train_state_new(const struct model *m, int cap_tokens, int c
   plan(c, lc, cap_tokens, cap_resp, cap_seq_len, &p);
   s->mem = dapo_alloc_floats(p.total);
   s->acts = calloc((size_t)c->num_layers, sizeof *s->acts);
-  s->pos = calloc((size_t)cap_tokens * 5 + (size_t)cap_resp * 2, sizeof(int));
+  s->pos = calloc((size_t)cap_tokens * 8 + (size_t)cap_resp * 2, sizeof(int));
   if (!s->mem || !s->acts || !s->pos) goto oom;
   if (model_rope_table_init(&s->rope, c)) goto oom;
   s->row0 = s->pos + cap_tokens;
@@ -129,6 +135,9 @@ struct train_state *train_state_new(const struct model *m, int cap_tokens, int c
   s->sel_rows = s->n_past + cap_tokens;
   s->targets = s->sel_rows + cap_resp;
   s->tokens = s->targets + cap_resp;
+  s->prefix_of = s->tokens + cap_tokens;
+  s->roots = s->prefix_of + cap_tokens;
+  s->cont_next = s->roots + cap_tokens;
 
   size_t N = cap_tokens, R = cap_resp, C = c->hidden_size, CQ = (size_t)c->num_heads * c->head_dim,
          CKV = (size_t)c->num_kv_heads * c->head_dim, FF = c->intermediate_size;
@@ -209,12 +218,47 @@ static int is_trained(const struct fwd_batch *b, int n) {
   return !b->trained || b->trained[n];
 }
 
+/* The prefix sequence i continues, or -1. */
+static int prefix(const struct fwd_batch *b, int i) {
+  return b->prefix_of ? b->prefix_of[i] : -1;
+}
+
+/* How many of sequence i's own tokens are prompt: none for a continuation. */
+static int own_prompt(const struct fwd_batch *b, int i) {
+  return prefix(b, i) >= 0 ? 0 : b->prompt_len[i];
+}
+
 int fwd_batch_resp_tokens(const struct fwd_batch *b) {
   int r = 0;
   for (int i = 0; i < b->n_seq; i++)
-    for (int n = b->seq_off[i] + b->prompt_len[i]; n < b->seq_off[i + 1]; n++)
+    for (int n = b->seq_off[i] + own_prompt(b, i); n < b->seq_off[i + 1]; n++)
       r += is_trained(b, n);
   return r;
+}
+
+/* fwd_batch_validate's checks of sequence i's prefix_of entry. */
+static int validate_prefix(const struct train_state *s, const struct fwd_batch *b, int i,
+                           struct dapo_err *e) {
+  int p = prefix(b, i), len = b->seq_off[i + 1] - b->seq_off[i];
+  if (p == -1) return 0;
+  if (p < -1 || p >= i)
+    return dapo_errf(e, DAPO_EINVAL,
+                     "batch: sequence %d: prefix_of %d is neither -1 nor an earlier sequence", i,
+                     p);
+  if (prefix(b, p) != -1)
+    return dapo_errf(e, DAPO_EINVAL,
+                     "batch: sequence %d: prefix_of %d is itself a continuation (of %d)", i, p,
+                     prefix(b, p));
+  if (b->prompt_len[i] < 1 || b->prompt_len[i] > b->prompt_len[p])
+    return dapo_errf(e, DAPO_EINVAL,
+                     "batch: sequence %d: prompt length %d not in [1, %d] (sequence %d's prompt, "
+                     "which it continues)",
+                     i, b->prompt_len[i], b->prompt_len[p], p);
+  if (b->prompt_len[i] + len > s->cap_seq_len)
+    return dapo_errf(e, DAPO_ERANGE,
+                     "batch: sequence %d has length %d with the prefix it continues (capacity %d)",
+                     i, b->prompt_len[i] + len, s->cap_seq_len);
+  return 0;
 }
 
 int fwd_batch_validate(const struct train_state *s, const struct model *m,
@@ -227,15 +271,17 @@ int fwd_batch_validate(const struct train_state *s, const struct model *m,
     if (len < 1 || len > s->cap_seq_len)
       return dapo_errf(e, DAPO_ERANGE, "batch: sequence %d has length %d (capacity %d)", i, len,
                        s->cap_seq_len);
-    if (b->prompt_len[i] < 1 || b->prompt_len[i] > len)
+    if (prefix(b, i) == -1 && (b->prompt_len[i] < 1 || b->prompt_len[i] > len))
       return dapo_errf(e, DAPO_EINVAL, "batch: sequence %d: prompt length %d not in [1, %d]", i,
                        b->prompt_len[i], len);
+    int rc = validate_prefix(s, b, i, e);
+    if (rc) return rc;
     if (b->seq_off[i + 1] > s->cap_tokens)
       return dapo_errf(e, DAPO_ERANGE, "batch: %d tokens exceed the capacity %d", b->seq_off[i + 1],
                        s->cap_tokens);
     for (int t = 0; b->trained && t < len; t++) {
       unsigned char f = b->trained[b->seq_off[i] + t];
-      if (f > 1 || (f && t < b->prompt_len[i]))
+      if (f > 1 || (f && t < own_prompt(b, i)))
         return dapo_errf(e, DAPO_EINVAL,
                          "batch: sequence %d: token %d's trained flag is %d (0 or 1, 0 in the "
                          "prompt)",
@@ -270,17 +316,30 @@ static int forward(struct train_state *s, const struct model *m, const struct fw
   int C = c->hidden_size, V = model_vocab_used(c), N = b->seq_off[b->n_seq];
   s->have_fwd = 0;
 
-  /* sequence layout, positions, response rows and targets */
+  /* sequence layout, positions, response rows and targets; a continuation's rows sit at
+   * positions P.. after its prefix's P rows, and its first token is predicted from row P - 1 */
   int R = 0;
+  s->has_prefix = b->prefix_of != NULL;
+  s->n_roots = 0;
   for (int i = 0; i < b->n_seq; i++) {
-    int r0 = b->seq_off[i], len = b->seq_off[i + 1] - r0;
+    int r0 = b->seq_off[i], len = b->seq_off[i + 1] - r0, p = prefix(b, i);
+    int past = p >= 0 ? b->prompt_len[i] : 0;
     s->row0[i] = r0;
     s->t_new[i] = len;
-    s->n_past[i] = 0;
-    for (int t = 0; t < len; t++) s->pos[r0 + t] = t;
-    for (int t = b->prompt_len[i]; t < len; t++) {
+    s->n_past[i] = past;
+    s->prefix_of[i] = p;
+    s->cont_next[i] = -1;
+    if (p < 0)
+      s->roots[s->n_roots++] = i;
+    else { /* appended to its root's chain of continuations */
+      int k = p;
+      while (s->cont_next[k] >= 0) k = s->cont_next[k];
+      s->cont_next[k] = i;
+    }
+    for (int t = 0; t < len; t++) s->pos[r0 + t] = past + t;
+    for (int t = own_prompt(b, i); t < len; t++) {
       if (!is_trained(b, r0 + t)) continue;
-      s->sel_rows[R] = r0 + t - 1;
+      s->sel_rows[R] = t > 0 ? r0 + t - 1 : s->row0[p] + past - 1;
       s->targets[R] = b->tokens[r0 + t];
       R++;
     }
@@ -289,8 +348,12 @@ static int forward(struct train_state *s, const struct model *m, const struct fw
   /* embeddings */
   for (int n = 0; n < N; n++) block_embed(m, b->tokens[n], s->res + (size_t)n * C);
 
-  struct block_seqs bs = {
-      .n_seq = b->n_seq, .row0 = s->row0, .t_new = s->t_new, .n_past = s->n_past, .pos = s->pos};
+  struct block_seqs bs = {.n_seq = b->n_seq,
+                          .row0 = s->row0,
+                          .t_new = s->t_new,
+                          .n_past = s->n_past,
+                          .prefix_of = s->has_prefix ? s->prefix_of : NULL,
+                          .pos = s->pos};
   for (int l = 0; l < c->num_layers; l++)
     rc |= block_forward(m, l, &s->acts[l], &bs, N, &s->rope, s->scr.buf, s->scr.stride);
 
@@ -332,8 +395,10 @@ int train_logprobs(struct train_state *s, const struct model *m, const struct fw
   return forward(s, m, b, inv_temp, logp, NULL, 0, e);
 }
 
-/* Attention backward of every (sequence, KV head) pair over the pool, interleaved, each thread
- * with its own scratch; the pairs write disjoint slices of dq, dk and dv. */
+/* Attention backward of every (whole sequence, KV head) pair over the pool, interleaved, each
+ * thread with its own scratch; a whole sequence's task also does the sequences continuing its
+ * prefix, after it (they add into its rows' dk and dv), so the tasks write disjoint slices of dq,
+ * dk and dv. */
 struct attn_bwd_args {
   struct train_state *s;
   const struct block_acts *a;
@@ -346,12 +411,32 @@ static void attn_bwd_thread(void *ctx, int ti, int nt) {
   const struct block_acts *a = x->a;
   float *scr = s->scr.buf + (size_t)ti * s->scr.stride;
   int CQ = x->CQ, CKV = x->CKV, NH = x->NH;
-  for (int task = ti; task < s->n_seq * x->NKV; task += nt) {
-    int i = task / x->NKV, kv = task % x->NKV;
+  int HS = x->HS;
+  for (int task = ti; task < s->n_roots * x->NKV; task += nt) {
+    int i = s->roots[task / x->NKV], kv = task % x->NKV;
     size_t r0 = s->row0[i];
     attention_backward(s->dq + r0 * CQ, s->dk + r0 * CKV, s->dv + r0 * CKV, s->datt + r0 * CQ,
                        a->q + r0 * CQ, a->k + r0 * CKV, a->v + r0 * CKV, a->lse + r0 * NH,
-                       s->t_new[i], kv * x->n_rep, x->n_rep, kv, x->HS, CQ, CKV, CQ, NH, scr);
+                       s->t_new[i], 0, kv * x->n_rep, x->n_rep, kv, HS, CQ, CKV, CQ, NH, scr);
+    for (int j = s->cont_next[i]; j >= 0; j = s->cont_next[j]) {
+      /* its context (i's first P rows, then its own) gathered, the gradients of it scattered back
+       */
+      int P = s->n_past[j], t = s->t_new[j], rj = s->row0[j];
+      size_t n_ctx = (size_t)P + t;
+      float *kc = scr, *vc = kc + n_ctx * HS, *dkc = vc + n_ctx * HS, *dvc = dkc + n_ctx * HS;
+      block_gather_kv(kc, vc, a->k, a->v, (int)r0, P, rj, t, kv, HS, CKV);
+      memset(dkc, 0, sizeof(float) * 2 * n_ctx * HS);
+      attention_backward(s->dq + (size_t)rj * CQ, dkc, dvc, s->datt + (size_t)rj * CQ,
+                         a->q + (size_t)rj * CQ, kc, vc, a->lse + (size_t)rj * NH, t, P,
+                         kv * x->n_rep, x->n_rep, 0, HS, CQ, HS, CQ, NH, dvc + n_ctx * HS);
+      for (size_t c = 0; c < n_ctx; c++) {
+        size_t row = c < (size_t)P ? r0 + c : rj + c - P, o = row * CKV + (size_t)kv * HS;
+        for (int d = 0; d < HS; d++) {
+          s->dk[o + d] += dkc[c * HS + d];
+          s->dv[o + d] += dvc[c * HS + d];
+        }
+      }
+    }
   }
 }
 
@@ -453,7 +538,7 @@ int train_backward(struct train_state *s, struct model *m, const float *dlogp, s
     memset(s->dk, 0, sizeof(float) * (size_t)N * CKV);
     memset(s->dv, 0, sizeof(float) * (size_t)N * CKV);
     struct attn_bwd_args ab = {s, a, NKV, n_rep, HS, CQ, CKV, NH};
-    if (s->pool && pool_threads(s->pool) > 1 && s->n_seq * NKV > 1)
+    if (s->pool && pool_threads(s->pool) > 1 && s->n_roots * NKV > 1)
       pool_run(s->pool, attn_bwd_thread, &ab);
     else
       attn_bwd_thread(&ab, 0, 1);

@@ -31,7 +31,19 @@
  * j / 64 allows id j; V = model_vocab_used). The logits of the other ids are -INFINITY after the
  * temperature and before the log-softmax, as the sampler divides by the temperature and masks:
  * log-probs and entropy are the constrained distribution's, the probabilities outside the set
- * exactly 0 and so the gradient of their logits. Each row must allow its own target. */
+ * exactly 0 and so the gradient of their logits. Each row must allow its own target.
+ *
+ * prefix_of (NULL: every sequence whole) lets a sequence continue an earlier one's prompt without
+ * holding it again (a DPO pair's two responses to one prompt): prefix_of[j] is -1 (sequence j is
+ * whole, as above) or i, 0 <= i < j, with prefix_of[i] == -1: then j's first P = prompt_len[j]
+ * tokens are i's first P tokens (1 <= P <= prompt_len[i]), not stored, and j's own tokens
+ * tokens[seq_off[j] .. seq_off[j+1]) (at least one) are all response, at positions P, P + 1...
+ * Its first response token is predicted from i's row P - 1; its rows attend to i's first P rows
+ * and then causally to its own. The log-probs and gradients are those of the batch with j's
+ * prompt packed in full (up to float rounding: the shared rows' gradients are summed once), for
+ * the prompt's rows passing through the model once. trained and allowed number j's response
+ * tokens as any other's; a continuation's length P + its own tokens counts against the state's
+ * sequence capacity. */
 struct fwd_batch {
   int n_seq;
   const int *tokens;
@@ -39,6 +51,7 @@ struct fwd_batch {
   const int *prompt_len;        /* n_seq entries */
   const unsigned char *trained; /* NULL, or seq_off[n_seq] entries of 0 or 1 */
   const uint64_t *allowed;      /* NULL, or a bitset row per trained response token */
+  const int *prefix_of;         /* NULL, or n_seq entries: -1 or an earlier whole sequence */
 };
 
 struct train_state;
@@ -67,7 +80,8 @@ int fwd_batch_resp_tokens(const struct fwd_batch *b);
 
 /* Checks b against the model and the state's capacities (token ids in range, offsets
  * increasing, prompt_len in [1, length], positions < max_position_embeddings, trained entries 0
- * or 1 and 0 in the prompts). */
+ * or 1 and 0 in the prompts, prefix_of -1 or an earlier whole sequence whose prompt holds the
+ * continuation's). */
 int fwd_batch_validate(const struct train_state *s, const struct model *m,
                        const struct fwd_batch *b, struct dapo_err *e);
 

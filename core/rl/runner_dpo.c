@@ -113,7 +113,7 @@ static int pass(struct trainer *t, struct model *m, const struct dpo_pair *p, do
       }
       np++;
     }
-    struct fwd_batch b = {ns, t->b_tok, t->b_off, t->b_plen, NULL, NULL};
+    struct fwd_batch b = {ns, t->b_tok, t->b_off, t->b_plen, NULL, NULL, NULL};
     int rc = mode == PASS_TRAIN ? train_forward(t->ts, m, &b, 1.0f, t->sft_logp, NULL, &e)
                                 : train_logprobs(t->ts, m, &b, 1.0f, t->sft_logp, &e);
     if (rc) return trainer_fail_err(t, FAIL_INTERNAL, NULL, &e);

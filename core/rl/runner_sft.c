@@ -125,7 +125,7 @@ static int pass(struct trainer *t, const struct sft_example *x, const int *idx, 
       nt += ex->n;
       t->b_off[++ns] = nt;
     }
-    struct fwd_batch b = {ns, t->b_tok, t->b_off, t->b_plen, t->b_trained, NULL};
+    struct fwd_batch b = {ns, t->b_tok, t->b_off, t->b_plen, t->b_trained, NULL, NULL};
     int R = fwd_batch_resp_tokens(&b);
     if (train_forward(t->ts, t->lm.model, &b, 1.0f, t->sft_logp, NULL, &e) ||
         train_argmax_hits(t->ts, t->sft_hit, &e))

@@ -144,6 +144,68 @@ static void test_attention(int t_new, int n_past, int NH, int NKV, int HS) {
   free(q), free(k), free(v), free(o), free(orf), free(lse), free(scr);
 }
 
+/* The attention's backward against a float64 reference of the same gradient (P recomputed in
+ * double from q and k): dq of the new rows, dk and dv of every context row, the n_past past rows
+ * (a sequence continuing a shared prefix) included; dq/dk/dv accumulate onto what they held. */
+static void test_attention_backward(int t_new, int n_past, int NH, int NKV, int HS) {
+  int n_ctx = n_past + t_new, CQ = NH * HS, CKV = NKV * HS, rep = NH / NKV;
+  size_t nq = (size_t)t_new * CQ, nk = (size_t)n_ctx * CKV;
+  float *q = rnd(nq, 1), *k = rnd(nk, 1), *v = rnd(nk, 1), *dout = rnd(nq, 1);
+  float *dq = rnd(nq, 1), *dk = rnd(nk, 1), *dv = rnd(nk, 1);
+  double *rq = malloc(sizeof(double) * nq), *rk = malloc(sizeof(double) * nk),
+         *rv = malloc(sizeof(double) * nk), *p = malloc(sizeof(double) * n_ctx),
+         *dp = malloc(sizeof(double) * n_ctx);
+  for (size_t i = 0; i < nq; i++) rq[i] = dq[i];
+  for (size_t i = 0; i < nk; i++) rk[i] = dk[i], rv[i] = dv[i];
+  float *o = calloc(nq, sizeof(float)), *lse = calloc((size_t)t_new * NH, sizeof(float));
+  float *scr = calloc(2 * (size_t)t_new * n_ctx, sizeof(float));
+  for (int g = 0; g < NKV; g++) {
+    attention_forward(o, lse, q, k, v, t_new, n_past, g * rep, rep, g, HS, CQ, CKV, CQ, NH, scr);
+    attention_backward(dq, dk, dv, dout, q, k, v, lse, t_new, n_past, g * rep, rep, g, HS, CQ, CKV,
+                       CQ, NH, scr);
+  }
+  double scale = 1.0 / sqrt((double)HS);
+  for (int h = 0; h < NH; h++) {
+    int g = h / rep;
+    for (int i = 0; i < t_new; i++) {
+      int lim = n_past + i + 1;
+      const float *qi = q + (size_t)i * CQ + h * HS, *di = dout + (size_t)i * CQ + h * HS;
+      double mx = -INFINITY, sum = 0, D = 0;
+      for (int j = 0; j < lim; j++) {
+        double sc = 0;
+        for (int d = 0; d < HS; d++) sc += (double)qi[d] * k[(size_t)j * CKV + g * HS + d];
+        p[j] = sc * scale;
+        mx = p[j] > mx ? p[j] : mx;
+      }
+      for (int j = 0; j < lim; j++) sum += (p[j] = exp(p[j] - mx));
+      for (int j = 0; j < lim; j++) {
+        p[j] /= sum;
+        dp[j] = 0;
+        for (int d = 0; d < HS; d++) dp[j] += (double)di[d] * v[(size_t)j * CKV + g * HS + d];
+        D += p[j] * dp[j];
+      }
+      for (int j = 0; j < lim; j++) {
+        double ds = p[j] * (dp[j] - D) * scale;
+        for (int d = 0; d < HS; d++) {
+          size_t kj = (size_t)j * CKV + g * HS + d;
+          rq[(size_t)i * CQ + h * HS + d] += ds * k[kj];
+          rk[kj] += ds * qi[d];
+          rv[kj] += p[j] * di[d];
+        }
+      }
+    }
+  }
+  double wq = 0, wk = 0, wv = 0;
+  for (size_t i = 0; i < nq; i++) wq = fmax(wq, fabs(dq[i] - rq[i]));
+  for (size_t i = 0; i < nk; i++)
+    wk = fmax(wk, fabs(dk[i] - rk[i])), wv = fmax(wv, fabs(dv[i] - rv[i]));
+  CHECK_MSG(wq < 1e-4 && wk < 1e-4 && wv < 1e-4,
+            "attention backward t=%d past=%d: dq %.3g dk %.3g dv %.3g off the float64 reference",
+            t_new, n_past, wq, wk, wv);
+  free(q), free(k), free(v), free(dout), free(dq), free(dk), free(dv), free(rq), free(rk), free(rv);
+  free(p), free(dp), free(o), free(lse), free(scr);
+}
+
 /* Decoding attention (one new row against a cache) on every instruction set: against the
  * reference, and exactly the same bits (output and log-sum-exp) as this CPU's best, whether the
  * head size has an AVX-512 path (multiples of 16 up to 96, and 128) or not. Context lengths cover
@@ -693,9 +755,13 @@ int main(void) {
     test_matmul_bf16(9, 17, 1000, use);
   }
   pool_free(pool);
-  test_attention(9, 0, 4, 2, 8);  /* training prefill, GQA */
-  test_attention(1, 12, 4, 1, 8); /* one decoding step against a cache, MQA */
-  test_attention(3, 5, 6, 6, 4);  /* several new tokens after a cached prefix, MHA */
+  test_attention(9, 0, 4, 2, 8);           /* training prefill, GQA */
+  test_attention(1, 12, 4, 1, 8);          /* one decoding step against a cache, MQA */
+  test_attention(3, 5, 6, 6, 4);           /* several new tokens after a cached prefix, MHA */
+  test_attention_backward(9, 0, 4, 2, 8);  /* a whole sequence, GQA */
+  test_attention_backward(5, 7, 4, 1, 8);  /* continuing a shared prefix, MQA */
+  test_attention_backward(2, 11, 6, 6, 4); /* a short continuation, MHA */
+  test_attention_backward(6, 3, 4, 2, 16); /* the attention forward's t_new > 2 path */
   test_attention_decode(0, 2, 1, 16);
   test_attention_decode(2, 4, 2, 48);
   test_attention_decode(5, 6, 6, 48);

@@ -124,7 +124,7 @@ int main(void) {
   CHECK(ts != NULL);
   float *lp = malloc(sizeof(float) * (size_t)R), *lp_free = malloc(sizeof(float) * (size_t)R);
   float *lp_fwd = malloc(sizeof(float) * (size_t)R), *ent = malloc(sizeof(float) * (size_t)R);
-  struct fwd_batch b = {BATCH, btok, seq_off, plens, NULL, allowed};
+  struct fwd_batch b = {BATCH, btok, seq_off, plens, NULL, allowed, NULL};
   CHECK(train_logprobs(ts, m, &b, 1.0f / temp, lp, &e) == 0);
   struct fwd_batch bu = b;
   bu.allowed = NULL;
