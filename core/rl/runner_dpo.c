@@ -7,7 +7,11 @@
  * Checkpoints, pause and resume as DAPO jobs. Data-parallel over N ranks (docs/SCALE.md) as a
  * supervised job: each rank its share of the step's pairs (of the reference's pass, gathered; of
  * the validation), the mean over the whole step's pairs, gradients and sums summed over the ranks;
- * rank 0 writes the reference's file, and on resume reads it and sends it to the others. */
+ * rank 0 writes the reference's file, and on resume reads it and sends it to the others.
+ *
+ * A pair goes through the model as [prompt, chosen] and [rejected] continuing the first's prompt
+ * (fwd_batch.prefix_of): its prompt's rows once, in every pass (reference, training, validation),
+ * where PyTorch and TRL run the prompt twice. */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -23,9 +27,15 @@
 #define REF_FILE "dpo_reference.bin"
 static const char REF_MAGIC[8] = "DPOREF1";
 
-/* Tokens of pair p through the model: its prompt twice, each response once. */
+/* Whether pair p's rejected sequence continues the chosen one's prompt (not when it has no
+ * token of its own). */
+static int shares_prompt(const struct dpo_pair *p) {
+  return p->n_resp[1] > 0;
+}
+
+/* Tokens of pair p through the model: its prompt once, each response once. */
 static int pair_tokens(const struct dpo_pair *p) {
-  return 2 * p->n_prompt + p->n_resp[0] + p->n_resp[1];
+  return (shares_prompt(p) ? 1 : 2) * p->n_prompt + p->n_resp[0] + p->n_resp[1];
 }
 
 static void longest(const struct dpo_pair *p, int n, int *pair, int *seq) {
@@ -36,7 +46,7 @@ static void longest(const struct dpo_pair *p, int n, int *pair, int *seq) {
   }
 }
 
-/* trainer_demo_load for DPO lines: a pair is packed whole (its prompt twice, each response
+/* trainer_demo_load for DPO lines: a pair is packed whole (its prompt once, each response
  * once); the model sees a prompt and one response at a time. */
 static int dpo_sizes(const char *path, const struct lm *lm, const struct chat_template *chat,
                      int end_id, const struct hparams *hp, int *n, int *seq, int *packed,
@@ -101,19 +111,23 @@ static int pass(struct trainer *t, struct model *m, const struct dpo_pair *p, do
   for (int i = 0; i < n;) {
     int np = 0, ns = 0, nt = 0;
     t->b_off[0] = 0;
+    int64_t counted = 0; /* train/tokens: each pair's prompt twice, as TRL counts them */
     while (i + np < n) {
       const struct dpo_pair *x = &p[idx[i + np]];
       if (np && nt + pair_tokens(x) > t->hp->micro_batch_tokens) break;
-      for (int w = 0; w < 2; w++) {
-        memcpy(t->b_tok + nt, x->prompt, sizeof(int) * (size_t)x->n_prompt);
-        memcpy(t->b_tok + nt + x->n_prompt, x->resp[w], sizeof(int) * (size_t)x->n_resp[w]);
+      for (int w = 0; w < 2; w++) { /* the rejected continues the chosen's prompt */
+        int cont = w && shares_prompt(x), pl = cont ? 0 : x->n_prompt;
+        memcpy(t->b_tok + nt, x->prompt, sizeof(int) * (size_t)pl);
+        memcpy(t->b_tok + nt + pl, x->resp[w], sizeof(int) * (size_t)x->n_resp[w]);
         t->b_plen[ns] = x->n_prompt;
-        nt += x->n_prompt + x->n_resp[w];
+        t->dpo_prefix_of[ns] = cont ? ns - 1 : -1;
+        nt += pl + x->n_resp[w];
         t->b_off[++ns] = nt;
       }
+      counted += 2 * x->n_prompt + x->n_resp[0] + x->n_resp[1];
       np++;
     }
-    struct fwd_batch b = {ns, t->b_tok, t->b_off, t->b_plen, NULL, NULL, NULL};
+    struct fwd_batch b = {ns, t->b_tok, t->b_off, t->b_plen, NULL, NULL, t->dpo_prefix_of};
     int rc = mode == PASS_TRAIN ? train_forward(t->ts, m, &b, 1.0f, t->sft_logp, NULL, &e)
                                 : train_logprobs(t->ts, m, &b, 1.0f, t->sft_logp, &e);
     if (rc) return trainer_fail_err(t, FAIL_INTERNAL, NULL, &e);
@@ -148,7 +162,7 @@ static int pass(struct trainer *t, struct model *m, const struct dpo_pair *p, do
         for (int j = 0; j < x->n_resp[w]; j++) t->sft_logp[q++] = g;
       }
     }
-    st->tokens += nt;
+    st->tokens += counted;
     if (mode == PASS_TRAIN && train_backward(t->ts, m, t->sft_logp, &e))
       return trainer_fail_err(t, FAIL_INTERNAL, NULL, &e);
     i += np;
@@ -340,9 +354,10 @@ static int setup_local(struct trainer *t, int64_t from, int *pair, int *seq) {
   t->sft_total_steps = hparams_sft_total_steps(hp, t->n_dpo_train);
   t->dpo_ref_train = malloc(sizeof(double) * 2 * (size_t)t->n_dpo_train);
   t->dpo_ref_val = malloc(sizeof(double) * 2 * (size_t)(t->n_dpo_val ? t->n_dpo_val : 1));
-  if (!t->dpo_ref_train || !t->dpo_ref_val) return trainer_oom(t);
-  return trainer_sft_buffers(t, hp->micro_batch_tokens > *pair ? hp->micro_batch_tokens : *pair,
-                             *seq, t->n_dpo_train);
+  int cap = hp->micro_batch_tokens > *pair ? hp->micro_batch_tokens : *pair;
+  t->dpo_prefix_of = malloc(sizeof(int) * (size_t)cap);
+  if (!t->dpo_ref_train || !t->dpo_ref_val || !t->dpo_prefix_of) return trainer_oom(t);
+  return trainer_sft_buffers(t, cap, *seq, t->n_dpo_train);
 }
 
 int trainer_dpo_setup(struct trainer *t, int64_t from) {
@@ -358,6 +373,6 @@ int trainer_dpo_setup(struct trainer *t, int64_t from) {
 void trainer_dpo_teardown(struct trainer *t) {
   dpo_pairs_free(t->dpo_train, t->n_dpo_train);
   dpo_pairs_free(t->dpo_val, t->n_dpo_val);
-  free(t->dpo_ref_train), free(t->dpo_ref_val);
+  free(t->dpo_ref_train), free(t->dpo_ref_val), free(t->dpo_prefix_of);
   trainer_sft_teardown(t);
 }

@@ -156,6 +156,7 @@ struct trainer {
   struct dpo_pair *dpo_train, *dpo_val;
   int n_dpo_train, n_dpo_val;
   double *dpo_ref_train, *dpo_ref_val; /* [2 n]: pair i's chosen at 2i, rejected at 2i + 1 */
+  int *dpo_prefix_of;                  /* [cap_tokens] the micro-batch's fwd_batch.prefix_of */
   /* structured outputs (spec->response_format; jk NULL: none): the grammar, vocabulary and
    * masker, one each for the job (runner_json.c); a matcher per sequence generated at once, fed
    * the drawn tokens; and the allowed ids of the packed micro-batch's response tokens */

@@ -4,8 +4,11 @@
 `dapod train` runs a DPO job (issue 27) of two steps on the tiny preset, a full fine-tune, then
 a LoRA job (r 4 on q_proj, v_proj, down_proj) on the same weights as a folder: 6 pairs in one
 batch each step (epochs 2), TRL text lines and OpenAI conversation lines rendered by a custom
-template (one with an earlier assistant answer as context), packed into micro-batches of at most
-24 tokens (a pair's two sequences always together), beta 0.5, label_smoothing 0.1, weight decay
+template (one with an earlier assistant answer as context), in micro-batches of at most 16
+tokens, fewer than any two pairs hold (the prompt once, both responses): each pair alone, its rejected
+sequence continuing the chosen one's prompt, so that the reference's pass and step 1 hold the
+same micro-batches and the same bits (step 1's rewards exactly 0 and its accuracy 0, torch's
+ties; pairs packed otherwise, a GEMM of other rows may round differently), beta 0.5, label_smoothing 0.1, weight decay
 0.1 and gradient clipping at 1. The reference rebuilds every pair's tokens from the lines by the
 documented rules alone (docs/TRAINING.md "DPO": the prompt as context, each response and its
 end token trained), with the checkpoint's own character vocabulary, and recomputes both steps
@@ -46,7 +49,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "torch_ref"))
 import llama  # noqa: E402
 
 HP = {"batch_size": 6, "epochs": 2, "learning_rate": 3e-3, "lr_schedule": "constant",
-      "weight_decay": 0.1, "grad_clip": 1.0, "adam_eps": 1e-6, "micro_batch_tokens": 24,
+      "weight_decay": 0.1, "grad_clip": 1.0, "adam_eps": 1e-6, "micro_batch_tokens": 16,
       "beta": 0.5, "label_smoothing": 0.1, "checkpoint_every": 1}
 # The same steps with adam_eps 1 and learning_rate 0.5: AdamW's first update is then
 # lr * g / (|g| + 1), close to lr * g for these gradients (|g| << 1), so that comparing each
