@@ -4,9 +4,11 @@
  *   sft: 16 examples of 256 tokens, the last 192 of each trained (3072 tokens): train_forward
  *        (log-probs, no entropies), train_argmax_hits (token accuracy), train_backward of the
  *        token mean of -log p, AdamW (clipping at 1);
- *   dpo: 8 pairs, each a 64-token prompt with two 192-token responses (16 sequences of 256):
- *        train_forward, DPO's sigmoid loss on sequence log-probs against reference log-probs
- *        computed once at start (train_logprobs, not timed), train_backward, AdamW.
+ *   dpo: 8 pairs, each a 64-token prompt with two 192-token responses (16 sequences of 256),
+ *        packed as the runner packs them: [prompt, chosen] and [rejected] continuing its prompt
+ *        (fwd_batch.prefix_of; 3584 rows through the model, not 4096): train_forward, DPO's
+ *        sigmoid loss on sequence log-probs against reference log-probs computed once at start
+ *        (train_logprobs, not timed), train_backward, AdamW.
  * Usage: bench_methods --shape VOCAB,HIDDEN,INTERMEDIATE,LAYERS,HEADS [--threads N]
  * After setup it prints {"threads"}, then answers each line with one JSON line:
  *   sft | dpo   {"step_s", "forward_s", "backward_s", "adamw_s"}   one step
@@ -31,6 +33,7 @@
 #define PROMPT_LEN 64
 #define N_TOK (N_SEQ * SEQ_LEN)
 #define N_RESP (N_SEQ * (SEQ_LEN - PROMPT_LEN))
+#define DPO_TOK (N_TOK - N_SEQ / 2 * PROMPT_LEN) /* each pair's prompt once */
 #define BETA 0.1
 
 struct bench {
@@ -40,6 +43,7 @@ struct bench {
   struct adamw_cfg oc;
   int64_t step;
   int off[N_SEQ + 1], plen[N_SEQ], tok[N_TOK];
+  int dpo_off[N_SEQ + 1], dpo_pre[N_SEQ], dpo_tok[DPO_TOK]; /* the DPO pairs' packing */
   unsigned char trained[N_TOK], hit[N_RESP];
   float logp[N_RESP];
   double ref[N_SEQ]; /* DPO: the reference's sequence log-probs */
@@ -52,8 +56,10 @@ static void emit(json_t *j) {
   json_decref(j);
 }
 
-static struct fwd_batch batch(struct bench *b) {
+/* The SFT batch (dpo 0: 16 sequences whole), or the DPO pairs' (their prompt once). */
+static struct fwd_batch batch(struct bench *b, int dpo) {
   struct fwd_batch fb = {N_SEQ, b->tok, b->off, b->plen, b->trained, NULL, NULL};
+  if (dpo) fb = (struct fwd_batch){N_SEQ, b->dpo_tok, b->dpo_off, b->plen, NULL, NULL, b->dpo_pre};
   return fb;
 }
 
@@ -86,13 +92,18 @@ static int init(struct bench *b, const int shape[5], struct pool *pool, struct d
     b->tok[i] = (int)rng_below(&r, (uint64_t)c.vocab_size);
     b->trained[i] = i % SEQ_LEN >= PROMPT_LEN;
   }
-  /* DPO pairs: sequences 2k and 2k + 1 share their prompt */
-  for (int s = 1; s < N_SEQ; s += 2)
-    memcpy(b->tok + s * SEQ_LEN, b->tok + (s - 1) * SEQ_LEN, sizeof(int) * PROMPT_LEN);
+  /* DPO pairs: sequence 2k whole, 2k + 1 its response alone, continuing 2k's prompt */
+  b->dpo_off[0] = 0;
+  for (int s = 0, n = 0; s < N_SEQ; s++) {
+    int from = s % 2 ? PROMPT_LEN : 0;
+    memcpy(b->dpo_tok + n, b->tok + s * SEQ_LEN + from, sizeof(int) * (size_t)(SEQ_LEN - from));
+    b->dpo_off[s + 1] = n += SEQ_LEN - from;
+    b->dpo_pre[s] = s % 2 ? s - 1 : -1;
+  }
   b->oc = adamw_cfg_default();
   if (!(b->ts = train_state_new(b->m, N_TOK, N_RESP, SEQ_LEN, e))) return e->code;
   if (pool && train_state_set_pool(b->ts, pool, e)) return e->code;
-  struct fwd_batch fb = batch(b);
+  struct fwd_batch fb = batch(b, 1);
   if (train_logprobs(b->ts, b->m, &fb, 1.0f, b->logp, e)) return e->code;
   seq_logprobs(b, b->ref);
   return adamw_init(&b->opt, b->m, &b->oc, e);
@@ -100,7 +111,7 @@ static int init(struct bench *b, const int shape[5], struct pool *pool, struct d
 
 /* One step of the method (0 sft, 1 dpo); t[0..3] = step, forward, backward, optimizer seconds. */
 static int step(struct bench *b, int dpo, double t[4], struct dapo_err *e) {
-  struct fwd_batch fb = batch(b);
+  struct fwd_batch fb = batch(b, dpo);
   double t0 = now_s(), lp[N_SEQ];
   model_zero_grads(b->m);
   if (train_forward(b->ts, b->m, &fb, 1.0f, b->logp, NULL, e)) return e->code;
