@@ -1469,103 +1469,159 @@ LF_AVX2 static void lp_avx2(float *out, const float *inp, const float *pk, const
   lp_gen(out, inp, pk, bias, M, IN, OUT, j0, j1, beta, 1);
 }
 
-/* AVX-512: tiles of R rows x P panels of sums in zmm registers (R, P constants): a lone row
- * against 8 panels (8 independent chains), 2 to 4 rows against 4, more rows in tiles of up to
- * 12 rows against 2 panels (24 sums, the SGEMM micro-kernel's shape: per k 2 vector loads and
- * 12 broadcasts for 24 fused multiply-adds). Each tile ends in vector stores straight into out
- * (ll_store's bias and beta on the way, masked at the range's ends), with no staging buffer: on
- * qwen-small's [151669, 128] head at batch 16 (one thread, from L3) the 4 x 4 tile with staged
- * stores ran 84 GFLOP/s, 12 x 2 (then 4 x 2) with direct stores 130. */
-LF_AVX512 static inline __attribute__((always_inline)) __m512
-lp_fin512(__m512 a, float *o, const float *bias, __mmask16 k, float beta) {
-  if (bias) a = _mm512_add_ps(a, _mm512_maskz_loadu_ps(k, bias));
-  if (beta != 0.0f) a = _mm512_add_ps(_mm512_maskz_loadu_ps(k, o), a);
-  return a;
-}
-
+/* AVX-512: a lone row against 8 panels (8 independent chains), 2 to 4 rows against 4 panels
+ * (lp_tile512: the sums staged in acc for lp_store), more rows in tiles of up to 12 rows against
+ * 2 panels (lp_tile2: 24 sums, the SGEMM micro-kernel's shape: per k 2 vector loads and 12
+ * broadcasts for 24 fused multiply-adds) whose whole groups inside the range store straight into
+ * out, ll_store's bias and beta on the way (a group at the range's ends is staged). On
+ * qwen-small's [151669, 128] head at batch 16 (one thread, from L3) 4 x 4 tiles with every group
+ * staged ran 84 GFLOP/s, 12 x 2 (then 4 x 2) with direct stores 108-112. The 12 x 2 tile names
+ * its sums one by one (as ll_tile512_rp): written as an array of 24 per tile, clang with
+ * AddressSanitizer took over 20 minutes to compile this file. */
 LF_AVX512 static inline __attribute__((always_inline)) void
-lp_tile512(float *out, const float *x, const float *const b[8], const float *bias, int IN, int OUT,
-           int c0, const __mmask16 km[8], float beta, const int R, const int P, const int full) {
-  __m512 a[12][8];
-#pragma GCC unroll 12
+lp_tile512(float *acc, const float *x, const float *const b[8], int IN, const int R, const int P) {
+  __m512 a[4][8];
+#pragma GCC unroll 4
   for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
     for (int i = 0; i < P; i++) a[r][i] = _mm512_setzero_ps();
   for (int k = 0; k < IN; k++) {
     __m512 w[8];
 #pragma GCC unroll 8
-    for (int i = 0; i < P; i++) /* a full group: one pointer (1.05-1.1x against one per panel) */
-      w[i] = _mm512_loadu_ps((full ? b[0] + (size_t)i * 16 * IN : b[i]) + (size_t)k * 16);
-#pragma GCC unroll 12
+    for (int i = 0; i < P; i++) w[i] = _mm512_loadu_ps(b[i] + (size_t)k * 16);
+#pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
       __m512 v = _mm512_set1_ps(x[(size_t)r * IN + k]);
 #pragma GCC unroll 8
       for (int i = 0; i < P; i++) a[r][i] = _mm512_fmadd_ps(v, w[i], a[r][i]);
     }
   }
-#pragma GCC unroll 12
+#pragma GCC unroll 4
   for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
-    for (int i = 0; i < P; i++) {
-      float *o = out + (size_t)r * OUT + c0 + 16 * i;
-      const float *bi = bias ? bias + c0 + 16 * i : NULL;
-      if (km[i] == 0xFFFF)
-        _mm512_storeu_ps(o, lp_fin512(a[r][i], o, bi, 0xFFFF, beta));
-      else if (km[i])
-        _mm512_mask_storeu_ps(o, km[i], lp_fin512(a[r][i], o, bi, km[i], beta));
-    }
+    for (int i = 0; i < P; i++) _mm512_storeu_ps(acc + (size_t)(r * P + i) * 16, a[r][i]);
 }
 
-#define LP_CASE(r, p)                                                                              \
-  case r:                                                                                          \
-    if (np == p)                                                                                   \
-      lp_tile512(o, x, b, bias, IN, OUT, c0, km, beta, r, p, 1);                                   \
-    else                                                                                           \
-      lp_tile512(o, x, b, bias, IN, OUT, c0, km, beta, r, p, 0);                                   \
-    break
+/* one output vector of a whole group: + bias, then + out (beta), stored */
+LF_AVX512 static inline __attribute__((always_inline)) void lp_put(float *o, __m512 y,
+                                                                   const float *bias, float beta) {
+  if (bias) y = _mm512_add_ps(y, _mm512_loadu_ps(bias));
+  if (beta != 0.0f) y = _mm512_add_ps(_mm512_loadu_ps(o), y);
+  _mm512_storeu_ps(o, y);
+}
+
+/* R (a constant, <= 12) rows x panels p0, p1; acc NULL: a whole group at column c0, stored into
+ * out's rows; else the sums into acc (row r at r * 32) */
+LF_AVX512 static inline __attribute__((always_inline)) void
+lp_tile2(float *out, float *acc, const float *x, const float *p0, const float *p1,
+         const float *bias, int IN, int OUT, int c0, float beta, const int R) {
+  const __m512 z = _mm512_setzero_ps();
+#define LP2_DECL(r) __m512 a##r = z, b##r = z
+  LP2_DECL(0);
+  LP2_DECL(1);
+  LP2_DECL(2);
+  LP2_DECL(3);
+  LP2_DECL(4);
+  LP2_DECL(5);
+  LP2_DECL(6);
+  LP2_DECL(7);
+  LP2_DECL(8);
+  LP2_DECL(9);
+  LP2_DECL(10);
+  LP2_DECL(11);
+#undef LP2_DECL
+#define LP2_FMA(r)                                                                                 \
+  if (R > r) {                                                                                     \
+    __m512 v = _mm512_set1_ps(x[(size_t)(r)*IN + k]);                                              \
+    a##r = _mm512_fmadd_ps(v, w0, a##r);                                                           \
+    b##r = _mm512_fmadd_ps(v, w1, b##r);                                                           \
+  }
+  for (int k = 0; k < IN; k++) {
+    __m512 w0 = _mm512_loadu_ps(p0 + (size_t)k * 16), w1 = _mm512_loadu_ps(p1 + (size_t)k * 16);
+    LP2_FMA(0);
+    LP2_FMA(1);
+    LP2_FMA(2);
+    LP2_FMA(3);
+    LP2_FMA(4);
+    LP2_FMA(5);
+    LP2_FMA(6);
+    LP2_FMA(7);
+    LP2_FMA(8);
+    LP2_FMA(9);
+    LP2_FMA(10);
+    LP2_FMA(11);
+  }
+#undef LP2_FMA
+#define LP2_ST(r)                                                                                  \
+  if (R > r) {                                                                                     \
+    if (acc) {                                                                                     \
+      _mm512_storeu_ps(acc + (r)*32, a##r);                                                        \
+      _mm512_storeu_ps(acc + (r)*32 + 16, b##r);                                                   \
+    } else {                                                                                       \
+      float *o = out + (size_t)(r)*OUT + c0;                                                       \
+      lp_put(o, a##r, bias ? bias + c0 : NULL, beta);                                              \
+      lp_put(o + 16, b##r, bias ? bias + c0 + 16 : NULL, beta);                                    \
+    }                                                                                              \
+  }
+  LP2_ST(0);
+  LP2_ST(1);
+  LP2_ST(2);
+  LP2_ST(3);
+  LP2_ST(4);
+  LP2_ST(5);
+  LP2_ST(6);
+  LP2_ST(7);
+  LP2_ST(8);
+  LP2_ST(9);
+  LP2_ST(10);
+  LP2_ST(11);
+#undef LP2_ST
+}
+
+#define LP_CASE(r)                                                                                 \
+  case r: lp_tile2(o, full ? NULL : acc, x, b[0], b[1], bias, IN, OUT, c0, beta, r); break
 LF_AVX512 static void lp_avx512(float *out, const float *inp, const float *pk, const float *bias,
                                 int M, int IN, int OUT, int j0, int j1, float beta) {
   int p1 = (j1 + 15) / 16, P = M == 1 ? 8 : M <= 4 ? 4 : 2;
   int nb = (M + 11) / 12; /* row tiles of up to 12 rows, the first ones full */
+  float acc[12 * 2 * 16]; /* a staged tile: up to 12 x 2, 4 x 4 or 1 x 8 panels of 16 */
   /* panels outer: a group's panels (P * IN * 64 bytes) stay in L1 or L2 for all the rows */
   for (int p = j0 / 16; p < p1; p += P) {
     int np = p1 - p < P ? p1 - p : P, c0 = p * 16;
+    int full = P == 2 && np == 2 && c0 >= j0 && c0 + 32 <= j1;
     const float *b[8];
-    __mmask16 km[8];
-    for (int i = 0; i < 8; i++) {
-      int s = c0 + 16 * i, lo = j0 > s ? j0 - s : 0, hi = j1 - s < 16 ? j1 - s : 16;
-      b[i] = pk + (size_t)(p + (i < np ? i : np - 1)) * 16 * IN;
-      km[i] = i < np && hi > lo ? (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1)) : 0;
-    }
+    for (int i = 0; i < 8; i++) b[i] = pk + (size_t)(p + (i < np ? i : np - 1)) * 16 * IN;
     for (int m = 0, t = 0; t < nb; t++) {
       int R = M - m < 12 ? M - m : 12;
       const float *x = inp + (size_t)m * IN;
       float *o = out + (size_t)m * OUT;
-      if (P == 8) switch (1) {
-          LP_CASE(1, 8);
-        }
+      if (P == 8)
+        lp_tile512(acc, x, b, IN, 1, 8);
       else if (P == 4)
         switch (R) {
-          LP_CASE(1, 4);
-          LP_CASE(2, 4);
-          LP_CASE(3, 4);
-        default: LP_CASE(4, 4);
+        case 1: lp_tile512(acc, x, b, IN, 1, 4); break;
+        case 2: lp_tile512(acc, x, b, IN, 2, 4); break;
+        case 3: lp_tile512(acc, x, b, IN, 3, 4); break;
+        default: lp_tile512(acc, x, b, IN, 4, 4); break;
         }
       else
         switch (R) {
-          LP_CASE(1, 2);
-          LP_CASE(2, 2);
-          LP_CASE(3, 2);
-          LP_CASE(4, 2);
-          LP_CASE(5, 2);
-          LP_CASE(6, 2);
-          LP_CASE(7, 2);
-          LP_CASE(8, 2);
-          LP_CASE(9, 2);
-          LP_CASE(10, 2);
-          LP_CASE(11, 2);
-        default: LP_CASE(12, 2);
+          LP_CASE(1);
+          LP_CASE(2);
+          LP_CASE(3);
+          LP_CASE(4);
+          LP_CASE(5);
+          LP_CASE(6);
+          LP_CASE(7);
+          LP_CASE(8);
+          LP_CASE(9);
+          LP_CASE(10);
+          LP_CASE(11);
+        default: LP_CASE(12);
         }
+      if (!full)
+        for (int r = 0; r < R; r++)
+          lp_store(o + (size_t)r * OUT, acc + (size_t)r * P * 16, bias, p, np, j0, j1, beta);
       m += R;
     }
   }
