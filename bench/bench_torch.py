@@ -23,7 +23,8 @@ final report.
 
 The model is tests/torch_ref/llama.py's (transformers' eager Llama), the work the same as
 bench_engine's: a training step (response log-probs + entropies of 16 x 256 packed tokens with
-prompts of 64, loss sum_t w_t logp_t, backward, clip_grad_norm_, torch.optim.AdamW) and
+prompts of 64 as TRL's GRPO trainer computes them (trl_logprobs), loss sum_t w_t logp_t,
+backward, clip_grad_norm_, torch.optim.AdamW) and
 generation with a KV cache (llama.generate: shared prefill, then one eager [B, 1] forward per
 token with the cache grown by torch.cat; temperature 1, no stop tokens). Threads: intra-op via
 torch.set_num_threads, OpenBLAS's pool via openblas_set_num_threads on the libopenblas.so.0 that
@@ -42,6 +43,33 @@ from hog import start_hog, stop_hog
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 N_SEQ, SEQ_LEN, PROMPT_LEN, GEN_PROMPT, GEN_BATCH = 16, 256, 64, 32, 16
+
+
+def selective_logp(torch, logits, targets):
+    """log softmax(logits)[target] per row as TRL computes it (trl.trainer.utils.
+    selective_log_softmax, float32): the target's logit minus the row's logsumexp, without the
+    [R, V] log-softmax tensor."""
+    return logits.gather(1, targets[:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)
+
+
+def trl_logprobs(torch, llama, model, seqs, inv_temp=1.0, entropy=True):
+    """The response log-probs (with autograd) and entropies (without) of packed (prompt, response)
+    sequences as TRL's GRPO trainer computes them for its update (_get_per_token_logps_and_
+    entropies): logits scaled by the temperature (nothing at 1), the selective log-softmax, and
+    the entropy, a metric, under torch.no_grad (entropy_from_logits). The peer of dapod's
+    train_forward, whose entropies come from the softmax pass it makes anyway."""
+    ids, rows, cols, targets = llama._pad(seqs)
+    h, _ = model.model(ids)
+    logits = model.lm_head(h[rows, cols])
+    if inv_temp != 1.0:
+        logits = logits * inv_temp
+    logp = selective_logp(torch, logits, targets)
+    ent = None
+    if entropy:
+        with torch.no_grad():
+            lsm = torch.nn.functional.log_softmax(logits, dim=-1)
+            ent = -(lsm.exp() * lsm).sum(-1)
+    return logp, ent
 
 MODELS = {
     "tiny": dict(vocab_size=32, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
@@ -125,7 +153,7 @@ class Torch:
 
     def trainer(self, model, n_seq=N_SEQ):
         """A function running one training step, returning (step, forward, backward, optimizer)
-        seconds: response log-probs and entropies, loss sum_t w_t logp_t, backward,
+        seconds: response log-probs and entropies (trl_logprobs), loss sum_t w_t logp_t, backward,
         clip_grad_norm_, AdamW."""
         torch, llama = self.torch, self.llama
         seqs, w = self.batch(model.config.vocab_size, n_seq)
@@ -135,7 +163,7 @@ class Torch:
         def step():
             t0 = time.perf_counter()
             model.zero_grad(set_to_none=True)
-            logp, ent = llama.response_logprobs(model, seqs, 1.0)
+            logp, ent = trl_logprobs(torch, llama, model, seqs, 1.0)
             loss = (wt * logp).sum()
             t1 = time.perf_counter()
             loss.backward()
@@ -330,7 +358,7 @@ def method_steps(T, model):
     cross-entropy over the 192 response tokens of each of 16 sequences (F.cross_entropy on the
     LM head's response rows) and its token accuracy (argmax), backward, clip_grad_norm_, AdamW.
     dpo: 8 pairs (sequences 2k and 2k+1 share their 64-token prompt), sequence log-probs of the
-    responses, -logsigmoid(beta * ((c - c_ref) - (r - r_ref))) averaged over pairs against
+    responses (selective_logp, as TRL's DPO trainer), -logsigmoid(beta * ((c - c_ref) - (r - r_ref))) averaged over pairs against
     reference log-probs computed once (not timed), backward, clip_grad_norm_, AdamW."""
     torch, llama = T.torch, T.llama
     F = torch.nn.functional
@@ -346,8 +374,7 @@ def method_steps(T, model):
         return model.lm_head(h[rows, cols])
 
     def seq_logp(lg):
-        logp = F.log_softmax(lg, dim=-1).gather(1, targets[:, None]).squeeze(1)
-        return logp.view(N_SEQ, n_resp).sum(1)
+        return selective_logp(torch, lg, targets).view(N_SEQ, n_resp).sum(1)
 
     with torch.no_grad():
         ref = seq_logp(logits())
@@ -583,9 +610,8 @@ def scale(args):
             for mbat in micro(b):  # log-probs only (no entropy), as dapod's pass
                 ids, rr, cc, tg = llama._pad([(s[0], s[1]) for s in mbat])
                 h, _ = m.model(ids)
-                lsm = torch.nn.functional.log_softmax(m.lm_head(h[rr, cc]), dim=-1)
-                lsm.gather(1, tg[:, None])
-                del h, lsm
+                selective_logp(torch, m.lm_head(h[rr, cc]), tg)
+                del h
                 old_tokens += sum(len(s[0]) for s in mbat)
     old_s = time.perf_counter() - t0
     print("torch old log-probs: %d tokens in %.1f s" % (old_tokens, old_s), file=sys.stderr,
@@ -597,7 +623,7 @@ def scale(args):
         m.zero_grad(set_to_none=True)
         n_tok = sum(len(s[0]) - s[1] for s in b) or 1
         for mbat in micro(b):
-            logp, _ = llama.response_logprobs(m, [(s[0], s[1]) for s in mbat], 1.0)
+            logp, _ = trl_logprobs(torch, llama, m, [(s[0], s[1]) for s in mbat], 1.0)
             w = torch.cat([torch.full((len(s[0]) - s[1],), s[2] / n_tok) for s in mbat])
             (w * logp).sum().backward()
             upd_tokens += sum(len(s[0]) for s in mbat)
