@@ -132,6 +132,18 @@ void linear_lanes(float *out, const float *inp, const float *w, const float *bia
                   int OUT, int j0, int j1, float beta);
 void linear_lanes_bf16(float *out, const float *inp, const uint16_t *w, const float *bias, int M,
                        int IN, int OUT, int j0, int j1, float beta);
+/* linear_lanes with the rows of inp transposed beforehand, for decoding's phases, whose every
+ * call (a range of columns of one or more matrices sharing an input) would otherwise transpose
+ * them again: linear_lanes_prepare writes the copy of inp [M, IN] into xt (64-byte aligned,
+ * linear_lanes_xt_floats(M, IN) floats, 0 below 16 rows) and returns it, or returns NULL where
+ * linear_lanes would not use it (other than float32 rows in the lanes on AVX-512, or too few
+ * rows); linear_lanes_prepared then gives linear_lanes' bits for inp (xt from inp's prepare, or
+ * NULL: linear_lanes), and takes rows in the lanes for any number of columns (linear_lanes, which
+ * pays the transpose per call, only from 96). */
+size_t linear_lanes_xt_floats(int M, int IN);
+const float *linear_lanes_prepare(float *xt, const float *inp, int M, int IN);
+void linear_lanes_prepared(float *out, const float *inp, const float *xt, const float *w,
+                           const float *bias, int M, int IN, int OUT, int j0, int j1, float beta);
 /* linear_lanes' block alone (w, or w16 when w is NULL), whatever M and the instruction set: for
  * tests and bench_kernels --lanes, which compare it with the rows-in-the-lanes kernel that
  * linear_lanes takes from 16 rows on AVX-512 (the same bits). */

@@ -1324,13 +1324,14 @@ static int lr_rows(int mr) {
 /* 0 without memory for xt (nothing written). Row blocks that lr_rows refuses go to the block.
  * Columns LR_CB at a time: their tiles' sums (s[c * 64 + m]) transposed by ll_pack512 into rows
  * (ot[m * LR_CB + c]) for ll_store. */
-LF_AVX512 static int lr_drive(float *out, const float *inp, const float *w, const float *bias,
-                              int M, int IN, int OUT, int j0, int j1, float beta) {
+LF_AVX512 static int lr_drive(float *out, const float *inp, const float *xtp, const float *w,
+                              const float *bias, int M, int IN, int OUT, int j0, int j1,
+                              float beta) {
   static const int jv[5] = {0, 8, 12, 8, 6}; /* J by V: LR_CB a multiple of each */
   float s[LR_CB * 64] __attribute__((aligned(64)));
   float ot[64 * LR_CB] __attribute__((aligned(64)));
-  float *xt = lr_xt((size_t)64 * IN);
-  if (!xt) return 0;
+  float *buf = xtp ? NULL : lr_xt((size_t)64 * IN); /* this call's transposes, or the copy */
+  if (!xtp && !buf) return 0;
   for (int m0 = 0; m0 < M; m0 += 64) {
     int mr = M - m0 < 64 ? M - m0 : 64, mp = (mr + 15) / 16 * 16, V = mp / 16, J = jv[V];
     if (!lr_rows(mr)) {
@@ -1338,7 +1339,8 @@ LF_AVX512 static int lr_drive(float *out, const float *inp, const float *w, cons
                OUT, j0, j1, beta);
       continue;
     }
-    ll_pack512(xt, inp + (size_t)m0 * IN, NULL, IN, 0, mr, 0, IN, mp, 0);
+    const float *xt = xtp ? xtp + (size_t)m0 * IN : buf; /* linear_lanes_prepare's block */
+    if (!xtp) ll_pack512(buf, inp + (size_t)m0 * IN, NULL, IN, 0, mr, 0, IN, mp, 0);
     for (int jb = j0; jb < j1; jb += LR_CB) {
       int ncb = j1 - jb < LR_CB ? j1 - jb : LR_CB;
       for (int m = 0; m < mr; m++) /* the block's outputs, while its tiles run */
@@ -1369,10 +1371,46 @@ static void ll_any(float *out, const float *inp, const float *w, const uint16_t 
   if (M < 1 || j0 >= j1) return;
 #ifdef LF_X86
   if (!w16 && j1 - j0 >= LR_COLS && lr_rows(M < 64 ? M : 64) && lf_form() == 3 &&
-      lr_drive(out, inp, w, bias, M, IN, OUT, j0, j1, beta))
+      lr_drive(out, inp, NULL, w, bias, M, IN, OUT, j0, j1, beta))
     return;
 #endif
   ll_drive(ll_form_now(), out, inp, w, w16, bias, M, IN, OUT, j0, j1, beta);
+}
+
+/* linear_lanes_prepare's copy: blocks of 64 rows as lr_drive transposes them (block b at
+ * xt + 64 b IN, xt[k * mp + m]), for the blocks lr_rows takes; sized for any processor from
+ * LL_XT_MIN rows (LR_MIN), so that a memory plan does not depend on the one it runs on. */
+enum { LL_XT_MIN = 16 };
+
+size_t linear_lanes_xt_floats(int M, int IN) {
+  return M >= LL_XT_MIN ? (size_t)(M + 63) / 64 * 64 * (size_t)IN : 0;
+}
+
+const float *linear_lanes_prepare(float *xt, const float *inp, int M, int IN) {
+#ifdef LF_X86
+  /* the first block (64 rows when M > 64) decides whether any is taken */
+  if (!xt || lf_form() != 3 || !lr_rows(M < 64 ? M : 64)) return NULL;
+  for (int m0 = 0; m0 < M; m0 += 64) {
+    int mr = M - m0 < 64 ? M - m0 : 64;
+    if (lr_rows(mr))
+      ll_pack512(xt + (size_t)m0 * IN, inp + (size_t)m0 * IN, NULL, IN, 0, mr, 0, IN,
+                 (mr + 15) / 16 * 16, 0);
+  }
+  return xt;
+#else
+  (void)xt, (void)inp, (void)M, (void)IN;
+  return NULL;
+#endif
+}
+
+void linear_lanes_prepared(float *out, const float *inp, const float *xt, const float *w,
+                           const float *bias, int M, int IN, int OUT, int j0, int j1, float beta) {
+#ifdef LF_X86
+  if (xt && M >= 1 && j0 < j1 && lf_form() == 3 &&
+      lr_drive(out, inp, xt, w, bias, M, IN, OUT, j0, j1, beta))
+    return;
+#endif
+  ll_any(out, inp, w, NULL, bias, M, IN, OUT, j0, j1, beta);
 }
 
 void linear_lanes(float *out, const float *inp, const float *w, const float *bias, int M, int IN,

@@ -351,9 +351,21 @@ static void lanes_call(int variant, float *y, const float *x, const float *wf, c
     linear_lanes_packed(y, x, variant == 2 ? pf : p16, b, M, IN, OUT, j0, j1, beta);
   if (variant == 4) linear_lanes_block(y, x, wf, NULL, b, M, IN, OUT, j0, j1, beta);
   if (variant == 5) linear_lanes_block(y, x, NULL, w16, b, M, IN, OUT, j0, j1, beta);
+  if (variant == 6) { /* the rows transposed beforehand, for every range: any column count */
+    size_t nx = linear_lanes_xt_floats(M, IN);
+    float *xt = nx ? aligned_alloc(64, (nx * sizeof(float) + 63) / 64 * 64) : NULL;
+    if (xt) memset(xt, 0xff, nx * sizeof(float)); /* NaNs where the copy writes nothing */
+    const float *p = linear_lanes_prepare(xt, x, M, IN);
+    CHECK_MSG(!p || p == xt, "linear_lanes_prepare returned another buffer (M=%d)", M);
+    CHECK_MSG(p || !xt || kernels_isa() != KERNELS_ISA_AVX512 || M < 16 ||
+                  (M < 64 && 4 * M < 3 * ((M + 15) / 16 * 16)),
+              "linear_lanes_prepare made no copy on AVX-512 (M=%d)", M);
+    linear_lanes_prepared(y, x, p, wf, b, M, IN, OUT, j0, j1, beta);
+    free(xt);
+  }
 }
-static const char *const lanes_name[6] = {"",       "_bf16",       "_packed", "_packed(bf16)",
-                                          "_block", "_block(bf16)"};
+static const char *const lanes_name[7] = {"",       "_bf16",        "_packed",  "_packed(bf16)",
+                                          "_block", "_block(bf16)", "_prepared"};
 
 static void test_linear_lanes(int Mmax, int IN, int OUT) {
   size_t n = (size_t)Mmax * OUT;
@@ -385,7 +397,7 @@ static void test_linear_lanes(int Mmax, int IN, int OUT) {
   int isas[4], n_isa = isa_list(isas);
   for (int ii = 0; ii < n_isa; ii++) {
     kernels_force_isa(isas[ii]);
-    for (int bf = 0; bf < 6; bf++)
+    for (int bf = 0; bf < 7; bf++)
       for (int M = 1; M <= Mmax; M++) {
         size_t nm = (size_t)M * OUT;
         memcpy(y, y0, nm * sizeof(float));
@@ -741,6 +753,7 @@ int main(void) {
    * range and [48, 200), over blocks of 48 columns, a partial one last), 64 rows and a few more
    * (a second block of 6 rows, the block's); the block on the other ISAs and BF16 */
   test_linear_lanes(70, 40, 200);
+  test_linear_lanes(96, 20, 40); /* two blocks of rows, the second taken from 16 rows */
   test_linear_lanes_pool();
   test_linear_lanes(13, 600, 19); /* IN over 2 blocks of 256 k, with a tail */
   test_linear_lanes(3, 5, 70);
