@@ -80,7 +80,11 @@ static void gplan(const struct model_config *c, const struct lora_config *lc, in
   /* per thread: prefill's attention scores [T, T], or decoding's (decode_step) */
   size_t lr = lc ? (size_t)lc->r : 0; /* an adapter's x A^T: [rows, r] in prefill, [B, r] */
   p->acts += rows * lr;
-  size_t dec = (size_t)T + (size_t)B * C + 2 * V + 3 * (size_t)B * lr; /* 3 targets a phase */
+  size_t in_max = C > CQ ? C : CQ;
+  in_max = in_max > FF ? in_max : FF;
+  /* + a phase's input transposed (linear_lanes_prepare), 64-byte aligned */
+  size_t dec = (size_t)T + (size_t)B * C + 2 * V + 3 * (size_t)B * lr + /* 3 targets a phase */
+               linear_lanes_xt_floats(B, (int)in_max) + 16;
   p->scratch = (size_t)T * T > dec ? (size_t)T * T : dec;
   p->pick = V;
   p->total = p->cache + p->acts + p->sel + p->logits + p->pick;
@@ -387,14 +391,24 @@ static int run_rows(struct gen_state *s, const struct model *m, int n_seq, int N
  * BF16 matrix, by linear_lanes (each output one chain of fused multiply-adds in increasing k: the
  * same bits for any n, column range, thread or instruction set, and for BF16 weights as for
  * their float32). */
-static void few(float *out, const float *inp, const float *w, const uint16_t *w16, const float *pk,
-                const float *bias, int n, int IN, int OUT, int lo, int hi, float beta) {
+static void few(float *out, const float *inp, const float *xt, const float *w, const uint16_t *w16,
+                const float *pk, const float *bias, int n, int IN, int OUT, int lo, int hi,
+                float beta) {
   if (pk) /* the same bits from the panels packed beforehand (gen_state.pack) */
     linear_lanes_packed(out, inp, pk, bias, n, IN, OUT, lo, hi, beta);
   else if (w16)
     linear_lanes_bf16(out, inp, w16, bias, n, IN, OUT, lo, hi, beta);
-  else
-    linear_lanes(out, inp, w, bias, n, IN, OUT, lo, hi, beta);
+  else /* the same bits again, inp transposed once for the phase where xt holds it */
+    linear_lanes_prepared(out, inp, xt, w, bias, n, IN, OUT, lo, hi, beta);
+}
+
+/* A phase's input inp [n, IN] transposed into this thread's xtb for few(), when its products run
+ * on float32 weights (w16 and pk NULL); else, or where linear_lanes takes no copy, NULL. One
+ * transpose a phase per thread instead of one per call (a phase takes up to 34 calls a thread
+ * at 0.5B's shapes, and the down projection's chunks of 48 columns could not pay theirs). */
+static const float *prepare(float *xtb, const float *inp, int n, int IN, const uint16_t *w16,
+                            const float *pk) {
+  return w16 || pk ? NULL : linear_lanes_prepare(xtb, inp, n, IN);
 }
 
 /* One decoding step of the n_act active rows, run by every thread of the pool (ti of nt). Split
@@ -512,8 +526,8 @@ static void head_cols(void *ctx, int ti, int nt) {
   pool_set_current(NULL); /* the kernel runs on this thread alone */
   col_share(V, ti, nt, &lo, &hi);
   const float *const *pk = a->s->panels;
-  few(a->s->logits, a->s->sel, m->w.lm_head, m->w.lm_head16, pk ? pk[7 * m->cfg.num_layers] : NULL,
-      NULL, a->n, m->cfg.hidden_size, V, lo, hi, 0.0f);
+  few(a->s->logits, a->s->sel, NULL, m->w.lm_head, m->w.lm_head16,
+      pk ? pk[7 * m->cfg.num_layers] : NULL, NULL, a->n, m->cfg.hidden_size, V, lo, hi, 0.0f);
   pool_set_current(saved);
 }
 
@@ -591,6 +605,8 @@ static void decode_step(void *ctx, int ti, int nt) {
   size_t lr = (size_t)s->cap_batch * (size_t)s->lora_r;
   float *lt[3] = {(float *)(pick_idx + V), (float *)(pick_idx + V) + lr,
                   (float *)(pick_idx + V) + 2 * lr};
+  float *xtb = (float *)(((uintptr_t)(lt[2] + lr) + 63) & ~(uintptr_t)63); /* prepare()'s */
+  const float *xt;
   const struct block_acts *a = &s->acts;
   /* the rows this group of threads computes together, and this thread's place in the group */
   int g_lo = 0, g_hi = x->n_act, gi = ti, gn = nt;
@@ -629,6 +645,7 @@ static void decode_step(void *ctx, int ti, int nt) {
     rmsnorm_forward(xn, NULL, xs, w->attn_norm, n, C, c->rms_norm_eps);
     int has[3];
     for (int t = 0; t < 3; t++) has[t] = lora_xa(lo, l, LT_Q + t, xn, n, C, lt[t]);
+    xt = prepare(xtb, xn, n, C, w->wq16, PK(0));
     prof(&pm, GEN_PROF_NORM);
     PHASE(3, w_qkv, 0, C);
     while (phase_q_take(&pq, &j, &lo_, &hi_)) {
@@ -640,7 +657,7 @@ static void decode_step(void *ctx, int ti, int nt) {
                           : j == 1 ? w->bk
                                    : w->bv;
       const uint16_t *w16 = j == 0 ? w->wq16 : j == 1 ? w->wk16 : w->wv16;
-      few(out, xn, wf, w16, PK(j), bias, n, C, w_qkv[j], lo_, hi_, 0.0f);
+      few(out, xn, xt, wf, w16, PK(j), bias, n, C, w_qkv[j], lo_, hi_, 0.0f);
       lora_xb(lo, l, LT_Q + j, has[j], out, lt[j], n, w_qkv[j], lo_, hi_);
     }
     WAIT(GEN_PROF_QKV);
@@ -661,21 +678,23 @@ static void decode_step(void *ctx, int ti, int nt) {
       }
     WAIT(GEN_PROF_ATTN);
     has[0] = lora_xa(lo, l, LT_O, att, n, CQ, lt[0]);
+    xt = prepare(xtb, att, n, CQ, w->wo16, PK(3));
     prof(&pm, GEN_PROF_NORM);
     PHASE(1, w_c, 0, CQ);
     while (phase_q_take(&pq, &j, &lo_, &hi_)) {
-      few(xs, att, w->wo, w->wo16, PK(3), w->bo, n, CQ, C, lo_, hi_, 1.0f);
+      few(xs, att, xt, w->wo, w->wo16, PK(3), w->bo, n, CQ, C, lo_, hi_, 1.0f);
       lora_xb(lo, l, LT_O, has[0], xs, lt[0], n, C, lo_, hi_);
     }
     WAIT(GEN_PROF_O);
     rmsnorm_forward(xn, NULL, xs, w->ffn_norm, n, C, c->rms_norm_eps);
     has[0] = lora_xa(lo, l, LT_GATE, xn, n, C, lt[0]);
     has[1] = lora_xa(lo, l, LT_UP, xn, n, C, lt[1]);
+    xt = prepare(xtb, xn, n, C, w->w_gate16, PK(4));
     prof(&pm, GEN_PROF_NORM);
     PHASE(1, w_ff, 0, C);
     while (phase_q_take(&pq, &j, &lo_, &hi_)) {
-      few(gg, xn, w->w_gate, w->w_gate16, PK(4), NULL, n, C, FF, lo_, hi_, 0.0f);
-      few(uu, xn, w->w_up, w->w_up16, PK(5), NULL, n, C, FF, lo_, hi_, 0.0f);
+      few(gg, xn, xt, w->w_gate, w->w_gate16, PK(4), NULL, n, C, FF, lo_, hi_, 0.0f);
+      few(uu, xn, xt, w->w_up, w->w_up16, PK(5), NULL, n, C, FF, lo_, hi_, 0.0f);
       lora_xb(lo, l, LT_GATE, has[0], gg, lt[0], n, FF, lo_, hi_);
       lora_xb(lo, l, LT_UP, has[1], uu, lt[1], n, FF, lo_, hi_);
       for (int i = 0; i < n; i++) {
@@ -685,20 +704,22 @@ static void decode_step(void *ctx, int ti, int nt) {
     }
     WAIT(GEN_PROF_FFN);
     has[0] = lora_xa(lo, l, LT_DOWN, hh, n, FF, lt[0]);
+    xt = prepare(xtb, hh, n, FF, w->w_down16, PK(6));
     prof(&pm, GEN_PROF_NORM);
     PHASE(1, w_c, 0, FF);
     while (phase_q_take(&pq, &j, &lo_, &hi_)) {
-      few(xs, hh, w->w_down, w->w_down16, PK(6), NULL, n, FF, C, lo_, hi_, 1.0f);
+      few(xs, hh, xt, w->w_down, w->w_down16, PK(6), NULL, n, FF, C, lo_, hi_, 1.0f);
       lora_xb(lo, l, LT_DOWN, has[0], xs, lt[0], n, C, lo_, hi_);
     }
     WAIT(GEN_PROF_DOWN);
   }
   rmsnorm_forward(xn, NULL, xs, m->w.final_norm, n, C, c->rms_norm_eps);
+  xt = prepare(xtb, xn, n, C, m->w.lm_head16, pk ? pk[7 * c->num_layers] : NULL);
   prof(&pm, GEN_PROF_NORM);
   PHASE(1, w_v, 0, C);
   while (phase_q_take(&pq, &j, &lo_, &hi_))
-    few(logits, xn, m->w.lm_head, m->w.lm_head16, pk ? pk[7 * c->num_layers] : NULL, NULL, n, C, V,
-        lo_, hi_, 0.0f);
+    few(logits, xn, xt, m->w.lm_head, m->w.lm_head16, pk ? pk[7 * c->num_layers] : NULL, NULL, n, C,
+        V, lo_, hi_, 0.0f);
 #undef PK
   WAIT(GEN_PROF_HEAD);
   PHASE(1, w_n, 1, 1);

@@ -1154,8 +1154,72 @@ static void test_pack(int wide) {
   model_free(m);
 }
 
+/* Decoding batches that take rows in the lanes from a transposed copy of each phase's input
+ * (linear_lanes_prepare, float32 weights read in place, 16 rows or more on AVX-512): 40 rows (one
+ * block) and 80 (a block of 64 and one of 16), the wide model of test_pack unpacked. The same
+ * tokens and log-prob bits serially on every instruction set (AVX-512 the copy, the others the
+ * block), and on 2 threads split by rows (20 and 40 rows a thread: the block, then the copy),
+ * by static columns and by chunks of 1 KiB (down to 16 columns a call), with a thread delayed
+ * (against the pool's split by rows: its prefill goes through OpenBLAS on 2 threads). */
+enum { PB_MAX = 80, PB_NEW = 6 };
+static void test_prepared_batch(void) {
+  struct model *m0 = make_model(ARCH_QWEN3, 0, 2);
+  struct model_config c = m0->cfg;
+  model_free(m0);
+  c.hidden_size = 72, c.intermediate_size = 200, c.num_heads = 6, c.head_dim = 12;
+  c.vocab_size = 3008, c.vocab_used = 3001;
+  struct model *m = model_from(&c);
+  struct dapo_err e;
+  struct gen_state *s = gen_state_new(m, PB_MAX, 16, &e);
+  CHECK_MSG(s != NULL, "%s", s ? "" : e.msg);
+  gen_state_set_pack(s, 0);
+  static int toks[2][PB_MAX * PB_NEW], len[PB_MAX], fin[PB_MAX];
+  static float lp[2][PB_MAX * PB_NEW];
+  int pa[4] = {5, 6, 7, 8}, pb[2] = {10, 11}, plen[PB_MAX];
+  const int *prompts[PB_MAX];
+  for (int i = 0; i < PB_MAX; i++) prompts[i] = i % 3 ? pa : pb, plen[i] = i % 3 ? 4 : 2;
+  struct sampler_opts o = {.temperature = 1.0f, .top_p = 1.0f, .max_new_tokens = PB_NEW};
+  struct pool *p = pool_new(2);
+  int isas[4], n_isa = isa_list(isas);
+  long old = kernels_par_min_work();
+  kernels_set_par_min_work(0);
+  for (int n = 40; n <= PB_MAX; n += 40) {
+    int ref = 0;
+    /* cases: serial on each instruction set, then 2 threads: rows, columns, chunks (delayed) */
+    for (int cs = 0; cs < n_isa + 3; cs++) {
+      if (cs == n_isa) ref = 0; /* a pool's prefill products differ: its own first run */
+      int r = ref ? 1 : 0;
+      kernels_force_isa(cs < n_isa ? isas[cs] : 0);
+      CHECK(gen_state_set_pool(s, cs < n_isa ? NULL : p, &e) == 0);
+      gen_state_set_split(s, cs < n_isa || cs == n_isa ? GEN_SPLIT_ROWS
+                             : cs == n_isa + 1         ? GEN_SPLIT_COLUMNS
+                                                       : GEN_SPLIT_DYNAMIC);
+      gen_state_set_chunk(s, 1);
+      gen_state_set_delay(s, 1, cs == n_isa + 2 ? 200 : 0);
+      struct rng rngs[PB_MAX];
+      for (int i = 0; i < n; i++) rng_seed(&rngs[i], 100 + (uint64_t)i, 0);
+      memset(toks[r], 0, sizeof toks[r]), memset(lp[r], 0, sizeof lp[r]);
+      struct gen_out out = {.tokens = toks[r], .logp = lp[r], .len = len, .finish = fin};
+      CHECK_MSG(gen_run(s, m, n, prompts, plen, rngs, &o, &out, NULL, &e) == 0, "gen_run: %s",
+                e.msg);
+      CHECK_MSG(!ref || (!memcmp(toks[0], toks[1], sizeof toks[0]) &&
+                         !memcmp(lp[0], lp[1], sizeof lp[0])),
+                "batch %d, case %d (isa %d): tokens or log-prob bits differ from the first", n, cs,
+                cs < n_isa ? isas[cs] : 0);
+      ref = 1;
+    }
+  }
+  gen_state_set_delay(s, 1, 0);
+  kernels_force_isa(0);
+  kernels_set_par_min_work(old);
+  pool_free(p);
+  gen_state_free(s);
+  model_free(m);
+}
+
 int main(void) {
   test_passes_bits();
+  test_prepared_batch();
   test_model(ARCH_LLAMA, 1, 2);
   test_model(ARCH_QWEN2, 0, 4);
   test_model(ARCH_QWEN3, 0, 2);
