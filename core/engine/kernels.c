@@ -488,6 +488,99 @@ void rope_backward(float *dx, const int *pos, int N, int ld, int nh, int HS,
 
 /* ---- SwiGLU ----------------------------------------------------------------------------- */
 
+/* The sigmoid of SwiGLU from the softmax's exponential (simd_exp4, simd_exp512: the same bits on
+ * every instruction set) in its range: t = exp(-|g|) <= 1, sigma(g) = 1 / (1 + t) for g >= 0 and
+ * t / (1 + t) below (no overflow for any g; the clamp at -87.3 leaves 1e-38 where t is smaller).
+ * Forward h = (g sigma) u; backward du = (dh g) sigma, dg = ((dh u) sigma) (1 + g (1 - sigma)).
+ * Four lanes at a time in the portable form; 16 in AVX-512 with the same operations. Was libm's
+ * expf one element at a time: 3.4 ns an element, 25 ms of a 0.5B decoding step's thread time at
+ * batch 64 (4% of it). */
+SIMD_INLINE simd_v4 sw_sig4(simd_v4 g, const int hw) {
+  simd_i4 sign = {INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN};
+  simd_v4 t = simd_exp4((simd_v4)((simd_i4)g | sign), hw), one = {1.0f, 1.0f, 1.0f, 1.0f};
+  simd_i4 pos = g >= 0.0f;
+  simd_v4 num = (simd_v4)(((simd_i4)one & pos) | ((simd_i4)t & ~pos));
+  return num / (one + t);
+}
+
+/* Elements [lo, hi): backward when dg (du, dh) is given, else forward; a partial last vector
+ * through a padded copy, so that an element's bits do not depend on where a range starts. */
+SIMD_INLINE void sw_gen(float *h, float *dg, float *du, const float *dh, const float *g,
+                        const float *u, int lo, int hi, const int hw) {
+  for (int i = lo; i < hi; i += 4) {
+    int n = hi - i < 4 ? hi - i : 4;
+    simd_v4 gv = {0}, uv = {0}, dv = {0};
+    memcpy(&gv, g + i, sizeof(float) * (size_t)n);
+    memcpy(&uv, u + i, sizeof(float) * (size_t)n);
+    if (dg) memcpy(&dv, dh + i, sizeof(float) * (size_t)n);
+    simd_v4 sg = sw_sig4(gv, hw), one = {1.0f, 1.0f, 1.0f, 1.0f};
+    if (!dg) {
+      simd_v4 r = (gv * sg) * uv;
+      memcpy(h + i, &r, sizeof(float) * (size_t)n);
+    } else {
+      simd_v4 ru = (dv * gv) * sg, rg = ((dv * uv) * sg) * (one + gv * (one - sg));
+      memcpy(du + i, &ru, sizeof(float) * (size_t)n);
+      memcpy(dg + i, &rg, sizeof(float) * (size_t)n);
+    }
+  }
+}
+
+static void sw_portable(float *h, float *dg, float *du, const float *dh, const float *g,
+                        const float *u, int lo, int hi) {
+  sw_gen(h, dg, du, dh, g, u, lo, hi, SIMD_HW_FMA);
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx2,fma"))) static void sw_avx2(float *h, float *dg, float *du,
+                                                        const float *dh, const float *g,
+                                                        const float *u, int lo, int hi) {
+  sw_gen(h, dg, du, dh, g, u, lo, hi, 1);
+}
+__attribute__((target("fma"))) static void sw_fma(float *h, float *dg, float *du, const float *dh,
+                                                  const float *g, const float *u, int lo, int hi) {
+  sw_gen(h, dg, du, dh, g, u, lo, hi, 1);
+}
+/* sw_gen in 16 lanes: the same operations in the same order */
+__attribute__((target("avx512f"))) static void sw_512(float *h, float *dg, float *du,
+                                                      const float *dh, const float *g,
+                                                      const float *u, int lo, int hi) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512i sign = _mm512_set1_epi32(INT32_MIN);
+  for (int i = lo; i < hi; i += 16) {
+    __mmask16 mk = hi - i < 16 ? (__mmask16)((1u << (hi - i)) - 1) : (__mmask16)0xffff;
+    __m512 gv = _mm512_maskz_loadu_ps(mk, g + i), uv = _mm512_maskz_loadu_ps(mk, u + i);
+    __m512 t = simd_exp512(_mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(gv), sign)));
+    __mmask16 pos = _mm512_cmp_ps_mask(gv, _mm512_setzero_ps(), _CMP_GE_OQ);
+    __m512 sg = _mm512_div_ps(_mm512_mask_blend_ps(pos, t, one), _mm512_add_ps(one, t));
+    if (!dg) {
+      _mm512_mask_storeu_ps(h + i, mk, _mm512_mul_ps(_mm512_mul_ps(gv, sg), uv));
+    } else {
+      __m512 dv = _mm512_maskz_loadu_ps(mk, dh + i);
+      __m512 ru = _mm512_mul_ps(_mm512_mul_ps(dv, gv), sg);
+      __m512 f = _mm512_add_ps(one, _mm512_mul_ps(gv, _mm512_sub_ps(one, sg)));
+      __m512 rg = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(dv, uv), sg), f);
+      _mm512_mask_storeu_ps(du + i, mk, ru);
+      _mm512_mask_storeu_ps(dg + i, mk, rg);
+    }
+  }
+}
+#endif
+
+static void sw_any(float *h, float *dg, float *du, const float *dh, const float *g, const float *u,
+                   int lo, int hi) {
+#if defined(__x86_64__) || defined(__i386__)
+  int isa = kernels_isa();
+  if (isa == KERNELS_ISA_AVX512)
+    sw_512(h, dg, du, dh, g, u, lo, hi);
+  else if (isa == KERNELS_ISA_AVX2)
+    sw_avx2(h, dg, du, dh, g, u, lo, hi);
+  else if (isa == KERNELS_ISA_PORTABLE && kernels_cpu_fma())
+    sw_fma(h, dg, du, dh, g, u, lo, hi);
+  else
+#endif
+    sw_portable(h, dg, du, dh, g, u, lo, hi);
+}
+
 struct sw_args {
   float *h, *dg, *du;
   const float *g, *u, *dh;
@@ -495,12 +588,7 @@ struct sw_args {
 
 static void swiglu_fwd_range(void *a_, int lo, int hi) {
   struct sw_args *a = a_;
-  float *h = a->h;
-  const float *g = a->g, *u = a->u;
-  for (int i = lo; i < hi; i++) {
-    float sg = g[i] / (1.0f + expf(-g[i]));
-    h[i] = sg * u[i];
-  }
+  sw_any(a->h, NULL, NULL, NULL, a->g, a->u, lo, hi);
 }
 
 void swiglu_forward(float *h, const float *g, const float *u, size_t n) {
@@ -510,14 +598,7 @@ void swiglu_forward(float *h, const float *g, const float *u, size_t n) {
 
 static void swiglu_bwd_range(void *a_, int lo, int hi) {
   struct sw_args *a = a_;
-  float *dg = a->dg, *du = a->du;
-  const float *dh = a->dh, *g = a->g, *u = a->u;
-  for (int i = lo; i < hi; i++) {
-    float sig = 1.0f / (1.0f + expf(-g[i]));
-    float d = dh[i];
-    du[i] = d * g[i] * sig;
-    dg[i] = d * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
-  }
+  sw_any(NULL, a->dg, a->du, a->dh, a->g, a->u, lo, hi);
 }
 
 void swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u,

@@ -574,6 +574,48 @@ static void test_rmsnorm_swiglu(void) {
   free(x), free(w), free(dy);
 }
 
+/* SwiGLU's vector forms (kernels.c, sw_any): against double precision for g over [-100, 100]
+ * (exp(-|g|) below the clamp at the ends), the same bits on every instruction set, and an
+ * element's bits whatever range it is computed in (offsets 0-3, lengths with partial vectors);
+ * the backward in place (dg over dh, as train.c calls it). */
+static void test_swiglu_isa(void) {
+  enum { N = 203 };
+  float g[N], u[N], dh[N], h[4][N], dg[4][N], du[4][N], t[N];
+  struct rng r;
+  rng_seed(&r, 77, 0);
+  for (int i = 0; i < N; i++) {
+    g[i] = i < 8 ? (float)(i - 4) * 25.0f : (float)(8 * rng_normal(&r));
+    u[i] = (float)rng_normal(&r), dh[i] = (float)rng_normal(&r);
+  }
+  g[9] = -0.0f, g[10] = 0.0f;
+  int isas[4], n_isa = isa_list(isas);
+  for (int k = 0; k < n_isa; k++) {
+    kernels_force_isa(isas[k]);
+    swiglu_forward(h[k], g, u, N);
+    memcpy(dg[k], dh, sizeof dh); /* dg over dh */
+    swiglu_backward(dg[k], du[k], dg[k], g, u, N);
+    for (int i = 0; i < N; i++) {
+      double gi = g[i], sig = 1 / (1 + exp(-gi)), d = dh[i];
+      CHECK_NEAR(h[k][i], gi * sig * u[i], 1e-6 + 1e-6 * fabs(gi * sig * u[i]));
+      CHECK_NEAR(du[k][i], d * gi * sig, 1e-6 + 1e-6 * fabs(d * gi * sig));
+      double want = d * u[i] * sig * (1 + gi * (1 - sig));
+      CHECK_NEAR(dg[k][i], want, 1e-6 + 2e-6 * fabs(want));
+    }
+    CHECK_MSG(!memcmp(h[k], h[0], sizeof h[0]) && !memcmp(dg[k], dg[0], sizeof dg[0]) &&
+                  !memcmp(du[k], du[0], sizeof du[0]),
+              "swiglu: instruction set %d differs from %d", isas[k], isas[0]);
+    for (int off = 0; off < 4; off++) /* the same bits from any start and length */
+      for (int len = 1; off + len <= N; len += 37) {
+        memset(t, 0, sizeof t);
+        swiglu_forward(t + off, g + off, u + off, (size_t)len);
+        CHECK_MSG(!memcmp(t + off, h[0] + off, sizeof(float) * (size_t)len),
+                  "swiglu isa %d: elements [%d, %d) differ computed alone", isas[k], off,
+                  off + len);
+      }
+  }
+  kernels_force_isa(0);
+}
+
 /* The classifier against a double-precision log-softmax, for row widths inside one chunk of its
  * sums and across several with a partial vector at the end; the same bits on every instruction
  * set; a NaN or an infinity among a row's logits gives a NaN log-prob (never a finite one). */
@@ -785,6 +827,7 @@ int main(void) {
   test_attention_decode(33, 2, 2, 256);
   test_rope();
   test_rmsnorm_swiglu();
+  test_swiglu_isa();
   test_classifier(50);
   test_classifier(16);
   test_classifier(1203); /* several chunks of sums, a partial vector at the end */
