@@ -24,7 +24,7 @@ static json_t *sums_job(const char *train) {
   return json_pack("{s:s,s:s,s:s,s:s,s:i,s:{s:i,s:i,s:f,s:s,s:i,s:i,s:i}}", "method", "supervised",
                    "model", "tiny", "training_file", train, "validation_file", train, "seed", 1,
                    "hyperparameters", "batch_size", 20, "epochs", 40, "learning_rate", 0.003,
-                   "lr_schedule", "constant", "eval_every", 50, "micro_batch_tokens", 64,
+                   "lr_schedule", "linear", "eval_every", 50, "micro_batch_tokens", 64,
                    "checkpoint_every", 100);
 }
 
