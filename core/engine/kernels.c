@@ -531,11 +531,8 @@ static void sw_portable(float *h, float *dg, float *du, const float *dh, const f
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-__attribute__((target("avx2,fma"))) static void sw_avx2(float *h, float *dg, float *du,
-                                                        const float *dh, const float *g,
-                                                        const float *u, int lo, int hi) {
-  sw_gen(h, dg, du, dh, g, u, lo, hi, 1);
-}
+/* the portable form with FMA3 in hardware: AVX2 machines, and the portable set on a CPU with FMA
+ * (FMA3 alone, no AVX2 assumed) */
 __attribute__((target("fma"))) static void sw_fma(float *h, float *dg, float *du, const float *dh,
                                                   const float *g, const float *u, int lo, int hi) {
   sw_gen(h, dg, du, dh, g, u, lo, hi, 1);
@@ -572,9 +569,7 @@ static void sw_any(float *h, float *dg, float *du, const float *dh, const float 
   int isa = kernels_isa();
   if (isa == KERNELS_ISA_AVX512)
     sw_512(h, dg, du, dh, g, u, lo, hi);
-  else if (isa == KERNELS_ISA_AVX2)
-    sw_avx2(h, dg, du, dh, g, u, lo, hi);
-  else if (isa == KERNELS_ISA_PORTABLE && kernels_cpu_fma())
+  else if (isa == KERNELS_ISA_AVX2 || (isa == KERNELS_ISA_PORTABLE && kernels_cpu_fma()))
     sw_fma(h, dg, du, dh, g, u, lo, hi);
   else
 #endif
@@ -871,7 +866,8 @@ static float exp_shift_portable(float *p, int n, float sub) {
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-__attribute__((target("avx2,fma"))) static float exp_shift_fma(float *p, int n, float sub) {
+/* FMA3 alone: also the portable set on a CPU with FMA but no AVX2 */
+__attribute__((target("fma"))) static float exp_shift_fma(float *p, int n, float sub) {
   return exp_shift_gen(p, n, sub, 1);
 }
 /* exp_shift_gen in 16 lanes: the same operations */
