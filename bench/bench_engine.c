@@ -804,6 +804,12 @@ static int run_decode(const char *name, int batch, int gen_new, int reps, int lo
       fprintf(stderr, " %s %.0f%%", prof_names[q], tot > 0 ? 100 * kind[q] / tot : 0.0);
       json_object_set_new(pk, prof_names[q], json_real(kind[q] / reps));
     }
+    fprintf(stderr, "; waiting per thread:");
+    for (int t = 0; t < nt && t < GEN_PROF_THREADS; t++) {
+      double tt = 0;
+      for (int q = 0; q < GEN_PROF_KINDS; q++) tt += prof[k].sec[t][q];
+      fprintf(stderr, " %.1f%%", tt > 0 ? 100 * prof[k].sec[t][GEN_PROF_WAIT] / tt : 0.0);
+    }
     fprintf(stderr, "; column ranges taken per thread:");
     for (int t = 0; t < nt && t < GEN_PROF_THREADS; t++) fprintf(stderr, " %ld", chunks[t] / reps);
     fputc('\n', stderr);

@@ -30,6 +30,7 @@ struct gen_state {
   struct thread_scratch scr; /* attention scratch per pool thread */
   struct pool *pool;         /* borrowed */
   float *pick_p;             /* [V] */
+  float *xt_h; /* acts.h transposed for the down projection by the threads that compute it */
   int *ints;                 /* pos, row0, t_new, n_past, slot: cap_rows each; idx[V]; misc */
   int *pos, *row0, *t_new, *n_past, *slot, *pick_idx, *active, *src, *last_row;
   /* gen_advance: [cap_batch] each: tokens each slot's cache holds; per feed, whether it is a
@@ -64,7 +65,7 @@ struct gen_state {
 };
 
 struct glayout {
-  size_t cache, acts, sel, logits, scratch, pick, total, ints;
+  size_t cache, acts, sel, logits, scratch, pick, xt_h, total, ints;
 };
 
 static void gplan(const struct model_config *c, const struct lora_config *lc, int B, int T,
@@ -87,7 +88,9 @@ static void gplan(const struct model_config *c, const struct lora_config *lc, in
                linear_lanes_xt_floats(B, (int)in_max) + 16;
   p->scratch = (size_t)T * T > dec ? (size_t)T * T : dec;
   p->pick = V;
-  p->total = p->cache + p->acts + p->sel + p->logits + p->pick;
+  /* the down projection's input transposed, shared by the pool's threads, 64-byte aligned */
+  p->xt_h = linear_lanes_xt_floats(B, (int)FF) + 16;
+  p->total = p->cache + p->acts + p->sel + p->logits + p->pick + p->xt_h;
   p->ints = rows * 5 + V + 7 * (size_t)B + rows;
 }
 
@@ -210,6 +213,7 @@ struct gen_state *gen_state_new(const struct model *m, int cap_batch, int cap_se
   s->sel = TAKE(p.sel);
   s->logits = TAKE(p.logits);
   s->pick_p = TAKE(p.pick);
+  s->xt_h = (float *)(((uintptr_t)TAKE(p.xt_h) + 63) & ~(uintptr_t)63);
 #undef TAKE
   if (thread_scratch_init(&s->scr, p.scratch, NULL)) goto oom;
   int *ip = s->ints;
@@ -690,6 +694,11 @@ static void decode_step(void *ctx, int ti, int nt) {
     has[0] = lora_xa(lo, l, LT_GATE, xn, n, C, lt[0]);
     has[1] = lora_xa(lo, l, LT_UP, xn, n, C, lt[1]);
     xt = prepare(xtb, xn, n, C, w->w_gate16, PK(4));
+    /* split by columns, the down projection's input is transposed by the threads that compute
+     * its columns, into one shared copy (not by every thread whole after the barrier) */
+    const float *xt_h = x->by_rows || w->w_down16 || PK(6)
+                            ? NULL
+                            : linear_lanes_prepare_cols(s->xt_h, hh, n, FF, 0, 0);
     prof(&pm, GEN_PROF_NORM);
     PHASE(1, w_ff, 0, C);
     while (phase_q_take(&pq, &j, &lo_, &hi_)) {
@@ -701,10 +710,11 @@ static void decode_step(void *ctx, int ti, int nt) {
         size_t o = (size_t)i * FF + lo_;
         swiglu_forward(hh + o, gg + o, uu + o, (size_t)(hi_ - lo_));
       }
+      if (xt_h) linear_lanes_prepare_cols(s->xt_h, hh, n, FF, lo_, hi_);
     }
     WAIT(GEN_PROF_FFN);
     has[0] = lora_xa(lo, l, LT_DOWN, hh, n, FF, lt[0]);
-    xt = prepare(xtb, hh, n, FF, w->w_down16, PK(6));
+    xt = xt_h ? xt_h : prepare(xtb, hh, n, FF, w->w_down16, PK(6));
     prof(&pm, GEN_PROF_NORM);
     PHASE(1, w_c, 0, FF);
     while (phase_q_take(&pq, &j, &lo_, &hi_)) {

@@ -360,8 +360,19 @@ static void lanes_call(int variant, float *y, const float *x, const float *wf, c
     CHECK_MSG(p || !xt || kernels_isa() != KERNELS_ISA_AVX512 || M < 16 ||
                   (M < 64 && 4 * M < 3 * ((M + 15) / 16 * 16)),
               "linear_lanes_prepare made no copy on AVX-512 (M=%d)", M);
+    /* the same copy from three column ranges written last first (one empty when IN < 3) */
+    float *xc = nx ? aligned_alloc(64, (nx * sizeof(float) + 63) / 64 * 64) : NULL;
+    if (xc) memset(xc, 0xff, nx * sizeof(float));
+    int k1 = IN / 3, k2 = 2 * IN / 3 + 1 < IN ? 2 * IN / 3 + 1 : IN;
+    const float *pc = linear_lanes_prepare_cols(xc, x, M, IN, k2, IN);
+    CHECK_MSG(pc == linear_lanes_prepare_cols(xc, x, M, IN, k1, k2) &&
+                  pc == linear_lanes_prepare_cols(xc, x, M, IN, 0, k1) && !p == !pc &&
+                  (!p || !memcmp(p, pc, nx * sizeof(float))),
+              "linear_lanes_prepare_cols: ranges [0, %d), [%d, %d), [%d, %d) differ from the "
+              "whole copy (M=%d)",
+              k1, k1, k2, k2, IN, M);
     linear_lanes_prepared(y, x, p, wf, b, M, IN, OUT, j0, j1, beta);
-    free(xt);
+    free(xt), free(xc);
   }
 }
 static const char *const lanes_name[7] = {"",       "_bf16",        "_packed",  "_packed(bf16)",
