@@ -513,7 +513,9 @@ static json_t *info_json(const struct bench *b) {
                                          : "OpenBLAS threads, engine code serial"));
   json_object_set_new(j, "params", json_integer((json_int_t)b->m->n_params));
   json_object_set_new(j, "train_flops", json_real(b->train_flops));
-  json_object_set_new(j, "gen_flops_b16", json_real(gen_flops(b, 16)));
+  char key[32];
+  snprintf(key, sizeof key, "gen_flops_b%d", g_gen_batch);
+  json_object_set_new(j, key, json_real(gen_flops(b, g_gen_batch)));
   json_object_set_new(j, "gen_flops_b1", json_real(gen_flops(b, 1)));
   json_object_set_new(j, "gen_new", json_integer(b->gen_new));
   json_object_set_new(j, "tokens_per_step", json_integer(N_SEQ * SEQ_LEN));
@@ -810,6 +812,9 @@ static int run_decode(const char *name, int batch, int gen_new, int reps, int lo
       for (int q = 0; q < GEN_PROF_KINDS; q++) tt += prof[k].sec[t][q];
       fprintf(stderr, " %.1f%%", tt > 0 ? 100 * prof[k].sec[t][GEN_PROF_WAIT] / tt : 0.0);
     }
+    fprintf(stderr, "; barrier waits per thread (of which asleep):");
+    for (int t = 0; t < nt && t < GEN_PROF_THREADS; t++)
+      fprintf(stderr, " %ld (%ld)", prof[k].waits[t] / reps, prof[k].slept[t] / reps);
     fprintf(stderr, "; column ranges taken per thread:");
     for (int t = 0; t < nt && t < GEN_PROF_THREADS; t++) fprintf(stderr, " %ld", chunks[t] / reps);
     fputc('\n', stderr);
@@ -833,16 +838,17 @@ out:
 
 /* Serve mode, for measurements interleaved with PyTorch's (bench_torch.py --pair): after setup,
  * prints the info object, then answers each command line on stdin with one JSON line:
- *   train       {"step_s", "forward_s", "backward_s", "adamw_s"}   one training step
- *   gen16 SEED  {"seconds"}                                         one generation, batch 16
+ *   train       {"step_s", "forward_s", "backward_s", "adamw_s"}   one training step (not with
+ *                                                                  --phase gen: no training state)
+ *   gen16 SEED  {"seconds"}                          one generation, batch 16 (or --gen-batch)
  *   gen1 SEED   {"seconds"}                                         batch 1
  *   info        the info object (peak RSS so far)
  *   quit
  * An error answers {"error": message} and ends the process. */
-static int serve(const char *name, int gen_new) {
+static int serve(const char *name, int gen_new, int train) {
   struct bench b;
   struct dapo_err e = {0};
-  int rc = bench_init(&b, name, 1, 1, gen_new, &e);
+  int rc = bench_init(&b, name, train, 1, gen_new, &e);
   char line[256];
   if (!rc) emit(info_json(&b));
   while (!rc && fgets(line, sizeof line, stdin)) {
@@ -852,7 +858,7 @@ static int serve(const char *name, int gen_new) {
     if (!strcmp(line, "quit")) break;
     if (!strcmp(line, "info")) {
       emit(info_json(&b));
-    } else if (!strcmp(line, "train")) {
+    } else if (!strcmp(line, "train") && b.ts) {
       if (!(rc = bench_train_step(&b, t, &e)))
         emit(json_pack("{s:f, s:f, s:f, s:f}", "step_s", t[0], "forward_s", t[1], "backward_s",
                        t[2], "adamw_s", t[3]));
@@ -963,6 +969,6 @@ int main(int argc, char **argv) {
     if (!n_sp) n_sp = parse_splits("columns,dynamic:16,dynamic:64,dynamic:256,rows", sp, 16);
     return run_decode(model, gen_batch, gen_new, gen_reps, lora_r, busy, tune, sp, n_sp);
   }
-  return serve_mode ? serve(model, gen_new)
+  return serve_mode ? serve(model, gen_new, phase != 2)
                     : run_model(model, train_steps, gen_reps, gen_new, phase);
 }

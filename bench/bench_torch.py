@@ -78,6 +78,12 @@ MODELS = {
                   num_attention_heads=6),
     "medium": dict(vocab_size=4096, hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
                    num_attention_heads=8),
+    # Qwen2.5-0.5B's shape, bench_engine's qwen-0.5b (q/k/v biases, tied, GQA 14/2), for
+    # --gen-only: PyTorch's LM head computes all 151,936 rows, as transformers does for the real
+    # model (ours the 151,665 its tokenizer uses)
+    "qwen-0.5b": dict(model_type="qwen2", vocab_size=151936, hidden_size=896,
+                      intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                      num_key_value_heads=2, tie_word_embeddings=True, rms_norm_eps=1e-6),
 }
 
 
@@ -129,8 +135,8 @@ class Torch:
 
     def model(self, name):
         torch, llama = self.torch, self.llama
-        d = dict(MODELS[name], model_type="llama", max_position_embeddings=512, rms_norm_eps=1e-5,
-                 tie_word_embeddings=False)
+        d = dict(dict(model_type="llama", max_position_embeddings=512, rms_norm_eps=1e-5,
+                      tie_word_embeddings=False), **MODELS[name])
         torch.manual_seed(1)
         m = llama.LlamaForCausalLM(llama.Config(d))
         with torch.no_grad():
@@ -221,9 +227,13 @@ def probe(args):
 class Engine:
     """bench_engine --serve as a child process: one command, one JSON answer."""
 
-    def __init__(self, path, model, gen_new):
-        self.p = subprocess.Popen([path, "--model", model, "--serve", "--gen-new", str(gen_new)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    def __init__(self, path, model, gen_new, gen_batch=GEN_BATCH, train=True):
+        cmd = [path, "--model", model, "--serve", "--gen-new", str(gen_new)]
+        if gen_batch != GEN_BATCH:
+            cmd += ["--gen-batch", str(gen_batch)]
+        if not train:
+            cmd += ["--phase", "gen"]  # no training state (a 0.5B one would not be needed)
+        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.info = self.read()
 
     def read(self):
@@ -263,7 +273,9 @@ def measure(args):
     if args.probe_file:
         with open(args.probe_file) as f:
             best = json.loads(f.read())["best"]
-    eng = Engine(args.engine, args.model, args.gen_new) if args.engine else None
+    B = args.gen_batch
+    eng = (Engine(args.engine, args.model, args.gen_new, B, not args.gen_only) if args.engine
+           else None)
     m = T.model(args.model)
     n_params = sum(p.numel() for p in m.parameters())
     settle = 0.2  # s between sides: spinning BLAS / OpenMP workers of the other side go idle
@@ -289,28 +301,30 @@ def measure(args):
                  corename=T.corename(), torch_version=T.torch.__version__,
                  rss_kib_after_import=T.rss_after_import)
     pair = dict(side="pair", kind="pair", model=args.model)
-    # training
-    T.set_threads(*best["train"])
-    step = T.trainer(m)
-    ours, peer = paired(args.train_steps,
-                        lambda: eng.ask("train"),
-                        lambda: dict(zip(("step_s", "forward_s", "backward_s", "adamw_s"), step())))
-    tr = {k: med([p[k] for p in peer]) for k in peer[0]}
-    tr.update(tok_s=N_SEQ * SEQ_LEN / tr["step_s"], steps=len(peer),
-              settings="torch %d / OpenBLAS %d" % T.threads())
-    out_t["train"] = tr
-    out_t["peak_rss_kib_train"] = rss_kib()
-    print("%s: torch train %.0f tok/s, step %.3f s = forward %.3f + backward %.3f + adamw %.3f (%s)"
-          % (args.model, tr["tok_s"], tr["step_s"], tr["forward_s"], tr["backward_s"],
-             tr["adamw_s"], tr["settings"]), file=sys.stderr)
-    if eng:
-        o = {k: med([p[k] for p in ours]) for k in ours[0]}
-        o.update(tok_s=N_SEQ * SEQ_LEN / o["step_s"], steps=len(ours))
-        eng.info["train"] = o
-        pair["train"] = med([p["step_s"] / q["step_s"] for p, q in zip(peer, ours)])
-        print("%s: ours  train %.0f tok/s, step %.3f s = forward %.3f + backward %.3f + adamw %.3f"
-              % (args.model, o["tok_s"], o["step_s"], o["forward_s"], o["backward_s"],
-                 o["adamw_s"]), file=sys.stderr)
+    # training (not with --gen-only)
+    if not args.gen_only:
+        T.set_threads(*best["train"])
+        step = T.trainer(m)
+        ours, peer = paired(args.train_steps,
+                            lambda: eng.ask("train"),
+                            lambda: dict(zip(("step_s", "forward_s", "backward_s", "adamw_s"),
+                                             step())))
+        tr = {k: med([p[k] for p in peer]) for k in peer[0]}
+        tr.update(tok_s=N_SEQ * SEQ_LEN / tr["step_s"], steps=len(peer),
+                  settings="torch %d / OpenBLAS %d" % T.threads())
+        out_t["train"] = tr
+        out_t["peak_rss_kib_train"] = rss_kib()
+        print("%s: torch train %.0f tok/s, step %.3f s = forward %.3f + backward %.3f + adamw %.3f "
+              "(%s)" % (args.model, tr["tok_s"], tr["step_s"], tr["forward_s"], tr["backward_s"],
+                        tr["adamw_s"], tr["settings"]), file=sys.stderr)
+        if eng:
+            o = {k: med([p[k] for p in ours]) for k in ours[0]}
+            o.update(tok_s=N_SEQ * SEQ_LEN / o["step_s"], steps=len(ours))
+            eng.info["train"] = o
+            pair["train"] = med([p["step_s"] / q["step_s"] for p, q in zip(peer, ours)])
+            print("%s: ours  train %.0f tok/s, step %.3f s = forward %.3f + backward %.3f + "
+                  "adamw %.3f" % (args.model, o["tok_s"], o["step_s"], o["forward_s"],
+                                  o["backward_s"], o["adamw_s"]), file=sys.stderr)
     # generation
     out_t["gen"] = {}
     if eng:
@@ -320,10 +334,12 @@ def measure(args):
     pair["busy"] = out_t["busy"] = bool(args.busy)
     if eng:
         eng.info["busy"] = bool(args.busy)
-    for key, n in (("b16", GEN_BATCH), ("b1", 1)):
+    for key, n in (("b%d" % B, B), ("b1", 1)):
         T.set_threads(*best["gen16" if n > 1 else "gen1"])
         ours, peer = paired(args.gen_reps,
-                            lambda: eng.ask("gen%d %d" % (n, next(seeds)))["seconds"],
+                            # gen16: bench_engine's larger batch (its --gen-batch)
+                            lambda: eng.ask("gen%d %d" % (16 if n > 1 else 1,
+                                                          next(seeds)))["seconds"],
                             lambda: T.gen_once(m, n, args.gen_new, next(seeds)))
         t = med(peer)
         out_t["gen"][key] = dict(batch=n, seconds=t, tok_s=n * args.gen_new / t,
@@ -358,8 +374,9 @@ def method_steps(T, model):
     cross-entropy over the 192 response tokens of each of 16 sequences (F.cross_entropy on the
     LM head's response rows) and its token accuracy (argmax), backward, clip_grad_norm_, AdamW.
     dpo: 8 pairs (sequences 2k and 2k+1 share their 64-token prompt), sequence log-probs of the
-    responses (selective_logp, as TRL's DPO trainer), -logsigmoid(beta * ((c - c_ref) - (r - r_ref))) averaged over pairs against
-    reference log-probs computed once (not timed), backward, clip_grad_norm_, AdamW."""
+    responses (selective_logp, as TRL's DPO trainer), -logsigmoid(beta * ((c - c_ref) -
+    (r - r_ref))) averaged over pairs against reference log-probs computed once (not timed),
+    backward, clip_grad_norm_, AdamW."""
     torch, llama = T.torch, T.llama
     F = torch.nn.functional
     seqs, _ = T.batch(model.config.vocab_size)
@@ -681,11 +698,14 @@ def report(files):
     hdr = ("model", "work", "ours tok/s", "torch tok/s", "ours/torch", "ours GFLOP/s", "% peak",
            "torch GFLOP/s", "% peak", "peak RSS ours MiB", "peak RSS torch MiB", "torch setting")
     rows = []
-    for name in ("tiny", "small", "medium"):
+    for name in MODELS:
         if name not in ours:
             continue
         o, p, pa = ours[name], peer.get(name), pairs.get(name, {})
-        for work, key in (("train", "train"), ("gen b16", "b16"), ("gen b1", "b1")):
+        gens = sorted(o.get("gen", {}), key=lambda k: -int(k[1:]))
+        for work, key in [("train", "train")] + [("gen " + k, k) for k in gens]:
+            if work == "train" and "train" not in o:
+                continue
             if work == "train":
                 ot, pt = o.get("train"), p["train"] if p else None
                 flops = o["train_flops"]
@@ -720,8 +740,9 @@ def report(files):
         print("\nPyTorch %s; its RSS includes ~%.0f MiB of the torch import itself."
               % (p0.get("torch_version", "?"), p0["rss_kib_after_import"] / 1024))
     print("Training: 16 sequences x 256 tokens (prompt 64) a step, forward + backward + AdamW. "
-          "Generation: a 32-token prompt shared by the batch, 128 new tokens, temperature 1, "
-          "no stop tokens; tok/s counts new tokens.")
+          "Generation: a 32-token prompt shared by the batch, %s new tokens, temperature 1, "
+          "no stop tokens; tok/s counts new tokens."
+          % ("/".join(sorted({str(o.get("gen_new", "?")) for o in ours.values()})) or "?"))
     report_methods([r for r in recs if r.get("kind") == "methods"], peak)
 
 
@@ -763,6 +784,10 @@ def main():
     ap.add_argument("--gen-reps", type=int, default=3)
     ap.add_argument("--gen-new", type=int, default=128)
     ap.add_argument("--busy", action="store_true", help="generation beside a CPU hog (hog.py)")
+    ap.add_argument("--gen-batch", type=int, default=GEN_BATCH,
+                    help="the larger generation batch (bench_engine --gen-batch, at most 64)")
+    ap.add_argument("--gen-only", action="store_true",
+                    help="generation alone, no training step (for qwen-0.5b)")
     ap.add_argument("--scale", metavar="FOLDER", help="a model folder (bench/scale.py)")
     ap.add_argument("--rollouts", help="--scale: dapod's rollouts file of the step")
     ap.add_argument("--lora", metavar="R,ALPHA", help="--scale: LoRA on every linear layer")

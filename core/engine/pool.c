@@ -152,8 +152,8 @@ static void futex_wake_all(int *addr) {
   syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
-void pool_barrier_wait(struct pool_barrier *b, int n) {
-  if (n <= 1) return;
+int pool_barrier_wait(struct pool_barrier *b, int n) {
+  if (n <= 1) return 0;
   int ph = __atomic_load_n(&b->phase, __ATOMIC_ACQUIRE);
   if (__atomic_add_fetch(&b->count, 1, __ATOMIC_ACQ_REL) == n) {
     /* the last one resets the count before releasing the others, who may arrive at the next
@@ -161,7 +161,7 @@ void pool_barrier_wait(struct pool_barrier *b, int n) {
     __atomic_store_n(&b->count, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&b->phase, ph + 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&b->sleepers, __ATOMIC_SEQ_CST)) futex_wake_all(&b->phase);
-    return;
+    return 0;
   }
   /* Spin first: the threads of a pool normally run on cores of their own and arrive within
    * microseconds. The budget adapts: it shrinks by half after every wait that had to sleep
@@ -173,7 +173,7 @@ void pool_barrier_wait(struct pool_barrier *b, int n) {
   for (int spins = 0; spins < lim; spins++) {
     if (__atomic_load_n(&b->phase, __ATOMIC_ACQUIRE) != ph) {
       if (lim < SPIN_MAX) __atomic_store_n(&b->spin, lim + lim / 8 + 1, __ATOMIC_RELAXED);
-      return;
+      return 0;
     }
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
@@ -183,4 +183,5 @@ void pool_barrier_wait(struct pool_barrier *b, int n) {
   __atomic_add_fetch(&b->sleepers, 1, __ATOMIC_SEQ_CST);
   while (__atomic_load_n(&b->phase, __ATOMIC_SEQ_CST) == ph) futex_wait(&b->phase, ph);
   __atomic_sub_fetch(&b->sleepers, 1, __ATOMIC_RELAXED);
+  return 1;
 }

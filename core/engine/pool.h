@@ -26,13 +26,14 @@ void pool_run(struct pool *p, void (*fn)(void *ctx, int i, int n), void *ctx);
  * each need all of the previous phase (decoding: column-split products between row-split
  * attention). Waiters spin briefly (phases are short and every thread of the pool is busy on the
  * same task), then sleep on a futex. pool_barrier_init before use; the same barrier serves
- * any number of successive phases and pool_runs. n == 1 returns at once. */
+ * any number of successive phases and pool_runs. n == 1 returns at once. pool_barrier_wait
+ * returns 1 where the caller slept, else 0 (for profiles). */
 struct pool_barrier {
   int count, phase, sleepers;
   int spin; /* adaptive spin budget (pool.c) */
 };
 void pool_barrier_init(struct pool_barrier *b);
-void pool_barrier_wait(struct pool_barrier *b, int n);
+int pool_barrier_wait(struct pool_barrier *b, int n);
 
 /* The pool the calling thread's kernels use (thread-local); NULL: serial. */
 struct pool *pool_current(void);

@@ -105,6 +105,8 @@ enum { GEN_PROF_THREADS = 16 };
 struct gen_profile {
   double sec[GEN_PROF_THREADS][GEN_PROF_KINDS];
   long chunks[GEN_PROF_THREADS]; /* column ranges taken */
+  long waits[GEN_PROF_THREADS];  /* barrier waits */
+  long slept[GEN_PROF_THREADS];  /* of which ended asleep (pool_barrier_wait) */
 };
 void gen_state_set_profile(struct gen_state *s, struct gen_profile *p);
 
