@@ -146,8 +146,7 @@ const float *linear_lanes_prepare(float *xt, const float *inp, int M, int IN);
  * threads that each write their own columns of one shared copy (disjoint ranges never share a
  * cache line); returns what linear_lanes_prepare would, also for an empty range (nothing
  * written). The copy assembled from ranges that cover [0, IN) is linear_lanes_prepare's. */
-const float *linear_lanes_prepare_cols(float *xt, const float *inp, int M, int IN, int k0,
-                                       int k1);
+const float *linear_lanes_prepare_cols(float *xt, const float *inp, int M, int IN, int k0, int k1);
 void linear_lanes_prepared(float *out, const float *inp, const float *xt, const float *w,
                            const float *bias, int M, int IN, int OUT, int j0, int j1, float beta);
 /* linear_lanes' block alone (w, or w16 when w is NULL), whatever M and the instruction set: for

@@ -1386,16 +1386,15 @@ size_t linear_lanes_xt_floats(int M, int IN) {
   return M >= LL_XT_MIN ? (size_t)(M + 63) / 64 * 64 * (size_t)IN : 0;
 }
 
-const float *linear_lanes_prepare_cols(float *xt, const float *inp, int M, int IN, int k0,
-                                       int k1) {
+const float *linear_lanes_prepare_cols(float *xt, const float *inp, int M, int IN, int k0, int k1) {
 #ifdef LF_X86
   /* the first block (64 rows when M > 64) decides whether any is taken */
   if (!xt || lf_form() != 3 || !lr_rows(M < 64 ? M : 64)) return NULL;
   for (int m0 = 0; m0 < M && k0 < k1; m0 += 64) {
     int mr = M - m0 < 64 ? M - m0 : 64, mp = (mr + 15) / 16 * 16;
     if (lr_rows(mr))
-      ll_pack512(xt + (size_t)m0 * IN + (size_t)k0 * mp, inp + (size_t)m0 * IN, NULL, IN, 0, mr,
-                 k0, k1 - k0, mp, 0);
+      ll_pack512(xt + (size_t)m0 * IN + (size_t)k0 * mp, inp + (size_t)m0 * IN, NULL, IN, 0, mr, k0,
+                 k1 - k0, mp, 0);
   }
   return xt;
 #else

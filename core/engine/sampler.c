@@ -31,7 +31,7 @@ struct gen_state {
   struct pool *pool;         /* borrowed */
   float *pick_p;             /* [V] */
   float *xt_h; /* acts.h transposed for the down projection by the threads that compute it */
-  int *ints;                 /* pos, row0, t_new, n_past, slot: cap_rows each; idx[V]; misc */
+  int *ints;   /* pos, row0, t_new, n_past, slot: cap_rows each; idx[V]; misc */
   int *pos, *row0, *t_new, *n_past, *slot, *pick_idx, *active, *src, *last_row;
   /* gen_advance: [cap_batch] each: tokens each slot's cache holds; per feed, whether it is a
    * prefill and its decoded tokens (0 or 1, gen_out's len for decode_step); per decoding row,
