@@ -858,7 +858,9 @@ static int serve(const char *name, int gen_new, int train) {
     if (!strcmp(line, "quit")) break;
     if (!strcmp(line, "info")) {
       emit(info_json(&b));
-    } else if (!strcmp(line, "train") && b.ts) {
+    } else if (!strcmp(line, "train") && !b.ts) {
+      rc = dapo_errf(&e, DAPO_EINVAL, "train: no training state (--phase gen)");
+    } else if (!strcmp(line, "train")) {
       if (!(rc = bench_train_step(&b, t, &e)))
         emit(json_pack("{s:f, s:f, s:f, s:f}", "step_s", t[0], "forward_s", t[1], "backward_s",
                        t[2], "adamw_s", t[3]));

@@ -592,6 +592,17 @@ static void maybe_delay(const struct gen_state *s, int ti) {
   }
 }
 
+/* The barrier at the end of a phase of kind k (gn threads), with the profile's time and counts. */
+static void phase_wait(struct gen_state *s, struct prof_mark *pm, int k, int ti, int gn) {
+  prof(pm, k);
+  int slept = pool_barrier_wait(&s->bar, gn);
+  prof(pm, GEN_PROF_WAIT);
+  if (pm->row && gn > 1) {
+    s->prof->waits[ti]++;
+    s->prof->slept[ti] += slept;
+  }
+}
+
 static void decode_step(void *ctx, int ti, int nt) {
   struct decode_args *x = ctx;
   struct gen_state *s = x->s;
@@ -635,15 +646,12 @@ static void decode_step(void *ctx, int ti, int nt) {
   int pt = s->prof && ti < GEN_PROF_THREADS;
   struct prof_mark pm = {pt ? s->prof->sec[ti] : NULL, pt ? mono_s() : 0};
   long *taken = pt ? &s->prof->chunks[ti] : NULL;
-  int slept;
 #define PHASE(nm, w, rows, IN)                                                                     \
   (maybe_delay(s, ti),                                                                             \
    phase_q_init(&pq, chunk ? step_ticket(x, ph) : NULL, (rows) ? 1 : chunk_cols(chunk, IN), gi,    \
                 gn, rows, nm, w, taken),                                                           \
    ph++)
-#define WAIT(k)                                                                                    \
-  (prof(&pm, k), slept = pool_barrier_wait(&s->bar, gn), prof(&pm, GEN_PROF_WAIT),                 \
-   pt && gn > 1 ? (s->prof->waits[ti]++, s->prof->slept[ti] += slept) : 0)
+#define WAIT(k) phase_wait(s, &pm, k, ti, gn)
   size_t layer_cache = (size_t)s->cap_batch * s->cap_t * CKV;
   const float *const *pk = s->panels; /* packed matrices (pack_refresh) or NULL */
 #define PK(t) (pk ? pk[7 * l + (t)] : NULL)
