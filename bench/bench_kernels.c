@@ -5,7 +5,7 @@
  * measured in turns in one process (F32, BF16, BF16, F32, ...) and printed as ratios beside this
  * machine's measured peaks (SGEMM at 1 and n threads, memory bandwidth), and says whether
  * cblas_sbgemm and AVX512_BF16 exist here. It reports, it never fails on a time.
- * Usage: bench_kernels [--threads N] [--reps N] [--lanes] */
+ * Usage: bench_kernels [--threads N] [--reps N] [--lanes | --attention] */
 #include <cblas.h>
 #include <dlfcn.h>
 #include <math.h>
@@ -217,6 +217,61 @@ static void lanes_bench(struct rng *r, int reps) {
   printf("(medians of %d samples each, in turns; new/old > 1: linear_lanes faster)\n", reps);
 }
 
+/* --attention: decoding attention at Qwen2.5-0.5B's heads (14 query heads, 2 KV heads of 64), one
+ * row against its cache, on this thread alone: attention_forward (each query head a pass over
+ * the cache) against attention_decode (the sampler's: the heads of a group together where the
+ * processor allows; the same bits), in turns, at contexts of 128, 512 and 2048 positions. The
+ * caches cycle over about 256 MB, so that they come from memory as in decoding (every row of a
+ * batch has its own). GFLOP/s of the attention's 4 NH HS n_ctx FLOPs a row, and GB/s of the
+ * cache it reads (keys and values once). */
+static void attention_bench(struct rng *r, int reps) {
+  enum { NH = 14, NKV = 2, HS = 64, CQ = NH * HS, CKV = NKV * HS };
+  static const int ctxs[3] = {128, 512, 2048};
+  pool_set_current(NULL);
+  printf("one thread; SGEMM 1024^3 %.0f GFLOP/s\n", sgemm_peak(1));
+  printf("%6s %16s %16s %9s\n", "n_ctx", "old GFLOP/s GB/s", "new GFLOP/s GB/s", "new/old");
+  float *q = rnd(r, CQ, 1), *o = calloc(CQ, sizeof(float));
+  float *scr = malloc(sizeof(float) * ATTENTION_DECODE_HEADS * 2048);
+  for (int ci = 0; ci < 3; ci++) {
+    int n_ctx = ctxs[ci];
+    size_t per = (size_t)n_ctx * CKV;
+    int nrow = (int)((256u << 20) / (2 * per * sizeof(float)));
+    float **kv = malloc(sizeof(float *) * (size_t)nrow);
+    for (int i = 0; i < nrow; i++) { /* 64-byte aligned, as gen_state's cache */
+      float *x = rnd(r, 2 * per, 1);
+      kv[i] = aligned_alloc(64, 2 * per * sizeof(float));
+      memcpy(kv[i], x, 2 * per * sizeof(float));
+      free(x);
+    }
+    int at = 0, calls = (int)(2e8 / (4.0 * NH * HS * n_ctx)) + 1; /* ~0.2 GFLOP a sample */
+    double t[2][64], qq[64];
+    for (int rep = -1; rep < reps; rep++)
+      for (int h = 0; h < 2; h++) {
+        int k = (rep & 1) ^ h; /* 0 old, 1 new */
+        double t0 = now_s();
+        for (int c = 0; c < calls; c++, at = (at + 1) % nrow)
+          for (int g = 0; g < NKV; g++)
+            if (k)
+              attention_decode(o, NULL, q, kv[at], kv[at] + per, n_ctx - 1, g * (NH / NKV),
+                               NH / NKV, g, HS, CKV, scr);
+            else
+              attention_forward(o, NULL, q, kv[at], kv[at] + per, 1, n_ctx - 1, g * (NH / NKV),
+                                NH / NKV, g, HS, CQ, CKV, CQ, NH, scr);
+        if (rep >= 0) t[k][rep] = (now_s() - t0) / calls;
+      }
+    for (int i = 0; i < reps; i++) qq[i] = t[0][i] / t[1][i];
+    double flop = 4.0 * NH * HS * n_ctx, bytes = 2.0 * per * sizeof(float);
+    double m0 = median(t[0], reps), m1 = median(t[1], reps);
+    printf("%6d %9.1f %6.1f %9.1f %6.1f %8.2fx\n", n_ctx, flop / m0 * 1e-9, bytes / m0 * 1e-9,
+           flop / m1 * 1e-9, bytes / m1 * 1e-9, median(qq, reps));
+    fflush(stdout);
+    for (int i = 0; i < nrow; i++) free(kv[i]);
+    free(kv);
+  }
+  printf("(medians of %d samples each, in turns; new/old > 1: attention_decode faster)\n", reps);
+  free(q), free(o), free(scr);
+}
+
 int main(int argc, char **argv) {
   int threads = pool_cpu_count(), reps = 9;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -226,10 +281,13 @@ int main(int argc, char **argv) {
       reps = atoi(argv[i + 1]) > 0 && atoi(argv[i + 1]) <= 64 ? atoi(argv[i + 1]) : reps;
   }
   for (int i = 1; i < argc; i++)
-    if (!strcmp(argv[i], "--lanes")) {
+    if (!strcmp(argv[i], "--lanes") || !strcmp(argv[i], "--attention")) {
       struct rng r;
       rng_seed(&r, 3, 0);
-      lanes_bench(&r, reps);
+      if (!strcmp(argv[i], "--lanes"))
+        lanes_bench(&r, reps);
+      else
+        attention_bench(&r, reps);
       return 0;
     }
   struct rng r;

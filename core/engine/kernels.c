@@ -752,80 +752,140 @@ static inline __mmask16 mask16(int n) {
   return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
 }
 
-/* NV = HS / 16 vectors per head; always inlined with a constant NV so the loops unroll. */
-__attribute__((always_inline)) K512 static inline float
-attn_row512_nv(float *restrict o, const float *restrict qi, const float *restrict kb,
-               const float *restrict vb, int lim, int ldkv, float scale, float *restrict s,
-               const int NV) {
-  __m512 q[8];
+/* G query heads (qi + g HS, outputs o + g HS, log-sum-exps lse[g]) that share one KV head, at
+ * one query row, NV = HS / 16 vectors a head (constants, so that the loops unroll): each head's
+ * operations are att_row_gen's in the same order (the same bits, tested), every key and value
+ * row loaded once for the G heads instead of once per head (docs/ENGINE.md: 1.34-1.49x at
+ * Qwen2.5-0.5B's 7 heads a group). Scores in s[g * lim + j]. */
+__attribute__((always_inline)) K512 static inline void
+attn_heads512_nv(float *restrict o, float *restrict lse, const float *restrict qi,
+                 const float *restrict kb, const float *restrict vb, int lim, int HS, int ldkv,
+                 float scale, float *restrict s, const int NV, const int G) {
+  __m512 q[4][8], sc = _mm512_set1_ps(scale);
+#pragma GCC unroll 4
+  for (int g = 0; g < G; g++)
 #pragma GCC unroll 16
-  for (int v = 0; v < NV; v++)
-    q[v] = _mm512_mul_ps(_mm512_loadu_ps(qi + 16 * v), _mm512_set1_ps(scale));
+    for (int v = 0; v < NV; v++) q[g][v] = _mm512_mul_ps(_mm512_loadu_ps(qi + g * HS + 16 * v), sc);
   int j = 0;
   for (; j + 4 <= lim; j += 4) {
     const float *k0 = kb + (size_t)j * ldkv, *k1 = k0 + ldkv, *k2 = k1 + ldkv, *k3 = k2 + ldkv;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m512 a[4][4];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++) a[g][0] = a[g][1] = a[g][2] = a[g][3] = _mm512_setzero_ps();
 #pragma GCC unroll 16
     for (int v = 0; v < NV; v++) {
-      a0 = _mm512_fmadd_ps(q[v], _mm512_loadu_ps(k0 + 16 * v), a0);
-      a1 = _mm512_fmadd_ps(q[v], _mm512_loadu_ps(k1 + 16 * v), a1);
-      a2 = _mm512_fmadd_ps(q[v], _mm512_loadu_ps(k2 + 16 * v), a2);
-      a3 = _mm512_fmadd_ps(q[v], _mm512_loadu_ps(k3 + 16 * v), a3);
+      __m512 x0 = _mm512_loadu_ps(k0 + 16 * v), x1 = _mm512_loadu_ps(k1 + 16 * v);
+      __m512 x2 = _mm512_loadu_ps(k2 + 16 * v), x3 = _mm512_loadu_ps(k3 + 16 * v);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; g++) {
+        a[g][0] = _mm512_fmadd_ps(q[g][v], x0, a[g][0]);
+        a[g][1] = _mm512_fmadd_ps(q[g][v], x1, a[g][1]);
+        a[g][2] = _mm512_fmadd_ps(q[g][v], x2, a[g][2]);
+        a[g][3] = _mm512_fmadd_ps(q[g][v], x3, a[g][3]);
+      }
     }
-    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(fold512(a0), fold512(a1)),
-                              _mm256_hadd_ps(fold512(a2), fold512(a3)));
-    _mm_storeu_ps(s + j, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++) {
+      __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(fold512(a[g][0]), fold512(a[g][1])),
+                                _mm256_hadd_ps(fold512(a[g][2]), fold512(a[g][3])));
+      _mm_storeu_ps(s + (size_t)g * lim + j,
+                    _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+    }
   }
   for (; j < lim; j++) {
     const float *kj = kb + (size_t)j * ldkv;
-    __m512 a = _mm512_setzero_ps();
+    __m512 a[4];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++) a[g] = _mm512_setzero_ps();
 #pragma GCC unroll 16
-    for (int v = 0; v < NV; v++) a = _mm512_fmadd_ps(q[v], _mm512_loadu_ps(kj + 16 * v), a);
-    s[j] = hsum512(a);
+    for (int v = 0; v < NV; v++) {
+      __m512 x = _mm512_loadu_ps(kj + 16 * v);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; g++) a[g] = _mm512_fmadd_ps(q[g][v], x, a[g]);
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++) s[(size_t)g * lim + j] = hsum512(a[g]);
   }
-  /* softmax numerator and sum */
-  __m512 mv = _mm512_set1_ps(-INFINITY);
-  for (j = 0; j < lim; j += 16) {
-    __mmask16 mk = mask16(lim - j);
-    mv = _mm512_mask_max_ps(mv, mk, mv, _mm512_maskz_loadu_ps(mk, s + j));
+  float sum[4], mx[4];
+  for (int g = 0; g < G; g++) {
+    float *sg = s + (size_t)g * lim;
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    for (j = 0; j < lim; j += 16) {
+      __mmask16 mk = mask16(lim - j);
+      mv = _mm512_mask_max_ps(mv, mk, mv, _mm512_maskz_loadu_ps(mk, sg + j));
+    }
+    mx[g] = _mm512_reduce_max_ps(mv);
+    __m512 sv = _mm512_setzero_ps(), mxv = _mm512_set1_ps(mx[g]);
+    for (j = 0; j < lim; j += 16) {
+      __mmask16 mk = mask16(lim - j);
+      __m512 e = simd_exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, sg + j), mxv));
+      e = _mm512_maskz_mov_ps(mk, e);
+      _mm512_mask_storeu_ps(sg + j, mk, e);
+      sv = _mm512_add_ps(sv, e);
+    }
+    sum[g] = hsum512(sv);
   }
-  float mx = _mm512_reduce_max_ps(mv);
-  __m512 sv = _mm512_setzero_ps(), mxv = _mm512_set1_ps(mx);
-  for (j = 0; j < lim; j += 16) {
-    __mmask16 mk = mask16(lim - j);
-    __m512 e = simd_exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), mxv));
-    e = _mm512_maskz_mov_ps(mk, e);
-    _mm512_mask_storeu_ps(s + j, mk, e);
-    sv = _mm512_add_ps(sv, e);
-  }
-  float sum = hsum512(sv); /* simd_tree's order, whatever the compiler */
-  /* o = (sum_j e_j v_j) / sum */
-  __m512 acc[8];
+  __m512 acc[4][8];
+#pragma GCC unroll 4
+  for (int g = 0; g < G; g++)
 #pragma GCC unroll 16
-  for (int v = 0; v < NV; v++) acc[v] = _mm512_setzero_ps();
+    for (int v = 0; v < NV; v++) acc[g][v] = _mm512_setzero_ps();
   for (j = 0; j < lim; j++) {
     const float *vj = vb + (size_t)j * ldkv;
-    __m512 p = _mm512_set1_ps(s[j]);
+    __m512 p[4];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++) p[g] = _mm512_set1_ps(s[(size_t)g * lim + j]);
 #pragma GCC unroll 16
-    for (int v = 0; v < NV; v++) acc[v] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 16 * v), acc[v]);
+    for (int v = 0; v < NV; v++) {
+      __m512 x = _mm512_loadu_ps(vj + 16 * v);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; g++) acc[g][v] = _mm512_fmadd_ps(p[g], x, acc[g][v]);
+    }
   }
-  __m512 inv = _mm512_set1_ps(1.0f / sum);
+  for (int g = 0; g < G; g++) {
+    __m512 inv = _mm512_set1_ps(1.0f / sum[g]);
 #pragma GCC unroll 16
-  for (int v = 0; v < NV; v++) _mm512_storeu_ps(o + 16 * v, _mm512_mul_ps(acc[v], inv));
-  return mx + logf(sum);
+    for (int v = 0; v < NV; v++)
+      _mm512_storeu_ps(o + g * HS + 16 * v, _mm512_mul_ps(acc[g][v], inv));
+    lse[g] = mx[g] + logf(sum[g]);
+  }
 }
 
+/* One head (attention_forward's decoding rows): attn_heads512_nv with G = 1. */
 K512 static float attn_row512(float *restrict o, const float *restrict qi, const float *restrict kb,
                               const float *restrict vb, int lim, int HS, int ldkv, float scale,
                               float *restrict s) {
+  float l;
   switch (HS / 16) {
-  case 1: return attn_row512_nv(o, qi, kb, vb, lim, ldkv, scale, s, 1);
-  case 2: return attn_row512_nv(o, qi, kb, vb, lim, ldkv, scale, s, 2);
-  case 3: return attn_row512_nv(o, qi, kb, vb, lim, ldkv, scale, s, 3);
-  case 4: return attn_row512_nv(o, qi, kb, vb, lim, ldkv, scale, s, 4);
-  case 5: return attn_row512_nv(o, qi, kb, vb, lim, ldkv, scale, s, 5);
-  case 6: return attn_row512_nv(o, qi, kb, vb, lim, ldkv, scale, s, 6);
-  default: return attn_row512_nv(o, qi, kb, vb, lim, ldkv, scale, s, 8);
+  case 1: attn_heads512_nv(o, &l, qi, kb, vb, lim, HS, ldkv, scale, s, 1, 1); break;
+  case 2: attn_heads512_nv(o, &l, qi, kb, vb, lim, HS, ldkv, scale, s, 2, 1); break;
+  case 3: attn_heads512_nv(o, &l, qi, kb, vb, lim, HS, ldkv, scale, s, 3, 1); break;
+  case 4: attn_heads512_nv(o, &l, qi, kb, vb, lim, HS, ldkv, scale, s, 4, 1); break;
+  case 5: attn_heads512_nv(o, &l, qi, kb, vb, lim, HS, ldkv, scale, s, 5, 1); break;
+  case 6: attn_heads512_nv(o, &l, qi, kb, vb, lim, HS, ldkv, scale, s, 6, 1); break;
+  default: attn_heads512_nv(o, &l, qi, kb, vb, lim, HS, ldkv, scale, s, 8, 1); break;
+  }
+  return l;
+}
+
+/* Heads per attn_heads512_nv call by vectors per head: q, 4 keys' sums and 4 key vectors in the
+ * 32 registers. */
+static inline int attn_heads512_g(int NV) {
+  return NV <= 2 ? 4 : NV <= 4 ? 3 : 2;
+}
+
+/* attn_heads512_nv for HS / 16 vectors a head, G = attn_heads512_g's */
+K512 static void attn_heads512(float *restrict o, float *restrict lse, const float *restrict qi,
+                               const float *restrict kb, const float *restrict vb, int lim, int HS,
+                               int ldkv, float scale, float *restrict s) {
+  switch (HS / 16) {
+  case 1: attn_heads512_nv(o, lse, qi, kb, vb, lim, HS, ldkv, scale, s, 1, 4); return;
+  case 2: attn_heads512_nv(o, lse, qi, kb, vb, lim, HS, ldkv, scale, s, 2, 4); return;
+  case 3: attn_heads512_nv(o, lse, qi, kb, vb, lim, HS, ldkv, scale, s, 3, 3); return;
+  case 4: attn_heads512_nv(o, lse, qi, kb, vb, lim, HS, ldkv, scale, s, 4, 3); return;
+  case 5: attn_heads512_nv(o, lse, qi, kb, vb, lim, HS, ldkv, scale, s, 5, 2); return;
+  case 6: attn_heads512_nv(o, lse, qi, kb, vb, lim, HS, ldkv, scale, s, 6, 2); return;
+  default: attn_heads512_nv(o, lse, qi, kb, vb, lim, HS, ldkv, scale, s, 8, 2); return;
   }
 }
 
@@ -954,6 +1014,29 @@ void attention_forward(float *out, float *lse, const float *q, const float *k, c
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t_new, HS, n_ctx, 1.0f, S, n_ctx, vb,
                 ldkv, 0.0f, oh, ldo);
   }
+}
+
+/* One decoding row's heads of one KV group: attention_forward's bits (its t_new = 1 rows), with
+ * the AVX-512 path taking ATTENTION_DECODE_HEADS or fewer heads per pass over the cache. */
+void attention_decode(float *out, float *lse, const float *q, const float *k, const float *v,
+                      int n_past, int h0, int n_rep, int kvh, int HS, int ldkv, float *scratch) {
+  int lim = n_past + 1, h = 0;
+#if defined(__x86_64__) || defined(__i386__)
+  if (kernels_isa() == KERNELS_ISA_AVX512 && HS % 16 == 0 && (HS <= 96 || HS == 128)) {
+    float scale = 1.0f / sqrtf((float)HS), l[4];
+    const float *kb = k + (size_t)kvh * HS, *vb = v + (size_t)kvh * HS;
+    for (int G = attn_heads512_g(HS / 16); h + G <= n_rep; h += G) {
+      attn_heads512(out + (size_t)(h0 + h) * HS, l, q + (size_t)(h0 + h) * HS, kb, vb, lim, HS,
+                    ldkv, scale, scratch);
+      if (lse)
+        for (int g = 0; g < G; g++) lse[h0 + h + g] = l[g];
+    }
+  }
+#endif
+  /* the heads left (all of them off AVX-512), one at a time: row 0 only, so no strides */
+  if (h < n_rep)
+    attention_forward(out, lse, q, k, v, 1, n_past, h0 + h, n_rep - h, kvh, HS, 0, ldkv, 0, 0,
+                      scratch);
 }
 
 void attention_forward_ref(float *out, const float *q, const float *k, const float *v, int t_new,

@@ -199,6 +199,14 @@ void swiglu_backward(float *dg, float *du, const float *dh, const float *g, cons
 void attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                        int t_new, int n_past, int h0, int n_rep, int kvh, int HS, int ldq, int ldkv,
                        int ldo, int NH, float *scratch);
+/* attention_forward of one decoding row (t_new = 1) with the same bits, for the sampler: q, out
+ * and lse ([n_rep heads from h0], head h at q + h HS, out + h HS, lse[h]) of that one row; k/v
+ * [n_past + 1, ldkv] as there. Where the processor allows it (AVX-512), heads that share the KV
+ * head are computed together, each key and value row loaded once for up to
+ * ATTENTION_DECODE_HEADS of them. scratch: ATTENTION_DECODE_HEADS * (n_past + 1) floats. */
+enum { ATTENTION_DECODE_HEADS = 4 };
+void attention_decode(float *out, float *lse, const float *q, const float *k, const float *v,
+                      int n_past, int h0, int n_rep, int kvh, int HS, int ldkv, float *scratch);
 void attention_forward_ref(float *out, const float *q, const float *k, const float *v, int t_new,
                            int n_past, int h0, int n_rep, int kvh, int HS, int ldq, int ldkv,
                            int ldo);

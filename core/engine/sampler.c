@@ -78,13 +78,15 @@ static void gplan(const struct model_config *c, const struct lora_config *lc, in
   p->acts = rows * (C + C + 1 + CQ + 2 * CKV + CQ + C + 1 + 3 * FF);
   p->sel = rows * C;
   p->logits = rows * V;
-  /* per thread: prefill's attention scores [T, T], or decoding's (decode_step) */
+  /* per thread: prefill's attention scores [T, T], or decoding's (decode_step: the scores of
+   * ATTENTION_DECODE_HEADS heads) */
   size_t lr = lc ? (size_t)lc->r : 0; /* an adapter's x A^T: [rows, r] in prefill, [B, r] */
   p->acts += rows * lr;
   size_t in_max = C > CQ ? C : CQ;
   in_max = in_max > FF ? in_max : FF;
   /* + a phase's input transposed (linear_lanes_prepare), 64-byte aligned */
-  size_t dec = (size_t)T + (size_t)B * C + 2 * V + 3 * (size_t)B * lr + /* 3 targets a phase */
+  size_t dec = ATTENTION_DECODE_HEADS * (size_t)T + (size_t)B * C + 2 * V +
+               3 * (size_t)B * lr + /* 3 targets a phase */
                linear_lanes_xt_floats(B, (int)in_max) + 16;
   p->scratch = (size_t)T * T > dec ? (size_t)T * T : dec;
   p->pick = V;
@@ -612,7 +614,8 @@ static void decode_step(void *ctx, int ti, int nt) {
   pool_set_current(NULL); /* the kernels called here run on this thread alone */
   int C = c->hidden_size, HS = c->head_dim, NH = c->num_heads, NKV = c->num_kv_heads, CQ = NH * HS,
       CKV = NKV * HS, FF = c->intermediate_size, V = model_vocab_used(c), n_rep = NH / NKV;
-  float *scr = s->scr.buf + (size_t)ti * s->scr.stride, *xn = scr + s->cap_t;
+  float *scr = s->scr.buf + (size_t)ti * s->scr.stride,
+        *xn = scr + (size_t)ATTENTION_DECODE_HEADS * s->cap_t;
   float *pick_p = xn + (size_t)s->cap_batch * C;
   int *pick_idx = (int *)(pick_p + V);
   const struct lora *lo = m->lora;
@@ -688,8 +691,8 @@ static void decode_step(void *ctx, int ti, int nt) {
         memcpy(ck + (base + past) * CKV, ki, sizeof(float) * CKV);
         memcpy(cv + (base + past) * CKV, v + (size_t)i * CKV, sizeof(float) * CKV);
         for (int g = 0; g < NKV; g++)
-          attention_forward(att + (size_t)i * CQ, NULL, qi, ck + base * CKV, cv + base * CKV, 1,
-                            past, g * n_rep, n_rep, g, HS, CQ, CKV, CQ, NH, scr);
+          attention_decode(att + (size_t)i * CQ, NULL, qi, ck + base * CKV, cv + base * CKV, past,
+                           g * n_rep, n_rep, g, HS, CKV, scr);
       }
     WAIT(GEN_PROF_ATTN);
     has[0] = lora_xa(lo, l, LT_O, att, n, CQ, lt[0]);
