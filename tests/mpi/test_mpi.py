@@ -41,8 +41,12 @@ DEADLINE_S = 300
 # a fresh LoRA adapter, whose A gets tiny gradients while B is near 0). The scale of "float
 # tolerance" is therefore measured on each job itself: the one process with another micro-batch
 # packing (the same sums in another order, nothing distributed). The ranks must stay within
-# SLACK times that, or within the floors below. Measured figures: docs/SCALE.md.
-SLACK = 4.0
+# SLACK times that, or within the floors below. Measured figures: docs/SCALE.md. Both are one
+# draw each of a rounding-order difference: on an AMD EPYC (Zen 4, OpenBLAS's Cooperlake kernel)
+# four jobs' N = 2 differences were 4.0-4.4 times their repacking's, so 4 was one machine's
+# margin; a distributed error (a gradient summed twice, a rank's terms lost, an off-by-one
+# denominator) moves the weights by orders of magnitude more, or changes the rollouts.
+SLACK = 8.0
 NORM_FLOOR = 1e-6
 ELEMENT_FLOOR = 1e-5
 # An episode job's update has few trained tokens (a few model tokens an episode), so more of its
@@ -52,6 +56,13 @@ ELEMENT_FLOOR = 1e-5
 # tools job (its norm difference 6.7e-7, rollouts identical); a rank whose token-mean
 # denominator is off by one token changes the rollouts by step 2.
 ELEMENT_FLOOR_EPISODES = 1e-3
+# A fresh LoRA adapter's norm: A's gradients are tiny while B is near 0, so Adam turns rounding
+# into steps of the learning rate; its repacked one process is a poor yardstick (2.0e-5 on a
+# Xeon, 1.3e-6 on an AMD EPYC, where N = 3 then differed by 1.3e-5). A lost or doubled adapter
+# gradient moves it by 1e-2 or more at this job's learning rate, and changes the gradient norm
+# that assertSameMetrics holds to 1e-6.
+NORM_FLOOR_LORA = 1e-4
+ELEMENT_FLOOR_LORA = 1e-3  # its largest element: 2.2e-4 at N = 3 on that EPYC
 LOGP_BOUND = 1e-4  # an episode turn's sampled log-probs (float32), from weights that differ so
 METRIC_BOUND = 1e-6  # relative, and absolute: log-probs are float32 (a difference of two
 # nearly equal sums such as policy/approx_kl or policy/logp_mismatch is float32 noise, ~1e-8)
@@ -154,9 +165,9 @@ class Runs(unittest.TestCase):
             worst = max(worst, float(np.max(np.abs(d))) / scale)
         return (num / den) ** 0.5, worst
 
-    def assertClose(self, diff, base, what, element_floor=ELEMENT_FLOOR):
+    def assertClose(self, diff, base, what, element_floor=ELEMENT_FLOOR, norm_floor=NORM_FLOOR):
         """diff within SLACK times base (the same job's float-order difference), or the floors."""
-        self.assertLessEqual(diff[0], max(SLACK * base[0], NORM_FLOOR), what)
+        self.assertLessEqual(diff[0], max(SLACK * base[0], norm_floor), what)
         self.assertLessEqual(diff[1], max(SLACK * base[1], element_floor), what)
 
     def assertSameMetrics(self, ma, mb, bounds=None):
@@ -216,7 +227,7 @@ class Mpi(Runs):
         return path
 
     def check_ranks(self, tag, weights="model.safetensors", packing=16,
-                    element_floor=ELEMENT_FLOOR, **over):
+                    element_floor=ELEMENT_FLOOR, norm_floor=NORM_FLOOR, **over):
         job = self.job(**over)
         alone = self.out(tag + "-alone")
         m0, _ = self.train(job, alone)
@@ -247,7 +258,7 @@ class Mpi(Runs):
             if n == 1:
                 self.assertEqual(worst[n], (0.0, 0.0),
                                  "mpirun -np 1 is the one-process run, bit for bit")
-            self.assertClose(worst[n], base, "%s: N = %d" % (tag, n), element_floor)
+            self.assertClose(worst[n], base, "%s: N = %d" % (tag, n), element_floor, norm_floor)
         print("%s: weights after 4 steps against one process: N=2 %.2e (norm) %.2e (element), "
               "N=3 %.2e %.2e; one process packed otherwise %.2e %.2e"
               % ((tag,) + worst[2] + worst[3] + base), file=sys.stderr)
@@ -275,7 +286,8 @@ class Mpi(Runs):
                                                         "kl_coef": 0.05})
 
     def test_lora(self):
-        self.check_ranks("lora", weights="adapter_model.safetensors",
+        self.check_ranks("lora", weights="adapter_model.safetensors", norm_floor=NORM_FLOOR_LORA,
+                         element_floor=ELEMENT_FLOOR_LORA,
                          adapter={"type": "lora", "r": 4, "alpha": 8,
                                   "target_modules": ["q_proj", "v_proj", "down_proj"]},
                          hp={"learning_rate": 1e-2})
