@@ -851,43 +851,46 @@ attn_heads512_nv(float *restrict o, float *restrict lse, const float *restrict q
   }
 }
 
-/* One head (attention_forward's decoding rows): attn_heads512_nv with G = 1. */
-K512 static float attn_row512(float *restrict o, const float *restrict qi, const float *restrict kb,
-                              const float *restrict vb, int lim, int HS, int ldkv, float scale,
-                              float *restrict s) {
-  float l;
-  switch (HS / 16) {
-  case 1: attn_heads512_nv(o, &l, qi, kb, vb, lim, HS, ldkv, scale, s, 1, 1); break;
-  case 2: attn_heads512_nv(o, &l, qi, kb, vb, lim, HS, ldkv, scale, s, 2, 1); break;
-  case 3: attn_heads512_nv(o, &l, qi, kb, vb, lim, HS, ldkv, scale, s, 3, 1); break;
-  case 4: attn_heads512_nv(o, &l, qi, kb, vb, lim, HS, ldkv, scale, s, 4, 1); break;
-  case 5: attn_heads512_nv(o, &l, qi, kb, vb, lim, HS, ldkv, scale, s, 5, 1); break;
-  case 6: attn_heads512_nv(o, &l, qi, kb, vb, lim, HS, ldkv, scale, s, 6, 1); break;
-  default: attn_heads512_nv(o, &l, qi, kb, vb, lim, HS, ldkv, scale, s, 8, 1); break;
-  }
-  return l;
-}
-
 /* Heads per attn_heads512_nv call by vectors per head: q, 4 keys' sums and 4 key vectors in the
- * 32 registers. */
+ * 32 registers (at most ATTENTION_DECODE_HEADS). */
 static inline int attn_heads512_g(int NV) {
   return NV <= 2 ? 4 : NV <= 4 ? 3 : 2;
 }
 
-/* attn_heads512_nv for HS / 16 vectors a head, G = attn_heads512_g's */
+/* A call of attn_heads512_nv for each head size it takes (HS / 16 = 1-6 or 8; NV a constant in
+ * each, so that its loops unroll). */
+#define ATT_NV_CASES(CALL)                                                                         \
+  switch (HS / 16) {                                                                               \
+  case 1: CALL(1); break;                                                                          \
+  case 2: CALL(2); break;                                                                          \
+  case 3: CALL(3); break;                                                                          \
+  case 4: CALL(4); break;                                                                          \
+  case 5: CALL(5); break;                                                                          \
+  case 6: CALL(6); break;                                                                          \
+  default: CALL(8); break;                                                                         \
+  }
+
+/* One head (attention_forward's decoding rows): G = 1. */
+K512 static float attn_row512(float *restrict o, const float *restrict qi, const float *restrict kb,
+                              const float *restrict vb, int lim, int HS, int ldkv, float scale,
+                              float *restrict s) {
+  float l;
+#define ATT_ONE(nv) attn_heads512_nv(o, &l, qi, kb, vb, lim, HS, ldkv, scale, s, nv, 1)
+  ATT_NV_CASES(ATT_ONE)
+#undef ATT_ONE
+  return l;
+}
+
+/* attn_heads512_g(HS / 16) heads (attention_decode's). */
 K512 static void attn_heads512(float *restrict o, float *restrict lse, const float *restrict qi,
                                const float *restrict kb, const float *restrict vb, int lim, int HS,
                                int ldkv, float scale, float *restrict s) {
-  switch (HS / 16) {
-  case 1: attn_heads512_nv(o, lse, qi, kb, vb, lim, HS, ldkv, scale, s, 1, 4); return;
-  case 2: attn_heads512_nv(o, lse, qi, kb, vb, lim, HS, ldkv, scale, s, 2, 4); return;
-  case 3: attn_heads512_nv(o, lse, qi, kb, vb, lim, HS, ldkv, scale, s, 3, 3); return;
-  case 4: attn_heads512_nv(o, lse, qi, kb, vb, lim, HS, ldkv, scale, s, 4, 3); return;
-  case 5: attn_heads512_nv(o, lse, qi, kb, vb, lim, HS, ldkv, scale, s, 5, 2); return;
-  case 6: attn_heads512_nv(o, lse, qi, kb, vb, lim, HS, ldkv, scale, s, 6, 2); return;
-  default: attn_heads512_nv(o, lse, qi, kb, vb, lim, HS, ldkv, scale, s, 8, 2); return;
-  }
+#define ATT_ALL(nv)                                                                                \
+  attn_heads512_nv(o, lse, qi, kb, vb, lim, HS, ldkv, scale, s, nv, attn_heads512_g(nv))
+  ATT_NV_CASES(ATT_ALL)
+#undef ATT_ALL
 }
+#undef ATT_NV_CASES
 
 #endif
 
@@ -1023,7 +1026,7 @@ void attention_decode(float *out, float *lse, const float *q, const float *k, co
   int lim = n_past + 1, h = 0;
 #if defined(__x86_64__) || defined(__i386__)
   if (kernels_isa() == KERNELS_ISA_AVX512 && HS % 16 == 0 && (HS <= 96 || HS == 128)) {
-    float scale = 1.0f / sqrtf((float)HS), l[4];
+    float scale = 1.0f / sqrtf((float)HS), l[ATTENTION_DECODE_HEADS];
     const float *kb = k + (size_t)kvh * HS, *vb = v + (size_t)kvh * HS;
     for (int G = attn_heads512_g(HS / 16); h + G <= n_rep; h += G) {
       attn_heads512(out + (size_t)(h0 + h) * HS, l, q + (size_t)(h0 + h) * HS, kb, vb, lim, HS,
