@@ -5,7 +5,9 @@
  * measured in turns in one process (F32, BF16, BF16, F32, ...) and printed as ratios beside this
  * machine's measured peaks (SGEMM at 1 and n threads, memory bandwidth), and says whether
  * cblas_sbgemm and AVX512_BF16 exist here. It reports, it never fails on a time.
- * Usage: bench_kernels [--threads N] [--reps N] [--lanes | --attention] */
+ * Usage: bench_kernels [--threads N] [--reps N] [--isa avx2|avx512|portable] [--lanes |
+ * --attention]
+ * --isa forces the decoding kernels' instruction set (kernels_force_isa) for the whole run. */
 #include <cblas.h>
 #include <dlfcn.h>
 #include <math.h>
@@ -181,7 +183,8 @@ static void lanes_bench(struct rng *r, int reps) {
   static const int shapes[5][2] = {{896, 896}, {896, 128}, {896, 4864}, {4864, 896}, {128, 151669}};
   static const int Ms[5] = {1, 4, 16, 32, 64};
   pool_set_current(NULL);
-  printf("one thread; SGEMM 1024^3 %.0f GFLOP/s\n", sgemm_peak(1));
+  printf("one thread, decoding ISA %d (kernels.h); OpenBLAS %s, SGEMM 1024^3 %.0f GFLOP/s\n",
+         kernels_isa(), openblas_get_corename(), sgemm_peak(1));
   printf("%-13s %3s %11s %11s %9s\n", "IN x OUT", "M", "old GFLOP/s", "new GFLOP/s", "new/old");
   for (int s = 0; s < 5; s++) {
     int IN = shapes[s][0], OUT = shapes[s][1];
@@ -279,6 +282,17 @@ int main(int argc, char **argv) {
       threads = atoi(argv[i + 1]) > 0 ? atoi(argv[i + 1]) : threads;
     else if (!strcmp(argv[i], "--reps"))
       reps = atoi(argv[i + 1]) > 0 && atoi(argv[i + 1]) <= 64 ? atoi(argv[i + 1]) : reps;
+    else if (!strcmp(argv[i], "--isa")) {
+      const char *v = argv[i + 1];
+      int isa = !strcmp(v, "portable") ? KERNELS_ISA_PORTABLE
+                : !strcmp(v, "avx2")   ? KERNELS_ISA_AVX2
+                : !strcmp(v, "avx512") ? KERNELS_ISA_AVX512
+                                       : -1;
+      if (isa < 0 || kernels_force_isa(isa) != isa) {
+        fprintf(stderr, "bench_kernels: --isa %s: unknown, or this CPU lacks it\n", v);
+        return 2;
+      }
+    }
   }
   for (int i = 1; i < argc; i++)
     if (!strcmp(argv[i], "--lanes") || !strcmp(argv[i], "--attention")) {

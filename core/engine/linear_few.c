@@ -803,40 +803,134 @@ __attribute__((target("fma"))) static void ll_tile_portable_fma(float *acc, cons
   ll_tile_gen(acc, x, IN, pt, kc, R, width, 1);
 }
 
-/* AVX2: 4 rows x one 16-lane panel (two ymm each), a partial group repeating its last row */
-LF_AVX2 static void ll_tile_avx2(float *acc, const float *x, int IN, const float *pt, int kc, int R,
-                                 int width) {
-  for (int p = 0; p < width; p += 16)
-    for (int r = 0; r < R; r += 4) {
-      int nr = R - r < 4 ? R - r : 4;
-      const float *xr[4];
-      float *cr[4];
-      for (int i = 0; i < 4; i++) {
-        int ri = r + (i < nr ? i : nr - 1);
-        xr[i] = x + (size_t)ri * IN, cr[i] = acc + (size_t)ri * width + p;
-      }
-      __m256 a0 = _mm256_loadu_ps(cr[0]), a1 = _mm256_loadu_ps(cr[0] + 8);
-      __m256 a2 = _mm256_loadu_ps(cr[1]), a3 = _mm256_loadu_ps(cr[1] + 8);
-      __m256 a4 = _mm256_loadu_ps(cr[2]), a5 = _mm256_loadu_ps(cr[2] + 8);
-      __m256 a6 = _mm256_loadu_ps(cr[3]), a7 = _mm256_loadu_ps(cr[3] + 8);
-      for (int k = 0; k < kc; k++) {
-        __m256 b0 = _mm256_loadu_ps(pt + (size_t)k * width + p);
-        __m256 b1 = _mm256_loadu_ps(pt + (size_t)k * width + p + 8);
-        __m256 v = _mm256_broadcast_ss(xr[0] + k);
-        a0 = _mm256_fmadd_ps(v, b0, a0), a1 = _mm256_fmadd_ps(v, b1, a1);
-        v = _mm256_broadcast_ss(xr[1] + k);
-        a2 = _mm256_fmadd_ps(v, b0, a2), a3 = _mm256_fmadd_ps(v, b1, a3);
-        v = _mm256_broadcast_ss(xr[2] + k);
-        a4 = _mm256_fmadd_ps(v, b0, a4), a5 = _mm256_fmadd_ps(v, b1, a5);
-        v = _mm256_broadcast_ss(xr[3] + k);
-        a6 = _mm256_fmadd_ps(v, b0, a6), a7 = _mm256_fmadd_ps(v, b1, a7);
-      }
-      /* last row first: a repeated row's stores all hold the same sums */
-      _mm256_storeu_ps(cr[3], a6), _mm256_storeu_ps(cr[3] + 8, a7);
-      _mm256_storeu_ps(cr[2], a4), _mm256_storeu_ps(cr[2] + 8, a5);
-      _mm256_storeu_ps(cr[1], a2), _mm256_storeu_ps(cr[1] + 8, a3);
-      _mm256_storeu_ps(cr[0], a0), _mm256_storeu_ps(cr[0] + 8, a1);
+/* AVX2 pack: 8 x 8 blocks transposed in registers (two unpacks, two shuffles and a 128-bit
+ * permute per vector), BF16 rows widened on load; k past kc loads as +0; when pf, a line of each
+ * row pf elements on (the same rows of the next panel) prefetched into L2 as it starts. */
+LF_AVX2 static inline __attribute__((always_inline)) __m256
+ll_load256(const float *w, const uint16_t *w16, size_t i, int n) {
+  if (w16) {
+    __m128i h;
+    if (n == 8) {
+      h = _mm_loadu_si128((const __m128i *)(w16 + i));
+    } else {
+      uint16_t t[8] = {0};
+      memcpy(t, w16 + i, sizeof(uint16_t) * (size_t)n);
+      h = _mm_loadu_si128((const __m128i *)t);
     }
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  return n == 8 ? _mm256_loadu_ps(w + i) : _mm256_maskload_ps(w + i, lf_mask8(n));
+}
+
+LF_AVX2 static inline __attribute__((always_inline)) void
+ll_pack256_gen(float *pt, const float *w, const uint16_t *w16, int IN, int j, int nc, int k0,
+               int kc, int width, size_t pf, const int bf16) {
+  for (int c0 = 0; c0 < width; c0 += 8) {
+    /* rows past nc repeat the last one (their columns are never stored) */
+    size_t o[8];
+    for (int i = 0; i < 8; i++) o[i] = (size_t)(j + (c0 + i < nc ? c0 + i : nc - 1)) * IN + k0;
+    for (int k = 0; k < kc; k += 8) {
+      int n = kc - k < 8 ? kc - k : 8;
+      if (pf && !(k & (bf16 ? 31 : 15)))
+        for (int i = 0; i < 8; i++)
+          _mm_prefetch(bf16 ? (const char *)(w16 + o[i] + pf + k)
+                            : (const char *)(w + o[i] + pf + k),
+                       _MM_HINT_T1);
+      __m256 r0 = ll_load256(w, w16, o[0] + k, n), r1 = ll_load256(w, w16, o[1] + k, n);
+      __m256 r2 = ll_load256(w, w16, o[2] + k, n), r3 = ll_load256(w, w16, o[3] + k, n);
+      __m256 r4 = ll_load256(w, w16, o[4] + k, n), r5 = ll_load256(w, w16, o[5] + k, n);
+      __m256 r6 = ll_load256(w, w16, o[6] + k, n), r7 = ll_load256(w, w16, o[7] + k, n);
+      /* t: pairs of rows interleaved; s<c>: k = c (rows 0-3) | k = c + 4 (rows 0-3), then 4-7 */
+      __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+      __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+      __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+      __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+      __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+      __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+      __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+      __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+      float *d = pt + (size_t)k * width + c0;
+#define LL2_S(i, a, b, h)                                                                          \
+  if (n > i) _mm256_storeu_ps(d + (size_t)(i)*width, _mm256_permute2f128_ps(a, b, h))
+      LL2_S(0, s0, s4, 0x20);
+      LL2_S(1, s1, s5, 0x20);
+      LL2_S(2, s2, s6, 0x20);
+      LL2_S(3, s3, s7, 0x20);
+      LL2_S(4, s0, s4, 0x31);
+      LL2_S(5, s1, s5, 0x31);
+      LL2_S(6, s2, s6, 0x31);
+      LL2_S(7, s3, s7, 0x31);
+#undef LL2_S
+    }
+  }
+}
+
+LF_AVX2 static void ll_pack256(float *pt, const float *w, const uint16_t *w16, int IN, int j,
+                               int nc, int k0, int kc, int width, int nxt) {
+  size_t pf = nc == width && nxt ? (size_t)width * IN : 0; /* elements to the next panel */
+  if (w16)
+    ll_pack256_gen(pt, NULL, w16, IN, j, nc, k0, kc, width, pf, 1);
+  else
+    ll_pack256_gen(pt, w, NULL, IN, j, nc, k0, kc, width, pf, 0);
+}
+
+/* AVX2 tile: R (a constant, <= 6) rows x one 16-lane panel at a time (two ymm per row), 12 sums
+ * in registers, per k 2 loads of the block and R broadcasts (the 6 x 16 SGEMM micro-kernel). */
+LF_AVX2 static inline __attribute__((always_inline)) void
+ll_tile256_r(float *acc, const float *x, int IN, const float *pt, int kc, int width, const int R) {
+  const __m256 z = _mm256_setzero_ps();
+  for (int p = 0; p < width; p += 16) {
+    float *c = acc + p;
+#define LL2_DECL(i)                                                                                \
+  __m256 a##i = R > i ? _mm256_loadu_ps(c + (size_t)(i)*width) : z;                                \
+  __m256 b##i = R > i ? _mm256_loadu_ps(c + (size_t)(i)*width + 8) : z;                            \
+  const float *x##i = x + (size_t)(R > i ? i : 0) * IN
+    LL2_DECL(0);
+    LL2_DECL(1);
+    LL2_DECL(2);
+    LL2_DECL(3);
+    LL2_DECL(4);
+    LL2_DECL(5);
+#undef LL2_DECL
+    for (int k = 0; k < kc; k++) {
+      __m256 w0 = _mm256_loadu_ps(pt + (size_t)k * width + p);
+      __m256 w1 = _mm256_loadu_ps(pt + (size_t)k * width + p + 8);
+#define LL2_FMA(i)                                                                                 \
+  if (R > i) {                                                                                     \
+    __m256 v = _mm256_broadcast_ss(x##i + k);                                                      \
+    a##i = _mm256_fmadd_ps(v, w0, a##i), b##i = _mm256_fmadd_ps(v, w1, b##i);                      \
+  }
+      LL2_FMA(0);
+      LL2_FMA(1);
+      LL2_FMA(2);
+      LL2_FMA(3);
+      LL2_FMA(4);
+      LL2_FMA(5);
+#undef LL2_FMA
+    }
+#define LL2_ST(i)                                                                                  \
+  if (R > i)                                                                                       \
+  _mm256_storeu_ps(c + (size_t)(i)*width, a##i), _mm256_storeu_ps(c + (size_t)(i)*width + 8, b##i)
+    LL2_ST(0);
+    LL2_ST(1);
+    LL2_ST(2);
+    LL2_ST(3);
+    LL2_ST(4);
+    LL2_ST(5);
+#undef LL2_ST
+  }
+}
+
+LF_AVX2 static void ll_tile256(float *acc, const float *x, int IN, const float *pt, int kc, int R,
+                               int width) {
+  switch (R) {
+  case 1: ll_tile256_r(acc, x, IN, pt, kc, width, 1); return;
+  case 2: ll_tile256_r(acc, x, IN, pt, kc, width, 2); return;
+  case 3: ll_tile256_r(acc, x, IN, pt, kc, width, 3); return;
+  case 4: ll_tile256_r(acc, x, IN, pt, kc, width, 4); return;
+  case 5: ll_tile256_r(acc, x, IN, pt, kc, width, 5); return;
+  default: ll_tile256_r(acc, x, IN, pt, kc, width, 6); return;
+  }
 }
 
 /* AVX-512 pack: 16 x 16 blocks transposed in registers (unpack, shuffle, two 128-bit shuffles),
@@ -1192,7 +1286,7 @@ static const struct ll_form *ll_form_now(void) {
       {ll_pack_scalar, ll_tile_portable, 2, 0, NULL},
 #ifdef LF_X86
       {ll_pack_scalar, ll_tile_portable_fma, 2, 0, NULL},
-      {ll_pack_scalar, ll_tile_avx2, 4, 0, NULL},
+      {ll_pack256, ll_tile256, 6, 0, NULL},
       {ll_pack512, ll_tile512, 12, 1, ll_row512},
 #endif
   };
