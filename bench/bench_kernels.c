@@ -175,11 +175,11 @@ static void work_free(struct work *wk) {
 /* --lanes: linear_lanes_block (the outputs in the lanes: weight rows transposed into a block on
  * the fly; main's kernel until rows in the lanes) against linear_lanes (the rows in the lanes
  * from 16 rows on AVX-512, the block otherwise; the same bits) on this thread alone, float32
- * weights, GFLOP/s at M = 1, 4, 16, 32, 64
- * for Qwen2.5-0.5B's shapes and a small model's LM head with Qwen's vocabulary, in turns (old,
- * new, new, old, ...); the weights cycle over copies of about 256 MB in all, so that they come
- * from memory as in decoding. */
-static void lanes_bench(struct rng *r, int reps) {
+ * weights (--lanes-bf16: BF16, linear_lanes_bf16 against the block on them), GFLOP/s at M = 1,
+ * 4, 16, 32, 64 for Qwen2.5-0.5B's shapes and a small model's LM head with Qwen's vocabulary, in
+ * turns (old, new, new, old, ...); the weights cycle over copies of about 256 MB in all, so that
+ * they come from memory as in decoding. */
+static void lanes_bench(struct rng *r, int reps, int bf16) {
   static const int shapes[5][2] = {{896, 896}, {896, 128}, {896, 4864}, {4864, 896}, {128, 151669}};
   static const int Ms[5] = {1, 4, 16, 32, 64};
   pool_set_current(NULL);
@@ -191,8 +191,16 @@ static void lanes_bench(struct rng *r, int reps) {
     size_t nw = (size_t)IN * OUT;
     int nmat = (int)((256u << 20) / (nw * sizeof(float)));
     nmat = nmat < 1 ? 1 : nmat > 512 ? 512 : nmat;
+    if (bf16) nmat = nmat * 2 > 512 ? 512 : nmat * 2; /* the same bytes */
     float **w = malloc(sizeof(float *) * (size_t)nmat);
-    for (int i = 0; i < nmat; i++) w[i] = rnd(r, nw, 0.03f);
+    uint16_t **w16 = calloc((size_t)nmat, sizeof(uint16_t *));
+    for (int i = 0; i < nmat; i++) {
+      w[i] = rnd(r, nw, 0.03f);
+      if (bf16 && (w16[i] = malloc(nw * sizeof(uint16_t)))) {
+        f32_to_bf16(w16[i], w[i], nw);
+        free(w[i]), w[i] = NULL;
+      }
+    }
     float *x = rnd(r, (size_t)64 * IN, 1), *y = rnd(r, (size_t)64 * OUT, 1);
     for (int mi = 0; mi < 5; mi++) {
       int M = Ms[mi], at = 0, calls = (int)(2e8 / (2.0 * M * nw)) + 1; /* ~0.2 GFLOP a sample */
@@ -202,10 +210,12 @@ static void lanes_bench(struct rng *r, int reps) {
           int k = (rep & 1) ^ h; /* 0 old, 1 new */
           double t0 = now_s();
           for (int c = 0; c < calls; c++, at = (at + 1) % nmat)
-            if (k)
+            if (k && bf16)
+              linear_lanes_bf16(y, x, w16[at], NULL, M, IN, OUT, 0, OUT, 0.0f);
+            else if (k)
               linear_lanes(y, x, w[at], NULL, M, IN, OUT, 0, OUT, 0.0f);
             else
-              linear_lanes_block(y, x, w[at], NULL, NULL, M, IN, OUT, 0, OUT, 0.0f);
+              linear_lanes_block(y, x, w[at], w16[at], NULL, M, IN, OUT, 0, OUT, 0.0f);
           if (rep >= 0) t[k][rep] = (now_s() - t0) / calls;
         }
       for (int i = 0; i < reps; i++) q[i] = t[0][i] / t[1][i];
@@ -214,8 +224,8 @@ static void lanes_bench(struct rng *r, int reps) {
       printf("%5d x %-6d %3d %11.1f %11.1f %8.2fx\n", IN, OUT, M, g0, g1, mq);
       fflush(stdout);
     }
-    for (int i = 0; i < nmat; i++) free(w[i]);
-    free(w), free(x), free(y);
+    for (int i = 0; i < nmat; i++) free(w[i]), free(w16[i]);
+    free(w), free(w16), free(x), free(y);
   }
   printf("(medians of %d samples each, in turns; new/old > 1: linear_lanes faster)\n", reps);
 }
@@ -295,11 +305,12 @@ int main(int argc, char **argv) {
     }
   }
   for (int i = 1; i < argc; i++)
-    if (!strcmp(argv[i], "--lanes") || !strcmp(argv[i], "--attention")) {
+    if (!strcmp(argv[i], "--lanes") || !strcmp(argv[i], "--lanes-bf16") ||
+        !strcmp(argv[i], "--attention")) {
       struct rng r;
       rng_seed(&r, 3, 0);
-      if (!strcmp(argv[i], "--lanes"))
-        lanes_bench(&r, reps);
+      if (strcmp(argv[i], "--attention"))
+        lanes_bench(&r, reps, !strcmp(argv[i], "--lanes-bf16"));
       else
         attention_bench(&r, reps);
       return 0;

@@ -121,9 +121,10 @@ void linear_few_bf16(float *out, const float *inp, const uint16_t *w, const floa
  * bits of fmaf's loop, so an element does not depend on M, the column range, the thread or the
  * instruction set (tested against that loop). No reduction: panels of 16 or 32 weight rows are
  * transposed on the fly into a small block on the stack (about 40 KiB), each shared by the M
- * rows; except from 16 rows of float32 weights on AVX-512, where the rows of inp (64 at a time)
- * are transposed instead, into a buffer of 64 IN floats that the calling thread keeps from call
- * to call (freed when it ends), and the weights are read in place (rows in the lanes). Any
+ * rows; except from 16 rows on AVX-512, where the rows of inp (64 at a time) are transposed
+ * instead, into a buffer of 64 IN floats that the calling thread keeps from call to call (freed
+ * when it ends), and the weights are read in place (rows in the lanes; BF16 weights widened a
+ * few rows at a time into 12 IN more floats of that buffer). Any
  * [j0, j1) is correct; the kernel works in whole panels from j0, so column ranges aligned to
  * LINEAR_FEW_COLS (a partial one last) waste nothing. Cannot fail (without memory for the buffer
  * it takes the block). */
@@ -136,10 +137,11 @@ void linear_lanes_bf16(float *out, const float *inp, const uint16_t *w, const fl
  * call (a range of columns of one or more matrices sharing an input) would otherwise transpose
  * them again: linear_lanes_prepare writes the copy of inp [M, IN] into xt (64-byte aligned,
  * linear_lanes_xt_floats(M, IN) floats, 0 below 16 rows) and returns it, or returns NULL where
- * linear_lanes would not use it (other than float32 rows in the lanes on AVX-512, or too few
- * rows); linear_lanes_prepared then gives linear_lanes' bits for inp (xt from inp's prepare, or
- * NULL: linear_lanes), and takes rows in the lanes for any number of columns (linear_lanes, which
- * pays the transpose per call, only from 96). */
+ * linear_lanes would not use it (other than rows in the lanes on AVX-512, or too few rows);
+ * linear_lanes_prepared then gives linear_lanes' bits for inp (xt from inp's prepare, or NULL:
+ * linear_lanes) on w, or on w16 in BF16 when w16 is not NULL (w then unused: linear_lanes_bf16's
+ * bits), and takes rows in the lanes for any number of columns (linear_lanes, which pays the
+ * transpose per call, only from 96). */
 size_t linear_lanes_xt_floats(int M, int IN);
 const float *linear_lanes_prepare(float *xt, const float *inp, int M, int IN);
 /* linear_lanes_prepare's copy of inp's columns [k0, k1) alone (the rest of xt untouched), for
@@ -148,7 +150,8 @@ const float *linear_lanes_prepare(float *xt, const float *inp, int M, int IN);
  * written). The copy assembled from ranges that cover [0, IN) is linear_lanes_prepare's. */
 const float *linear_lanes_prepare_cols(float *xt, const float *inp, int M, int IN, int k0, int k1);
 void linear_lanes_prepared(float *out, const float *inp, const float *xt, const float *w,
-                           const float *bias, int M, int IN, int OUT, int j0, int j1, float beta);
+                           const uint16_t *w16, const float *bias, int M, int IN, int OUT, int j0,
+                           int j1, float beta);
 /* linear_lanes' block alone (w, or w16 when w is NULL), whatever M and the instruction set: for
  * tests and bench_kernels --lanes, which compare it with the rows-in-the-lanes kernel that
  * linear_lanes takes from 16 rows on AVX-512 (the same bits). */

@@ -1304,11 +1304,15 @@ static const struct ll_form *ll_form_now(void) {
  * sums in registers over the whole of IN (V = mp / 16; J weight rows: 6 for 4 vectors, 8 for 3,
  * 12 for 2, 8 for 1). No weight is transposed (linear_lanes' block costs 64 shuffles per 16 x 16
  * weights, and its pack from memory did not overlap the tiles' arithmetic: bench/README.md) and
- * no sum leaves its register before the end of its row. Float32 weights only: BF16 rows widened
- * 256 k at a time into a float32 buffer were no faster than the block, which widens them in its
- * transpose (bench/README.md). xt (64 IN floats) is this thread's, kept from call to call
- * (lr_xt); LR_PF: floats ahead that each weight row is prefetched (L1). */
-enum { LR_MIN = 16, LR_COLS = 96, LR_CB = 48, LR_PF = 1024 };
+ * no sum leaves its register before the end of its row. BF16 weights from LR_MIN16 rows: each
+ * tile's J weight rows (contiguous) widened whole into a float32 buffer just before the tile
+ * (lr_widen512), then the same tile; on Zen 4, 0.5B, LoRA on a BF16 base, batch 64: 171.0-172.7
+ * -> 178.0-179.7 tok/s against the block, and batch 16 no faster (119.4 / 121.4 against 119.3 /
+ * 129.1; one thread at 16 rows with the rows transposed per call, 0.84-0.88x), so fewer rows stay
+ * on the block (on the Xeon, 256 k at a time: 0.87-0.93x at 16 rows, 0.95-1.36x at 64;
+ * docs/ENGINE.md). xt (64 IN floats) is this thread's, kept from call to call (lr_xt); LR_PF:
+ * floats ahead that each weight row is prefetched (L1). */
+enum { LR_MIN = 16, LR_MIN16 = 49, LR_COLS = 96, LR_CB = 48, LR_PF = 1024 };
 
 static pthread_key_t lr_key;
 static pthread_once_t lr_once = PTHREAD_ONCE_INIT;
@@ -1408,6 +1412,18 @@ LF_AVX512 static void lr_tile_v(float *s, const float *xt, int mp, const float *
 }
 #undef LR_V
 
+/* dst[n] = the float32 of BF16 src[n] (exact), 16 at a time, the stream prefetched LR_PF on: a
+ * tile's weight rows, which are contiguous, widened into an L1/L2 buffer just before the tile */
+LF_AVX512 static void lr_widen512(float *dst, const uint16_t *src, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    if (!(i & 31)) _mm_prefetch((const char *)(src + i + 2 * LR_PF), _MM_HINT_T0);
+    __m256i h = _mm256_loadu_si256((const __m256i *)(src + i));
+    _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+  }
+  if (i < n) bf16_to_f32(dst + i, src + i, n - i);
+}
+
 /* Whether mr rows (a block of at most 64) take rows in the lanes: from LR_MIN rows, with at least
  * 3/4 of the lanes of their vectors in use (17-23 rows in 2 vectors were 0.83-1.01x the block,
  * 24 rows 0.96-1.23x, 40 rows 1.10-1.34x). */
@@ -1419,17 +1435,19 @@ static int lr_rows(int mr) {
  * Columns LR_CB at a time: their tiles' sums (s[c * 64 + m]) transposed by ll_pack512 into rows
  * (ot[m * LR_CB + c]) for ll_store. */
 LF_AVX512 static int lr_drive(float *out, const float *inp, const float *xtp, const float *w,
-                              const float *bias, int M, int IN, int OUT, int j0, int j1,
-                              float beta) {
+                              const uint16_t *w16, const float *bias, int M, int IN, int OUT,
+                              int j0, int j1, float beta) {
   static const int jv[5] = {0, 8, 12, 8, 6}; /* J by V: LR_CB a multiple of each */
   float s[LR_CB * 64] __attribute__((aligned(64)));
   float ot[64 * LR_CB] __attribute__((aligned(64)));
-  float *buf = xtp ? NULL : lr_xt((size_t)64 * IN); /* this call's transposes, or the copy */
-  if (!xtp && !buf) return 0;
+  /* this call's transposes (unless xtp: the copy), then BF16 weights' widened rows */
+  size_t nx = xtp ? 0 : (size_t)64 * IN, nb = w16 ? (size_t)12 * IN : 0;
+  float *buf = nx + nb ? lr_xt(nx + nb) : NULL, *wb = buf ? buf + nx : NULL;
+  if (nx + nb && !buf) return 0;
   for (int m0 = 0; m0 < M; m0 += 64) {
     int mr = M - m0 < 64 ? M - m0 : 64, mp = (mr + 15) / 16 * 16, V = mp / 16, J = jv[V];
-    if (!lr_rows(mr)) {
-      ll_drive(ll_form_now(), out + (size_t)m0 * OUT, inp + (size_t)m0 * IN, w, NULL, bias, mr, IN,
+    if (!lr_rows(mr) || (w16 && mr < LR_MIN16)) {
+      ll_drive(ll_form_now(), out + (size_t)m0 * OUT, inp + (size_t)m0 * IN, w, w16, bias, mr, IN,
                OUT, j0, j1, beta);
       continue;
     }
@@ -1443,7 +1461,8 @@ LF_AVX512 static int lr_drive(float *out, const float *inp, const float *xtp, co
       for (int c = 0; c < ncb; c += J) {
         size_t j = (size_t)(jb + c);
         int nj = ncb - c < J ? ncb - c : J;
-        lr_tile_v(s + c * 64, xt, mp, w + j * IN, IN, nj, V);
+        if (w16) lr_widen512(wb, w16 + j * IN, (size_t)nj * IN);
+        lr_tile_v(s + c * 64, xt, mp, w16 ? wb : w + j * IN, IN, nj, V);
       }
       ll_pack512(ot, s, NULL, 64, 0, ncb, 0, mr, LR_CB, 0);
       for (int m = 0; m < mr; m++)
@@ -1455,17 +1474,17 @@ LF_AVX512 static int lr_drive(float *out, const float *inp, const float *xtp, co
 }
 #endif
 
-/* linear_lanes' kernel for M rows on this processor: rows in the lanes (lr_drive) for float32
- * weights on AVX-512 where lr_rows takes them and the call has LR_COLS columns or more, else the
- * block (ll_drive). The transpose of the rows costs as much per call whatever its columns: at
- * [4864 -> 896], M = 64, one thread, in turns, calls of 48 columns (the sampler's chunks of
- * 1024 KiB) ran 0.83-0.86x the block, 96 columns 1.09x, 144 1.16x, 288 1.31x. */
+/* linear_lanes' kernel for M rows on this processor: rows in the lanes (lr_drive) on AVX-512
+ * where lr_rows takes them (BF16 weights: from LR_MIN16 rows) and the call has LR_COLS columns or
+ * more, else the block (ll_drive). The transpose of the rows costs as much per call whatever its
+ * columns: at [4864 -> 896], M = 64, one thread, in turns, calls of 48 columns (the sampler's
+ * chunks of 1024 KiB) ran 0.83-0.86x the block, 96 columns 1.09x, 144 1.16x, 288 1.31x. */
 static void ll_any(float *out, const float *inp, const float *w, const uint16_t *w16,
                    const float *bias, int M, int IN, int OUT, int j0, int j1, float beta) {
   if (M < 1 || j0 >= j1) return;
 #ifdef LF_X86
-  if (!w16 && j1 - j0 >= LR_COLS && lr_rows(M < 64 ? M : 64) && lf_form() == 3 &&
-      lr_drive(out, inp, NULL, w, bias, M, IN, OUT, j0, j1, beta))
+  if (j1 - j0 >= LR_COLS && lr_rows(M < 64 ? M : 64) && lf_form() == 3 &&
+      lr_drive(out, inp, NULL, w, w16, bias, M, IN, OUT, j0, j1, beta))
     return;
 #endif
   ll_drive(ll_form_now(), out, inp, w, w16, bias, M, IN, OUT, j0, j1, beta);
@@ -1502,13 +1521,15 @@ const float *linear_lanes_prepare(float *xt, const float *inp, int M, int IN) {
 }
 
 void linear_lanes_prepared(float *out, const float *inp, const float *xt, const float *w,
-                           const float *bias, int M, int IN, int OUT, int j0, int j1, float beta) {
+                           const uint16_t *w16, const float *bias, int M, int IN, int OUT, int j0,
+                           int j1, float beta) {
+  if (w16) w = NULL;
 #ifdef LF_X86
   if (xt && M >= 1 && j0 < j1 && lf_form() == 3 &&
-      lr_drive(out, inp, xt, w, bias, M, IN, OUT, j0, j1, beta))
+      lr_drive(out, inp, xt, w, w16, bias, M, IN, OUT, j0, j1, beta))
     return;
 #endif
-  ll_any(out, inp, w, NULL, bias, M, IN, OUT, j0, j1, beta);
+  ll_any(out, inp, w, w16, bias, M, IN, OUT, j0, j1, beta);
 }
 
 void linear_lanes(float *out, const float *inp, const float *w, const float *bias, int M, int IN,

@@ -402,10 +402,8 @@ static void few(float *out, const float *inp, const float *xt, const float *w, c
                 float beta) {
   if (pk) /* the same bits from the panels packed beforehand (gen_state.pack) */
     linear_lanes_packed(out, inp, pk, bias, n, IN, OUT, lo, hi, beta);
-  else if (w16)
-    linear_lanes_bf16(out, inp, w16, bias, n, IN, OUT, lo, hi, beta);
   else /* the same bits again, inp transposed once for the phase where xt holds it */
-    linear_lanes_prepared(out, inp, xt, w, bias, n, IN, OUT, lo, hi, beta);
+    linear_lanes_prepared(out, inp, xt, w, w16, bias, n, IN, OUT, lo, hi, beta);
 }
 
 /* A phase's input inp [n, IN] transposed into this thread's xtb for few(), when its products run
@@ -414,7 +412,8 @@ static void few(float *out, const float *inp, const float *xt, const float *w, c
  * at 0.5B's shapes, and the down projection's chunks of 48 columns could not pay theirs). */
 static const float *prepare(float *xtb, const float *inp, int n, int IN, const uint16_t *w16,
                             const float *pk) {
-  return w16 || pk ? NULL : linear_lanes_prepare(xtb, inp, n, IN);
+  (void)w16;
+  return pk ? NULL : linear_lanes_prepare(xtb, inp, n, IN);
 }
 
 /* One decoding step of the n_act active rows, run by every thread of the pool (ti of nt). Split

@@ -369,7 +369,8 @@ static void lanes_call(int variant, float *y, const float *x, const float *wf, c
     linear_lanes_packed(y, x, variant == 2 ? pf : p16, b, M, IN, OUT, j0, j1, beta);
   if (variant == 4) linear_lanes_block(y, x, wf, NULL, b, M, IN, OUT, j0, j1, beta);
   if (variant == 5) linear_lanes_block(y, x, NULL, w16, b, M, IN, OUT, j0, j1, beta);
-  if (variant == 6) { /* the rows transposed beforehand, for every range: any column count */
+  if (variant >= 6) { /* the rows transposed beforehand, for every range: any column count;
+                       * 7: BF16 weights */
     size_t nx = linear_lanes_xt_floats(M, IN);
     float *xt = nx ? aligned_alloc(64, (nx * sizeof(float) + 63) / 64 * 64) : NULL;
     if (xt) memset(xt, 0xff, nx * sizeof(float)); /* NaNs where the copy writes nothing */
@@ -389,12 +390,13 @@ static void lanes_call(int variant, float *y, const float *x, const float *wf, c
               "linear_lanes_prepare_cols: ranges [0, %d), [%d, %d), [%d, %d) differ from the "
               "whole copy (M=%d)",
               k1, k1, k2, k2, IN, M);
-    linear_lanes_prepared(y, x, p, wf, b, M, IN, OUT, j0, j1, beta);
+    linear_lanes_prepared(y, x, p, variant == 6 ? wf : NULL, variant == 6 ? NULL : w16, b, M, IN,
+                          OUT, j0, j1, beta);
     free(xt), free(xc);
   }
 }
-static const char *const lanes_name[7] = {"",       "_bf16",        "_packed",  "_packed(bf16)",
-                                          "_block", "_block(bf16)", "_prepared"};
+static const char *const lanes_name[8] = {"",       "_bf16",        "_packed",   "_packed(bf16)",
+                                          "_block", "_block(bf16)", "_prepared", "_prepared(bf16)"};
 
 static void test_linear_lanes(int Mmax, int IN, int OUT) {
   size_t n = (size_t)Mmax * OUT;
@@ -426,7 +428,7 @@ static void test_linear_lanes(int Mmax, int IN, int OUT) {
   int isas[4], n_isa = isa_list(isas);
   for (int ii = 0; ii < n_isa; ii++) {
     kernels_force_isa(isas[ii]);
-    for (int bf = 0; bf < 7; bf++)
+    for (int bf = 0; bf < 8; bf++)
       for (int M = 1; M <= Mmax; M++) {
         size_t nm = (size_t)M * OUT;
         memcpy(y, y0, nm * sizeof(float));
