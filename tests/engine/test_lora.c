@@ -13,6 +13,7 @@
 #include "lm.h"
 #include "lora.h"
 #include "model.h"
+#include "pool.h"
 #include "rng.h"
 #include "sampler.h"
 #include "train.h"
@@ -265,6 +266,35 @@ static void test_adapter_folder(void) {
 /* A frozen base held in BF16 (model_freeze_bf16): with weights that BF16 holds exactly, the
  * adapter's log-probs and gradients equal the float32 base's to float rounding, decoding gives
  * the same tokens, and the matrices' float32 pages are gone. */
+/* 64 rows decoded from varied prompts (panels off: the matrices read in place, so rows in the
+ * lanes on AVX-512, a BF16 base's from 49 rows), serially (p NULL) or on p with split */
+enum { G64 = 64, G64_NEW = 6 };
+static void gen64(struct model *m, struct pool *p, enum gen_split split, int tok[G64 * G64_NEW],
+                  float lp[G64 * G64_NEW]) {
+  struct dapo_err e;
+  int prompt[G64][4], plen[G64], len[G64], fin[G64];
+  const int *pp[G64];
+  struct rng r[G64];
+  for (int i = 0; i < G64; i++) {
+    plen[i] = 1 + i % 4, pp[i] = prompt[i];
+    for (int t = 0; t < 4; t++) prompt[i][t] = (7 * i + 3 * t) % 41;
+    rng_seed(&r[i], 21, (uint64_t)i);
+  }
+  struct gen_state *g = gen_state_new(m, G64, 4 + G64_NEW, &e);
+  CHECK_MSG(g != NULL, "%s", e.msg);
+  if (!g) return;
+  gen_state_set_pack(g, 0);
+  if (p) {
+    CHECK(gen_state_set_pool(g, p, &e) == 0);
+    gen_state_set_split(g, split);
+    gen_state_set_chunk(g, 1);
+  }
+  struct sampler_opts so = {.temperature = 1.0f, .top_p = 1.0f, .max_new_tokens = G64_NEW};
+  struct gen_out go = {.tokens = tok, .logp = lp, .len = len, .finish = fin};
+  CHECK_MSG(gen_run(g, m, G64, pp, plen, r, &so, &go, NULL, &e) == 0, "%s", e.msg);
+  gen_state_free(g);
+}
+
 static void test_bf16_base(void) {
   struct dapo_err e = {0};
   struct model_config mc = cfg();
@@ -335,7 +365,31 @@ static void test_bf16_base(void) {
     gen_state_free(g);
   }
   CHECK(len[0] == len[1] && !memcmp(toks[0], toks[1], sizeof(int) * (size_t)len[0]));
-  fprintf(stderr, "BF16 base: |dlogp| %.2g, |dgrad| %.2g (max %.2g), same %d sampled tokens\n",
+  /* 64 rows: serially the same bits as float32; on 2 threads, every split the bits of the split
+   * by rows (by columns the down projection's rows are transposed into one shared copy by the
+   * threads that compute its input) and the serial run's tokens */
+  static int t64[5][G64 * G64_NEW];
+  static float l64[5][G64 * G64_NEW];
+  gen64(a, NULL, GEN_SPLIT_AUTO, t64[0], l64[0]);
+  gen64(b, NULL, GEN_SPLIT_AUTO, t64[1], l64[1]);
+  CHECK_MSG(!memcmp(t64[0], t64[1], sizeof t64[0]) && !memcmp(l64[0], l64[1], sizeof l64[0]),
+            "BF16 base, 64 rows: other bits than float32's");
+  struct pool *p = pool_new(2);
+  static const enum gen_split sp[3] = {GEN_SPLIT_ROWS, GEN_SPLIT_COLUMNS, GEN_SPLIT_DYNAMIC};
+  for (int k = 0; k < 3; k++) {
+    gen64(b, p, sp[k], t64[2 + k], l64[2 + k]);
+    float d = 0;
+    for (int i = 0; i < G64 * G64_NEW; i++) d = fmaxf(d, fabsf(l64[2 + k][i] - l64[1][i]));
+    CHECK_MSG(!memcmp(t64[2 + k], t64[1], sizeof t64[1]) && d < 1e-4f,
+              "BF16 base, 64 rows, split %d: tokens or log-probs (%g) differ from serial", sp[k],
+              (double)d);
+    CHECK_MSG(!memcmp(l64[2 + k], l64[2], sizeof l64[2]),
+              "BF16 base, 64 rows, split %d: log-probs not the bits of the split by rows", sp[k]);
+  }
+  pool_free(p);
+  fprintf(stderr,
+          "BF16 base: |dlogp| %.2g, |dgrad| %.2g (max %.2g), same %d sampled tokens; 64 rows "
+          "the same bits, and on 2 threads by rows, columns and chunks\n",
           (double)dl, (double)dg, (double)gmax, len[0]);
   model_free(a);
   model_free(b);
