@@ -1483,7 +1483,8 @@ static void ll_any(float *out, const float *inp, const float *w, const uint16_t 
                    const float *bias, int M, int IN, int OUT, int j0, int j1, float beta) {
   if (M < 1 || j0 >= j1) return;
 #ifdef LF_X86
-  if (j1 - j0 >= LR_COLS && lr_rows(M < 64 ? M : 64) && lf_form() == 3 &&
+  int m1 = M < 64 ? M : 64; /* the first block of rows decides, as in lr_drive */
+  if (j1 - j0 >= LR_COLS && lr_rows(m1) && (!w16 || m1 >= LR_MIN16) && lf_form() == 3 &&
       lr_drive(out, inp, NULL, w, w16, bias, M, IN, OUT, j0, j1, beta))
     return;
 #endif
