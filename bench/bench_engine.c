@@ -564,6 +564,15 @@ static int run_model(const char *name, int train_steps, int gen_reps, int gen_ne
   }
   if (phase != 1) {
     gen = json_object();
+    { /* the split a job would decode with: chosen by measuring, as the runner does */
+      char desc[256];
+      double t0 = now_s();
+      if ((rc = gen_state_tune(b.gs, b.m, g_gen_batch, &e))) goto out;
+      gen_state_describe_split(b.gs, desc, sizeof desc);
+      fprintf(stderr, "%s: decoding split (gen_state_tune, %.1f s): %s\n", name, now_s() - t0,
+              desc);
+      json_object_set_new(j, "gen_split", json_string(desc));
+    }
     int batches[2] = {g_gen_batch, 1};
     for (int bi = 0; bi < 2; bi++) {
       int n = batches[bi];
@@ -844,6 +853,9 @@ out:
  *                                                                  --phase gen: no training state)
  *   gen16 SEED  {"seconds"}                          one generation, batch 16 (or --gen-batch)
  *   gen1 SEED   {"seconds"}                                         batch 1
+ *   tune        {"seconds", "split"}   gen_state_tune at the larger batch, as a job does before
+ *                                      its first step (on the machine as it is then: quiet, or
+ *                                      beside the hog), and the split it chose
  *   info        the info object (peak RSS so far)
  *   quit
  * An error answers {"error": message} and ends the process. */
@@ -866,6 +878,13 @@ static int serve(const char *name, int gen_new, int train) {
       if (!(rc = bench_train_step(&b, t, &e)))
         emit(json_pack("{s:f, s:f, s:f, s:f}", "step_s", t[0], "forward_s", t[1], "backward_s",
                        t[2], "adamw_s", t[3]));
+    } else if (!strcmp(line, "tune")) {
+      double t0 = now_s();
+      if (!(rc = gen_state_tune(b.gs, b.m, g_gen_batch, &e))) {
+        char desc[256];
+        emit(json_pack("{s:f, s:s}", "seconds", now_s() - t0, "split",
+                       gen_state_describe_split(b.gs, desc, sizeof desc)));
+      }
     } else if (sscanf(line, "gen16 %llu", &seed) == 1 || sscanf(line, "gen1 %llu", &seed) == 1) {
       int n = !strncmp(line, "gen16", 5) ? g_gen_batch : 1;
       if (!(rc = bench_gen(&b, n, seed, &t[0], &e))) emit(json_pack("{s:f}", "seconds", t[0]));

@@ -334,6 +334,12 @@ def measure(args):
     pair["busy"] = out_t["busy"] = bool(args.busy)
     if eng:
         eng.info["busy"] = bool(args.busy)
+        # the decoding split a job would use, chosen by measuring on the machine as it is now
+        # (beside the hog when busy), as the runner does before a job's first step
+        tuned = eng.ask("tune")
+        eng.info["gen_split"] = tuned["split"]
+        print("%s: ours decoding split (gen_state_tune, %.1f s): %s"
+              % (args.model, tuned["seconds"], tuned["split"]), file=sys.stderr)
     for key, n in (("b%d" % B, B), ("b1", 1)):
         T.set_threads(*best["gen16" if n > 1 else "gen1"])
         ours, peer = paired(args.gen_reps,
