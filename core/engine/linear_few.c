@@ -1483,8 +1483,7 @@ static void ll_any(float *out, const float *inp, const float *w, const uint16_t 
                    const float *bias, int M, int IN, int OUT, int j0, int j1, float beta) {
   if (M < 1 || j0 >= j1) return;
 #ifdef LF_X86
-  int m1 = M < 64 ? M : 64; /* the first block of rows decides, as in lr_drive */
-  if (j1 - j0 >= LR_COLS && lr_rows(m1) && (!w16 || m1 >= LR_MIN16) && lf_form() == 3 &&
+  if (j1 - j0 >= LR_COLS && linear_lanes_reads_copy(M, w16 != NULL) &&
       lr_drive(out, inp, NULL, w, w16, bias, M, IN, OUT, j0, j1, beta))
     return;
 #endif
@@ -1500,10 +1499,19 @@ size_t linear_lanes_xt_floats(int M, int IN) {
   return M >= LL_XT_MIN ? (size_t)(M + 63) / 64 * 64 * (size_t)IN : 0;
 }
 
+int linear_lanes_reads_copy(int M, int bf16) {
+#ifdef LF_X86
+  int m1 = M < 64 ? M : 64; /* the first block (64 rows when M > 64) decides, as in ll_any */
+  return M >= 1 && lf_form() == 3 && lr_rows(m1) && (!bf16 || m1 >= LR_MIN16);
+#else
+  (void)M, (void)bf16;
+  return 0;
+#endif
+}
+
 const float *linear_lanes_prepare_cols(float *xt, const float *inp, int M, int IN, int k0, int k1) {
 #ifdef LF_X86
-  /* the first block (64 rows when M > 64) decides whether any is taken */
-  if (!xt || lf_form() != 3 || !lr_rows(M < 64 ? M : 64)) return NULL;
+  if (!xt || !linear_lanes_reads_copy(M, 0)) return NULL;
   for (int m0 = 0; m0 < M && k0 < k1; m0 += 64) {
     int mr = M - m0 < 64 ? M - m0 : 64, mp = (mr + 15) / 16 * 16;
     if (lr_rows(mr))

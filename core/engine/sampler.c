@@ -411,8 +411,10 @@ static void few(float *out, const float *inp, const float *xt, const float *w, c
  * copy, NULL. One transpose a phase per thread instead of one per call (a phase takes up to 34
  * calls a thread at 0.5B's shapes, and the down projection's chunks of 48 columns could not pay
  * theirs). */
-static const float *prepare(float *xtb, const float *inp, int n, int IN, const float *pk) {
-  return pk ? NULL : linear_lanes_prepare(xtb, inp, n, IN);
+static const float *prepare(float *xtb, const float *inp, int n, int IN, const float *pk,
+                            const uint16_t *w16) {
+  return pk || !linear_lanes_reads_copy(n, w16 != NULL) ? NULL
+                                                        : linear_lanes_prepare(xtb, inp, n, IN);
 }
 
 /* One decoding step of the n_act active rows, run by every thread of the pool (ti of nt). Split
@@ -661,7 +663,7 @@ static void decode_step(void *ctx, int ti, int nt) {
     rmsnorm_forward(xn, NULL, xs, w->attn_norm, n, C, c->rms_norm_eps);
     int has[3];
     for (int t = 0; t < 3; t++) has[t] = lora_xa(lo, l, LT_Q + t, xn, n, C, lt[t]);
-    xt = prepare(xtb, xn, n, C, PK(0));
+    xt = prepare(xtb, xn, n, C, PK(0), w->wq16);
     prof(&pm, GEN_PROF_NORM);
     PHASE(3, w_qkv, 0, C);
     while (phase_q_take(&pq, &j, &lo_, &hi_)) {
@@ -694,7 +696,7 @@ static void decode_step(void *ctx, int ti, int nt) {
       }
     WAIT(GEN_PROF_ATTN);
     has[0] = lora_xa(lo, l, LT_O, att, n, CQ, lt[0]);
-    xt = prepare(xtb, att, n, CQ, PK(3));
+    xt = prepare(xtb, att, n, CQ, PK(3), w->wo16);
     prof(&pm, GEN_PROF_NORM);
     PHASE(1, w_c, 0, CQ);
     while (phase_q_take(&pq, &j, &lo_, &hi_)) {
@@ -705,11 +707,12 @@ static void decode_step(void *ctx, int ti, int nt) {
     rmsnorm_forward(xn, NULL, xs, w->ffn_norm, n, C, c->rms_norm_eps);
     has[0] = lora_xa(lo, l, LT_GATE, xn, n, C, lt[0]);
     has[1] = lora_xa(lo, l, LT_UP, xn, n, C, lt[1]);
-    xt = prepare(xtb, xn, n, C, PK(4));
+    xt = prepare(xtb, xn, n, C, PK(4), w->w_gate16);
     /* split by columns, the down projection's input is transposed by the threads that compute
      * its columns, into one shared copy (not by every thread whole after the barrier) */
-    const float *xt_h =
-        x->by_rows || PK(6) ? NULL : linear_lanes_prepare_cols(s->xt_h, hh, n, FF, 0, 0);
+    const float *xt_h = x->by_rows || PK(6) || !linear_lanes_reads_copy(n, w->w_down16 != NULL)
+                            ? NULL
+                            : linear_lanes_prepare_cols(s->xt_h, hh, n, FF, 0, 0);
     prof(&pm, GEN_PROF_NORM);
     PHASE(1, w_ff, 0, C);
     while (phase_q_take(&pq, &j, &lo_, &hi_)) {
@@ -725,7 +728,7 @@ static void decode_step(void *ctx, int ti, int nt) {
     }
     WAIT(GEN_PROF_FFN);
     has[0] = lora_xa(lo, l, LT_DOWN, hh, n, FF, lt[0]);
-    xt = xt_h ? xt_h : prepare(xtb, hh, n, FF, PK(6));
+    xt = xt_h ? xt_h : prepare(xtb, hh, n, FF, PK(6), w->w_down16);
     prof(&pm, GEN_PROF_NORM);
     PHASE(1, w_c, 0, FF);
     while (phase_q_take(&pq, &j, &lo_, &hi_)) {
@@ -735,7 +738,7 @@ static void decode_step(void *ctx, int ti, int nt) {
     WAIT(GEN_PROF_DOWN);
   }
   rmsnorm_forward(xn, NULL, xs, m->w.final_norm, n, C, c->rms_norm_eps);
-  xt = prepare(xtb, xn, n, C, pk ? pk[7 * c->num_layers] : NULL);
+  xt = prepare(xtb, xn, n, C, pk ? pk[7 * c->num_layers] : NULL, m->w.lm_head16);
   prof(&pm, GEN_PROF_NORM);
   PHASE(1, w_v, 0, C);
   while (phase_q_take(&pq, &j, &lo_, &hi_))
