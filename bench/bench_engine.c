@@ -56,13 +56,6 @@ static int g_vs_isa;         /* --vs-isa: the instruction set measured against g
 static int g_gen_batch = 16; /* --gen-batch: the larger generation batch */
 static int g_pack = 1;       /* --pack: decoding from packed panels (small models) */
 
-static const char *isa_name(int isa) {
-  return isa == KERNELS_ISA_AVX512     ? "avx512"
-         : isa == KERNELS_ISA_AVX2     ? "avx2"
-         : isa == KERNELS_ISA_BASELINE ? "baseline"
-                                       : "portable";
-}
-
 #define N_SEQ 16
 #define SEQ_LEN 256
 #define PROMPT_LEN 64
@@ -592,9 +585,10 @@ static int run_model(const char *name, int train_steps, int gen_reps, int gen_ne
       double tok_s = (double)n * gen_new / secs;
       fprintf(stderr,
               "%s: generate batch %2d, prompt %d, %d new tokens: %.0f tok/s, %.1f GFLOP/s (%s)\n",
-              name, n, GEN_PROMPT, gen_new, tok_s, fl / secs * 1e-9, isa_name(kernels_isa()));
+              name, n, GEN_PROMPT, gen_new, tok_s, fl / secs * 1e-9,
+              kernels_isa_name(kernels_isa()));
       json_t *g = json_pack("{s:i, s:f, s:f, s:s}", "batch", n, "tok_s", tok_s, "seconds", secs,
-                            "isa", isa_name(kernels_isa()));
+                            "isa", kernels_isa_name(kernels_isa()));
       /* where a decoding step's time goes: the LM head and sampling measured apart, the rest
        * (the blocks, embedding, norms) is what remains of the step */
       double head = 0, pick = 0, step = secs / gen_new;
@@ -614,11 +608,11 @@ static int run_model(const char *name, int train_steps, int gen_reps, int gen_ne
         fprintf(stderr,
                 "%s: generate batch %2d on %s: %.0f tok/s, %.1f GFLOP/s; %s/%s %.3fx "
                 "(median of %d paired runs)\n",
-                name, n, isa_name(g_vs_isa), n * gen_new / vsecs, fl / vsecs * 1e-9,
-                isa_name(g_vs_isa), isa_name(kernels_isa()), r, gen_reps);
+                name, n, kernels_isa_name(g_vs_isa), n * gen_new / vsecs, fl / vsecs * 1e-9,
+                kernels_isa_name(g_vs_isa), kernels_isa_name(kernels_isa()), r, gen_reps);
         json_object_set_new(g, "vs",
-                            json_pack("{s:s, s:f, s:f, s:f}", "isa", isa_name(g_vs_isa), "tok_s",
-                                      n * gen_new / vsecs, "seconds", vsecs, "ratio", r));
+                            json_pack("{s:s, s:f, s:f, s:f}", "isa", kernels_isa_name(g_vs_isa),
+                                      "tok_s", n * gen_new / vsecs, "seconds", vsecs, "ratio", r));
       }
       char key[16];
       snprintf(key, sizeof key, "b%d", n);
@@ -789,11 +783,11 @@ static int run_decode(const char *name, int batch, int gen_new, int reps, int lo
           "%s%s: decode batch %d, %d new tokens after a %d-token prompt, %d threads, %s, %s; "
           "load average %.2f before\n",
           name, lora_r ? " LoRA (BF16 base)" : "", batch, gen_new, GEN_PROMPT,
-          g_pool ? pool_threads(g_pool) : 1, isa_name(kernels_isa()),
+          g_pool ? pool_threads(g_pool) : 1, kernels_isa_name(kernels_isa()),
           busy ? "BUSY (a CPU hog pinned to the last CPU)" : "quiet", load0);
   json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:i, s:b, s:s, s:f, s:[]}", "kind", "decode", "model",
                         name, "batch", batch, "gen_new", gen_new, "lora_r", lora_r, "busy", busy,
-                        "isa", isa_name(kernels_isa()), "load_before", load0, "splits");
+                        "isa", kernels_isa_name(kernels_isa()), "load_before", load0, "splits");
   for (int k = 0; k < n_sp; k++) {
     double ratio[64], s[64];
     for (int r = 0; r < reps; r++) ratio[r] = secs[0][r] / secs[k][r], s[r] = secs[k][r];
@@ -962,12 +956,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--threads"))
       pool_n = parse_pos(a, v);
     else if (!strcmp(a, "--isa") || !strcmp(a, "--vs-isa")) {
-      int isa = !strcmp(v, "portable")   ? KERNELS_ISA_PORTABLE
-                : !strcmp(v, "avx2")     ? KERNELS_ISA_AVX2
-                : !strcmp(v, "avx512")   ? KERNELS_ISA_AVX512
-                : !strcmp(v, "baseline") ? KERNELS_ISA_BASELINE
-                                         : -1;
-      if (isa < 0 || kernels_force_isa(isa) != isa) {
+      int isa = kernels_isa_by_name(v);
+      if (!isa || kernels_force_isa(isa) != isa) {
         fprintf(stderr, "bench_engine: %s %s: unknown, or this CPU lacks it\n", a, v);
         return 2;
       }

@@ -294,11 +294,8 @@ int main(int argc, char **argv) {
       reps = atoi(argv[i + 1]) > 0 && atoi(argv[i + 1]) <= 64 ? atoi(argv[i + 1]) : reps;
     else if (!strcmp(argv[i], "--isa")) {
       const char *v = argv[i + 1];
-      int isa = !strcmp(v, "portable") ? KERNELS_ISA_PORTABLE
-                : !strcmp(v, "avx2")   ? KERNELS_ISA_AVX2
-                : !strcmp(v, "avx512") ? KERNELS_ISA_AVX512
-                                       : -1;
-      if (isa < 0 || kernels_force_isa(isa) != isa) {
+      int isa = kernels_isa_by_name(v);
+      if (!isa || kernels_force_isa(isa) != isa) {
         fprintf(stderr, "bench_kernels: --isa %s: unknown, or this CPU lacks it\n", v);
         return 2;
       }

@@ -27,6 +27,7 @@
 #include "grader.h"
 #include "http.h"
 #include "judge.h"
+#include "kernels.h"
 #include "lm.h"
 #include "log.h"
 #include "server.h"
@@ -36,6 +37,8 @@
 #include "preset.h"
 #include "rng.h"
 #include "sampler.h"
+
+static char g_isa_describe[96]; /* the decoding kernels' instruction set (kernels_isa_apply) */
 
 static void usage(FILE *f) {
   fprintf(f, "usage: dapod [serve] [--config FILE] [--listen HOST:PORT] [--data-dir DIR] "
@@ -56,11 +59,15 @@ static void usage(FILE *f) {
              "       dapod merge ADAPTER OUT [--bf16]   an adapter checkpoint merged into a full\n"
              "                                          model folder\n"
              "       dapod kernels [--json]   measures OpenBLAS's kernels here, prints the\n"
-             "                                table and refreshes the cached choice\n"
+             "                                table and refreshes the cached choice, and\n"
+             "                                names the decoding kernels' instruction set\n"
              "       dapod --help\n"
              "MODEL is a preset name, a checkpoint folder (config.json, model.safetensors,\n"
              "tokenizer.json) or an adapter checkpoint (adapter_config.json,\n"
-             "adapter_model.safetensors, base_model.json, tokenizer files).\n");
+             "adapter_model.safetensors, base_model.json, tokenizer files).\n"
+             "Environment: DAPOD_BLAS_KERNEL (library, or an OpenBLAS core name; default: the\n"
+             "one measured fastest here), DAPOD_KERNELS_ISA (auto, avx512, avx2, portable,\n"
+             "baseline: the decoding kernels' instruction set; default: the best here).\n");
 }
 
 static int fail(const struct dapo_err *e) {
@@ -518,7 +525,9 @@ static int train_as(const struct dist *dist, int argc, char **argv) {
     json_decref(pj);
   }
   json_decref(errors);
-  if (says) fprintf(stderr, "OpenBLAS kernel: %s\n", blas_choice_describe());
+  if (says)
+    fprintf(stderr, "OpenBLAS kernel: %s\ndecoding kernels: %s\n", blas_choice_describe(),
+            g_isa_describe);
   if (says && dist->size > 1)
     fprintf(stderr, "data-parallel over %d ranks (%d on this machine), %d threads each\n",
             dist->size, dist->local_size, threads);
@@ -812,7 +821,7 @@ static int cmd_serve(int argc, char **argv) {
   fflush(stderr);
   LOG(INFO, "serving: data_dir %s, models_dir %s, %d HTTP threads, %d workers", srv.cfg.data_dir,
       srv.cfg.models_dir, srv.cfg.http_threads, srv.cfg.workers);
-  LOG(INFO, "OpenBLAS kernel: %s", blas_choice_describe());
+  LOG(INFO, "OpenBLAS kernel: %s; decoding kernels: %s", blas_choice_describe(), g_isa_describe);
   char note[400]; /* READY=1 and a STATUS= line for `systemctl status` in one datagram */
   snprintf(note, sizeof note, "READY=1\nSTATUS=serving on %s://%s",
            srv.cfg.tls_cert[0] ? "https" : "http", addr);
@@ -845,12 +854,42 @@ static int cmd_serve(int argc, char **argv) {
   return 0;
 }
 
+/* DAPOD_KERNELS_ISA: the instruction set of the decoding kernels (docs/ENGINE.md, "The decoding
+ * kernels' instruction set"); unset, empty or "auto": the best this processor has. Every one
+ * gives the same bits, so it changes speed only. 0, or 2 after saying why on stderr. */
+static int kernels_isa_apply(void) {
+  const char *v = getenv("DAPOD_KERNELS_ISA");
+  if (!v || !*v || !strcmp(v, "auto")) {
+    snprintf(g_isa_describe, sizeof g_isa_describe, "%s, the best this processor has",
+             kernels_isa_name(kernels_isa()));
+    return 0;
+  }
+  int isa = kernels_isa_by_name(v);
+  if (!isa) {
+    fprintf(stderr,
+            "dapod: DAPOD_KERNELS_ISA=%.40s: not one of auto, avx512, avx2, portable, baseline\n",
+            v);
+    return 2;
+  }
+  if (kernels_force_isa(isa) != isa) {
+    fprintf(stderr, "dapod: DAPOD_KERNELS_ISA=%s: this processor lacks it (its best: %s)\n", v,
+            kernels_isa_name(kernels_isa()));
+    return 2;
+  }
+  snprintf(g_isa_describe, sizeof g_isa_describe, "%s, set by DAPOD_KERNELS_ISA", v);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   const char *cmd = argc > 1 ? argv[1] : "serve";
   /* the commands that compute run the OpenBLAS kernel measured fastest here (may re-execute) */
   if (!strcmp(cmd, "serve") || !strcmp(cmd, "train") || !strcmp(cmd, "generate") ||
       !strcmp(cmd, "__blas-probe") || argc == 1 || cmd[0] == '-')
     blas_choice_apply(argc, argv);
+  if ((!strcmp(cmd, "serve") || !strcmp(cmd, "train") || !strcmp(cmd, "generate") ||
+       !strcmp(cmd, "kernels") || argc == 1 || cmd[0] == '-') &&
+      strcmp(cmd, "--help") && strcmp(cmd, "-h") && kernels_isa_apply())
+    return 2;
   if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
     serve_help(stdout);
     return 0;
@@ -861,7 +900,12 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "save-preset")) return cmd_save_preset(argc, argv);
   if (!strcmp(cmd, "generate")) return cmd_generate(argc, argv);
   if (!strcmp(cmd, "merge")) return cmd_merge(argc, argv);
-  if (!strcmp(cmd, "kernels")) return blas_choice_cmd(argc, argv);
+  if (!strcmp(cmd, "kernels")) {
+    int rc = blas_choice_cmd(argc, argv);
+    if (!rc && !(argc > 2 && !strcmp(argv[2], "--json")))
+      printf("decoding kernels: %s\n", g_isa_describe);
+    return rc;
+  }
   if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
   if (argc == 1 || cmd[0] == '-') return cmd_serve(argc, argv);
   fprintf(stderr, "dapod: unknown command '%s'\n", cmd);

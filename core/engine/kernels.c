@@ -96,6 +96,21 @@ int kernels_force_isa(int isa) {
   return isa ? isa : isa_best();
 }
 
+static const char *const isa_names[] = {[KERNELS_ISA_PORTABLE] = "portable",
+                                        [KERNELS_ISA_AVX2] = "avx2",
+                                        [KERNELS_ISA_AVX512] = "avx512",
+                                        [KERNELS_ISA_BASELINE] = "baseline"};
+
+const char *kernels_isa_name(int isa) {
+  return isa >= KERNELS_ISA_PORTABLE && isa <= KERNELS_ISA_BASELINE ? isa_names[isa] : "unknown";
+}
+
+int kernels_isa_by_name(const char *name) {
+  for (int i = KERNELS_ISA_PORTABLE; name && i <= KERNELS_ISA_BASELINE; i++)
+    if (!strcmp(name, isa_names[i])) return i;
+  return 0;
+}
+
 /* ---- RMSNorm ---------------------------------------------------------------------------- */
 
 struct rms_args {

@@ -55,6 +55,10 @@ int kernels_isa(void);
 /* Tests and benchmarks: 0 restores the best (returned); another value forces that instruction
  * set (returned) or fails with -1 when this CPU lacks it (BASELINE never fails). Process-wide. */
 int kernels_force_isa(int isa);
+/* "avx512", "avx2", "portable", "baseline"; kernels_isa_by_name gives the value of such a name,
+ * or 0 for any other string. */
+const char *kernels_isa_name(int isa);
+int kernels_isa_by_name(const char *name);
 /* Whether this CPU has fused multiply-add instructions that the portable code may use (x86:
  * FMA3; always 1 on targets whose baseline has them). 0 while BASELINE is forced. */
 int kernels_cpu_fma(void);

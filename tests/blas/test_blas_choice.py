@@ -9,7 +9,9 @@ Checks, with a cache folder of the test's own (XDG_CACHE_HOME):
 - OPENBLAS_CORETYPE set by the environment is left as it is (no measuring, no re-execution), and
   DAPOD_BLAS_KERNEL=library keeps OpenBLAS's own pick;
 - a cache of another machine (another key) or a damaged file is measured again and rewritten;
-- concurrent first starts measure once and agree.
+- concurrent first starts measure once and agree;
+- DAPOD_KERNELS_ISA: a name it does not know is refused with exit 2; portable, baseline and the
+  processor's best generate the same tokens; `dapod kernels` says which decoding kernels run.
 """
 import argparse
 import json
@@ -142,6 +144,31 @@ with tempfile.TemporaryDirectory() as tmp:
     choice2 = json.load(open(os.path.join(cache2, "dapod", "openblas-kernel.json")))
     want = choice2["chosen"].split(",")[0]
     check(results[0] == [want], f"they run the cached choice {want}: {results[0]}")
+
+    # 6. DAPOD_KERNELS_ISA names the decoding kernels' instruction set; each gives the same bits,
+    # so the same tokens (16 sequences sampled together, and a lone one)
+    def generate(isa, n):
+        return subprocess.run([args.dapod, "generate", "tiny", "--prompt", "hi", "--max-tokens",
+                               "24", "--n", str(n), "--seed", "7"],
+                              env=env_with(cache, DAPOD_KERNELS_ISA=isa), capture_output=True,
+                              text=True, timeout=120)
+
+    p = generate("avx1024", 1)
+    check(p.returncode == 2 and "DAPOD_KERNELS_ISA=avx1024" in p.stderr and not p.stdout,
+          f"an unknown instruction set is refused by name ({p.returncode}): {p.stderr[-300:]}")
+    for n in (16, 1):
+        outs = {isa: generate(isa, n) for isa in ("", "portable", "baseline")}
+        for isa, q in outs.items():
+            check(q.returncode == 0 and q.stdout.strip(),
+                  f"generate --n {n} with DAPOD_KERNELS_ISA={isa!r}: {q.stderr[-300:]}")
+        check(len({q.stdout for q in outs.values()}) == 1,
+              f"--n {n}: the same tokens on every instruction set: "
+              + " | ".join(f"{k!r}: {v.stdout[:80]!r}" for k, v in outs.items()))
+    p = subprocess.run([args.dapod, "kernels"], env=env_with(cache, DAPOD_KERNELS_ISA="portable"),
+                       capture_output=True, text=True, timeout=300)
+    check(p.returncode == 0 and
+          "decoding kernels: portable, set by DAPOD_KERNELS_ISA" in p.stdout.splitlines(),
+          f"`dapod kernels` says which decoding kernels run: {p.stdout[-300:]}")
 
 print(f"{checks - failures} of {checks} checks passed")
 sys.exit(1 if failures else 0)
