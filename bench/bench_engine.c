@@ -493,6 +493,16 @@ static double gen_flops(const struct bench *b, int n) {
   return f;
 }
 
+/* gen_state_tune at the larger batch, as a job tunes before its first step: the split chosen
+ * (desc) and the seconds it took. */
+static int bench_tune(struct bench *b, char *desc, size_t n, double *secs, struct dapo_err *e) {
+  double t0 = now_s();
+  int rc = gen_state_tune(b->gs, b->m, g_gen_batch, e);
+  if (!rc) gen_state_describe_split(b->gs, desc, n);
+  *secs = now_s() - t0;
+  return rc;
+}
+
 static json_t *info_json(const struct bench *b) {
   json_t *j = json_object();
   json_object_set_new(j, "side", json_string("ours"));
@@ -559,11 +569,9 @@ static int run_model(const char *name, int train_steps, int gen_reps, int gen_ne
     gen = json_object();
     { /* the split a job would decode with: chosen by measuring, as the runner does */
       char desc[256];
-      double t0 = now_s();
-      if ((rc = gen_state_tune(b.gs, b.m, g_gen_batch, &e))) goto out;
-      gen_state_describe_split(b.gs, desc, sizeof desc);
-      fprintf(stderr, "%s: decoding split (gen_state_tune, %.1f s): %s\n", name, now_s() - t0,
-              desc);
+      double secs;
+      if ((rc = bench_tune(&b, desc, sizeof desc, &secs, &e))) goto out;
+      fprintf(stderr, "%s: decoding split (gen_state_tune, %.1f s): %s\n", name, secs, desc);
       json_object_set_new(j, "gen_split", json_string(desc));
     }
     int batches[2] = {g_gen_batch, 1};
@@ -873,12 +881,9 @@ static int serve(const char *name, int gen_new, int train) {
         emit(json_pack("{s:f, s:f, s:f, s:f}", "step_s", t[0], "forward_s", t[1], "backward_s",
                        t[2], "adamw_s", t[3]));
     } else if (!strcmp(line, "tune")) {
-      double t0 = now_s();
-      if (!(rc = gen_state_tune(b.gs, b.m, g_gen_batch, &e))) {
-        char desc[256];
-        emit(json_pack("{s:f, s:s}", "seconds", now_s() - t0, "split",
-                       gen_state_describe_split(b.gs, desc, sizeof desc)));
-      }
+      char desc[256];
+      if (!(rc = bench_tune(&b, desc, sizeof desc, &t[0], &e)))
+        emit(json_pack("{s:f, s:s}", "seconds", t[0], "split", desc));
     } else if (sscanf(line, "gen16 %llu", &seed) == 1 || sscanf(line, "gen1 %llu", &seed) == 1) {
       int n = !strncmp(line, "gen16", 5) ? g_gen_batch : 1;
       if (!(rc = bench_gen(&b, n, seed, &t[0], &e))) emit(json_pack("{s:f}", "seconds", t[0]));

@@ -882,15 +882,14 @@ static int kernels_isa_apply(void) {
 
 int main(int argc, char **argv) {
   const char *cmd = argc > 1 ? argv[1] : "serve";
-  /* the commands that compute run the OpenBLAS kernel measured fastest here (may re-execute) */
-  if (!strcmp(cmd, "serve") || !strcmp(cmd, "train") || !strcmp(cmd, "generate") ||
-      !strcmp(cmd, "__blas-probe") || argc == 1 || cmd[0] == '-')
-    blas_choice_apply(argc, argv);
-  if ((!strcmp(cmd, "serve") || !strcmp(cmd, "train") || !strcmp(cmd, "generate") ||
-       !strcmp(cmd, "kernels") || argc == 1 || cmd[0] == '-') &&
-      strcmp(cmd, "--help") && strcmp(cmd, "-h") && kernels_isa_apply())
-    return 2;
-  if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+  /* the commands that compute run the OpenBLAS kernel measured fastest here (may re-execute)
+   * and the decoding kernels DAPOD_KERNELS_ISA names */
+  int help = !strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help");
+  int computes = !strcmp(cmd, "serve") || !strcmp(cmd, "train") || !strcmp(cmd, "generate") ||
+                 argc == 1 || cmd[0] == '-';
+  if (computes || !strcmp(cmd, "__blas-probe")) blas_choice_apply(argc, argv);
+  if ((computes || !strcmp(cmd, "kernels")) && !help && kernels_isa_apply()) return 2;
+  if (help) {
     serve_help(stdout);
     return 0;
   }
