@@ -546,12 +546,60 @@ static void sw_portable(float *h, float *dg, float *du, const float *dh, const f
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-/* the portable form with FMA3 in hardware: AVX2 machines, and the portable set on a CPU with FMA
- * (FMA3 alone, no AVX2 assumed) */
+/* the portable form with FMA3 in hardware: the portable set on a CPU with FMA (FMA3 alone, no
+ * AVX2 assumed) */
 __attribute__((target("fma"))) static void sw_fma(float *h, float *dg, float *du, const float *dh,
                                                   const float *g, const float *u, int lo, int hi) {
   sw_gen(h, dg, du, dh, g, u, lo, hi, 1);
 }
+/* simd_exp4 in 8 lanes of AVX2 (the same operations; the rounding to an integer by round_ps,
+ * exact here as the adding and subtracting of 1.5 * 2^23 is) */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256 sw_exp256(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f)); /* g | sign: never NaN unless g is */
+  __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* sw_gen in 8 lanes of AVX2: the same operations in the same order (was the 4-lane form: 8% of
+ * an AVX2 0.5B decoding step at batch 64) */
+__attribute__((target("avx2,fma"))) static void sw_256(float *h, float *dg, float *du,
+                                                       const float *dh, const float *g,
+                                                       const float *u, int lo, int hi) {
+  const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+  const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN));
+  for (int i = lo; i < hi; i += 8) {
+    int n = hi - i < 8 ? hi - i : 8;
+    __m256i mk =
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    __m256 gv = _mm256_maskload_ps(g + i, mk), uv = _mm256_maskload_ps(u + i, mk);
+    __m256 t = sw_exp256(_mm256_or_ps(gv, sign));
+    __m256 pos = _mm256_cmp_ps(gv, zero, _CMP_GE_OQ);
+    __m256 sg = _mm256_div_ps(_mm256_blendv_ps(t, one, pos), _mm256_add_ps(one, t));
+    if (!dg) {
+      _mm256_maskstore_ps(h + i, mk, _mm256_mul_ps(_mm256_mul_ps(gv, sg), uv));
+    } else {
+      __m256 dv = _mm256_maskload_ps(dh + i, mk);
+      __m256 ru = _mm256_mul_ps(_mm256_mul_ps(dv, gv), sg);
+      __m256 f = _mm256_add_ps(one, _mm256_mul_ps(gv, _mm256_sub_ps(one, sg)));
+      __m256 rg = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(dv, uv), sg), f);
+      _mm256_maskstore_ps(du + i, mk, ru);
+      _mm256_maskstore_ps(dg + i, mk, rg);
+    }
+  }
+}
+
 /* sw_gen in 16 lanes: the same operations in the same order */
 __attribute__((target("avx512f"))) static void sw_512(float *h, float *dg, float *du,
                                                       const float *dh, const float *g,
@@ -584,7 +632,9 @@ static void sw_any(float *h, float *dg, float *du, const float *dh, const float 
   int isa = kernels_isa();
   if (isa == KERNELS_ISA_AVX512)
     sw_512(h, dg, du, dh, g, u, lo, hi);
-  else if (isa == KERNELS_ISA_AVX2 || (isa == KERNELS_ISA_PORTABLE && kernels_cpu_fma()))
+  else if (isa == KERNELS_ISA_AVX2)
+    sw_256(h, dg, du, dh, g, u, lo, hi);
+  else if (isa == KERNELS_ISA_PORTABLE && kernels_cpu_fma())
     sw_fma(h, dg, du, dh, g, u, lo, hi);
   else
 #endif
