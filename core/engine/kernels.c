@@ -552,26 +552,6 @@ __attribute__((target("fma"))) static void sw_fma(float *h, float *dg, float *du
                                                   const float *g, const float *u, int lo, int hi) {
   sw_gen(h, dg, du, dh, g, u, lo, hi, 1);
 }
-/* simd_exp4 in 8 lanes of AVX2 (the same operations; the rounding to an integer by round_ps,
- * exact here as the adding and subtracting of 1.5 * 2^23 is) */
-__attribute__((target("avx2,fma"), always_inline)) static inline __m256 sw_exp256(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f)); /* g | sign: never NaN unless g is */
-  __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-  __m256i e =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
 /* sw_gen in 8 lanes of AVX2: the same operations in the same order (was the 4-lane form: 8% of
  * an AVX2 0.5B decoding step at batch 64) */
 __attribute__((target("avx2,fma"))) static void sw_256(float *h, float *dg, float *du,
@@ -584,7 +564,7 @@ __attribute__((target("avx2,fma"))) static void sw_256(float *h, float *dg, floa
     __m256i mk =
         _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     __m256 gv = _mm256_maskload_ps(g + i, mk), uv = _mm256_maskload_ps(u + i, mk);
-    __m256 t = sw_exp256(_mm256_or_ps(gv, sign));
+    __m256 t = simd_exp256(_mm256_or_ps(gv, sign));
     __m256 pos = _mm256_cmp_ps(gv, zero, _CMP_GE_OQ);
     __m256 sg = _mm256_div_ps(_mm256_blendv_ps(t, one, pos), _mm256_add_ps(one, t));
     if (!dg) {
