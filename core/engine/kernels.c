@@ -559,24 +559,29 @@ __attribute__((target("avx2,fma"))) static void sw_256(float *h, float *dg, floa
                                                        const float *u, int lo, int hi) {
   const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
   const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN));
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   for (int i = lo; i < hi; i += 8) {
+    /* masked moves only for a partial last vector: they are slow on AMD's processors */
     int n = hi - i < 8 ? hi - i : 8;
-    __m256i mk =
-        _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    __m256 gv = _mm256_maskload_ps(g + i, mk), uv = _mm256_maskload_ps(u + i, mk);
+    __m256i mk = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane);
+#define SW_LD(p) (n == 8 ? _mm256_loadu_ps((p) + i) : _mm256_maskload_ps((p) + i, mk))
+#define SW_ST(p, v) (n == 8 ? _mm256_storeu_ps((p) + i, v) : _mm256_maskstore_ps((p) + i, mk, v))
+    __m256 gv = SW_LD(g), uv = SW_LD(u);
     __m256 t = simd_exp256(_mm256_or_ps(gv, sign));
     __m256 pos = _mm256_cmp_ps(gv, zero, _CMP_GE_OQ);
     __m256 sg = _mm256_div_ps(_mm256_blendv_ps(t, one, pos), _mm256_add_ps(one, t));
     if (!dg) {
-      _mm256_maskstore_ps(h + i, mk, _mm256_mul_ps(_mm256_mul_ps(gv, sg), uv));
+      SW_ST(h, _mm256_mul_ps(_mm256_mul_ps(gv, sg), uv));
     } else {
-      __m256 dv = _mm256_maskload_ps(dh + i, mk);
+      __m256 dv = SW_LD(dh);
       __m256 ru = _mm256_mul_ps(_mm256_mul_ps(dv, gv), sg);
       __m256 f = _mm256_add_ps(one, _mm256_mul_ps(gv, _mm256_sub_ps(one, sg)));
       __m256 rg = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(dv, uv), sg), f);
-      _mm256_maskstore_ps(du + i, mk, ru);
-      _mm256_maskstore_ps(dg + i, mk, rg);
+      SW_ST(du, ru);
+      SW_ST(dg, rg);
     }
+#undef SW_ST
+#undef SW_LD
   }
 }
 

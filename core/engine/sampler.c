@@ -16,7 +16,12 @@
 
 /* Tickets of one decoding step split dynamically (decode_step): per layer its five phases (QKV,
  * attention, O, gate-up, down), then the LM head and sampling; one cache line each. */
-enum { PHASES_PER_LAYER = 5, TICKET_STRIDE = 16 };
+/* FF_COLS: the gate and up products' columns taken at a time in a thread's share, so that their
+ * outputs are still in cache when LoRA's B products add to them and SwiGLU reads them (a share
+ * whole, 64 rows x 2432 columns of each at 0.5B's shape on 2 threads, left L2: LoRA's B products
+ * waited on their loads); 384 is a multiple of every tile width of linear_lanes (16-64 columns,
+ * 6, 8, 12 and 48 rows of weights). */
+enum { PHASES_PER_LAYER = 5, TICKET_STRIDE = 16, FF_COLS = 384 };
 
 struct gen_state {
   struct model_config cfg;
@@ -715,17 +720,19 @@ static void decode_step(void *ctx, int ti, int nt) {
                             : linear_lanes_prepare_cols(s->xt_h, hh, n, FF, 0, 0);
     prof(&pm, GEN_PROF_NORM);
     PHASE(1, w_ff, 0, C);
-    while (phase_q_take(&pq, &j, &lo_, &hi_)) {
-      few(gg, xn, xt, w->w_gate, w->w_gate16, PK(4), NULL, n, C, FF, lo_, hi_, 0.0f);
-      few(uu, xn, xt, w->w_up, w->w_up16, PK(5), NULL, n, C, FF, lo_, hi_, 0.0f);
-      lora_xb(lo, l, LT_GATE, has[0], gg, lt[0], n, FF, lo_, hi_);
-      lora_xb(lo, l, LT_UP, has[1], uu, lt[1], n, FF, lo_, hi_);
-      for (int i = 0; i < n; i++) {
-        size_t o = (size_t)i * FF + lo_;
-        swiglu_forward(hh + o, gg + o, uu + o, (size_t)(hi_ - lo_));
+    while (phase_q_take(&pq, &j, &lo_, &hi_))
+      for (int c0 = lo_, c1; c0 < hi_; c0 = c1) { /* FF_COLS at a time: gg, uu in cache */
+        c1 = hi_ - c0 < 2 * FF_COLS ? hi_ : c0 + FF_COLS;
+        few(gg, xn, xt, w->w_gate, w->w_gate16, PK(4), NULL, n, C, FF, c0, c1, 0.0f);
+        few(uu, xn, xt, w->w_up, w->w_up16, PK(5), NULL, n, C, FF, c0, c1, 0.0f);
+        lora_xb(lo, l, LT_GATE, has[0], gg, lt[0], n, FF, c0, c1);
+        lora_xb(lo, l, LT_UP, has[1], uu, lt[1], n, FF, c0, c1);
+        for (int i = 0; i < n; i++) {
+          size_t o = (size_t)i * FF + c0;
+          swiglu_forward(hh + o, gg + o, uu + o, (size_t)(c1 - c0));
+        }
+        if (xt_h) linear_lanes_prepare_cols(s->xt_h, hh, n, FF, c0, c1);
       }
-      if (xt_h) linear_lanes_prepare_cols(s->xt_h, hh, n, FF, lo_, hi_);
-    }
     WAIT(GEN_PROF_FFN);
     has[0] = lora_xa(lo, l, LT_DOWN, hh, n, FF, lt[0]);
     xt = xt_h ? xt_h : prepare(xtb, hh, n, FF, PK(6), w->w_down16);
