@@ -1338,7 +1338,7 @@ static const struct ll_form *ll_form_now(void) {
  * on the block (on the Xeon, 256 k at a time: 0.87-0.93x at 16 rows, 0.95-1.36x at 64;
  * docs/ENGINE.md). xt (64 IN floats) is this thread's, kept from call to call (lr_xt); LR_PF:
  * floats ahead that each weight row is prefetched (L1). */
-enum { LR_MIN = 16, LR_MIN16 = 49, LR_COLS = 96, LR_CB = 48, LR_PF = 1024 };
+enum { LR_MIN = 16, LR_MIN16 = 49, LR2_MIN = 49, LR_COLS = 96, LR_CB = 48, LR_PF = 1024 };
 
 static pthread_key_t lr_key;
 static pthread_once_t lr_once = PTHREAD_ONCE_INIT;
@@ -1454,20 +1454,105 @@ LF_AVX512 static void lr_widen512(float *dst, const uint16_t *src, size_t n) {
   if (i < n) bf16_to_f32(dst + i, src + i, n - i);
 }
 
-/* Whether mr rows (a block of at most 64) take rows in the lanes: from LR_MIN rows, with at least
- * 3/4 of the lanes of their vectors in use (17-23 rows in 2 vectors were 0.83-1.01x the block,
- * 24 rows 0.96-1.23x, 40 rows 1.10-1.34x). */
-static int lr_rows(int mr) {
-  return mr >= LR_MIN && 4 * mr >= 3 * ((mr + 15) / 16 * 16);
+/* Rows in the lanes on AVX2, from LR2_MIN rows: lr_tile's chains with 8 rows in a ymm, a tile
+ * 16 rows (two vectors) x 6 weight rows (12 sums in registers over the whole of IN, per k 2 loads
+ * of the rows and 6 broadcasts of weights: the shape of ll_tile256), the mp / 16 groups of rows
+ * one after another against the same weight rows (from L1, or L2 at long IN). No weight is
+ * transposed: on AVX2 the block's pack (8 x 8 transposes, 3 shuffles a vector) was 8% of a 0.5B
+ * decoding step at batch 64 with LoRA on a BF16 base. The next tile's BF16 rows (nx) or the
+ * tile's own float32 rows are prefetched during the first group. */
+#define L2_DJ(j)                                                                                   \
+  __m256 p##j = z, q##j = z;                                                                       \
+  const float *wj##j = w + (size_t)(j < nj ? j : nj - 1) * IN
+#define L2_PJ(j) _mm_prefetch((const char *)(wj##j + k + LR_PF), _MM_HINT_T0)
+#define L2_FJ(j)                                                                                   \
+  {                                                                                                \
+    __m256 b = _mm256_broadcast_ss(wj##j + k);                                                     \
+    p##j = _mm256_fmadd_ps(x0, b, p##j), q##j = _mm256_fmadd_ps(x1, b, q##j);                      \
+  }
+#define L2_SJ(j)                                                                                   \
+  _mm256_storeu_ps(s + (j)*64 + 16 * g, p##j), _mm256_storeu_ps(s + (j)*64 + 16 * g + 8, q##j)
+#define L2_ALL(M)                                                                                  \
+  M(0);                                                                                            \
+  M(1);                                                                                            \
+  M(2);                                                                                            \
+  M(3);                                                                                            \
+  M(4);                                                                                            \
+  M(5)
+/* s[j * 64 + m] (j < 6; rows past nj repeat the last, their sums unused) as lr_tile_v's */
+LF_AVX2 static void lr_tile256(float *s, const float *xt, int mp, const float *w, int IN, int nj,
+                               int V, const uint16_t *nx) {
+  (void)V;
+  const __m256 z = _mm256_setzero_ps();
+  for (int g = 0; g < mp / 16; g++) {
+    L2_ALL(L2_DJ);
+    const float *xg = xt + 16 * g;
+    for (int k = 0; k < IN; k++) {
+      if (!(k & 15) && !g) {
+        if (nx) /* the next 6 rows' 192 bytes to L2 */
+          for (int r = 0; r < 6; r += 2)
+            _mm_prefetch((const char *)(nx + (size_t)k * 6 + 16 * r), _MM_HINT_T1);
+        else
+          L2_ALL(L2_PJ);
+      }
+      __m256 x0 = _mm256_loadu_ps(xg + (size_t)k * mp),
+             x1 = _mm256_loadu_ps(xg + (size_t)k * mp + 8);
+      L2_ALL(L2_FJ);
+    }
+    L2_ALL(L2_SJ);
+  }
+}
+#undef L2_ALL
+#undef L2_SJ
+#undef L2_FJ
+#undef L2_PJ
+#undef L2_DJ
+
+/* lr_widen512 in 8 lanes */
+LF_AVX2 static void lr_widen256(float *dst, const uint16_t *src, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    if (!(i & 31)) _mm_prefetch((const char *)(src + i + 2 * LR_PF), _MM_HINT_T0);
+    __m128i h = _mm_loadu_si128((const __m128i *)(src + i));
+    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+  }
+  if (i < n) bf16_to_f32(dst + i, src + i, n - i);
+}
+
+/* A processor's rows in the lanes: its tile (s, xt, mp, w, IN, nj, V, nx as lr_tile_v's), the
+ * widening of BF16 rows, the transposes (of the rows into xt, of the sums into rows) and the
+ * weight rows a tile by V (LR_CB a multiple of each); the fewest rows of a block it takes, for
+ * float32 and for BF16 weights. */
+struct lr_form {
+  void (*tile)(float *, const float *, int, const float *, int, int, int, const uint16_t *);
+  void (*widen)(float *, const uint16_t *, size_t);
+  ll_pack_fn *pack;
+  int jv[5], min, min16;
+};
+
+/* NULL where the block takes every call (the portable forms) */
+static const struct lr_form *lr_form_now(void) {
+  static const struct lr_form avx2 = {lr_tile256,      lr_widen256, ll_pack256,
+                                      {0, 6, 6, 6, 6}, LR2_MIN,     LR2_MIN},
+                              avx512 = {lr_tile_v,        lr_widen512, ll_pack512,
+                                        {0, 8, 12, 8, 6}, LR_MIN,      LR_MIN16};
+  int f = lf_form();
+  return f == 3 ? &avx512 : f == 2 ? &avx2 : NULL;
+}
+
+/* Whether mr rows (a block of at most 64) take rows in the lanes: from f's fewest rows, with at
+ * least 3/4 of the lanes of their vectors in use (AVX-512: 17-23 rows in 2 vectors were
+ * 0.83-1.01x the block, 24 rows 0.96-1.23x, 40 rows 1.10-1.34x). */
+static int lr_rows(const struct lr_form *f, int mr, int bf16) {
+  return f && mr >= (bf16 ? f->min16 : f->min) && 4 * mr >= 3 * ((mr + 15) / 16 * 16);
 }
 
 /* 0 without memory for xt (nothing written). Row blocks that lr_rows refuses go to the block.
  * Columns LR_CB at a time: their tiles' sums (s[c * 64 + m]) transposed by ll_pack512 into rows
  * (ot[m * LR_CB + c]) for ll_store. */
-LF_AVX512 static int lr_drive(float *out, const float *inp, const float *xtp, const float *w,
-                              const uint16_t *w16, const float *bias, int M, int IN, int OUT,
-                              int j0, int j1, float beta) {
-  static const int jv[5] = {0, 8, 12, 8, 6}; /* J by V: LR_CB a multiple of each */
+static int lr_drive(const struct lr_form *f, float *out, const float *inp, const float *xtp,
+                    const float *w, const uint16_t *w16, const float *bias, int M, int IN, int OUT,
+                    int j0, int j1, float beta) {
   float s[LR_CB * 64] __attribute__((aligned(64)));
   float ot[64 * LR_CB] __attribute__((aligned(64)));
   /* this call's transposes (unless xtp: the copy), then BF16 weights' widened rows */
@@ -1475,14 +1560,14 @@ LF_AVX512 static int lr_drive(float *out, const float *inp, const float *xtp, co
   float *buf = nx + nb ? lr_xt(nx + nb) : NULL, *wb = buf ? buf + nx : NULL;
   if (nx + nb && !buf) return 0;
   for (int m0 = 0; m0 < M; m0 += 64) {
-    int mr = M - m0 < 64 ? M - m0 : 64, mp = (mr + 15) / 16 * 16, V = mp / 16, J = jv[V];
-    if (!lr_rows(mr) || (w16 && mr < LR_MIN16)) {
+    int mr = M - m0 < 64 ? M - m0 : 64, mp = (mr + 15) / 16 * 16, V = mp / 16, J = f->jv[V];
+    if (!lr_rows(f, mr, w16 != NULL)) {
       ll_drive(ll_form_now(), out + (size_t)m0 * OUT, inp + (size_t)m0 * IN, w, w16, bias, mr, IN,
                OUT, j0, j1, beta);
       continue;
     }
     const float *xt = xtp ? xtp + (size_t)m0 * IN : buf; /* linear_lanes_prepare's block */
-    if (!xtp) ll_pack512(buf, inp + (size_t)m0 * IN, NULL, IN, 0, mr, 0, IN, mp, 0);
+    if (!xtp) f->pack(buf, inp + (size_t)m0 * IN, NULL, IN, 0, mr, 0, IN, mp, 0);
     for (int jb = j0; jb < j1; jb += LR_CB) {
       int ncb = j1 - jb < LR_CB ? j1 - jb : LR_CB;
       for (int m = 0; m < mr; m++) /* the block's outputs, while its tiles run */
@@ -1491,11 +1576,11 @@ LF_AVX512 static int lr_drive(float *out, const float *inp, const float *xtp, co
       for (int c = 0; c < ncb; c += J) {
         size_t j = (size_t)(jb + c);
         int nj = ncb - c < J ? ncb - c : J;
-        if (w16) lr_widen512(wb, w16 + j * IN, (size_t)nj * IN);
-        lr_tile_v(s + c * 64, xt, mp, w16 ? wb : w + j * IN, IN, nj, V,
-                  w16 && j + nj < (size_t)j1 ? w16 + (j + nj) * IN : NULL);
+        if (w16) f->widen(wb, w16 + j * IN, (size_t)nj * IN);
+        f->tile(s + c * 64, xt, mp, w16 ? wb : w + j * IN, IN, nj, V,
+                w16 && j + nj < (size_t)j1 ? w16 + (j + nj) * IN : NULL);
       }
-      ll_pack512(ot, s, NULL, 64, 0, ncb, 0, mr, LR_CB, 0);
+      f->pack(ot, s, NULL, 64, 0, ncb, 0, mr, LR_CB, 0);
       for (int m = 0; m < mr; m++)
         ll_store(out + (size_t)(m0 + m) * OUT + jb, ot + m * LR_CB, bias ? bias + jb : NULL, ncb,
                  beta);
@@ -1515,7 +1600,7 @@ static void ll_any(float *out, const float *inp, const float *w, const uint16_t 
   if (M < 1 || j0 >= j1) return;
 #ifdef LF_X86
   if (j1 - j0 >= LR_COLS && linear_lanes_reads_copy(M, w16 != NULL) &&
-      lr_drive(out, inp, NULL, w, w16, bias, M, IN, OUT, j0, j1, beta))
+      lr_drive(lr_form_now(), out, inp, NULL, w, w16, bias, M, IN, OUT, j0, j1, beta))
     return;
 #endif
   ll_drive(ll_form_now(), out, inp, w, w16, bias, M, IN, OUT, j0, j1, beta);
@@ -1533,7 +1618,7 @@ size_t linear_lanes_xt_floats(int M, int IN) {
 int linear_lanes_reads_copy(int M, int bf16) {
 #ifdef LF_X86
   int m1 = M < 64 ? M : 64; /* the first block (64 rows when M > 64) decides, as in ll_any */
-  return M >= 1 && lf_form() == 3 && lr_rows(m1) && (!bf16 || m1 >= LR_MIN16);
+  return M >= 1 && lr_rows(lr_form_now(), m1, bf16);
 #else
   (void)M, (void)bf16;
   return 0;
@@ -1542,12 +1627,13 @@ int linear_lanes_reads_copy(int M, int bf16) {
 
 const float *linear_lanes_prepare_cols(float *xt, const float *inp, int M, int IN, int k0, int k1) {
 #ifdef LF_X86
+  const struct lr_form *f = lr_form_now();
   if (!xt || !linear_lanes_reads_copy(M, 0)) return NULL;
   for (int m0 = 0; m0 < M && k0 < k1; m0 += 64) {
     int mr = M - m0 < 64 ? M - m0 : 64, mp = (mr + 15) / 16 * 16;
-    if (lr_rows(mr))
-      ll_pack512(xt + (size_t)m0 * IN + (size_t)k0 * mp, inp + (size_t)m0 * IN, NULL, IN, 0, mr, k0,
-                 k1 - k0, mp, 0);
+    if (lr_rows(f, mr, 0))
+      f->pack(xt + (size_t)m0 * IN + (size_t)k0 * mp, inp + (size_t)m0 * IN, NULL, IN, 0, mr, k0,
+              k1 - k0, mp, 0);
   }
   return xt;
 #else
@@ -1565,8 +1651,8 @@ void linear_lanes_prepared(float *out, const float *inp, const float *xt, const 
                            int j1, float beta) {
   if (w16) w = NULL;
 #ifdef LF_X86
-  if (xt && M >= 1 && j0 < j1 && lf_form() == 3 &&
-      lr_drive(out, inp, xt, w, w16, bias, M, IN, OUT, j0, j1, beta))
+  if (xt && M >= 1 && j0 < j1 && lr_form_now() &&
+      lr_drive(lr_form_now(), out, inp, xt, w, w16, bias, M, IN, OUT, j0, j1, beta))
     return;
 #endif
   ll_any(out, inp, w, w16, bias, M, IN, OUT, j0, j1, beta);
