@@ -147,10 +147,11 @@ void linear_lanes_bf16(float *out, const float *inp, const uint16_t *w, const fl
  * bits), and takes rows in the lanes for any number of columns (linear_lanes, which pays the
  * transpose per call, only from 96). */
 size_t linear_lanes_xt_floats(int M, int IN);
-/* Whether linear_lanes_prepared reads a prepare's copy for M rows of float32 weights, or of BF16
- * ones when bf16 (rows in the lanes take BF16 weights from more rows than float32): where it does
- * not, the copy need not be written (linear_lanes_prepare returns NULL only on the first). */
-int linear_lanes_reads_copy(int M, int bf16);
+/* Whether linear_lanes_prepared reads a prepare's copy for M rows of IN inputs against float32
+ * weights, or BF16 ones when bf16 (rows in the lanes take BF16 weights from more rows than
+ * float32 on AVX-512, and on AVX2 rows up to 2048 inputs only): where it does not, the copy need
+ * not be written (linear_lanes_prepare returns NULL only on the first). */
+int linear_lanes_reads_copy(int M, int IN, int bf16);
 const float *linear_lanes_prepare(float *xt, const float *inp, int M, int IN);
 /* linear_lanes_prepare's copy of inp's columns [k0, k1) alone (the rest of xt untouched), for
  * threads that each write their own columns of one shared copy (disjoint ranges never share a

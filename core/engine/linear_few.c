@@ -1338,7 +1338,15 @@ static const struct ll_form *ll_form_now(void) {
  * on the block (on the Xeon, 256 k at a time: 0.87-0.93x at 16 rows, 0.95-1.36x at 64;
  * docs/ENGINE.md). xt (64 IN floats) is this thread's, kept from call to call (lr_xt); LR_PF:
  * floats ahead that each weight row is prefetched (L1). */
-enum { LR_MIN = 16, LR_MIN16 = 49, LR2_MIN = 49, LR_COLS = 96, LR_CB = 48, LR_PF = 1024 };
+enum {
+  LR_MIN = 16,
+  LR_MIN16 = 49,
+  LR2_MIN = 49,
+  LR2_MAX_IN = 2048,
+  LR_COLS = 96,
+  LR_CB = 48,
+  LR_PF = 1024
+};
 
 static pthread_key_t lr_key;
 static pthread_once_t lr_once = PTHREAD_ONCE_INIT;
@@ -1460,7 +1468,12 @@ LF_AVX512 static void lr_widen512(float *dst, const uint16_t *src, size_t n) {
  * one after another against the same weight rows (from L1, or L2 at long IN). No weight is
  * transposed: on AVX2 the block's pack (8 x 8 transposes, 3 shuffles a vector) was 8% of a 0.5B
  * decoding step at batch 64 with LoRA on a BF16 base. The next tile's BF16 rows (nx) or the
- * tile's own float32 rows are prefetched during the first group. */
+ * tile's own float32 rows are prefetched during the first group. Rows of up to LR2_MAX_IN inputs
+ * only: every tile streams the whole copy of the rows (64 IN floats), which at the down
+ * projection's 4864 (1.2 MB) left L2. That decoding (AVX2 emulated on Zen 4 by
+ * DAPOD_KERNELS_ISA=avx2, 2 threads, in turns): 157.4-158.9 tok/s with the block, 162.2-153.7
+ * with rows in the lanes at every IN, 167.3-170.4 up to 2048 inputs; float32 weights without
+ * LoRA (packed panels but for the rows' copy) 159.5-160.7 -> 158.7-160.2. */
 #define L2_DJ(j)                                                                                   \
   __m256 p##j = z, q##j = z;                                                                       \
   const float *wj##j = w + (size_t)(j < nj ? j : nj - 1) * IN
@@ -1528,14 +1541,15 @@ struct lr_form {
   void (*widen)(float *, const uint16_t *, size_t);
   ll_pack_fn *pack;
   int jv[5], min, min16;
+  int max_in; /* 0, or the longest rows taken (longer: the block) */
 };
 
 /* NULL where the block takes every call (the portable forms) */
 static const struct lr_form *lr_form_now(void) {
-  static const struct lr_form avx2 = {lr_tile256,      lr_widen256, ll_pack256,
-                                      {0, 6, 6, 6, 6}, LR2_MIN,     LR2_MIN},
-                              avx512 = {lr_tile_v,        lr_widen512, ll_pack512,
-                                        {0, 8, 12, 8, 6}, LR_MIN,      LR_MIN16};
+  static const struct lr_form avx2 = {lr_tile256, lr_widen256, ll_pack256, {0, 6, 6, 6, 6},
+                                      LR2_MIN,    LR2_MIN,     LR2_MAX_IN};
+  static const struct lr_form avx512 = {lr_tile_v, lr_widen512, ll_pack512, {0, 8, 12, 8, 6},
+                                        LR_MIN,    LR_MIN16,    0};
   int f = lf_form();
   return f == 3 ? &avx512 : f == 2 ? &avx2 : NULL;
 }
@@ -1543,8 +1557,9 @@ static const struct lr_form *lr_form_now(void) {
 /* Whether mr rows (a block of at most 64) take rows in the lanes: from f's fewest rows, with at
  * least 3/4 of the lanes of their vectors in use (AVX-512: 17-23 rows in 2 vectors were
  * 0.83-1.01x the block, 24 rows 0.96-1.23x, 40 rows 1.10-1.34x). */
-static int lr_rows(const struct lr_form *f, int mr, int bf16) {
-  return f && mr >= (bf16 ? f->min16 : f->min) && 4 * mr >= 3 * ((mr + 15) / 16 * 16);
+static int lr_rows(const struct lr_form *f, int mr, int IN, int bf16) {
+  return f && mr >= (bf16 ? f->min16 : f->min) && 4 * mr >= 3 * ((mr + 15) / 16 * 16) &&
+         (!f->max_in || IN <= f->max_in);
 }
 
 /* 0 without memory for xt (nothing written). Row blocks that lr_rows refuses go to the block.
@@ -1561,7 +1576,7 @@ static int lr_drive(const struct lr_form *f, float *out, const float *inp, const
   if (nx + nb && !buf) return 0;
   for (int m0 = 0; m0 < M; m0 += 64) {
     int mr = M - m0 < 64 ? M - m0 : 64, mp = (mr + 15) / 16 * 16, V = mp / 16, J = f->jv[V];
-    if (!lr_rows(f, mr, w16 != NULL)) {
+    if (!lr_rows(f, mr, IN, w16 != NULL)) {
       ll_drive(ll_form_now(), out + (size_t)m0 * OUT, inp + (size_t)m0 * IN, w, w16, bias, mr, IN,
                OUT, j0, j1, beta);
       continue;
@@ -1599,7 +1614,7 @@ static void ll_any(float *out, const float *inp, const float *w, const uint16_t 
                    const float *bias, int M, int IN, int OUT, int j0, int j1, float beta) {
   if (M < 1 || j0 >= j1) return;
 #ifdef LF_X86
-  if (j1 - j0 >= LR_COLS && linear_lanes_reads_copy(M, w16 != NULL) &&
+  if (j1 - j0 >= LR_COLS && linear_lanes_reads_copy(M, IN, w16 != NULL) &&
       lr_drive(lr_form_now(), out, inp, NULL, w, w16, bias, M, IN, OUT, j0, j1, beta))
     return;
 #endif
@@ -1615,12 +1630,12 @@ size_t linear_lanes_xt_floats(int M, int IN) {
   return M >= LL_XT_MIN ? (size_t)(M + 63) / 64 * 64 * (size_t)IN : 0;
 }
 
-int linear_lanes_reads_copy(int M, int bf16) {
+int linear_lanes_reads_copy(int M, int IN, int bf16) {
 #ifdef LF_X86
   int m1 = M < 64 ? M : 64; /* the first block (64 rows when M > 64) decides, as in ll_any */
-  return M >= 1 && lr_rows(lr_form_now(), m1, bf16);
+  return M >= 1 && lr_rows(lr_form_now(), m1, IN, bf16);
 #else
-  (void)M, (void)bf16;
+  (void)M, (void)IN, (void)bf16;
   return 0;
 #endif
 }
@@ -1628,10 +1643,10 @@ int linear_lanes_reads_copy(int M, int bf16) {
 const float *linear_lanes_prepare_cols(float *xt, const float *inp, int M, int IN, int k0, int k1) {
 #ifdef LF_X86
   const struct lr_form *f = lr_form_now();
-  if (!xt || !linear_lanes_reads_copy(M, 0)) return NULL;
+  if (!xt || !linear_lanes_reads_copy(M, IN, 0)) return NULL;
   for (int m0 = 0; m0 < M && k0 < k1; m0 += 64) {
     int mr = M - m0 < 64 ? M - m0 : 64, mp = (mr + 15) / 16 * 16;
-    if (lr_rows(f, mr, 0))
+    if (lr_rows(f, mr, IN, 0))
       f->pack(xt + (size_t)m0 * IN + (size_t)k0 * mp, inp + (size_t)m0 * IN, NULL, IN, 0, mr, k0,
               k1 - k0, mp, 0);
   }

@@ -418,8 +418,8 @@ static void few(float *out, const float *inp, const float *xt, const float *w, c
  * theirs). */
 static const float *prepare(float *xtb, const float *inp, int n, int IN, const float *pk,
                             const uint16_t *w16) {
-  return pk || !linear_lanes_reads_copy(n, w16 != NULL) ? NULL
-                                                        : linear_lanes_prepare(xtb, inp, n, IN);
+  return pk || !linear_lanes_reads_copy(n, IN, w16 != NULL) ? NULL
+                                                            : linear_lanes_prepare(xtb, inp, n, IN);
 }
 
 /* One decoding step of the n_act active rows, run by every thread of the pool (ti of nt). Split
@@ -715,7 +715,7 @@ static void decode_step(void *ctx, int ti, int nt) {
     xt = prepare(xtb, xn, n, C, PK(4), w->w_gate16);
     /* split by columns, the down projection's input is transposed by the threads that compute
      * its columns, into one shared copy (not by every thread whole after the barrier) */
-    const float *xt_h = x->by_rows || PK(6) || !linear_lanes_reads_copy(n, w->w_down16 != NULL)
+    const float *xt_h = x->by_rows || PK(6) || !linear_lanes_reads_copy(n, FF, w->w_down16 != NULL)
                             ? NULL
                             : linear_lanes_prepare_cols(s->xt_h, hh, n, FF, 0, 0);
     prof(&pm, GEN_PROF_NORM);

@@ -381,10 +381,10 @@ static void lanes_call(int variant, float *y, const float *x, const float *wf, c
               "linear_lanes_prepare made no copy on AVX-512 (M=%d)", M);
     /* the query says where the copy is read: wherever one is made for float32, and for BF16
      * weights from 49 rows (the sampler skips the copy elsewhere) */
-    CHECK_MSG(linear_lanes_reads_copy(M, 0) == (p != NULL) &&
-                  linear_lanes_reads_copy(M, 1) == (p && M >= 49),
+    CHECK_MSG(linear_lanes_reads_copy(M, IN, 0) == (p != NULL) &&
+                  linear_lanes_reads_copy(M, IN, 1) == (p && M >= 49),
               "linear_lanes_reads_copy(%d, 0 / 1) = %d / %d against the copy %s", M,
-              linear_lanes_reads_copy(M, 0), linear_lanes_reads_copy(M, 1),
+              linear_lanes_reads_copy(M, IN, 0), linear_lanes_reads_copy(M, IN, 1),
               p ? "made" : "not made");
     /* the same copy from three column ranges written last first (one empty when IN < 3) */
     float *xc = nx ? aligned_alloc(64, (nx * sizeof(float) + 63) / 64 * 64) : NULL;
