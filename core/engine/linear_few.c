@@ -1473,7 +1473,7 @@ LF_AVX512 static void lr_widen512(float *dst, const uint16_t *src, size_t n) {
  * projection's 4864 (1.2 MB) left L2. That decoding (AVX2 emulated on Zen 4 by
  * DAPOD_KERNELS_ISA=avx2, 2 threads, in turns): 157.4-158.9 tok/s with the block, 162.2-153.7
  * with rows in the lanes at every IN, 167.3-170.4 up to 2048 inputs; float32 weights without
- * LoRA (packed panels but for the rows' copy) 159.5-160.7 -> 158.7-160.2. */
+ * LoRA 159.5-160.7 -> 158.7-160.2. */
 #define L2_DJ(j)                                                                                   \
   __m256 p##j = z, q##j = z;                                                                       \
   const float *wj##j = w + (size_t)(j < nj ? j : nj - 1) * IN
