@@ -1500,17 +1500,24 @@ LF_AVX2 static void lr_tile256(float *s, const float *xt, int mp, const float *w
   for (int g = 0; g < mp / 16; g++) {
     L2_ALL(L2_DJ);
     const float *xg = xt + 16 * g;
-    for (int k = 0; k < IN; k++) {
-      if (!(k & 15) && !g) {
+    for (int k0 = 0; k0 < IN; k0 += 16) {
+      int k1 = IN - k0 < 16 ? IN : k0 + 16;
+      if (!g) {
+        int k = k0;
         if (nx) /* the next 6 rows' 192 bytes to L2 */
           for (int r = 0; r < 6; r += 2)
             _mm_prefetch((const char *)(nx + (size_t)k * 6 + 16 * r), _MM_HINT_T1);
         else
           L2_ALL(L2_PJ);
       }
-      __m256 x0 = _mm256_loadu_ps(xg + (size_t)k * mp),
-             x1 = _mm256_loadu_ps(xg + (size_t)k * mp + 8);
-      L2_ALL(L2_FJ);
+      /* unrolled: per k the 12 fused multiply-adds with 8 loads leave little room for the
+       * loop's own instructions */
+#pragma GCC unroll 4
+      for (int k = k0; k < k1; k++) {
+        __m256 x0 = _mm256_loadu_ps(xg + (size_t)k * mp),
+               x1 = _mm256_loadu_ps(xg + (size_t)k * mp + 8);
+        L2_ALL(L2_FJ);
+      }
     }
     L2_ALL(L2_SJ);
   }
