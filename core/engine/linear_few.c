@@ -915,6 +915,7 @@ ll_tile256_r(float *acc, const float *x, int IN, const float *pt, int kc, int wi
     LL2_DECL(4);
     LL2_DECL(5);
 #undef LL2_DECL
+#pragma GCC unroll 4 /* as lr_tile256's */
     for (int k = 0; k < kc; k++) {
       __m256 w0 = _mm256_loadu_ps(pt + (size_t)k * width + p);
       __m256 w1 = _mm256_loadu_ps(pt + (size_t)k * width + p + 8);
