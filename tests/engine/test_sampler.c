@@ -1155,18 +1155,22 @@ static void test_pack(int wide) {
 }
 
 /* Decoding batches that take rows in the lanes from a transposed copy of each phase's input
- * (linear_lanes_prepare, float32 weights read in place, 16 rows or more on AVX-512): 40 rows (one
- * block) and 80 (a block of 64 and one of 16), the wide model of test_pack unpacked. The same
- * tokens and log-prob bits serially on every instruction set (AVX-512 the copy, the others the
- * block), and on 2 threads split by rows (20 and 40 rows a thread: the block, then the copy),
- * by static columns and by chunks of 1 KiB (down to 16 columns a call), with a thread delayed
- * (against the pool's split by rows: its prefill goes through OpenBLAS on 2 threads). */
+ * (linear_lanes_prepare, float32 weights read in place, 16 rows or more on AVX-512, 49 on AVX2):
+ * 40 rows (one block) and 80 (a block of 64 and one of 16), test_pack's wide model with a wider
+ * FFN, unpacked. The same
+ * tokens and log-prob bits serially on every instruction set (the copy on AVX-512, on AVX2 for a
+ * block of 64 rows but for the down projection, the block elsewhere), and on 2 threads split by
+ * rows (20 and 40 rows a thread: the block, then the copy), by static columns and by chunks of 1
+ * KiB (down to 16 columns a call), with a thread delayed (against the pool's split by rows: its
+ * prefill goes through OpenBLAS on 2 threads). */
 enum { PB_MAX = 80, PB_NEW = 6 };
 static void test_prepared_batch(void) {
   struct model *m0 = make_model(ARCH_QWEN3, 0, 2);
   struct model_config c = m0->cfg;
   model_free(m0);
-  c.hidden_size = 72, c.intermediate_size = 200, c.num_heads = 6, c.head_dim = 12;
+  /* an FFN of 2100: a thread's gate/up share in slices of FF_COLS (by rows 4 x 384 then 564, by
+   * columns 384 then 666), the down projection's 2100 inputs past AVX2's rows in the lanes */
+  c.hidden_size = 72, c.intermediate_size = 2100, c.num_heads = 6, c.head_dim = 12;
   c.vocab_size = 3008, c.vocab_used = 3001;
   struct model *m = model_from(&c);
   struct dapo_err e;
