@@ -125,10 +125,11 @@ void linear_few_bf16(float *out, const float *inp, const uint16_t *w, const floa
  * bits of fmaf's loop, so an element does not depend on M, the column range, the thread or the
  * instruction set (tested against that loop). No reduction: panels of 16 or 32 weight rows are
  * transposed on the fly into a small block on the stack (about 40 KiB), each shared by the M
- * rows; except from 16 rows on AVX-512, where the rows of inp (64 at a time) are transposed
- * instead, into a buffer of 64 IN floats that the calling thread keeps from call to call (freed
- * when it ends), and the weights are read in place (rows in the lanes; BF16 weights widened a
- * few rows at a time into 12 IN more floats of that buffer). Any
+ * rows; except from 16 rows on AVX-512 (BF16 weights from 49) and from 49 rows of up to 2048
+ * inputs on AVX2, where the rows of inp (64 at a time) are transposed instead, into a buffer of
+ * 64 IN floats that the calling thread keeps from call to call (freed when it ends), and the
+ * weights are read in place (rows in the lanes; BF16 weights widened a few rows at a time into
+ * 12 IN more floats of that buffer). Any
  * [j0, j1) is correct; the kernel works in whole panels from j0, so column ranges aligned to
  * LINEAR_FEW_COLS (a partial one last) waste nothing. Cannot fail (without memory for the buffer
  * it takes the block). */
@@ -141,7 +142,7 @@ void linear_lanes_bf16(float *out, const float *inp, const uint16_t *w, const fl
  * call (a range of columns of one or more matrices sharing an input) would otherwise transpose
  * them again: linear_lanes_prepare writes the copy of inp [M, IN] into xt (64-byte aligned,
  * linear_lanes_xt_floats(M, IN) floats, 0 below 16 rows) and returns it, or returns NULL where
- * linear_lanes would not use it (other than rows in the lanes on AVX-512, or too few rows);
+ * linear_lanes would not use it (no rows in the lanes on this processor, or too few rows);
  * linear_lanes_prepared then gives linear_lanes' bits for inp (xt from inp's prepare, or NULL:
  * linear_lanes) on w, or on w16 in BF16 when w16 is not NULL (w then unused: linear_lanes_bf16's
  * bits), and takes rows in the lanes for any number of columns (linear_lanes, which pays the
