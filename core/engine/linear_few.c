@@ -1318,7 +1318,7 @@ static const struct ll_form *ll_form_now(void) {
 }
 
 #ifdef LF_X86
-/* ---- rows in the lanes (AVX-512, float32, from LR_MIN rows): no transpose of the weights ----- */
+/* ---- rows in the lanes (AVX-512 from LR_MIN rows, AVX2 from LR2_MIN): no weight transposed --- */
 
 /* The same chains as ll_drive (each output fmaf's chain over k in increasing order from +0, then
  * ll_store's bias and beta), with the input rows in the lanes instead of the outputs: the rows of
