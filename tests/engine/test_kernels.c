@@ -405,7 +405,8 @@ static void lanes_call(int variant, float *y, const float *x, const float *wf, c
 static const char *const lanes_name[8] = {"",       "_bf16",        "_packed",   "_packed(bf16)",
                                           "_block", "_block(bf16)", "_prepared", "_prepared(bf16)"};
 
-static void test_linear_lanes(int Mmax, int IN, int OUT) {
+/* every M from Mmin to Mmax */
+static void test_linear_lanes(int Mmin, int Mmax, int IN, int OUT) {
   size_t n = (size_t)Mmax * OUT;
   float *wf, *x = rnd((size_t)Mmax * IN, 1), *b = rnd(OUT, 1), *y0 = rnd(n, 1);
   uint16_t *w16 = rnd_bf16((size_t)OUT * IN, 0.2f, &wf);
@@ -436,7 +437,7 @@ static void test_linear_lanes(int Mmax, int IN, int OUT) {
   for (int ii = 0; ii < n_isa; ii++) {
     kernels_force_isa(isas[ii]);
     for (int bf = 0; bf < 8; bf++)
-      for (int M = 1; M <= Mmax; M++) {
+      for (int M = Mmin; M <= Mmax; M++) {
         size_t nm = (size_t)M * OUT;
         memcpy(y, y0, nm * sizeof(float));
         lanes_call(bf, y, x, wf, w16, pf, p16, b, M, IN, OUT, 0, OUT, 1.0f);
@@ -828,16 +829,17 @@ int main(void) {
   test_linear_few_bf16(64, 896, 14);
   test_linear_few_bf16(3, 4864, 7);
   test_linear_few_bf16(5, 4864, 7);
-  test_linear_lanes(70, 37, 53); /* every M to 70 (6 tiles of 12 rows); odd IN and OUT */
+  test_linear_lanes(1, 70, 37, 53); /* every M to 70 (6 tiles of 12 rows); odd IN and OUT */
   /* rows in the lanes (float32 on AVX-512, 16 rows and more, 96 columns and more: the whole
    * range and [48, 200), over blocks of 48 columns, a partial one last), 64 rows and a few more
    * (a second block of 6 rows, the block's); the block on the other ISAs and BF16 */
-  test_linear_lanes(70, 40, 200);
-  test_linear_lanes(96, 20, 40); /* two blocks of rows, the second taken from 16 rows */
+  test_linear_lanes(1, 70, 40, 200);
+  test_linear_lanes(1, 96, 20, 40); /* two blocks of rows, the second taken from 16 rows */
   test_linear_lanes_pool();
-  test_linear_lanes(13, 600, 19); /* IN over 2 blocks of 256 k, with a tail */
-  test_linear_lanes(3, 5, 70);
-  test_linear_lanes(2, 128, 200); /* a lone row over 13 panels (groups of 8 and 4, partial) */
+  test_linear_lanes(1, 13, 600, 19); /* IN over 2 blocks of 256 k, with a tail */
+  test_linear_lanes(1, 3, 5, 70);
+  test_linear_lanes(1, 2, 128, 200);   /* a lone row over 13 panels (groups of 8 and 4, partial) */
+  test_linear_lanes(63, 65, 1100, 50); /* AVX2's rows in the lanes with k in chunks of 1024 */
   struct pool *pool = pool_new(3);
   for (int p = 0; p < 2; p++) {
     struct pool *use = p ? pool : NULL;
