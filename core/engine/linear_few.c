@@ -1343,7 +1343,7 @@ enum {
   LR_MIN = 16,
   LR_MIN16 = 49,
   LR2_MIN = 49,
-  LR2_KC = 1024,
+  LR2_MAX_IN = 2048,
   LR_COLS = 96,
   LR_CB = 48,
   LR_PF = 1024
@@ -1437,12 +1437,11 @@ lr_tile(float *s, const float *xt, int mp, const float *w, int IN, int nj, const
 #undef LR_A
 
 #define LR_V(v, j)                                                                                 \
-  case v: lr_tile(s, xt, mp, w, kc, nj, v, j, nx); return
+  case v: lr_tile(s, xt, mp, w, IN, nj, v, j, nx); return
 /* nx: for BF16 weights (w their widened rows), the rows that come next, prefetched into L2 while
  * the tile computes (the widening alone fetched them in bursts between tiles); NULL for float32 */
-LF_AVX512 static void lr_tile_v(float *s, const float *xt, int mp, const float *w, int ldw, int kc,
-                                int nj, int V, const uint16_t *nx, int acc) {
-  (void)ldw, (void)acc; /* the whole of IN at once (lr_form's kc 0): ldw = kc, acc 0 */
+LF_AVX512 static void lr_tile_v(float *s, const float *xt, int mp, const float *w, int IN, int nj,
+                                int V, const uint16_t *nx) {
   switch (V) {
     LR_V(1, 8);
     LR_V(2, 12);
@@ -1477,9 +1476,8 @@ LF_AVX512 static void lr_widen512(float *dst, const uint16_t *src, size_t n) {
  * with rows in the lanes at every IN, 167.3-170.4 up to 2048 inputs; float32 weights without
  * LoRA 159.5-160.7 -> 158.7-160.2. */
 #define L2_DJ(j)                                                                                   \
-  __m256 p##j = acc ? _mm256_loadu_ps(s + (j)*64 + 16 * g) : z,                                    \
-         q##j = acc ? _mm256_loadu_ps(s + (j)*64 + 16 * g + 8) : z;                                \
-  const float *wj##j = w + (size_t)(j < nj ? j : nj - 1) * ldw
+  __m256 p##j = z, q##j = z;                                                                       \
+  const float *wj##j = w + (size_t)(j < nj ? j : nj - 1) * IN
 #define L2_PJ(j) _mm_prefetch((const char *)(wj##j + k + LR_PF), _MM_HINT_T0)
 #define L2_FJ(j)                                                                                   \
   {                                                                                                \
@@ -1495,12 +1493,10 @@ LF_AVX512 static void lr_widen512(float *dst, const uint16_t *src, size_t n) {
   M(3);                                                                                            \
   M(4);                                                                                            \
   M(5)
-/* s[j * 64 + m] (j < 6; rows past nj repeat the last, their sums unused) as lr_tile_v's, over
- * k < kc of weight rows ldw floats apart; acc: the chains continue from the sums in s */
-LF_AVX2 static void lr_tile256(float *s, const float *xt, int mp, const float *w, int ldw, int kc,
-                               int nj, int V, const uint16_t *nx, int acc) {
+/* s[j * 64 + m] (j < 6; rows past nj repeat the last, their sums unused) as lr_tile_v's */
+LF_AVX2 static void lr_tile256(float *s, const float *xt, int mp, const float *w, int IN, int nj,
+                               int V, const uint16_t *nx) {
   (void)V;
-  const int IN = kc;
   const __m256 z = _mm256_setzero_ps();
   for (int g = 0; g < mp / 16; g++) {
     L2_ALL(L2_DJ);
@@ -1549,19 +1545,17 @@ LF_AVX2 static void lr_widen256(float *dst, const uint16_t *src, size_t n) {
  * weight rows a tile by V (LR_CB a multiple of each); the fewest rows of a block it takes, for
  * float32 and for BF16 weights. */
 struct lr_form {
-  /* s, xt (at the chunk's first k), mp, w (at its first k), ldw, kc, nj, V, nx, acc */
-  void (*tile)(float *, const float *, int, const float *, int, int, int, int, const uint16_t *,
-               int);
+  void (*tile)(float *, const float *, int, const float *, int, int, int, const uint16_t *);
   void (*widen)(float *, const uint16_t *, size_t);
   ll_pack_fn *pack;
   int jv[5], min, min16;
-  int kc; /* 0: a tile takes the whole of IN; else k in chunks of kc from longer rows */
+  int max_in; /* 0, or the longest rows taken (longer: the block) */
 };
 
 /* NULL where the block takes every call (the portable forms) */
 static const struct lr_form *lr_form_now(void) {
   static const struct lr_form avx2 = {lr_tile256, lr_widen256, ll_pack256, {0, 6, 6, 6, 6},
-                                      LR2_MIN,    LR2_MIN,     LR2_KC};
+                                      LR2_MIN,    LR2_MIN,     LR2_MAX_IN};
   static const struct lr_form avx512 = {lr_tile_v, lr_widen512, ll_pack512, {0, 8, 12, 8, 6},
                                         LR_MIN,    LR_MIN16,    0};
   int f = lf_form();
@@ -1572,8 +1566,8 @@ static const struct lr_form *lr_form_now(void) {
  * least 3/4 of the lanes of their vectors in use (AVX-512: 17-23 rows in 2 vectors were
  * 0.83-1.01x the block, 24 rows 0.96-1.23x, 40 rows 1.10-1.34x). */
 static int lr_rows(const struct lr_form *f, int mr, int IN, int bf16) {
-  (void)IN; /* every IN (a form with kc takes longer rows in chunks) */
-  return f && mr >= (bf16 ? f->min16 : f->min) && 4 * mr >= 3 * ((mr + 15) / 16 * 16);
+  return f && mr >= (bf16 ? f->min16 : f->min) && 4 * mr >= 3 * ((mr + 15) / 16 * 16) &&
+         (!f->max_in || IN <= f->max_in);
 }
 
 /* 0 without memory for xt (nothing written). Row blocks that lr_rows refuses go to the block.
@@ -1585,8 +1579,7 @@ static int lr_drive(const struct lr_form *f, float *out, const float *inp, const
   float s[LR_CB * 64] __attribute__((aligned(64)));
   float ot[64 * LR_CB] __attribute__((aligned(64)));
   /* this call's transposes (unless xtp: the copy), then BF16 weights' widened rows */
-  int kb = f->kc && IN > f->kc ? f->kc : IN; /* k a chunk */
-  size_t nx = xtp ? 0 : (size_t)64 * IN, nb = w16 ? (size_t)12 * kb : 0;
+  size_t nx = xtp ? 0 : (size_t)64 * IN, nb = w16 ? (size_t)12 * IN : 0;
   float *buf = nx + nb ? lr_xt(nx + nb) : NULL, *wb = buf ? buf + nx : NULL;
   if (nx + nb && !buf) return 0;
   for (int m0 = 0; m0 < M; m0 += 64) {
@@ -1603,20 +1596,12 @@ static int lr_drive(const struct lr_form *f, float *out, const float *inp, const
       for (int m = 0; m < mr; m++) /* the block's outputs, while its tiles run */
         for (int c = 0; c < ncb; c += 16)
           __builtin_prefetch(out + (size_t)(m0 + m) * OUT + jb + c, 1, 3);
-      for (int k0 = 0; k0 < IN; k0 += kb) { /* chunks: the sums carried over in s */
-        int kc = IN - k0 < kb ? IN - k0 : kb;
-        for (int c = 0; c < ncb; c += J) {
-          size_t j = (size_t)(jb + c);
-          int nj = ncb - c < J ? ncb - c : J;
-          if (w16 && kc == IN)
-            f->widen(wb, w16 + j * IN, (size_t)nj * IN);
-          else if (w16) /* the chunk of each row, kc floats apart */
-            for (int r = 0; r < nj; r++)
-              f->widen(wb + (size_t)r * kc, w16 + (j + r) * IN + k0, (size_t)kc);
-          f->tile(s + c * 64, xt + (size_t)k0 * mp, mp, w16 ? wb : w + j * IN + k0, w16 ? kc : IN,
-                  kc, nj, V, w16 && kc == IN && j + nj < (size_t)j1 ? w16 + (j + nj) * IN : NULL,
-                  k0 > 0);
-        }
+      for (int c = 0; c < ncb; c += J) {
+        size_t j = (size_t)(jb + c);
+        int nj = ncb - c < J ? ncb - c : J;
+        if (w16) f->widen(wb, w16 + j * IN, (size_t)nj * IN);
+        f->tile(s + c * 64, xt, mp, w16 ? wb : w + j * IN, IN, nj, V,
+                w16 && j + nj < (size_t)j1 ? w16 + (j + nj) * IN : NULL);
       }
       f->pack(ot, s, NULL, 64, 0, ncb, 0, mr, LR_CB, 0);
       for (int m = 0; m < mr; m++)

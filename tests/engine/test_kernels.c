@@ -839,7 +839,7 @@ int main(void) {
   test_linear_lanes(1, 13, 600, 19); /* IN over 2 blocks of 256 k, with a tail */
   test_linear_lanes(1, 3, 5, 70);
   test_linear_lanes(1, 2, 128, 200);   /* a lone row over 13 panels (groups of 8 and 4, partial) */
-  test_linear_lanes(63, 65, 1100, 50); /* AVX2's rows in the lanes with k in chunks of 1024 */
+  test_linear_lanes(63, 65, 1100, 50); /* rows in the lanes over more than 1024 inputs */
   struct pool *pool = pool_new(3);
   for (int p = 0; p < 2; p++) {
     struct pool *use = p ? pool : NULL;
