@@ -16,12 +16,13 @@
 
 /* Tickets of one decoding step split dynamically (decode_step): per layer its five phases (QKV,
  * attention, O, gate-up, down), then the LM head and sampling; one cache line each. */
+enum { PHASES_PER_LAYER = 5, TICKET_STRIDE = 16 };
 /* FF_COLS: the gate and up products' columns taken at a time in a thread's share, so that their
  * outputs are still in cache when LoRA's B products add to them and SwiGLU reads them (a share
  * whole, 64 rows x 2432 columns of each at 0.5B's shape on 2 threads, left L2: LoRA's B products
  * waited on their loads); 384 is a multiple of every tile width of linear_lanes (16-64 columns,
  * 6, 8, 12 and 48 rows of weights). */
-enum { PHASES_PER_LAYER = 5, TICKET_STRIDE = 16, FF_COLS = 384 };
+enum { FF_COLS = 384 };
 
 struct gen_state {
   struct model_config cfg;
