@@ -22,6 +22,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "simd.h"
 
@@ -1484,9 +1485,9 @@ lr_widen256_k(float *dst, const uint16_t *src, int k0, int k1) {
  * tile's own float32 rows are prefetched during the first group; the next tile's BF16 rows are
  * widened (into nwb, nnj rows) during the last, beside its multiply-adds (widened whole between
  * tiles they were 4.6-5.9% of the samples, loads from L2 that nothing overlapped; one thread,
- * [896 -> 4864], M 64, in turns: 98.3-100.2 -> 101.6-101.7 GFLOP/s). Rows of up to LR2_MAX_IN
- * inputs only: every tile streams the whole copy of the rows (64 IN floats), which at the down
- * projection's 4864 (1.2 MB) left L2. That decoding (AVX2 emulated on Zen 4 by
+ * [896 -> 4864], M 64, in turns: 98.3-100.2 -> 101.6-101.7 GFLOP/s). Rows of up to lr2_max_in()
+ * inputs only (LR2_MAX_IN on Zen 4): every tile streams the whole copy of the rows (64 IN floats),
+ * which at the down projection's 4864 (1.2 MB) left L2. That decoding (AVX2 emulated on Zen 4 by
  * DAPOD_KERNELS_ISA=avx2, 2 threads, in turns): 157.4-158.9 tok/s with the block, 162.2-153.7
  * with rows in the lanes at every IN, 167.3-170.4 up to 2048 inputs; float32 weights without
  * LoRA 159.5-160.7 -> 158.7-160.2. */
@@ -1609,18 +1610,34 @@ struct lr_form {
   void (*widen)(float *, const uint16_t *, size_t);
   ll_pack_fn *pack;
   int jv[5], min, min16;
-  int max_in; /* 0, or the longest rows taken (longer: the block) */
+  int max_in; /* 0, or the longest rows taken (longer: the block); -1: lr2_max_in() */
   int ahead;  /* 1: the tile widens the next tile's BF16 rows itself (after the first widen) */
 };
 
 /* NULL where the block takes every call (the portable forms) */
 static const struct lr_form *lr_form_now(void) {
   static const struct lr_form avx2 = {lr_tile256, lr_widen256, ll_pack256, {0, 6, 6, 6, 6},
-                                      LR2_MIN,    LR2_MIN,     LR2_MAX_IN, 1};
+                                      LR2_MIN,    LR2_MIN,     -1,         1};
   static const struct lr_form avx512 = {lr_tile_v, lr_widen512, ll_pack512, {0, 8, 12, 8, 6},
                                         LR_MIN,    LR_MIN16,    0,          0};
   int f = lf_form();
   return f == 3 ? &avx512 : f == 2 ? &avx2 : NULL;
+}
+
+/* AVX2's longest rows in the lanes: every tile streams the whole copy of the rows (64 IN floats),
+ * which is to fit in half of this processor's L2, as measured on Zen 4's 1 MiB (2048 inputs: the
+ * down projection's 4864 ran slower than the block there, 896 faster); a smaller L2 takes fewer
+ * (Zen 2-3's 512 KiB: 1024), a larger more. LR2_MAX_IN where the system does not say. Read once
+ * (sysconf may ask the processor, which a virtual machine traps). */
+static pthread_once_t lr2_once = PTHREAD_ONCE_INIT;
+static int lr2_in = LR2_MAX_IN;
+static void lr2_read(void) {
+  long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  if (l2 >= 64L * 1024 && l2 <= 1L << 30) lr2_in = (int)(l2 / 512);
+}
+static int lr2_max_in(void) {
+  pthread_once(&lr2_once, lr2_read);
+  return lr2_in;
 }
 
 /* Whether mr rows (a block of at most 64) take rows in the lanes: from f's fewest rows, with at
@@ -1628,7 +1645,7 @@ static const struct lr_form *lr_form_now(void) {
  * 0.83-1.01x the block, 24 rows 0.96-1.23x, 40 rows 1.10-1.34x). */
 static int lr_rows(const struct lr_form *f, int mr, int IN, int bf16) {
   return f && mr >= (bf16 ? f->min16 : f->min) && 4 * mr >= 3 * ((mr + 15) / 16 * 16) &&
-         (!f->max_in || IN <= f->max_in);
+         (!f->max_in || IN <= (f->max_in < 0 ? lr2_max_in() : f->max_in));
 }
 
 /* 0 without memory for xt (nothing written). Row blocks that lr_rows refuses go to the block.
