@@ -126,13 +126,12 @@ void linear_few_bf16(float *out, const float *inp, const uint16_t *w, const floa
  * instruction set (tested against that loop). No reduction: panels of 16 or 32 weight rows are
  * transposed on the fly into a small block on the stack (about 40 KiB), each shared by the M
  * rows; except from 16 rows on AVX-512 (BF16 weights from 49) and from 49 rows on AVX2 (of up to
- * L2 / 512 inputs: 2048 on a 1 MiB L2), where the rows of inp (64 at a time) are transposed instead, into a buffer of
- * 64 IN floats that the calling thread keeps from call to call (freed when it ends), and the
- * weights are read in place (rows in the lanes; BF16 weights widened a few rows at a time into
- * 12 IN more floats of that buffer). Any
- * [j0, j1) is correct; the kernel works in whole panels from j0, so column ranges aligned to
- * LINEAR_FEW_COLS (a partial one last) waste nothing. Cannot fail (without memory for the buffer
- * it takes the block). */
+ * L2 / 512 inputs: 2048 on a 1 MiB L2), where the rows of inp (64 at a time) are transposed
+ * instead, into a buffer of 64 IN floats that the calling thread keeps from call to call (freed
+ * when it ends), and the weights are read in place (rows in the lanes; BF16 weights widened a few
+ * rows at a time into 12 IN more floats of that buffer). Any [j0, j1) is correct; the kernel works
+ * in whole panels from j0, so column ranges aligned to LINEAR_FEW_COLS (a partial one last) waste
+ * nothing. Cannot fail (without memory for the buffer it takes the block). */
 #define LINEAR_FEW_COLS 16
 void linear_lanes(float *out, const float *inp, const float *w, const float *bias, int M, int IN,
                   int OUT, int j0, int j1, float beta);
@@ -150,8 +149,8 @@ void linear_lanes_bf16(float *out, const float *inp, const uint16_t *w, const fl
 size_t linear_lanes_xt_floats(int M, int IN);
 /* Whether linear_lanes_prepared reads a prepare's copy for M rows of IN inputs against float32
  * weights, or BF16 ones when bf16 (rows in the lanes take BF16 weights from more rows than
- * float32 on AVX-512, and on AVX2 rows of up to L2 / 512 inputs only): where it does not, the copy need
- * not be written (linear_lanes_prepare returns NULL only on the first). */
+ * float32 on AVX-512, and on AVX2 rows of up to L2 / 512 inputs only): where it does not, the copy
+ * need not be written (linear_lanes_prepare returns NULL only on the first). */
 int linear_lanes_reads_copy(int M, int IN, int bf16);
 const float *linear_lanes_prepare(float *xt, const float *inp, int M, int IN);
 /* linear_lanes_prepare's copy of inp's columns [k0, k1) alone (the rest of xt untouched), for
