@@ -34,6 +34,7 @@ Run: /usr/bin/python3 tests/api/test_model_graders.py --dapod build/server/dapod
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -118,6 +119,14 @@ class ModelGraders(StandinDaemon):
                            "max_retries": 0},
                   "self": {"serve": "tiny", "timeout_ms": 120000}}
         return test_jobs.DaemonCase.ARGS + ("--judge-models", json.dumps(models))
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            super().tearDownClass()
+        finally:
+            if getattr(cls, "tmp", None):
+                shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def standin_requests(self):
         return harness_get(self.port, "/requests")
@@ -525,6 +534,7 @@ class ModelGraders(StandinDaemon):
         """dapod train --server-config: a job run from the command line names the judge models of
         a daemon config file; its rewards are the stand-in's verdicts, as in the daemon."""
         tmp = tempfile.mkdtemp(prefix="dapod-jm-train-")
+        self.addCleanup(shutil.rmtree, tmp, True)
         lines = [{"prompt": "digit %d?" % k, "answer": str(k % 10)} for k in range(8)]
         with open(os.path.join(tmp, "train.jsonl"), "w") as f:
             f.write("".join(json.dumps(x) + "\n" for x in lines))
@@ -592,6 +602,7 @@ class StartChecks(test_jobs.unittest.TestCase):
     def test_served_model_checked_at_start(self):
         """A served judge model that names no model stops the daemon at start, naming it."""
         tmp = tempfile.mkdtemp(prefix="dapod-jm-")
+        self.addCleanup(shutil.rmtree, tmp, True)
         p = subprocess.run([test_jobs.DAPOD, "--listen", "127.0.0.1:0", "--data-dir",
                             os.path.join(tmp, "var"), "--models-dir", os.path.join(tmp, "models"),
                             "--judge-models", json.dumps({"j": {"serve": "nope"}})],
@@ -601,6 +612,7 @@ class StartChecks(test_jobs.unittest.TestCase):
 
     def test_checks(self):
         tmp = tempfile.mkdtemp(prefix="dapod-jm-")
+        self.addCleanup(shutil.rmtree, tmp, True)
         key = os.path.join(tmp, "key")
         with open(key, "w") as f:
             f.write(KEY + "\n")

@@ -25,6 +25,7 @@ Exit 77 when torch or numpy is missing.
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -238,6 +239,10 @@ def main():
                        "target_modules": ["q_proj", "v_proj", "down_proj"]})
     for f in failures:
         print("FAIL: " + f, file=sys.stderr)
+    if failures:
+        print("kept for a look: " + work, file=sys.stderr)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
     sys.exit(1 if failures else 0)
 
 
