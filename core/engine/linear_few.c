@@ -1440,7 +1440,8 @@ lr_tile(float *s, const float *xt, int mp, const float *w, int IN, int nj, const
 #define LR_V(v, j)                                                                                 \
   case v: lr_tile(s, xt, mp, w, IN, nj, v, j, nx); return
 /* nx: for BF16 weights (w their widened rows), the rows that come next, prefetched into L2 while
- * the tile computes (the widening alone fetched them in bursts between tiles); NULL for float32 */
+ * the tile computes (the widening alone fetched them in bursts between tiles); NULL for float32.
+ * nwb, nnj unused: AVX-512's rows are widened before each tile (lr_form's ahead 0). */
 LF_AVX512 static void lr_tile_v(float *s, const float *xt, int mp, const float *w, int IN, int nj,
                                 int V, const uint16_t *nx, float *nwb, int nnj) {
   (void)nwb, (void)nnj;
@@ -1600,10 +1601,10 @@ LF_AVX2 static void lr_store256(float *out, int OUT, const float *s, int mr, int
     }
 }
 
-/* A processor's rows in the lanes: its tile (s, xt, mp, w, IN, nj, V, nx as lr_tile_v's), the
- * widening of BF16 rows, the transposes (of the rows into xt, of the sums into rows) and the
- * weight rows a tile by V (LR_CB a multiple of each); the fewest rows of a block it takes, for
- * float32 and for BF16 weights. */
+/* A processor's rows in the lanes: its tile (s, xt, mp, w, IN, nj, V, nx as lr_tile_v's; nwb,
+ * nnj: where ahead, the buffer and count of the next tile's rows it widens, else unused), the
+ * widening of BF16 rows, the transpose of the rows into xt and the weight rows a tile by V (LR_CB
+ * a multiple of each); the fewest rows of a block it takes, for float32 and for BF16 weights. */
 struct lr_form {
   void (*tile)(float *, const float *, int, const float *, int, int, int, const uint16_t *, float *,
                int);
@@ -1649,8 +1650,8 @@ static int lr_rows(const struct lr_form *f, int mr, int IN, int bf16) {
 }
 
 /* 0 without memory for xt (nothing written). Row blocks that lr_rows refuses go to the block.
- * Columns LR_CB at a time: their tiles' sums (s[c * 64 + m]) transposed by ll_pack512 into rows
- * (ot[m * LR_CB + c]) for ll_store. */
+ * Columns LR_CB at a time: their tiles' sums (s[c * 64 + m]) stored into the rows by
+ * lr_store256. */
 static int lr_drive(const struct lr_form *f, float *out, const float *inp, const float *xtp,
                     const float *w, const uint16_t *w16, const float *bias, int M, int IN, int OUT,
                     int j0, int j1, float beta) {
