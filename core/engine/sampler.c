@@ -453,20 +453,28 @@ static void col_share(int n, int ti, int nt, int *lo, int *hi) {
 }
 
 /* The work of one phase of a decoding step, as a queue of ranges over up to 3 matrices' output
- * columns (or over rows: align 1). Static (ticket NULL): thread gi of gn takes its own share of
- * each matrix once (col_share; rows: pool_split). Dynamic: the group's threads take chunks of
- * `chunk` from one counter (every matrix of the phase in one queue), so a thread that loses its
- * core to another process delays its current chunk only, not the whole phase. Which thread
+ * columns (or over rows: unit 1). Static (ticket NULL): thread gi of gn takes its own share of
+ * each matrix once (col_share; rows: pool_split). Dynamic: the group's threads take ranges from
+ * one cursor over the phase's columns (every matrix of the phase in one queue), so a thread that
+ * loses its core to another process delays its current range only, not the whole phase. Guided:
+ * each range is a share of what is left (left / (2 gn), in whole units of GUIDE_COLS), at most
+ * `chunk` and at least GUIDE_COLS, so the ranges shrink towards the end of the phase and the
+ * threads finish it together (fixed chunks of 1024 KiB, 288 columns at 896 inputs, split Q's 896
+ * columns 576 / 320 between two threads where nothing else ran: docs/ENGINE.md). Which thread
  * computes a range never changes its bits: linear_lanes' columns do not depend on the range, and
- * chunks start on its panels (GEN_CHUNK_ALIGN). */
+ * ranges start on its panels (GEN_CHUNK_ALIGN). */
 struct phase_q {
-  int *ticket; /* NULL: static shares */
-  int nm, w[3], chunk, rows;
+  int *ticket; /* NULL: static shares; else the cursor: columns (rows) taken so far */
+  int nm, w[3], total, chunk, rows;
   int gi, gn, next;
   long *taken; /* NULL, or counts the column ranges taken (gen_profile.chunks) */
 };
 
+/* the guided ranges' unit: whole panels of linear_lanes' block (GEN_CHUNK_ALIGN), whole tiles of
+ * rows in the lanes (6, 8 or 12 weight rows), whole blocks of lr_drive's LR_CB (48) columns */
+enum { GUIDE_COLS = 48 };
 _Static_assert(GEN_CHUNK_ALIGN % LINEAR_FEW_COLS == 0, "chunks must start on linear_lanes' panels");
+_Static_assert(GUIDE_COLS % GEN_CHUNK_ALIGN == 0, "guided ranges must start on chunk boundaries");
 
 /* A dynamic chunk's columns of a matrix with IN inputs: kib KiB of its float32 rows, a multiple
  * of GEN_CHUNK_ALIGN (at least one). */
@@ -484,7 +492,7 @@ static void phase_q_init(struct phase_q *q, int *ticket, int chunk, int gi, int 
                         .gi = gi,
                         .gn = gn,
                         .taken = rows ? NULL : taken};
-  for (int j = 0; j < nm; j++) q->w[j] = w[j];
+  for (int j = 0; j < nm; j++) q->w[j] = w[j], q->total += w[j];
 }
 
 /* The next range [*lo, *hi) of matrix *j; 0 when the phase has no more work for this thread. */
@@ -504,19 +512,22 @@ static int phase_q_take(struct phase_q *q, int *j, int *lo, int *hi) {
     }
     return 0;
   }
-  int k = __atomic_fetch_add(q->ticket, 1, __ATOMIC_RELAXED);
-  for (int m = 0; m < q->nm; m++) {
-    int nch = (q->w[m] + q->chunk - 1) / q->chunk;
-    if (k < nch) {
-      *j = m;
-      *lo = k * q->chunk;
-      *hi = *lo + q->chunk < q->w[m] ? *lo + q->chunk : q->w[m];
+  int unit = q->rows ? 1 : GUIDE_COLS, cur = __atomic_load_n(q->ticket, __ATOMIC_RELAXED);
+  for (;;) {
+    if (cur >= q->total) return 0;
+    int m = 0, base = 0;
+    while (cur >= base + q->w[m]) base += q->w[m++];
+    int size = (q->total - cur) / (2 * q->gn) / unit * unit;
+    size = size < unit ? unit : size;
+    size = size > q->chunk ? q->chunk : size;
+    int end = cur + size < base + q->w[m] ? cur + size : base + q->w[m]; /* within matrix m */
+    /* relaxed: the barriers order the phase's data; the cursor only hands out ranges */
+    if (__atomic_compare_exchange_n(q->ticket, &cur, end, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+      *j = m, *lo = cur - base, *hi = end - base;
       if (q->taken) ++*q->taken;
       return 1;
     }
-    k -= nch;
   }
-  return 0;
 }
 
 /* The LM head of a prefill: logits [n, V] of the n normed rows in s->sel (one per distinct
@@ -1157,7 +1168,7 @@ const char *gen_state_describe_split(const struct gen_state *s, char *buf, size_
                      : s->split == GEN_SPLIT_COLUMNS ? "static columns"
                                                      : "dynamic columns");
   if (!by_rows && s->split != GEN_SPLIT_COLUMNS && off >= 0 && (size_t)off < n)
-    off += snprintf(buf + off, n - (size_t)off, " (chunks of %d KiB)", s->chunk);
+    off += snprintf(buf + off, n - (size_t)off, " (guided, ranges of up to %d KiB)", s->chunk);
   if (s->tuned && off >= 0 && (size_t)off < n) {
     off += snprintf(buf + off, n - (size_t)off, "; measured per step:");
     for (int c = 0; c < TUNE_CANDS && off >= 0 && (size_t)off < n; c++) {

@@ -61,17 +61,18 @@ int gen_state_set_pool(struct gen_state *s, struct pool *p, struct dapo_err *e);
 /* How a pool shares a decoding step (sampler.c, decode_step). GEN_SPLIT_ROWS: each thread decodes
  * its own rows alone (no barriers). GEN_SPLIT_COLUMNS: in phases separated by barriers, each
  * thread its fixed share of every weight matrix's columns (each weight read once per step).
- * GEN_SPLIT_DYNAMIC: the same phases, the threads taking chunks of columns (gen_state_set_chunk)
- * from a shared counter, so that a thread slowed by another process costs a chunk, not a phase.
+ * GEN_SPLIT_DYNAMIC: the same phases, the threads taking ranges of columns from a shared cursor,
+ * so that a thread slowed by another process costs a range, not a phase; guided: each range a
+ * share of what is left, at most gen_state_set_chunk's, down to 48 columns at a phase's end.
  * GEN_SPLIT_AUTO: dynamic columns when the weights exceed 4 MiB, else rows (gen_state_tune
  * replaces it by what it measures). The
  * tokens and log-probs are the same bits for every split and chunk; tests and benchmarks force
  * one. */
 enum gen_split { GEN_SPLIT_AUTO, GEN_SPLIT_ROWS, GEN_SPLIT_COLUMNS, GEN_SPLIT_DYNAMIC };
 void gen_state_set_split(struct gen_state *s, enum gen_split split);
-/* GEN_SPLIT_DYNAMIC's (and AUTO's) chunk: KiB of a matrix's float32 rows (a BF16 matrix: the
- * same columns), rounded down to a multiple of GEN_CHUNK_ALIGN columns, at least one;
- * <= 0: GEN_CHUNK_DEFAULT. */
+/* GEN_SPLIT_DYNAMIC's (and AUTO's) chunk, its longest range: KiB of a matrix's float32 rows (a
+ * BF16 matrix: the same columns), rounded down to a multiple of GEN_CHUNK_ALIGN columns, at least
+ * one; <= 0: GEN_CHUNK_DEFAULT. */
 enum { GEN_CHUNK_ALIGN = 16, GEN_CHUNK_DEFAULT = 1024 };
 void gen_state_set_chunk(struct gen_state *s, int kib);
 /* Chooses the split and chunk of decoding on s's pool (gen_state_set_pool first) by timing a

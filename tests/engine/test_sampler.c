@@ -513,10 +513,11 @@ static void test_top_gen(int arch) {
 }
 
 /* Every split of decoding (sampler.h, gen_split) on a pool of nt threads: rows, static columns,
- * and dynamic columns with chunks of 1, 4 and 64 KiB (16, 32 and all the columns of the test
- * model's matrices, whose rows are 32-48 floats: one to three chunks a matrix, the last one
- * partial), then dynamic again with thread 1 sleeping 300 us before each phase (a neighbour
- * taking its core: the others take its chunks). */
+ * and dynamic columns with ranges of up to 1, 4 and 64 KiB (16, 32 and all the columns of the test
+ * model's matrices, whose rows are 32-48 floats: one to three ranges a matrix, the last one
+ * partial; at 64 KiB the guided shares of what is left, 48 columns and more), then dynamic again
+ * with thread 1 sleeping 300 us before each phase (a neighbour taking its core: the others take
+ * its ranges). */
 struct split_case {
   enum gen_split split;
   int chunk, delay_us;
