@@ -578,11 +578,12 @@ oom:
  * where the hardware prefetchers stop and the TLB misses: `--decode --lora 16`, AVX2, in turns,
  * 145.6 / 147.7 -> 163.7 / 162.1 tok/s (docs/ENGINE.md). Only the whole 2 MiB pages that the
  * weights fill are advised, so no page holds more than they touch (the resident size stays the
- * weights' bytes). Uninitialised; free() releases it. */
-static void *alloc_weights(size_t bytes) {
+ * weights' bytes). n elements of `size` bytes, uninitialised; free() releases it. */
+static void *alloc_weights(size_t n, size_t size) {
   size_t huge = (size_t)1 << 21;
-  if (bytes > SIZE_MAX - huge) return NULL;
-  void *p = aligned_alloc(huge, (bytes + huge - 1) / huge * huge + (bytes ? 0 : huge));
+  if (size && n > (SIZE_MAX - huge) / size) return NULL;
+  size_t bytes = n * size;
+  void *p = aligned_alloc(huge, bytes ? (bytes + huge - 1) / huge * huge : huge);
 #ifdef MADV_HUGEPAGE
   if (p && bytes >= huge) (void)madvise(p, bytes / huge * huge, MADV_HUGEPAGE); /* refused: 4 KiB */
 #endif
@@ -592,8 +593,7 @@ static void *alloc_weights(size_t bytes) {
 struct model *model_new(const struct model_config *c, struct dapo_err *e) {
   struct model *m = model_layout(c, e);
   if (!m) return NULL;
-  if (m->n_params <= SIZE_MAX / sizeof(float) &&
-      (m->params = alloc_weights(m->n_params * sizeof(float))))
+  if ((m->params = alloc_weights(m->n_params, sizeof(float))))
     memset(m->params, 0, m->n_params * sizeof(float));
   if (!m->params) {
     model_free(m);
@@ -609,7 +609,7 @@ struct model *model_new(const struct model_config *c, struct dapo_err *e) {
  * views on w16. 0 or DAPO_ENOMEM (m unchanged). */
 static int hold_bf16(struct model *m, struct dapo_err *e) {
   size_t bytes = (m->n_params * sizeof(float) + 4095) & ~(size_t)4095;
-  uint16_t *w16 = alloc_weights(m->n_params * sizeof(uint16_t));
+  uint16_t *w16 = alloc_weights(m->n_params, sizeof(uint16_t));
   float *sparse = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (!w16 || sparse == MAP_FAILED) {
     free(w16);
