@@ -25,10 +25,10 @@
  * rollouts, against the roofline). --pack off decodes without the packed panels of a small
  * model (gen_state_set_pack: the same tokens, the matrices transposed on the fly).
  *        --decode --model NAME [--gen-batch N] [--gen-new N] [--gen-reps N] [--lora R]
- *        [--splits rows,columns,auto,dynamic:KIB,...] [--busy] [--tune] [--threads N] [--isa ..]
- * times gen_run under each decoding split in turns (run_decode; --gen-batch default 64 there):
- * "busy machine" with --busy (a CPU hog pinned to the last CPU throughout), gen_state_tune's
- * choice and its time with --tune. */
+ *        [--splits rows,columns,auto,dynamic:KIB[/KMAX:AHEAD],...] [--busy] [--tune] [--threads N]
+ * [--isa ..] times gen_run under each decoding split in turns (run_decode; --gen-batch default 64
+ * there): "busy machine" with --busy (a CPU hog pinned to the last CPU throughout),
+ * gen_state_tune's choice and its time with --tune. */
 #include <cblas.h>
 #include <sched.h>
 #include <signal.h>
@@ -675,10 +675,13 @@ static double load_average(void) {
 struct split_opt {
   enum gen_split split;
   int chunk;
+  int kmax, ahead; /* linear_lanes_set_form's, -1: the defaults */
   char name[32];
 };
 
-/* "rows,columns,dynamic:64,...": the splits; their count, or -1 on junk. */
+/* "rows,columns,dynamic:64,...": the splits, each optionally with "/KMAX:AHEAD" for
+ * linear_lanes_set_form (columns/0:0: whole rows, widened before each tile); their count, or -1
+ * on junk. */
 static int parse_splits(const char *s, struct split_opt *o, int max) {
   int n = 0;
   while (*s && n < max) {
@@ -686,7 +689,10 @@ static int parse_splits(const char *s, struct split_opt *o, int max) {
     char w[32];
     snprintf(w, sizeof w, "%.*s", (int)(len < 31 ? len : 31), s);
     struct split_opt *p = &o[n++];
-    p->chunk = 0;
+    p->chunk = 0, p->kmax = p->ahead = -1;
+    char *form = strchr(w, '/');
+    if (form && sscanf(form + 1, "%d:%d", &p->kmax, &p->ahead) != 2) return -1;
+    if (form) *form = 0;
     if (!strcmp(w, "rows"))
       p->split = GEN_SPLIT_ROWS;
     else if (!strcmp(w, "columns"))
@@ -697,6 +703,7 @@ static int parse_splits(const char *s, struct split_opt *o, int max) {
       p->split = GEN_SPLIT_DYNAMIC, p->chunk = atoi(w + 8);
     else
       return -1;
+    if (form) *form = '/';
     snprintf(p->name, sizeof p->name, "%s", w);
     s += len + (s[len] == ',');
   }
@@ -772,6 +779,7 @@ static int run_decode(const char *name, int batch, int gen_new, int reps, int lo
     for (int k = 0; k < n_sp; k++) {
       gen_state_set_split(gs, sp[k].split);
       gen_state_set_chunk(gs, sp[k].chunk);
+      linear_lanes_set_form(sp[k].kmax, sp[k].ahead);
       gen_state_set_profile(gs, r >= 0 ? &prof[k] : NULL);
       for (int i = 0; i < batch; i++) rng_seed(&rngs[i], 100 + (uint64_t)r, (uint64_t)i);
       struct sampler_opts so = {.temperature = 1.0f, .top_p = 1.0f, .max_new_tokens = gen_new};
@@ -949,8 +957,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--lora"))
       lora_r = parse_pos(a, v);
     else if (!strcmp(a, "--splits") && (n_sp = parse_splits(v, sp, 16)) < 1) {
-      fprintf(stderr, "bench_engine: --splits %s: rows, columns, auto or dynamic:N, by commas\n",
-              v);
+      fprintf(
+          stderr,
+          "bench_engine: --splits %s: rows, columns, auto or dynamic:N[/KMAX:AHEAD], by commas\n",
+          v);
       return 2;
     } else if (!strcmp(a, "--splits"))
       continue;

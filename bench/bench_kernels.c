@@ -179,12 +179,19 @@ static void work_free(struct work *wk) {
  * 4, 16, 32, 64 for Qwen2.5-0.5B's shapes and a small model's LM head with Qwen's vocabulary, in
  * turns (old, new, new, old, ...); the weights cycle over copies of about 256 MB in all, so that
  * they come from memory as in decoding. */
-static void lanes_bench(struct rng *r, int reps, int bf16) {
+/* vs: NULL, or linear_lanes_set_form's "KMAX,AHEAD" for the old column (linear_lanes with those
+ * choices instead of the block; the new column the defaults) */
+static void lanes_bench(struct rng *r, int reps, int bf16, const char *vs) {
+  int vk = -1, va = -1;
+  if (vs && sscanf(vs, "%d,%d", &vk, &va) != 2) vk = va = -1;
   static const int shapes[5][2] = {{896, 896}, {896, 128}, {896, 4864}, {4864, 896}, {128, 151669}};
   static const int Ms[5] = {1, 4, 16, 32, 64};
   pool_set_current(NULL);
   printf("one thread, decoding ISA %d (kernels.h); OpenBLAS %s, SGEMM 1024^3 %.0f GFLOP/s\n",
          kernels_isa(), openblas_get_corename(), sgemm_peak(1));
+  if (vs)
+    printf("old: linear_lanes with linear_lanes_set_form(%d, %d); new: the defaults (%d, 1)\n", vk,
+           va, LINEAR_LANES_KC);
   printf("%-13s %3s %11s %11s %9s\n", "IN x OUT", "M", "old GFLOP/s", "new GFLOP/s", "new/old");
   for (int s = 0; s < 5; s++) {
     int IN = shapes[s][0], OUT = shapes[s][1];
@@ -208,11 +215,12 @@ static void lanes_bench(struct rng *r, int reps, int bf16) {
       for (int rep = -1; rep < reps; rep++)
         for (int h = 0; h < 2; h++) {
           int k = (rep & 1) ^ h; /* 0 old, 1 new */
+          if (vs) linear_lanes_set_form(k ? -1 : vk, k ? -1 : va);
           double t0 = now_s();
           for (int c = 0; c < calls; c++, at = (at + 1) % nmat)
-            if (k && bf16)
+            if ((k || vs) && bf16)
               linear_lanes_bf16(y, x, w16[at], NULL, M, IN, OUT, 0, OUT, 0.0f);
-            else if (k)
+            else if (k || vs)
               linear_lanes(y, x, w[at], NULL, M, IN, OUT, 0, OUT, 0.0f);
             else
               linear_lanes_block(y, x, w[at], w16[at], NULL, M, IN, OUT, 0, OUT, 0.0f);
@@ -287,9 +295,12 @@ static void attention_bench(struct rng *r, int reps) {
 
 int main(int argc, char **argv) {
   int threads = pool_cpu_count(), reps = 9;
+  const char *lanes_vs = NULL;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--threads"))
       threads = atoi(argv[i + 1]) > 0 ? atoi(argv[i + 1]) : threads;
+    else if (!strcmp(argv[i], "--lanes-vs"))
+      lanes_vs = argv[i + 1];
     else if (!strcmp(argv[i], "--reps"))
       reps = atoi(argv[i + 1]) > 0 && atoi(argv[i + 1]) <= 64 ? atoi(argv[i + 1]) : reps;
     else if (!strcmp(argv[i], "--isa")) {
@@ -307,7 +318,7 @@ int main(int argc, char **argv) {
       struct rng r;
       rng_seed(&r, 3, 0);
       if (strcmp(argv[i], "--attention"))
-        lanes_bench(&r, reps, !strcmp(argv[i], "--lanes-bf16"));
+        lanes_bench(&r, reps, !strcmp(argv[i], "--lanes-bf16"), lanes_vs);
       else
         attention_bench(&r, reps);
       return 0;

@@ -129,7 +129,8 @@ void linear_few_bf16(float *out, const float *inp, const uint16_t *w, const floa
  * L2 / 512 inputs: 2048 on a 1 MiB L2), where the rows of inp (64 at a time) are transposed
  * instead, into a buffer of 64 IN floats that the calling thread keeps from call to call (freed
  * when it ends), and the weights are read in place (rows in the lanes; BF16 weights widened a few
- * rows at a time into 12 IN more floats of that buffer). Any [j0, j1) is correct; the kernel works
+ * rows at a time into more floats of that buffer: 12 IN on AVX2, 24 times a chunk of at most
+ * LINEAR_LANES_KC inputs on AVX-512). Any [j0, j1) is correct; the kernel works
  * in whole panels from j0, so column ranges aligned to LINEAR_FEW_COLS (a partial one last) waste
  * nothing. Cannot fail (without memory for the buffer it takes the block). */
 #define LINEAR_FEW_COLS 16
@@ -166,6 +167,13 @@ void linear_lanes_prepared(float *out, const float *inp, const float *xt, const 
  * linear_lanes takes from 16 rows on AVX-512 (the same bits). */
 void linear_lanes_block(float *out, const float *inp, const float *w, const uint16_t *w16,
                         const float *bias, int M, int IN, int OUT, int j0, int j1, float beta);
+/* Rows in the lanes' two choices on AVX-512, for tests and bench_kernels --lanes-vs (the same bits
+ * whatever they are): kmax, the longest chunk of inputs a tile runs over before the next tile
+ * (0: whole rows; -1: the default, LINEAR_LANES_KC), and ahead, whether a tile widens the next
+ * tile's BF16 rows beside its own multiply-adds (1, the default; 0: each tile's before it; -1:
+ * the default). Process-wide: set before the calls, not during them. */
+#define LINEAR_LANES_KC 1024
+void linear_lanes_set_form(int kmax, int ahead);
 /* linear_lanes on weights packed beforehand, for decoding small models whose weights sit in the
  * caches (a lone row otherwise spends most of its time transposing): linear_lanes_pack writes
  * w[OUT,IN] (float32, or w16 in BF16 when w is NULL, converted exactly) as panels of

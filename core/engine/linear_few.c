@@ -1329,12 +1329,17 @@ static const struct ll_form *ll_form_now(void) {
  * sums in registers over the whole of IN (V = mp / 16; J weight rows: 6 for 4 vectors, 8 for 3,
  * 12 for 2, 8 for 1). No weight is transposed (linear_lanes' block costs 64 shuffles per 16 x 16
  * weights, and its pack from memory did not overlap the tiles' arithmetic: bench/README.md) and
- * no sum leaves its register before the end of its row. BF16 weights from LR_MIN16 rows: each
- * tile's J weight rows (contiguous) widened whole into a float32 buffer just before the tile
- * (lr_widen512), then the same tile, which prefetches the next tile's BF16 rows into L2 (perf put
- * 12% of lr_drive's samples on the widening's first touch of memory without it, 2.5% with; 0.5B
- * LoRA batch 64, 32 new tokens, in turns: 161.8-172.1 -> 156.0-177.4 tok/s, medians 169.4 ->
- * 174.2); on Zen 4, 0.5B, LoRA on a BF16 base, batch 64: 171.0-172.7
+ * float32 sum leaves its register before the end of its row. BF16 weights from LR_MIN16 rows:
+ * each tile's J weight rows widened into a float32 buffer, by the tile before it beside its own
+ * multiply-adds (lr_ahead512; the first tile of a call by lr_widen512 before it), the tile after
+ * that prefetched into L2 meanwhile (perf put 12% of lr_drive's samples on the widening's first
+ * touch of memory without a prefetch, 2.5% with; widened whole before each tile, lr_widen512
+ * took 8.7% of a Xeon's decoding, that tile's loads from L2 overlapping nothing), and the rows
+ * in chunks of at most LINEAR_LANES_KC inputs (lr_kc), each tile's sums carried in s from chunk
+ * to chunk: at the down projection's 4864 inputs a tile's 6 widened rows (117 KB) left L1 and
+ * the copy of the rows (1.2 MB) crowded L2 (one thread, Xeon, [4864 -> 896] at 64 rows, in one
+ * process in turns: chunks of 512-2432 within 1% of each other, 1.05-1.08x whole rows; 128 or
+ * 256, 0.91-0.96x). On Zen 4, 0.5B, LoRA on a BF16 base, batch 64: 171.0-172.7
  * -> 178.0-179.7 tok/s against the block, and batch 16 no faster (119.4 / 121.4 against 119.3 /
  * 129.1; one thread at 16 rows with the rows transposed per call, 0.84-0.88x), so fewer rows stay
  * on the block (on the Xeon, 256 k at a time: 0.87-0.93x at 16 rows, 0.95-1.36x at 64;
@@ -1374,13 +1379,45 @@ static float *lr_xt(size_t n) {
   return p;
 }
 
+/* One tile's work (lr_form's tile): the sums s[j * 64 + m] (j < nj <= J, m < 16 V) of weight
+ * rows j (rows past nj repeat the last, their sums unused) against the rows' copy xt over kn
+ * inputs, from +0, or from s's own values where add (a later chunk of k: the same chains, carried
+ * exactly). The next tile's rows (nx, NULL where none; row stride nxs, nnj rows of nkn inputs):
+ * float32 rows are prefetched into L1 as this tile's own run out; BF16 rows are widened into nwb
+ * (row stride nkn) beside this tile's multiply-adds where nwb, and the rows of the tile after
+ * them (nnx, nnnj rows of nnkn inputs, row stride nxs) prefetched into L2; without nwb the next
+ * rows themselves go to L2. */
+struct lr_arg {
+  float *s;
+  const float *xt, *w; /* the copy at the chunk's first input; the weight rows (BF16: widened) */
+  size_t ws, nxs;      /* w's row stride; the next rows' */
+  int mp, V, kn, nj, add, bf16;
+  const void *nx;
+  int nnj, nkn;
+  float *nwb;
+  const uint16_t *nnx;
+  int nnnj, nnkn;
+};
+
 #define LR_A(v, j) a##v##_##j
 #define LR_DJ(j)                                                                                   \
   __m512 LR_A(0, j) = z, LR_A(1, j) = z, LR_A(2, j) = z, LR_A(3, j) = z;                           \
-  const float *wj##j = w + (size_t)(J > j && j < nj ? j : nj - 1) * IN
-/* row j's line LR_PF floats on (every 16 k) */
+  if (J > j && a->add) {                                                                           \
+    LR_A(0, j) = _mm512_load_ps(s + j * 64);                                                       \
+    if (V > 1) LR_A(1, j) = _mm512_load_ps(s + j * 64 + 16);                                       \
+    if (V > 2) LR_A(2, j) = _mm512_load_ps(s + j * 64 + 32);                                       \
+    if (V > 3) LR_A(3, j) = _mm512_load_ps(s + j * 64 + 48);                                       \
+  }                                                                                                \
+  const float *wj##j = w + (J > j && j < nj ? j : nj - 1) * a->ws
+/* row j's line LR_PF floats on (every 16 k), or the next tile's row j's past this chunk's end */
 #define LR_PJ(j)                                                                                   \
-  if (J > j) _mm_prefetch((const char *)(wj##j + k + LR_PF), _MM_HINT_T0)
+  if (J > j) {                                                                                     \
+    int kp = k + LR_PF;                                                                            \
+    if (kp < kn)                                                                                   \
+      _mm_prefetch((const char *)(wj##j + kp), _MM_HINT_T0);                                       \
+    else if (j < a->nnj && kp - kn < a->nkn)                                                       \
+      _mm_prefetch((const char *)((const float *)a->nx + j * a->nxs + kp - kn), _MM_HINT_T0);      \
+  }
 #define LR_FJ(j)                                                                                   \
   if (J > j) {                                                                                     \
     __m512 b = _mm512_set1_ps(wj##j[k]);                                                           \
@@ -1409,25 +1446,51 @@ static float *lr_xt(size_t n) {
   M(9);                                                                                            \
   M(10);                                                                                           \
   M(11)
-/* s[j * 64 + m] (j < nj <= J, m < 16 V): weight row j of w (rows past nj repeat the last, their
- * sums unused) against the rows xt holds */
-LF_AVX512 static inline __attribute__((always_inline)) void
-lr_tile(float *s, const float *xt, int mp, const float *w, int IN, int nj, const int V, const int J,
-        const uint16_t *nx) {
+
+/* The next tile's BF16 rows [k, k + 16) widened into nwb (exact), and every 32 k the line of the
+ * tile after them at k prefetched into L2 */
+LF_AVX512 static inline __attribute__((always_inline)) void lr_ahead512(const struct lr_arg *a,
+                                                                        int k) {
+  const uint16_t *nx = a->nx;
+  if (k + 16 <= a->nkn) {
+    for (int r = 0; r < a->nnj; r++) {
+      __m256i h = _mm256_loadu_si256((const __m256i *)(nx + r * a->nxs + k));
+      _mm512_storeu_ps(a->nwb + (size_t)r * a->nkn + k,
+                       _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+    }
+  } else if (k < a->nkn) {
+    for (int r = 0; r < a->nnj; r++)
+      bf16_to_f32(a->nwb + (size_t)r * a->nkn + k, nx + r * a->nxs + k, (size_t)(a->nkn - k));
+  }
+  if (!(k & 31) && k < a->nnkn)
+    for (int r = 0; r < a->nnnj; r++)
+      _mm_prefetch((const char *)(a->nnx + r * a->nxs + k), _MM_HINT_T1);
+}
+
+LF_AVX512 static inline __attribute__((always_inline)) void lr_tile(const struct lr_arg *a,
+                                                                    const int V, const int J) {
   __m512 z = _mm512_setzero_ps();
+  float *s = a->s;
+  const float *w = a->w, *xt = a->xt;
+  int kn = a->kn, nj = a->nj, mp = a->mp;
   LR_ALL(LR_DJ);
-  for (int k = 0; k < IN; k++) {
+  for (int k = 0; k < kn; k++) {
     const float *xk = xt + (size_t)k * mp;
-    if (!(k & 15) && nx) { /* BF16: w is the widened copy; the next J rows' 32 J bytes to L2 */
-      for (int q = 0; q < J; q += 2)
-        _mm_prefetch((const char *)(nx + (size_t)k * J + 16 * q), _MM_HINT_T1);
-    } else if (!(k & 15)) {
-      LR_ALL(LR_PJ);
+    if (!(k & 15)) {
+      if (a->nwb) /* BF16, widening ahead */
+        lr_ahead512(a, k);
+      else if (!a->bf16) {
+        LR_ALL(LR_PJ);
+      } else if (!(k & 31) && k < a->nkn) /* BF16 widened before each tile: the next rows to L2 */
+        for (int r = 0; r < a->nnj; r++)
+          _mm_prefetch((const char *)((const uint16_t *)a->nx + r * a->nxs + k), _MM_HINT_T1);
     }
     __m512 x0 = _mm512_load_ps(xk), x1 = V > 1 ? _mm512_load_ps(xk + 16) : z;
     __m512 x2 = V > 2 ? _mm512_load_ps(xk + 32) : z, x3 = V > 3 ? _mm512_load_ps(xk + 48) : z;
     LR_ALL(LR_FJ);
   }
+  if (a->nwb) /* the next rows' inputs past this tile's (a shorter chunk before a longer one) */
+    for (int k = (kn + 15) / 16 * 16; k < a->nkn; k += 16) lr_ahead512(a, k);
   LR_ALL(LR_SJ);
 }
 #undef LR_ALL
@@ -1438,14 +1501,9 @@ lr_tile(float *s, const float *xt, int mp, const float *w, int IN, int nj, const
 #undef LR_A
 
 #define LR_V(v, j)                                                                                 \
-  case v: lr_tile(s, xt, mp, w, IN, nj, v, j, nx); return
-/* nx: for BF16 weights (w their widened rows), the rows that come next, prefetched into L2 while
- * the tile computes (the widening alone fetched them in bursts between tiles); NULL for float32.
- * nwb, nnj unused: AVX-512's rows are widened before each tile (lr_form's ahead 0). */
-LF_AVX512 static void lr_tile_v(float *s, const float *xt, int mp, const float *w, int IN, int nj,
-                                int V, const uint16_t *nx, float *nwb, int nnj) {
-  (void)nwb, (void)nnj;
-  switch (V) {
+  case v: lr_tile(a, v, j); return
+LF_AVX512 static void lr_tile_v(const struct lr_arg *a) {
+  switch (a->V) {
     LR_V(1, 8);
     LR_V(2, 12);
     LR_V(3, 8);
@@ -1511,9 +1569,12 @@ lr_widen256_k(float *dst, const uint16_t *src, int k0, int k1) {
   M(4);                                                                                            \
   M(5)
 /* s[j * 64 + m] (j < 6; rows past nj repeat the last, their sums unused) as lr_tile_v's */
-LF_AVX2 static void lr_tile256(float *s, const float *xt, int mp, const float *w, int IN, int nj,
-                               int V, const uint16_t *nx, float *nwb, int nnj) {
-  (void)V;
+LF_AVX2 static void lr_tile256(const struct lr_arg *a) {
+  /* whole rows (lr_form's kmax 0: kn is IN, w's row stride, and the next rows' length) */
+  float *s = a->s, *nwb = a->nwb;
+  const float *w = a->w, *xt = a->xt;
+  const uint16_t *nx = a->bf16 ? a->nx : NULL;
+  int mp = a->mp, IN = a->kn, nj = a->nj, nnj = a->nnj;
   const __m256 z = _mm256_setzero_ps();
   for (int g = 0; g < mp / 16; g++) {
     const uint16_t *ahead = nwb && g == mp / 16 - 1 ? nx : NULL;
@@ -1601,28 +1662,65 @@ LF_AVX2 static void lr_store256(float *out, int OUT, const float *s, int mr, int
     }
 }
 
-/* A processor's rows in the lanes: its tile (s, xt, mp, w, IN, nj, V, nx as lr_tile_v's; nwb,
- * nnj: where ahead, the buffer and count of the next tile's rows it widens, else unused), the
- * widening of BF16 rows, the transpose of the rows into xt and the weight rows a tile by V (LR_CB
- * a multiple of each); the fewest rows of a block it takes, for float32 and for BF16 weights. */
+/* A processor's rows in the lanes: its tile (lr_arg), the widening of BF16 rows, the transpose
+ * of the rows into xt and the weight rows a tile by V (LR_CB a multiple of each); the fewest rows
+ * of a block it takes, for float32 and for BF16 weights. */
 struct lr_form {
-  void (*tile)(float *, const float *, int, const float *, int, int, int, const uint16_t *, float *,
-               int);
+  void (*tile)(const struct lr_arg *);
   void (*widen)(float *, const uint16_t *, size_t);
   ll_pack_fn *pack;
   int jv[5], min, min16;
   int max_in; /* 0, or the longest rows taken (longer: the block); -1: lr2_max_in() */
   int ahead;  /* 1: the tile widens the next tile's BF16 rows itself (after the first widen) */
+  int kmax;   /* 0: whole rows a tile; else chunks of at most kmax inputs (lr_kc) */
 };
+
+static const struct lr_form lr_avx2 = {
+    lr_tile256, lr_widen256, ll_pack256, {0, 6, 6, 6, 6}, LR2_MIN, LR2_MIN, -1, 1, 0};
+static const struct lr_form lr_avx512 = {
+    lr_tile_v, lr_widen512, ll_pack512, {0, 8, 12, 8, 6}, LR_MIN, LR_MIN16, 0, 1, LINEAR_LANES_KC};
+/* lr_avx512 with linear_lanes_set_form's choices, where lr_set */
+static struct lr_form lr_avx512_set;
+static int lr_set;
 
 /* NULL where the block takes every call (the portable forms) */
 static const struct lr_form *lr_form_now(void) {
-  static const struct lr_form avx2 = {lr_tile256, lr_widen256, ll_pack256, {0, 6, 6, 6, 6},
-                                      LR2_MIN,    LR2_MIN,     -1,         1};
-  static const struct lr_form avx512 = {lr_tile_v, lr_widen512, ll_pack512, {0, 8, 12, 8, 6},
-                                        LR_MIN,    LR_MIN16,    0,          0};
   int f = lf_form();
-  return f == 3 ? &avx512 : f == 2 ? &avx2 : NULL;
+  return f == 3 ? (lr_set ? &lr_avx512_set : &lr_avx512) : f == 2 ? &lr_avx2 : NULL;
+}
+
+/* The inputs of a chunk: BF16 rows' IN in equal chunks of at most f->kmax (whole rows without
+ * one), rounded up to 16; float32 rows whole (read in place from memory, they stream best whole:
+ * chunks of 1024 at [4864 -> 896] ran 0.92-0.97x) */
+static int lr_kc(const struct lr_form *f, int IN, int bf16) {
+  if (!bf16 || !f->kmax || IN <= f->kmax) return IN;
+  int n = (IN + f->kmax - 1) / f->kmax;
+  return ((IN + n - 1) / n + 15) / 16 * 16;
+}
+
+/* A tile of lr_drive's: columns [jb + c, + nj) over inputs [k0, + kn); in lr_drive's order the
+ * tiles of a block of LR_CB columns, a chunk of inputs after another, then the next block */
+struct lr_step {
+  int jb, k0, c, nj, kn, ncb;
+};
+
+static void lr_step_at(struct lr_step *t, int jb, int k0, int c, int j1, int IN, int kc, int J) {
+  t->jb = jb, t->k0 = k0, t->c = c;
+  t->ncb = j1 - jb < LR_CB ? j1 - jb : LR_CB;
+  t->nj = t->ncb - c < J ? t->ncb - c : J;
+  t->kn = IN - k0 < kc ? IN - k0 : kc;
+}
+
+/* t moved on to the next tile; 0 after the last */
+static int lr_step_next(struct lr_step *t, int j1, int IN, int kc, int J) {
+  int jb = t->jb, k0 = t->k0, c = t->c + J;
+  if (c >= t->ncb) {
+    c = 0, k0 += kc;
+    if (k0 >= IN) k0 = 0, jb += LR_CB;
+  }
+  if (jb >= j1) return 0;
+  lr_step_at(t, jb, k0, c, j1, IN, kc, J);
+  return 1;
 }
 
 /* AVX2's longest rows in the lanes: every tile streams the whole copy of the rows (64 IN floats),
@@ -1650,20 +1748,20 @@ static int lr_rows(const struct lr_form *f, int mr, int IN, int bf16) {
 }
 
 /* 0 without memory for xt (nothing written). Row blocks that lr_rows refuses go to the block.
- * Columns LR_CB at a time: their tiles' sums (s[c * 64 + m]) stored into the rows by
- * lr_store256. */
+ * Columns LR_CB at a time, their inputs in chunks (lr_kc; the sums carried in s from chunk to
+ * chunk): their tiles' sums (s[c * 64 + m]) stored into the rows by lr_store256. */
 static int lr_drive(const struct lr_form *f, float *out, const float *inp, const float *xtp,
                     const float *w, const uint16_t *w16, const float *bias, int M, int IN, int OUT,
                     int j0, int j1, float beta) {
   float s[LR_CB * 64] __attribute__((aligned(64)));
-  /* this call's transposes (unless xtp: the copy), then BF16 weights' widened rows */
-  size_t nx = xtp ? 0 : (size_t)64 * IN, nb = w16 ? (size_t)12 * IN : 0;
-  float *buf = nx + nb ? lr_xt(nx + nb) : NULL, *wb = buf ? buf + nx : NULL;
-  if (nx + nb && !buf) return 0;
-  /* the widened rows: wbuf[p] the tile's; with f->ahead the two halves in turn, the tile widening
-   * the next one's rows into the other (widened: already done) */
-  float *wbuf[2] = {wb, wb ? wb + (size_t)6 * IN : NULL};
-  int p = 0, widened = 0;
+  int kc = lr_kc(f, IN, w16 != NULL), jmax = 0;
+  for (int v = 1; v <= 4; v++) jmax = f->jv[v] > jmax ? f->jv[v] : jmax;
+  /* this call's transposes (unless xtp: the copy), then BF16 weights' widened rows: two halves,
+   * the tile's and (with f->ahead) the next tile's, which the tile widens */
+  size_t nx = xtp ? 0 : (size_t)64 * IN, half = w16 ? (size_t)jmax * kc : 0;
+  float *buf = nx + half ? lr_xt(nx + 2 * half) : NULL, *wb = buf ? buf + nx : NULL;
+  if (nx + half && !buf) return 0;
+  float *wbuf[2] = {wb, wb ? wb + half : NULL};
   for (int m0 = 0; m0 < M; m0 += 64) {
     int mr = M - m0 < 64 ? M - m0 : 64, mp = (mr + 15) / 16 * 16, V = mp / 16, J = f->jv[V];
     if (!lr_rows(f, mr, IN, w16 != NULL)) {
@@ -1673,24 +1771,50 @@ static int lr_drive(const struct lr_form *f, float *out, const float *inp, const
     }
     const float *xt = xtp ? xtp + (size_t)m0 * IN : buf; /* linear_lanes_prepare's block */
     if (!xtp) f->pack(buf, inp + (size_t)m0 * IN, NULL, IN, 0, mr, 0, IN, mp, 0);
-    for (int jb = j0; jb < j1; jb += LR_CB) {
-      int ncb = j1 - jb < LR_CB ? j1 - jb : LR_CB;
-      for (int m = 0; m < mr; m++) /* the block's outputs, while its tiles run */
-        for (int c = 0; c < ncb; c += 16)
-          __builtin_prefetch(out + (size_t)(m0 + m) * OUT + jb + c, 1, 3);
-      for (int c = 0; c < ncb; c += J) {
-        size_t j = (size_t)(jb + c);
-        int nj = ncb - c < J ? ncb - c : J;
-        const uint16_t *nxr = w16 && j + nj < (size_t)j1 ? w16 + (j + nj) * IN : NULL;
-        int nnj = nxr ? (j1 - (int)j - nj < J ? j1 - (int)j - nj : J) : 0;
-        if (w16 && !widened) f->widen(wbuf[p], w16 + j * IN, (size_t)nj * IN);
-        widened = f->ahead && nxr;
-        f->tile(s + c * 64, xt, mp, w16 ? wbuf[p] : w + j * IN, IN, nj, V, nxr,
-                widened ? wbuf[p ^ 1] : NULL, nnj);
-        p ^= widened;
+    struct lr_step t, n, nn;
+    lr_step_at(&t, j0, 0, 0, j1, IN, kc, J);
+    int p = 0, widened = 0, more;
+    do {
+      if (!t.c && !t.k0) /* the block's outputs, while its tiles run */
+        for (int m = 0; m < mr; m++)
+          for (int c = 0; c < t.ncb; c += 16)
+            __builtin_prefetch(out + (size_t)(m0 + m) * OUT + t.jb + c, 1, 3);
+      size_t at = (size_t)(t.jb + t.c) * IN + t.k0; /* the tile's first weight */
+      n = t, more = lr_step_next(&n, j1, IN, kc, J);
+      nn = n;
+      int more2 = more && lr_step_next(&nn, j1, IN, kc, J);
+      if (w16 && !widened)
+        for (int r = 0; r < t.nj; r++)
+          f->widen(wbuf[p] + (size_t)r * t.kn, w16 + at + (size_t)r * IN, (size_t)t.kn);
+      struct lr_arg a = {.s = s + t.c * 64,
+                         .xt = xt + (size_t)t.k0 * mp,
+                         .w = w16 ? wbuf[p] : w + at,
+                         .ws = w16 ? (size_t)t.kn : (size_t)IN,
+                         .nxs = (size_t)IN,
+                         .mp = mp,
+                         .V = V,
+                         .kn = t.kn,
+                         .nj = t.nj,
+                         .add = t.k0 > 0,
+                         .bf16 = w16 != NULL};
+      if (more) {
+        size_t nat = (size_t)(n.jb + n.c) * IN + n.k0;
+        a.nx = w16 ? (const void *)(w16 + nat) : (const void *)(w + nat);
+        a.nnj = n.nj, a.nkn = n.kn;
       }
-      lr_store256(out + (size_t)m0 * OUT + jb, OUT, s, mr, ncb, bias ? bias + jb : NULL, beta);
-    }
+      widened = f->ahead && w16 && more;
+      if (widened) {
+        a.nwb = wbuf[p ^ 1];
+        if (more2)
+          a.nnx = w16 + (size_t)(nn.jb + nn.c) * IN + nn.k0, a.nnnj = nn.nj, a.nnkn = nn.kn;
+      }
+      f->tile(&a);
+      p ^= widened;
+      if (t.c + t.nj >= t.ncb && t.k0 + t.kn >= IN) /* the block's last tile */
+        lr_store256(out + (size_t)m0 * OUT + t.jb, OUT, s, mr, t.ncb, bias ? bias + t.jb : NULL,
+                    beta);
+      t = n;
+    } while (more);
   }
   return 1;
 }
@@ -1778,6 +1902,17 @@ void linear_lanes_block(float *out, const float *inp, const float *w, const uint
                         const float *bias, int M, int IN, int OUT, int j0, int j1, float beta) {
   if (M < 1 || j0 >= j1) return;
   ll_drive(ll_form_now(), out, inp, w, w16, bias, M, IN, OUT, j0, j1, beta);
+}
+
+void linear_lanes_set_form(int kmax, int ahead) {
+#ifdef LF_X86
+  lr_avx512_set = lr_avx512;
+  lr_avx512_set.kmax = kmax < 0 ? lr_avx512.kmax : kmax;
+  lr_avx512_set.ahead = ahead < 0 ? lr_avx512.ahead : ahead != 0;
+  lr_set = lr_avx512_set.kmax != lr_avx512.kmax || lr_avx512_set.ahead != lr_avx512.ahead;
+#else
+  (void)kmax, (void)ahead;
+#endif
 }
 
 /* ---- packed panels (linear_lanes_packed): linear_lanes without the transposes ---------------- */

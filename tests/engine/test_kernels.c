@@ -840,6 +840,18 @@ int main(void) {
   test_linear_lanes(1, 3, 5, 70);
   test_linear_lanes(1, 2, 128, 200);   /* a lone row over 13 panels (groups of 8 and 4, partial) */
   test_linear_lanes(63, 65, 1100, 50); /* rows in the lanes over more than 1024 inputs */
+  /* AVX-512's rows in the lanes with BF16 rows in chunks of inputs (the sums carried from chunk to
+   * chunk; 16: chunks of 16 and a tail of 5 or 12; 40: of 48; 0: whole rows) and the next tile's
+   * rows widened by the tile or before it: the same bits (49 rows and more, where BF16 takes rows
+   * in the lanes; 101 columns: the blocks' last tile widens the next block's first chunk, longer
+   * than its own) */
+  static const int lanes_forms[][2] = {{16, 1}, {16, 0}, {40, 1}, {0, 1}, {0, 0}};
+  for (int f = 0; f < 5; f++) {
+    linear_lanes_set_form(lanes_forms[f][0], lanes_forms[f][1]);
+    test_linear_lanes(49, 66, 37, 101);
+    test_linear_lanes(63, 65, 300, 60);
+  }
+  linear_lanes_set_form(-1, -1);
   struct pool *pool = pool_new(3);
   for (int p = 0; p < 2; p++) {
     struct pool *use = p ? pool : NULL;
