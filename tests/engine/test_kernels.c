@@ -815,6 +815,7 @@ int main(void) {
   test_linear_few_narrow(64, 16, 896); /* LoRA r = 16 at Qwen2.5-0.5B's width, 64 sequences */
   test_linear_few_narrow(7, 3, 37);    /* partial blocks of 16 */
   test_linear_few_narrow(5, 70, 40);   /* more than 64 inputs: the block on the heap */
+  test_linear_few_narrow(13, 16, 33);  /* groups of 4 rows and a partial one */
   test_fma_midpoint();
   test_bf16_convert();
   test_linear_few_bf16(16, 288, 40);
