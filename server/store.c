@@ -1344,16 +1344,12 @@ int store_job_request_resume(struct store *st, const char *id, const char *owner
   return job_change(st, id, owner, REQ_RESUME, STORE_JOB_QUEUED, NULL, NULL, out, e);
 }
 
-int store_job_update(struct store *st, const char *id, const struct store_job_patch *p,
-                     struct dapo_err *e) {
-  if (!id || !p) return dapo_errf(e, DAPO_EINVAL, "store: job id or patch missing");
-  LOCK(st);
+/* The caller holds the lock. */
+static int job_update_locked(struct store *st, const char *id, const struct store_job_patch *p,
+                             struct dapo_err *e) {
   int rc = 0;
   sqlite3_stmt *s = stmt(st, S_JOB_UPDATE, e);
-  if (!s) {
-    rc = e ? e->code : DAPO_EIO;
-    goto out;
-  }
+  if (!s) return e ? e->code : DAPO_EIO;
   bind_text(s, 1, id);
   sqlite3_bind_int(s, 2, !!(p->set & STORE_SET_STEP));
   sqlite3_bind_int64(s, 3, p->step);
@@ -1375,6 +1371,14 @@ int store_job_update(struct store *st, const char *id, const struct store_job_pa
     rc = dapo_errf(e, STORE_ENOTFOUND, "no such job: %.64s", id);
 out:
   done(s);
+  return rc;
+}
+
+int store_job_update(struct store *st, const char *id, const struct store_job_patch *p,
+                     struct dapo_err *e) {
+  if (!id || !p) return dapo_errf(e, DAPO_EINVAL, "store: job id or patch missing");
+  LOCK(st);
+  int rc = job_update_locked(st, id, p, e);
   UNLOCK(st);
   return rc;
 }
@@ -1595,26 +1599,59 @@ void store_metric_list_deinit(struct store_metric_list *l) {
   memset(l, 0, sizeof *l);
 }
 
-int store_metrics_put(struct store *st, const char *job_id, int64_t step, const char *kind,
-                      const json_t *data, struct dapo_err *e) {
+static int metrics_args_ok(const char *job_id, const char *kind, const json_t *data,
+                           struct dapo_err *e) {
   if (!job_id || !data) return dapo_errf(e, DAPO_EINVAL, "store: metrics need a job and data");
   if (!kind || (strcmp(kind, "train") && strcmp(kind, "eval")))
     return dapo_errf(e, DAPO_EINVAL, "store: metrics kind must be \"train\" or \"eval\"");
-  LOCK(st);
-  int rc = 0;
+  return 0;
+}
+
+/* The caller holds the lock (and bumps metrics_gen once what it wrote is committed). */
+static int metrics_put_locked(struct store *st, const char *job_id, int64_t step, const char *kind,
+                              const json_t *data, struct dapo_err *e) {
   sqlite3_stmt *s = stmt(st, S_MET_PUT, e);
-  if (!s) {
-    rc = e ? e->code : DAPO_EIO;
-    goto out;
-  }
+  if (!s) return e ? e->code : DAPO_EIO;
   bind_text(s, 1, job_id);
   sqlite3_bind_int64(s, 2, step);
   bind_text(s, 3, kind);
-  if ((rc = bind_json_value(s, 4, data, e))) {
+  int rc = bind_json_value(s, 4, data, e);
+  if (rc) {
     done(s);
-    goto out;
+    return rc;
   }
-  rc = exec_done(st, s, job_id, e);
+  return exec_done(st, s, job_id, e);
+}
+
+int store_metrics_put(struct store *st, const char *job_id, int64_t step, const char *kind,
+                      const json_t *data, struct dapo_err *e) {
+  int rc = metrics_args_ok(job_id, kind, data, e);
+  if (rc) return rc;
+  LOCK(st);
+  rc = metrics_put_locked(st, job_id, step, kind, data, e);
+  if (!rc) __atomic_add_fetch(&st->metrics_gen, 1, __ATOMIC_RELEASE);
+  UNLOCK(st);
+  return rc;
+}
+
+int store_metrics_record(struct store *st, const char *job_id, int64_t step, const char *kind,
+                         const json_t *data, const struct store_job_patch *p, int64_t *event_id,
+                         struct dapo_err *e) {
+  if (event_id) *event_id = 0;
+  int rc = metrics_args_ok(job_id, kind, data, e);
+  if (rc) return rc;
+  enum store_job_status status;
+  LOCK(st);
+  if ((rc = tx_begin(st, e))) goto out;
+  rc = job_head(st, job_id, NULL, &status, e);
+  if (!rc && store_job_status_terminal(status))
+    rc = dapo_errf(e, STORE_ESTATE, "job %.64s has finished (%s): no more events", job_id,
+                   status_names[status]);
+  if (!rc) rc = metrics_put_locked(st, job_id, step, kind, data, e);
+  if (!rc && p && p->set) rc = job_update_locked(st, job_id, p, e);
+  if (!rc) rc = event_append_locked(st, job_id, "metrics", data, event_id, e);
+  rc = tx_end(st, rc, e);
+  if (rc && event_id) *event_id = 0;
   if (!rc) __atomic_add_fetch(&st->metrics_gen, 1, __ATOMIC_RELEASE);
 out:
   UNLOCK(st);

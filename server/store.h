@@ -337,6 +337,13 @@ void store_metric_list_deinit(struct store_metric_list *l);
 /* Stores (replacing) the metrics row (job_id, step, kind). kind "train" or "eval". */
 int store_metrics_put(struct store *st, const char *job_id, int64_t step, const char *kind,
                       const json_t *data, struct dapo_err *e);
+/* A step's metrics recorded at once, in one transaction: the row (as store_metrics_put), the
+ * job's patch p (may be NULL: its step and latest_metrics, say) and a "metrics" event with data,
+ * whose id goes to *event_id (0 on failure). A crash leaves all three or none, so a job never
+ * shows a step whose metrics event is missing. STORE_ESTATE when the job has finished. */
+int store_metrics_record(struct store *st, const char *job_id, int64_t step, const char *kind,
+                         const json_t *data, const struct store_job_patch *p, int64_t *event_id,
+                         struct dapo_err *e);
 /* The job's metrics rows in step order, "train" before "eval" at the same step, with the
  * generation they were read at (out->gen). */
 int store_metrics_list(struct store *st, const char *job_id, struct store_metric_list *out,

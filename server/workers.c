@@ -228,11 +228,6 @@ static int record_metrics(struct jobrun *jr, int64_t step, int eval, int64_t gen
   /* A step recomputed after a restart is not stored again: the row and the event already there
    * stay the pair that was announced (the timings of a recomputation differ). */
   if (steps_has(seen, step)) return 0;
-  int rc = store_metrics_put(jr->srv->store, jr->id, step, kind, data, &e);
-  if (rc) {
-    LOG(ERROR, "job %s: storing metrics of step %" PRId64 ": %s", jr->id, step, e.msg);
-    return rc;
-  }
   /* latest_metrics: the newest step's training metrics, with its evaluation merged in */
   struct store_job_patch p = {0};
   json_t *latest = NULL;
@@ -245,21 +240,25 @@ static int record_metrics(struct jobrun *jr, int64_t step, int eval, int64_t gen
     if (latest) json_object_update(latest, (json_t *)data);
     p.set = STORE_SET_METRICS;
   }
+  if (p.set && !latest) return DAPO_ENOMEM;
+  p.latest_metrics = latest;
+  /* the row, the job's step and the event in one transaction: a crash between them left a job
+   * at a step whose metrics event was missing until the step was recomputed (the crash test) */
+  int64_t id = 0;
+  int rc = store_metrics_record(jr->srv->store, jr->id, step, kind, data, &p, &id, &e);
+  if (rc) {
+    json_decref(latest);
+    LOG(ERROR, "job %s: recording the metrics of step %" PRId64 ": %s", jr->id, step, e.msg);
+    return rc;
+  }
+  bus_publish(jr->srv->bus, jr->id, id);
   if (p.set) {
-    if (!latest) return DAPO_ENOMEM;
-    p.latest_metrics = latest;
-    if ((rc = store_job_update(jr->srv->store, jr->id, &p, &e))) {
-      json_decref(latest);
-      LOG(ERROR, "job %s: recording step %" PRId64 ": %s", jr->id, step, e.msg);
-      return rc;
-    }
     json_decref(jr->latest);
     jr->latest = latest;
     if (!eval) jr->step = step;
   }
   if (generated > 0) atomic_fetch_add(&jr->wk->w->tokens_generated, (uint_fast64_t)generated);
   if (trained > 0) atomic_fetch_add(&jr->wk->w->tokens_trained, (uint_fast64_t)trained);
-  if ((rc = append_event(jr, "metrics", data))) return rc;
   return steps_add(seen, step) ? DAPO_ENOMEM : 0;
 }
 

@@ -865,6 +865,42 @@ static void test_metrics_ckpts(struct store *st, char job[STORE_ID_MAX]) {
   CHECK(store_metrics_gen(st) > g0);
   CHECK(store_metrics_list(st, job, &ml, &e) == 0 && ml.gen == store_metrics_gen(st));
   store_metric_list_deinit(&ml);
+  /* a step recorded at once: its row, the job's step and latest_metrics, and its event, in one
+   * transaction; nothing of it where it fails */
+  char rj[STORE_ID_MAX];
+  quick_job(st, rj);
+  json_t *rd = json_pack("{s:I, s:f}", "step", (json_int_t)1, "reward", 0.5);
+  struct store_job_patch rp = {
+      .set = STORE_SET_STEP | STORE_SET_METRICS, .step = 1, .latest_metrics = rd};
+  int64_t rid = -1, last = -1;
+  uint64_t g1 = store_metrics_gen(st);
+  CHECK(store_metrics_record(st, rj, 1, "train", rd, &rp, &rid, &e) == 0 && rid > 0);
+  CHECK(store_metrics_gen(st) > g1);
+  CHECK(store_event_last_id(st, rj, &last, &e) == 0 && last == rid);
+  struct store_event_list rel = {0};
+  CHECK(store_event_list(st, rj, 0, 10, &rel, &e) == 0 && rel.n >= 1 &&
+        rel.v[rel.n - 1].id == rid && !strcmp(rel.v[rel.n - 1].type, "metrics") &&
+        json_equal(rel.v[rel.n - 1].data, rd));
+  store_event_list_deinit(&rel);
+  struct store_job rjob;
+  CHECK(store_job_get(st, rj, NULL, &rjob, &e) == 0 && rjob.step == 1);
+  store_job_deinit(&rjob);
+  CHECK(store_metrics_list(st, rj, &ml, &e) == 0 && ml.n == 1 && ml.v[0].step == 1);
+  store_metric_list_deinit(&ml);
+  CHECK(store_metrics_record(st, rj, 2, "test", rd, &rp, &rid, &e) == DAPO_EINVAL && rid == 0);
+  CHECK(store_metrics_record(st, "job-missing", 2, "train", rd, NULL, &rid, &e) ==
+            STORE_ENOTFOUND &&
+        rid == 0);
+  CHECK(store_job_request_cancel(st, rj, NULL, NULL, &e) == 0); /* queued: cancelled at once */
+  CHECK(store_job_get(st, rj, NULL, &rjob, &e) == 0 && store_job_status_terminal(rjob.status));
+  store_job_deinit(&rjob);
+  rp.step = 2;
+  CHECK(store_metrics_record(st, rj, 2, "train", rd, &rp, &rid, &e) == STORE_ESTATE && rid == 0);
+  CHECK(store_metrics_list(st, rj, &ml, &e) == 0 && ml.n == 1); /* no row of step 2 */
+  store_metric_list_deinit(&ml);
+  CHECK(store_job_get(st, rj, NULL, &rjob, &e) == 0 && rjob.step == 1);
+  store_job_deinit(&rjob);
+  json_decref(rd);
 
   /* checkpoints */
   json_t *files =
