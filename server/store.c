@@ -1506,20 +1506,27 @@ void store_event_list_deinit(struct store_event_list *l) {
   memset(l, 0, sizeof *l);
 }
 
+/* 0 where the job exists and has not finished (STORE_ESTATE: it has); the caller holds the lock,
+ * in a transaction with the events it appends. */
+static int job_takes_events_locked(struct store *st, const char *job_id, struct dapo_err *e) {
+  enum store_job_status status;
+  int rc = job_head(st, job_id, NULL, &status, e);
+  if (!rc && store_job_status_terminal(status))
+    rc = dapo_errf(e, STORE_ESTATE, "job %.64s has finished (%s): no more events", job_id,
+                   status_names[status]);
+  return rc;
+}
+
 int store_event_append(struct store *st, const char *job_id, const char *type, const json_t *data,
                        int64_t *id_out, struct dapo_err *e) {
   if (id_out) *id_out = 0;
   if (!job_id || !type || !*type || strlen(type) >= STORE_EVENT_TYPE_MAX)
     return dapo_errf(e, DAPO_EINVAL, "store: event needs a job id and a type of 1 to %d bytes",
                      STORE_EVENT_TYPE_MAX - 1);
-  enum store_job_status status;
   LOCK(st);
   int rc = tx_begin(st, e);
   if (rc) goto out;
-  rc = job_head(st, job_id, NULL, &status, e);
-  if (!rc && store_job_status_terminal(status))
-    rc = dapo_errf(e, STORE_ESTATE, "job %.64s has finished (%s): no more events", job_id,
-                   status_names[status]);
+  rc = job_takes_events_locked(st, job_id, e);
   if (!rc) rc = event_append_locked(st, job_id, type, data, id_out, e);
   rc = tx_end(st, rc, e);
   if (rc && id_out) *id_out = 0;
@@ -1640,13 +1647,9 @@ int store_metrics_record(struct store *st, const char *job_id, int64_t step, con
   if (event_id) *event_id = 0;
   int rc = metrics_args_ok(job_id, kind, data, e);
   if (rc) return rc;
-  enum store_job_status status;
   LOCK(st);
   if ((rc = tx_begin(st, e))) goto out;
-  rc = job_head(st, job_id, NULL, &status, e);
-  if (!rc && store_job_status_terminal(status))
-    rc = dapo_errf(e, STORE_ESTATE, "job %.64s has finished (%s): no more events", job_id,
-                   status_names[status]);
+  rc = job_takes_events_locked(st, job_id, e);
   if (!rc) rc = metrics_put_locked(st, job_id, step, kind, data, e);
   if (!rc && p && p->set) rc = job_update_locked(st, job_id, p, e);
   if (!rc) rc = event_append_locked(st, job_id, "metrics", data, event_id, e);

@@ -1447,6 +1447,13 @@ struct lr_arg {
   M(10);                                                                                           \
   M(11)
 
+/* Every 32 k, the line at k of each of n BF16 rows (row stride rs, kn inputs) prefetched into L2 */
+static inline __attribute__((always_inline)) void lr_rows_l2(const uint16_t *rows, size_t rs, int n,
+                                                             int kn, int k) {
+  if (!(k & 31) && k < kn)
+    for (int r = 0; r < n; r++) _mm_prefetch((const char *)(rows + r * rs + k), _MM_HINT_T1);
+}
+
 /* The next tile's BF16 rows [k, k + 16) widened into nwb (exact), and every 32 k the line of the
  * tile after them at k prefetched into L2 */
 LF_AVX512 static inline __attribute__((always_inline)) void lr_ahead512(const struct lr_arg *a,
@@ -1462,9 +1469,7 @@ LF_AVX512 static inline __attribute__((always_inline)) void lr_ahead512(const st
     for (int r = 0; r < a->nnj; r++)
       bf16_to_f32(a->nwb + (size_t)r * a->nkn + k, nx + r * a->nxs + k, (size_t)(a->nkn - k));
   }
-  if (!(k & 31) && k < a->nnkn)
-    for (int r = 0; r < a->nnnj; r++)
-      _mm_prefetch((const char *)(a->nnx + r * a->nxs + k), _MM_HINT_T1);
+  lr_rows_l2(a->nnx, a->nxs, a->nnnj, a->nnkn, k);
 }
 
 LF_AVX512 static inline __attribute__((always_inline)) void lr_tile(const struct lr_arg *a,
@@ -1481,9 +1486,8 @@ LF_AVX512 static inline __attribute__((always_inline)) void lr_tile(const struct
         lr_ahead512(a, k);
       else if (!a->bf16) {
         LR_ALL(LR_PJ);
-      } else if (!(k & 31) && k < a->nkn) /* BF16 widened before each tile: the next rows to L2 */
-        for (int r = 0; r < a->nnj; r++)
-          _mm_prefetch((const char *)((const uint16_t *)a->nx + r * a->nxs + k), _MM_HINT_T1);
+      } else /* BF16 widened before each tile: the next rows to L2 */
+        lr_rows_l2(a->nx, a->nxs, a->nnj, a->nkn, k);
     }
     __m512 x0 = _mm512_load_ps(xk), x1 = V > 1 ? _mm512_load_ps(xk + 16) : z;
     __m512 x2 = V > 2 ? _mm512_load_ps(xk + 32) : z, x3 = V > 3 ? _mm512_load_ps(xk + 48) : z;
