@@ -78,11 +78,19 @@ void gen_state_set_chunk(struct gen_state *s, int kib);
 /* Chooses the split and chunk of decoding on s's pool (gen_state_set_pool first) by timing a
  * few decoding steps of `batch` rows (capped by the state's capacity) at half the sequence
  * capacity, for each candidate (rows; static columns; dynamic columns in chunks of 256 and
- * 1024 KiB) in turns: the fastest median of 3. The choice never changes a token or a log-prob
- * (every split computes the same bits), only the speed; it stays until gen_state_set_split/_chunk.
- * It overwrites the KV cache and the logits: call it before generating (gen_advance's slots lose
- * what they held). Without a pool of 2 or more threads it does nothing. 0 or DAPO_ENOMEM. */
+ * 1024 KiB) in turns: the fastest median of 3 (gen_tune_pick). The choice never changes a token or
+ * a log-prob (every split computes the same bits), only the speed; it stays until
+ * gen_state_set_split/_chunk. It overwrites the KV cache and the logits: call it before generating
+ * (gen_advance's slots lose what they held). Without a pool of 2 or more threads it does nothing. 0
+ * or DAPO_ENOMEM. */
 int gen_state_tune(struct gen_state *s, const struct model *m, int batch, struct dapo_err *e);
+/* gen_state_tune's choice from its medians (seconds a step, in its candidates' order: rows,
+ * static columns, dynamic 256 KiB, dynamic 1024 KiB): the index of the fastest, except that
+ * static columns must be more than GEN_TUNE_STATIC_MARGIN faster than the fastest dynamic
+ * split (which a thread slowed later costs a range, not a phase), else the fastest of the
+ * others. */
+#define GEN_TUNE_STATIC_MARGIN 0.05
+int gen_tune_pick(const double med[4]);
 /* The split decoding uses now (and, after gen_state_tune, what it measured), in buf. */
 const char *gen_state_describe_split(const struct gen_state *s, char *buf, size_t n);
 

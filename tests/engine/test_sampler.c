@@ -1222,7 +1222,29 @@ static void test_prepared_batch(void) {
   model_free(m);
 }
 
+/* gen_tune_pick from medians (rows, static columns, dynamic 256 KiB, dynamic 1024 KiB): the
+ * fastest; static columns only where more than GEN_TUNE_STATIC_MARGIN faster than the fastest
+ * dynamic split, else the fastest of the others (the seconds of the tunings in docs/ENGINE.md) */
+static void test_tune_pick(void) {
+  const double cases[][5] = {
+      /* medians..., expected */
+      {0.57733, 0.63638, 0.52145, 0.47443, 3}, /* Zen 3: dynamic 1024 fastest */
+      {0.75209, 0.52735, 0.53919, 0.56724, 2}, /* static 2.2% ahead of 256 KiB: dynamic */
+      {0.3100, 0.2767, 0.3000, 0.2936, 1},     /* the quiet Xeon: static 6.1% ahead, kept */
+      {0.7250, 0.7710, 0.7950, 0.8740, 0},     /* rows fastest (busy Zen 4): rows */
+      {0.9000, 0.5000, 0.5240, 0.5260, 2},     /* static 4.8% ahead: dynamic */
+      {0.9000, 0.5000, 0.5260, 0.5300, 1},     /* static 5.2% ahead: static */
+      {0.5100, 0.5000, 0.5200, 0.5200, 0},     /* static 4% ahead, rows next: rows */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int got = gen_tune_pick(cases[i]);
+    CHECK_MSG(got == (int)cases[i][4], "tune case %zu: picked %d, expected %d", i, got,
+              (int)cases[i][4]);
+  }
+}
+
 int main(void) {
+  test_tune_pick();
   test_passes_bits();
   test_prepared_batch();
   test_model(ARCH_LLAMA, 1, 2);
