@@ -166,11 +166,16 @@ int main(void) {
   for (size_t i = 0; i < json_array_size(ev); i++)
     fprintf(stderr, " %.3f", num(json_array_get(ev, i), "valid/rewards/accuracy"));
   fprintf(stderr, "\n");
-  /* step 0 and step 1: the policy is its reference, to the bit (the reference's log-probs are
-   * the starting weights' own) */
+  /* step 0: the policy is its reference, to the bit (the reference's log-probs are the starting
+   * weights' own, the validation's micro-batches the reference pass's). Step 1's micro-batches
+   * hold other pairs, and OpenBLAS's Haswell/Zen SGEMM kernel gives a row other bits in another
+   * batch (its Sandybridge and SkylakeX kernels do not): there the same to float32's rounding
+   * (7.2e-8 of margin on a Zen 3; a wrong reference is off by more than 1e-2). */
   CHECK(fabs(num(v0, "valid/loss") - log(2.0)) < 1e-12 && num(v0, "valid/rewards/accuracy") == 0 &&
         num(v0, "valid/rewards/margin") == 0);
-  CHECK(num(t1, "train/loss") == log(2.0) && num(t1, "rewards/margin") == 0);
+  CHECK_MSG(fabs(num(t1, "train/loss") - log(2.0)) < 1e-6 && fabs(num(t1, "rewards/margin")) < 1e-6,
+            "step 1: loss log 2 %+.3g, margin %.3g", num(t1, "train/loss") - log(2.0),
+            num(t1, "rewards/margin"));
   CHECK(num(v1, "valid/rewards/accuracy") >= 0.8 && num(v1, "valid/loss") < 0.4 &&
         num(v1, "valid/rewards/margin") > 0);
   json_decref(ev), json_decref(tr), json_decref(ms);
