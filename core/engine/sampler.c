@@ -1112,18 +1112,18 @@ _Static_assert(TUNE_CANDS == 4, "gen_tune_pick takes 4 medians");
  * 3, one process in turns: dynamic 1.14x static, yet static won one of three tunings by 2%; the
  * quiet Xeon's 6% lead of static stays chosen). */
 int gen_tune_pick(const double med[4]) {
-  int best = 0, dyn = -1;
+  int stat = -1, dyn = -1, best = -1; /* best: the fastest but static columns */
   for (int c = 0; c < TUNE_CANDS; c++) {
-    if (med[c] < med[best]) best = c;
+    if (tune_cands[c].split == GEN_SPLIT_COLUMNS) {
+      stat = c;
+      continue;
+    }
+    if (best < 0 || med[c] < med[best]) best = c;
     if (tune_cands[c].split == GEN_SPLIT_DYNAMIC && (dyn < 0 || med[c] < med[dyn])) dyn = c;
   }
-  if (tune_cands[best].split != GEN_SPLIT_COLUMNS || dyn < 0 ||
-      med[best] * (1.0 + GEN_TUNE_STATIC_MARGIN) < med[dyn])
-    return best;
-  best = dyn; /* the fastest of the others */
-  for (int c = 0; c < TUNE_CANDS; c++)
-    if (tune_cands[c].split != GEN_SPLIT_COLUMNS && med[c] < med[best]) best = c;
-  return best;
+  int static_wins = stat >= 0 && med[stat] < med[best] &&
+                    (dyn < 0 || med[stat] * (1.0 + GEN_TUNE_STATIC_MARGIN) < med[dyn]);
+  return static_wins ? stat : best;
 }
 
 int gen_state_tune(struct gen_state *s, const struct model *m, int batch, struct dapo_err *e) {
