@@ -10,7 +10,9 @@
  *             2*P_blk + 2*V*C + L * 4*NH*HS * t
  * N tokens, R response tokens (rows through the LM head), T_s sequence lengths; embedding
  * lookups, norms, softmax and the optimizer are not counted.
- * Usage: bench_engine --sgemm | --bandwidth [--threads N] |
+ * --sgemm also prints the FMA peak (registers only) of the decoding kernels' instruction set
+ * (--isa, else the best) and of AVX2.
+ * Usage: bench_engine --sgemm [--isa NAME] | --bandwidth [--threads N] |
  *        --model tiny|small|medium|qwen-small|qwen-0.5b [--serve]
  *        [--train-steps N]
  *        [--gen-reps N] [--gen-new N] [--gen-batch N] [--pack on|off] [--threads N]
@@ -83,6 +85,112 @@ static long peak_rss_kib(void) {
   return kib;
 }
 
+/* ---- FMA peak -------------------------------------------------------------------------------- */
+
+/* The arithmetic ceiling of an instruction set: fused multiply-adds on registers only (no loads,
+ * no stores), 12 independent chains per thread (a 4-cycle latency on up to three FMA pipes),
+ * on the pool's threads, GFLOP/s best of 5. No product reaches it (OpenBLAS's SGEMM comes within
+ * 5-15% where its kernel has the same width). It is printed beside the SGEMM peak because the
+ * two can differ in width: with OPENBLAS_CORETYPE=Haswell on an AVX-512 processor the SGEMM peak
+ * is an AVX2 one while our decoding kernels run AVX-512, and a roofline at that SGEMM peak is
+ * then not the machine's. */
+#define FMA_CHAINS 12
+#define FMA_ITERS 20000000L
+struct fma_args {
+  int isa;
+  long iters;
+  float sink[64];
+};
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+__attribute__((target("avx512f"))) static float fma_chains512(long iters) {
+  __m512 acc[FMA_CHAINS], m = _mm512_set1_ps(0.999999f), a = _mm512_set1_ps(1e-7f);
+  for (int c = 0; c < FMA_CHAINS; c++) acc[c] = _mm512_set1_ps((float)c);
+  for (long i = 0; i < iters; i++)
+#pragma GCC unroll 16
+    for (int c = 0; c < FMA_CHAINS; c++) acc[c] = _mm512_fmadd_ps(acc[c], m, a);
+  float s = 0;
+  for (int c = 0; c < FMA_CHAINS; c++) s += _mm512_reduce_add_ps(acc[c]);
+  return s;
+}
+__attribute__((target("avx2,fma"))) static float fma_chains256(long iters) {
+  __m256 acc[FMA_CHAINS], m = _mm256_set1_ps(0.999999f), a = _mm256_set1_ps(1e-7f);
+  for (int c = 0; c < FMA_CHAINS; c++) acc[c] = _mm256_set1_ps((float)c);
+  for (long i = 0; i < iters; i++)
+#pragma GCC unroll 16
+    for (int c = 0; c < FMA_CHAINS; c++) acc[c] = _mm256_fmadd_ps(acc[c], m, a);
+  float s = 0, l[8];
+  for (int c = 0; c < FMA_CHAINS; c++) {
+    _mm256_storeu_ps(l, acc[c]);
+    for (int q = 0; q < 8; q++) s += l[q];
+  }
+  return s;
+}
+#endif
+
+/* Lanes of a vector of the instruction set (0: not measured here). */
+static int fma_lanes(int isa) {
+#if defined(__x86_64__)
+  return isa == KERNELS_ISA_AVX512 ? 16 : isa == KERNELS_ISA_AVX2 ? 8 : 0;
+#else
+  (void)isa;
+  return 0;
+#endif
+}
+
+static void fma_task(void *ctx, int i, int n) {
+  struct fma_args *a = ctx;
+  (void)n;
+  float s = 0;
+#if defined(__x86_64__)
+  s = a->isa == KERNELS_ISA_AVX512 ? fma_chains512(a->iters) : fma_chains256(a->iters);
+#endif
+  a->sink[i % 64] += s;
+}
+
+static double fma_peak(struct pool *p, int isa) {
+  struct fma_args a = {.isa = isa, .iters = FMA_ITERS / 10};
+  double best = 0;
+  pool_run(p, fma_task, &a); /* warm the clocks */
+  a.iters = FMA_ITERS;
+  for (int r = 0; r < 5; r++) {
+    double t0 = now_s();
+    pool_run(p, fma_task, &a);
+    double g = 2.0 * FMA_CHAINS * fma_lanes(isa) * (double)a.iters * pool_threads(p) /
+               (now_s() - t0) * 1e-9;
+    best = g > best ? g : best;
+  }
+  return best;
+}
+
+/* fma_peak_1/_n for the decoding kernels' instruction set (fma_isa) into j, and AVX2's when that
+ * is wider (fma_avx2_1/_n: what OpenBLAS's Haswell kernel can reach); printed on stderr. */
+static void measure_fma(json_t *j, int nt) {
+  int best = kernels_isa();
+  if (!fma_lanes(best)) return;
+  int counts[2] = {1, nt};
+  for (int w = 0; w < (best == KERNELS_ISA_AVX512 ? 2 : 1); w++) {
+    int isa = w ? KERNELS_ISA_AVX2 : best;
+    for (int c = 0; c < (nt > 1 ? 2 : 1); c++) {
+      struct pool *p = pool_new(counts[c]);
+      if (!p) return;
+      double g = fma_peak(p, isa);
+      pool_free(p);
+      fprintf(stderr, "FMA peak %s, %d thread(s): %.1f GFLOP/s\n", kernels_isa_name(isa), counts[c],
+              g);
+      char k[32];
+      snprintf(k, sizeof k, "fma_%s_%s", w ? "avx2" : "peak", c ? "n" : "1");
+      json_object_set_new(j, k, json_real(g));
+      if (nt == 1) {
+        snprintf(k, sizeof k, "fma_%s_n", w ? "avx2" : "peak");
+        json_object_set_new(j, k, json_real(g));
+      }
+    }
+  }
+  json_object_set_new(j, "fma_isa", json_string(kernels_isa_name(best)));
+}
+
 /* ---- SGEMM peak ----------------------------------------------------------------------------- */
 
 /* GFLOP/s of C[M,N] = A[M,K] . B^T (B stored [N,K], as our linear layers), best of reps. */
@@ -137,6 +245,7 @@ static int run_sgemm(void) {
   json_object_set_new(j, "peak_1", json_real(peak[0]));
   json_object_set_new(j, "peak_n", json_real(nt > 1 ? peak[1] : peak[0]));
   json_object_set_new(j, "sgemm_m16", json_real(g16));
+  measure_fma(j, nt);
   json_object_set_new(j, "rows", rows);
   json_dumpf(j, stdout, JSON_COMPACT);
   fputc('\n', stdout);
