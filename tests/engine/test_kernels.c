@@ -816,8 +816,8 @@ int main(void) {
   test_linear_few_narrow(7, 3, 37);    /* partial blocks of 16 */
   test_linear_few_narrow(5, 70, 40);   /* more than 64 inputs: the block on the heap */
   test_linear_few_narrow(13, 16, 33);  /* groups of 4 rows and a partial one */
-  test_linear_few_narrow(9, 16, 48);   /* a group of 8 rows and one left, whole blocks of 16 */
-  test_linear_few_narrow(23, 8, 30);   /* groups of 8 rows and a partial one of 7 */
+  test_linear_few_narrow(9, 16, 48);   /* a row past whole groups of 4 (or 8), blocks of 16 */
+  test_linear_few_narrow(23, 8, 30);   /* a partial group of 3 after groups of 4 (7 after 8) */
   test_fma_midpoint();
   test_bf16_convert();
   test_linear_few_bf16(16, 288, 40);
