@@ -86,8 +86,9 @@ static void test_linear_few(int M, int IN, int OUT) {
 
 /* linear_few_narrow: exactly a chain of fmaf in increasing k from +0 per output (the
  * definition, computed here one output at a time), on every instruction set, for every column
- * split and for each row alone; beta 1 adds it to what out held, beta 0 overwrites. IN above 64
- * takes the heap block. And near the double reference, so that the definition itself is right. */
+ * split and for each row alone; beta 1 adds it to what out held, beta 0 overwrites. Columns go
+ * in pieces of up to 4096 / (16 IN) blocks of 16; IN above 256 takes one block at a time on the
+ * heap. And near the double reference, so that the definition itself is right. */
 static void test_linear_few_narrow(int M, int IN, int OUT) {
   float *x = rnd((size_t)M * IN, 1), *w = rnd((size_t)OUT * IN, 0.2f);
   float *y0 = rnd((size_t)M * OUT, 1), *want = malloc((size_t)M * OUT * sizeof(float));
@@ -814,7 +815,9 @@ int main(void) {
   test_linear_few_narrow(1, 16, 5);    /* fewer columns than lanes */
   test_linear_few_narrow(64, 16, 896); /* LoRA r = 16 at Qwen2.5-0.5B's width, 64 sequences */
   test_linear_few_narrow(7, 3, 37);    /* partial blocks of 16 */
-  test_linear_few_narrow(5, 70, 40);   /* more than 64 inputs: the block on the heap */
+  test_linear_few_narrow(5, 70, 40);   /* 70 inputs: pieces of 3 blocks of 16 columns */
+  test_linear_few_narrow(6, 16, 600);  /* pieces of 256 columns: two whole and one of 88 */
+  test_linear_few_narrow(3, 300, 20);  /* more than 256 inputs: one block at a time, on the heap */
   test_linear_few_narrow(13, 16, 33);  /* groups of 4 rows and a partial one */
   test_linear_few_narrow(9, 16, 48);   /* a row past whole groups of 4 (or 8), blocks of 16 */
   test_linear_few_narrow(23, 8, 30);   /* a partial group of 3 after groups of 4 (7 after 8) */
