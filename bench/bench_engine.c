@@ -104,29 +104,25 @@ struct fma_args {
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-__attribute__((target("avx512f"))) static float fma_chains512(long iters) {
-  __m512 acc[FMA_CHAINS], m = _mm512_set1_ps(0.999999f), a = _mm512_set1_ps(1e-7f);
-  for (int c = 0; c < FMA_CHAINS; c++) acc[c] = _mm512_set1_ps((float)c);
-  for (long i = 0; i < iters; i++)
-#pragma GCC unroll 16
-    for (int c = 0; c < FMA_CHAINS; c++) acc[c] = _mm512_fmadd_ps(acc[c], m, a);
-  float s = 0;
-  for (int c = 0; c < FMA_CHAINS; c++) s += _mm512_reduce_add_ps(acc[c]);
-  return s;
-}
-__attribute__((target("avx2,fma"))) static float fma_chains256(long iters) {
-  __m256 acc[FMA_CHAINS], m = _mm256_set1_ps(0.999999f), a = _mm256_set1_ps(1e-7f);
-  for (int c = 0; c < FMA_CHAINS; c++) acc[c] = _mm256_set1_ps((float)c);
-  for (long i = 0; i < iters; i++)
-#pragma GCC unroll 16
-    for (int c = 0; c < FMA_CHAINS; c++) acc[c] = _mm256_fmadd_ps(acc[c], m, a);
-  float s = 0, l[8];
-  for (int c = 0; c < FMA_CHAINS; c++) {
-    _mm256_storeu_ps(l, acc[c]);
-    for (int q = 0; q < 8; q++) s += l[q];
+/* fma_chains512 / fma_chains256: FMA_CHAINS chains of iters fused multiply-adds in registers, their
+ * lanes summed so that nothing is optimised away */
+#define FMA_CHAINS_FN(name, TGT, V, W, LANES)                                                      \
+  __attribute__((target(TGT))) static float name(long iters) {                                     \
+    V acc[FMA_CHAINS], m = _mm##W##_set1_ps(0.999999f), a = _mm##W##_set1_ps(1e-7f);               \
+    for (int c = 0; c < FMA_CHAINS; c++) acc[c] = _mm##W##_set1_ps((float)c);                      \
+    for (long i = 0; i < iters; i++)                                                               \
+      _Pragma("GCC unroll 16") for (int c = 0; c < FMA_CHAINS; c++) acc[c] =                       \
+          _mm##W##_fmadd_ps(acc[c], m, a);                                                         \
+    float s = 0, l[LANES];                                                                         \
+    for (int c = 0; c < FMA_CHAINS; c++) {                                                         \
+      _mm##W##_storeu_ps(l, acc[c]);                                                               \
+      for (int q = 0; q < LANES; q++) s += l[q];                                                   \
+    }                                                                                              \
+    return s;                                                                                      \
   }
-  return s;
-}
+FMA_CHAINS_FN(fma_chains512, "avx512f", __m512, 512, 16)
+FMA_CHAINS_FN(fma_chains256, "avx2,fma", __m256, 256, 8)
+#undef FMA_CHAINS_FN
 #endif
 
 /* Lanes of a vector of the instruction set (0: not measured here). */
