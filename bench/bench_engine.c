@@ -438,7 +438,7 @@ static int bench_init(struct bench *b, const char *name, int train, int gen, int
   for (int i = 0; i < N_SEQ; i++) b->plen[i] = PROMPT_LEN;
   b->R = N_SEQ * (SEQ_LEN - PROMPT_LEN);
   b->train_flops = 3.0 * N_SEQ * fwd_flops(&cfg, SEQ_LEN, 0, 0) +
-                   3.0 * 2.0 * b->R * cfg.vocab_size * cfg.hidden_size;
+                   3.0 * 2.0 * b->R * model_vocab_used(&cfg) * cfg.hidden_size;
   b->tokens = malloc(sizeof(int) * (size_t)N);
   b->w = malloc(sizeof(float) * (size_t)N);
   b->logp = malloc(sizeof(float) * (size_t)N);
@@ -447,10 +447,12 @@ static int bench_init(struct bench *b, const char *name, int train, int gen, int
   b->glogp = malloc(sizeof(float) * (size_t)GEN_BATCH * gen_new);
   if (!b->tokens || !b->w || !b->logp || !b->ent || !b->gtok || !b->glogp)
     return dapo_errf(e, DAPO_ENOMEM, "out of memory");
-  for (int i = 0; i < N; i++) b->tokens[i] = (int)rng_below(&b->r, (uint64_t)cfg.vocab_size);
+  /* token ids below the tokenizer's count: the engine rejects the padding rows' */
+  uint64_t V = (uint64_t)model_vocab_used(&cfg);
+  for (int i = 0; i < N; i++) b->tokens[i] = (int)rng_below(&b->r, V);
   for (int i = 0; i < b->R; i++) b->w[i] = (float)rng_normal(&b->r) / (float)b->R;
   for (int i = 0; i < GEN_PROMPT; i++)
-    b->prompt[i] = (int)rng_below(&b->r, (uint64_t)cfg.vocab_size);
+    b->prompt[i] = (int)rng_below(&b->r, V);
   b->oc = adamw_cfg_default();
   if (train) {
     if (!(b->ts = train_state_new(b->m, N, b->R, SEQ_LEN, e))) return e->code;
