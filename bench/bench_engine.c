@@ -451,8 +451,7 @@ static int bench_init(struct bench *b, const char *name, int train, int gen, int
   uint64_t V = (uint64_t)model_vocab_used(&cfg);
   for (int i = 0; i < N; i++) b->tokens[i] = (int)rng_below(&b->r, V);
   for (int i = 0; i < b->R; i++) b->w[i] = (float)rng_normal(&b->r) / (float)b->R;
-  for (int i = 0; i < GEN_PROMPT; i++)
-    b->prompt[i] = (int)rng_below(&b->r, V);
+  for (int i = 0; i < GEN_PROMPT; i++) b->prompt[i] = (int)rng_below(&b->r, V);
   b->oc = adamw_cfg_default();
   if (train) {
     if (!(b->ts = train_state_new(b->m, N, b->R, SEQ_LEN, e))) return e->code;
