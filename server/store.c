@@ -1740,26 +1740,48 @@ static int check_ckpt_files(const json_t *files, struct dapo_err *e) {
   return 0;
 }
 
+/* The caller holds the lock. */
+static int ckpt_put_locked(struct store *st, const char *job_id, int64_t step, const char *path,
+                           const json_t *files, const json_t *metrics, struct dapo_err *e) {
+  sqlite3_stmt *s = stmt(st, S_CK_PUT, e);
+  if (!s) return e ? e->code : DAPO_EIO;
+  bind_text(s, 1, job_id);
+  sqlite3_bind_int64(s, 2, step);
+  sqlite3_bind_int64(s, 3, now_s());
+  bind_text(s, 4, path);
+  int rc;
+  if ((rc = bind_json(s, 5, files, e)) || (rc = bind_json(s, 6, metrics, e))) {
+    done(s);
+    return rc;
+  }
+  return exec_done(st, s, job_id, e);
+}
+
 int store_ckpt_put(struct store *st, const char *job_id, int64_t step, const char *path,
                    const json_t *files, const json_t *metrics, struct dapo_err *e) {
   if (!job_id || !path) return dapo_errf(e, DAPO_EINVAL, "store: checkpoint needs job and path");
   int rc = check_ckpt_files(files, e);
   if (rc) return rc;
   LOCK(st);
-  sqlite3_stmt *s = stmt(st, S_CK_PUT, e);
-  if (!s) {
-    rc = e ? e->code : DAPO_EIO;
-    goto out;
-  }
-  bind_text(s, 1, job_id);
-  sqlite3_bind_int64(s, 2, step);
-  sqlite3_bind_int64(s, 3, now_s());
-  bind_text(s, 4, path);
-  if ((rc = bind_json(s, 5, files, e)) || (rc = bind_json(s, 6, metrics, e))) {
-    done(s);
-    goto out;
-  }
-  rc = exec_done(st, s, job_id, e);
+  rc = ckpt_put_locked(st, job_id, step, path, files, metrics, e);
+  UNLOCK(st);
+  return rc;
+}
+
+int store_ckpt_record(struct store *st, const char *job_id, int64_t step, const char *path,
+                      const json_t *files, const json_t *metrics, const json_t *event,
+                      int64_t *event_id, struct dapo_err *e) {
+  if (event_id) *event_id = 0;
+  if (!job_id || !path) return dapo_errf(e, DAPO_EINVAL, "store: checkpoint needs job and path");
+  int rc = check_ckpt_files(files, e);
+  if (rc) return rc;
+  LOCK(st);
+  if ((rc = tx_begin(st, e))) goto out;
+  rc = job_takes_events_locked(st, job_id, e);
+  if (!rc) rc = ckpt_put_locked(st, job_id, step, path, files, metrics, e);
+  if (!rc) rc = event_append_locked(st, job_id, "checkpoint", event, event_id, e);
+  rc = tx_end(st, rc, e);
+  if (rc && event_id) *event_id = 0;
 out:
   UNLOCK(st);
   return rc;

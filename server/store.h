@@ -372,6 +372,13 @@ void store_ckpt_list_deinit(struct store_ckpt_list *l);
  * {name: string, bytes: integer, sha256: string} (DAPO_EINVAL otherwise); created_at = now. */
 int store_ckpt_put(struct store *st, const char *job_id, int64_t step, const char *path,
                    const json_t *files, const json_t *metrics, struct dapo_err *e);
+/* A checkpoint recorded and announced at once, in one transaction: the row (as store_ckpt_put)
+ * and a "checkpoint" event with data event, whose id goes to *event_id (0 on failure). A crash
+ * leaves both or neither, so the index never lists a checkpoint whose event is missing.
+ * STORE_ESTATE when the job has finished. */
+int store_ckpt_record(struct store *st, const char *job_id, int64_t step, const char *path,
+                      const json_t *files, const json_t *metrics, const json_t *event,
+                      int64_t *event_id, struct dapo_err *e);
 int store_ckpt_get(struct store *st, const char *job_id, int64_t step, struct store_ckpt *out,
                    struct dapo_err *e);
 /* The job's checkpoints in step order. */

@@ -280,7 +280,8 @@ static void prune_rows(struct jobrun *jr) {
 }
 
 /* Indexes the complete checkpoint of step in folder dir with its manifest and metrics (borrowed,
- * may be NULL), and announces it once. */
+ * may be NULL), and announces it once: the row and its event in one transaction (a crash between
+ * two left the index listing a checkpoint with no event until the next start's fill_gaps). */
 static int record_checkpoint(struct jobrun *jr, int64_t step, const char *dir,
                              const struct ckpt_manifest *man, const json_t *metrics) {
   json_t *files = json_array();
@@ -294,25 +295,31 @@ static int record_checkpoint(struct jobrun *jr, int64_t step, const char *dir,
   }
   if (!files) return DAPO_ENOMEM;
   struct dapo_err e = {0};
-  int rc = store_ckpt_put(jr->srv->store, jr->id, step, dir, files, metrics, &e);
+  json_t *d = NULL; /* the event, unless this step's was stored before */
+  int told = steps_has(&jr->ckpt, step), rc = 0;
+  int64_t id = 0;
+  if (!told) {
+    char model[STORE_ID_MAX + 32];
+    registry_ckpt_id(jr->id, (long long)step, model, sizeof model);
+    d = json_pack("{s:I, s:s, s:O, s:O?}", "step", (json_int_t)step, "model", model, "files", files,
+                  "metrics", metrics && !json_is_null(metrics) ? metrics : NULL);
+    if (!d) rc = DAPO_ENOMEM;
+  }
+  if (!rc)
+    rc = told ? store_ckpt_put(jr->srv->store, jr->id, step, dir, files, metrics, &e)
+              : store_ckpt_record(jr->srv->store, jr->id, step, dir, files, metrics, d, &id, &e);
+  json_decref(files);
+  json_decref(d);
   if (rc) {
-    LOG(ERROR, "job %s: indexing the checkpoint of step %" PRId64 ": %s", jr->id, step, e.msg);
-    json_decref(files);
+    if (e.msg[0])
+      LOG(ERROR, "job %s: indexing the checkpoint of step %" PRId64 ": %s", jr->id, step, e.msg);
     return rc;
   }
-  prune_rows(jr);
-  if (steps_has(&jr->ckpt, step)) {
-    json_decref(files);
-    return 0;
+  if (!told) {
+    bus_publish(jr->srv->bus, jr->id, id);
+    if (steps_add(&jr->ckpt, step)) rc = DAPO_ENOMEM;
   }
-  char model[STORE_ID_MAX + 32];
-  registry_ckpt_id(jr->id, (long long)step, model, sizeof model);
-  json_t *d = json_pack("{s:I, s:s, s:o, s:O?}", "step", (json_int_t)step, "model", model, "files",
-                        files, "metrics", metrics && !json_is_null(metrics) ? metrics : NULL);
-  if (!d) return DAPO_ENOMEM;
-  rc = append_event(jr, "checkpoint", d);
-  json_decref(d);
-  if (!rc && steps_add(&jr->ckpt, step)) rc = DAPO_ENOMEM;
+  prune_rows(jr);
   return rc;
 }
 

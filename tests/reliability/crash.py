@@ -12,6 +12,9 @@ every restart (docs/RELIABILITY.md, "Crash consistency"):
     its files and valid safetensors;
   - each job's events have ids 1..n with no gap and no duplicate, and exactly one metrics event
     per training step (steps 1..step, no gap);
+  - right after each kill, before the restart repairs anything, the index (the SQLite file as the
+    killed daemon left it) lists no checkpoint without its checkpoint event and no training
+    step's metrics row without its metrics event: each pair is written in one transaction;
 and at the end that every job ended (succeeded) and its final model.safetensors tensors are
 bit-identical to those of an uninterrupted run of the same spec and seed.
 
@@ -32,6 +35,7 @@ import json
 import os
 import random
 import shutil
+import sqlite3
 import struct
 import subprocess
 import sys
@@ -195,6 +199,29 @@ def check_events(cl, jid, job):
           "job %s: metrics events of steps %s (expected 1..n once each)" % (jid, steps))
     check(len(steps) >= job.get("step", 0),
           "job %s: step %s but metrics events for %d steps" % (jid, job.get("step"), len(steps)))
+
+
+def check_index_at_kill(data_dir):
+    """The index as the killed daemon left it: every checkpoint row and every training metrics
+    row has its event (SQLite replays its journal on opening, as the next start will)."""
+    db = sqlite3.connect("file:%s?mode=ro" % os.path.join(data_dir, "dapod.sqlite3"), uri=True)
+    try:
+        told = {}
+        for jid, typ, data in db.execute("SELECT job_id, type, data FROM events "
+                                         "WHERE type IN ('checkpoint', 'metrics')"):
+            d = json.loads(data)
+            if typ == "checkpoint" or not any(k.startswith("eval/") for k in d):
+                told.setdefault((jid, typ), set()).add(d.get("step"))
+        for jid, step in db.execute("SELECT job_id, step FROM checkpoints"):
+            check(step in told.get((jid, "checkpoint"), ()),
+                  "job %s: the index lists the checkpoint of step %d with no checkpoint event "
+                  "(at the kill)" % (jid, step))
+        for jid, step in db.execute("SELECT job_id, step FROM metrics WHERE kind = 'train'"):
+            check(step in told.get((jid, "metrics"), ()),
+                  "job %s: a metrics row of step %d with no metrics event (at the kill)"
+                  % (jid, step))
+    finally:
+        db.close()
 
 
 def check_checkpoints(cl, state, jid, data_dir, full):
@@ -407,6 +434,7 @@ def one_life(dapod, data_dir, state, rng, train_id, cfg, idx):
             time.sleep(0.005)
         d.proc.kill()
         d.proc.wait(timeout=30)
+        check_index_at_kill(data_dir)
         after = leftovers(data_dir)
         left = {k: len(after[k] - stale[k]) for k in after}  # interrupted by this kill
         left["stale_after_restart"] = sum(len(v) for v in stale.values())

@@ -943,6 +943,35 @@ static void test_metrics_ckpts(struct store *st, char job[STORE_ID_MAX]) {
   CHECK(store_job_get(st, job, NULL, &jr, &e) == 0);
   CHECK(jr.n_ckpt == 2 && jr.ckpt_steps[0] == 0 && jr.ckpt_steps[1] == 20);
   store_job_deinit(&jr);
+  /* a checkpoint recorded and announced at once: its row and its event in one transaction;
+   * neither where it fails */
+  char kj[STORE_ID_MAX];
+  quick_job(st, kj);
+  json_t *ce = json_pack("{s:I, s:s}", "step", (json_int_t)40, "model", "x:step-40");
+  int64_t cid = -1, klast = -1;
+  CHECK(store_ckpt_record(st, kj, 40, "/ck/step-40", files, cm, ce, &cid, &e) == 0 && cid > 0);
+  CHECK(store_event_last_id(st, kj, &klast, &e) == 0 && klast == cid);
+  struct store_event_list kel = {0};
+  CHECK(store_event_list(st, kj, 0, 10, &kel, &e) == 0 && kel.n >= 1 &&
+        !strcmp(kel.v[kel.n - 1].type, "checkpoint") && json_equal(kel.v[kel.n - 1].data, ce));
+  store_event_list_deinit(&kel);
+  CHECK(store_ckpt_get(st, kj, 40, &c, &e) == 0 && !strcmp(c.path, "/ck/step-40") &&
+        json_equal(c.metrics, cm));
+  store_ckpt_deinit(&c);
+  json_t *badk = json_pack("[{s:s}]", "name", "x");
+  CHECK(store_ckpt_record(st, kj, 50, "/ck/step-50", badk, NULL, ce, &cid, &e) == DAPO_EINVAL &&
+        cid == 0);
+  json_decref(badk);
+  CHECK(store_ckpt_record(st, "job-missing", 50, "/x", files, NULL, ce, &cid, &e) ==
+            STORE_ENOTFOUND &&
+        cid == 0);
+  CHECK(store_job_request_cancel(st, kj, NULL, NULL, &e) == 0); /* queued: cancelled at once */
+  CHECK(store_event_last_id(st, kj, &klast, &e) == 0);          /* its status event */
+  CHECK(store_ckpt_record(st, kj, 50, "/ck/step-50", files, NULL, ce, &cid, &e) == STORE_ESTATE &&
+        cid == 0);
+  CHECK(store_ckpt_get(st, kj, 50, &c, &e) == STORE_ENOTFOUND); /* no row without its event */
+  CHECK(store_event_last_id(st, kj, &cid, &e) == 0 && cid == klast);
+  json_decref(ce);
   json_decref(files);
   json_decref(cm);
 }
