@@ -109,6 +109,15 @@ size_t matmul_bf16_tile_bytes(int IN, int OUT);
  * 16-lane reduction on it. The same bits for any M, column range or instruction set (tested). */
 void linear_few_narrow(float *out, const float *inp, const float *w, int M, int IN, int OUT, int j0,
                        int j1, float beta);
+/* linear_few_narrow with w transposed once (decoding keeps an adapter's B so for a whole
+ * generation instead of transposing 16 columns of it per call): linear_few_narrow_pack writes w
+ * [OUT, IN] into wt (linear_few_narrow_floats(IN, OUT) floats) as blocks of 16 columns, column j's
+ * k-th weight at wt[(j / 16 * 16) IN + 16 k + j % 16] (+0 past OUT); linear_few_narrow_packed
+ * takes wt for w, with the same bits. */
+size_t linear_few_narrow_floats(int IN, int OUT);
+void linear_few_narrow_pack(float *wt, const float *w, int IN, int OUT);
+void linear_few_narrow_packed(float *out, const float *inp, const float *wt, int M, int IN, int OUT,
+                              int j0, int j1, float beta);
 
 /* linear_few (decoding) with BF16 weights: columns [j0, j1) on the calling thread. Blocks of 4 or
  * more weight rows are converted into a float32 buffer (on the stack up to 16,384 floats, else

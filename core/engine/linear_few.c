@@ -533,17 +533,30 @@ static int lfn_piece(float *wt, const float *w, int IN, int p, int j1, int bpp) 
   return end;
 }
 
+/* The piece from p: its transposed blocks, from pre (linear_few_narrow_pack's, where p is a
+ * multiple of 16: block p / 16 starts at pre + p IN) or transposed now into wt; *end set. */
+static const float *lfn_piece_at(float *wt, const float *pre, const float *w, int IN, int p, int j1,
+                                 int bpp, int *end) {
+  if (!pre) {
+    *end = lfn_piece(wt, w, IN, p, j1, bpp);
+    return wt;
+  }
+  *end = j1 - p < 16 * bpp ? j1 : p + 16 * bpp;
+  return pre + (size_t)p * IN;
+}
+
 /* The definition (kernels.h): lane l of a row's 16 sums is output column j + l; one fused
  * multiply-add per k, in increasing k, starting from +0. */
 SIMD_INLINE void lfn_gen(float *out, const float *inp, const float *w, int M, int IN, int OUT,
-                         int j0, int j1, float beta, float *wt, int bpp, const int hw) {
-  for (int p = j0; p < j1; p += 16 * bpp) {
-    int end = lfn_piece(wt, w, IN, p, j1, bpp);
+                         int j0, int j1, float beta, float *wt, const float *pre, int bpp,
+                         const int hw) {
+  for (int p = j0, end; p < j1; p = end) {
+    const float *pw = lfn_piece_at(wt, pre, w, IN, p, j1, bpp, &end);
     for (int m = 0; m < M; m++) {
       const float *x = inp + (size_t)m * IN;
       for (int j = p; j < end; j += 16) {
         int n = end - j < 16 ? end - j : 16;
-        const float *wb = wt + (size_t)(j - p) * IN;
+        const float *wb = pw + (size_t)(j - p) * IN;
         struct simd16 acc = simd_zero();
         for (int k = 0; k < IN; k++)
           acc = simd_fma(simd_splat(x[k]), simd_load(wb + 16 * k), acc, hw);
@@ -556,24 +569,25 @@ SIMD_INLINE void lfn_gen(float *out, const float *inp, const float *w, int M, in
 }
 
 static void lfn_portable(float *out, const float *inp, const float *w, int M, int IN, int OUT,
-                         int j0, int j1, float beta, float *wt, int bpp) {
-  lfn_gen(out, inp, w, M, IN, OUT, j0, j1, beta, wt, bpp, SIMD_HW_FMA);
+                         int j0, int j1, float beta, float *wt, const float *pre, int bpp) {
+  lfn_gen(out, inp, w, M, IN, OUT, j0, j1, beta, wt, pre, bpp, SIMD_HW_FMA);
 }
 
 #ifdef LF_X86
 __attribute__((target("fma"))) static void lfn_portable_fma(float *out, const float *inp,
                                                             const float *w, int M, int IN, int OUT,
                                                             int j0, int j1, float beta, float *wt,
-                                                            int bpp) {
-  lfn_gen(out, inp, w, M, IN, OUT, j0, j1, beta, wt, bpp, 1);
+                                                            const float *pre, int bpp) {
+  lfn_gen(out, inp, w, M, IN, OUT, j0, j1, beta, wt, pre, bpp, 1);
 }
 
 /* AVX-512: a zmm of 16 sums per row, the same lanes and order as lfn_gen; 4 rows at a time, so
  * that 4 chains of dependent fused multiply-adds overlap (one alone waits on each one's latency) */
 LF_AVX512 static void lfn_avx512(float *out, const float *inp, const float *w, int M, int IN,
-                                 int OUT, int j0, int j1, float beta, float *wt, int bpp) {
-  for (int p = j0; p < j1; p += 16 * bpp) {
-    int end = lfn_piece(wt, w, IN, p, j1, bpp);
+                                 int OUT, int j0, int j1, float beta, float *wt, const float *pre,
+                                 int bpp) {
+  for (int p = j0, end; p < j1; p = end) {
+    const float *pw = lfn_piece_at(wt, pre, w, IN, p, j1, bpp, &end);
     for (int m = 0; m < M; m += 4) {
       int nr = M - m < 4 ? M - m : 4; /* a partial group repeats its last row */
       const float *x0 = inp + (size_t)m * IN, *x1 = inp + (size_t)(m + (nr > 1)) * IN,
@@ -582,7 +596,7 @@ LF_AVX512 static void lfn_avx512(float *out, const float *inp, const float *w, i
       for (int j = p; j < end; j += 16) {
         int n = end - j < 16 ? end - j : 16;
         __mmask16 mask = (__mmask16)((1u << n) - 1);
-        const float *wb = wt + (size_t)(j - p) * IN;
+        const float *wb = pw + (size_t)(j - p) * IN;
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (int k = 0; k < IN; k++) {
           __m512 b = _mm512_loadu_ps(wb + 16 * k);
@@ -610,9 +624,9 @@ LF_AVX512 static void lfn_avx512(float *out, const float *inp, const float *w, i
  * units waiting on latency, and a scalar store of the sums cost as much again: LoRA's B products
  * were 3.5% of an AVX2 decoding step at batch 64, 1% of its arithmetic) */
 LF_AVX2 static void lfn_avx2(float *out, const float *inp, const float *w, int M, int IN, int OUT,
-                             int j0, int j1, float beta, float *wt, int bpp) {
-  for (int p = j0; p < j1; p += 16 * bpp) {
-    int end = lfn_piece(wt, w, IN, p, j1, bpp);
+                             int j0, int j1, float beta, float *wt, const float *pre, int bpp) {
+  for (int p = j0, end; p < j1; p = end) {
+    const float *pw = lfn_piece_at(wt, pre, w, IN, p, j1, bpp, &end);
     for (int m = 0; m < M; m += 4) {
       int nr = M - m < 4 ? M - m : 4; /* a partial group repeats its last row */
       const float *x0 = inp + (size_t)m * IN, *x1 = inp + (size_t)(m + (nr > 1)) * IN,
@@ -621,7 +635,7 @@ LF_AVX2 static void lfn_avx2(float *out, const float *inp, const float *w, int M
       for (int j = p; j < end; j += 16) {
         int n = end - j < 16 ? end - j : 16;
         __m256i m0 = lf_mask8(n < 8 ? n : 8), m1 = lf_mask8(n > 8 ? n - 8 : 0);
-        const float *wb = wt + (size_t)(j - p) * IN;
+        const float *wb = pw + (size_t)(j - p) * IN;
         __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
                a30 = a00, a31 = a00;
         for (int k = 0; k < IN; k++) {
@@ -665,14 +679,27 @@ LF_AVX2 static void lfn_avx2(float *out, const float *inp, const float *w, int M
 enum { LFN_STACK_FLOATS = 4096 };
 
 typedef void lfn_fn(float *, const float *, const float *, int, int, int, int, int, float, float *,
-                    int);
+                    const float *, int);
+
+static lfn_fn *lfn_form(void) {
+#ifdef LF_X86
+  static lfn_fn *const forms[] = {lfn_portable, lfn_portable_fma, lfn_avx2, lfn_avx512};
+#else
+  static lfn_fn *const forms[] = {lfn_portable};
+#endif
+  return forms[lf_form()];
+}
+
+/* Blocks of 16 columns a piece: the piece's transposed B in LFN_STACK_FLOATS (at least one) */
+static int lfn_bpp(int IN) {
+  int bpp = LFN_STACK_FLOATS / (16 * IN);
+  return bpp < 1 ? 1 : bpp;
+}
 
 void linear_few_narrow(float *out, const float *inp, const float *w, int M, int IN, int OUT, int j0,
                        int j1, float beta) {
   if (M < 1 || j0 >= j1) return;
   float stack[LFN_STACK_FLOATS], *wt = stack;
-  int bpp = LFN_STACK_FLOATS / (16 * IN); /* blocks of 16 columns a piece */
-  if (bpp < 1) bpp = 1;
   if (16 * IN > LFN_STACK_FLOATS && !(wt = malloc(sizeof(float) * 16 * (size_t)IN))) {
     /* no memory: the same arithmetic, one output at a time */
     for (int m = 0; m < M; m++)
@@ -684,13 +711,31 @@ void linear_few_narrow(float *out, const float *inp, const float *w, int M, int 
       }
     return;
   }
-#ifdef LF_X86
-  static lfn_fn *const forms[] = {lfn_portable, lfn_portable_fma, lfn_avx2, lfn_avx512};
-#else
-  static lfn_fn *const forms[] = {lfn_portable};
-#endif
-  forms[lf_form()](out, inp, w, M, IN, OUT, j0, j1, beta, wt, bpp);
+  lfn_form()(out, inp, w, M, IN, OUT, j0, j1, beta, wt, NULL, lfn_bpp(IN));
   if (wt != stack) free(wt);
+}
+
+size_t linear_few_narrow_floats(int IN, int OUT) {
+  return (size_t)(OUT + 15) / 16 * 16 * (size_t)IN;
+}
+
+void linear_few_narrow_pack(float *wt, const float *w, int IN, int OUT) {
+  for (int j = 0; j < OUT; j += 16)
+    lfn_transpose(wt + (size_t)j * IN, w, IN, j, OUT - j < 16 ? OUT - j : 16);
+}
+
+void linear_few_narrow_packed(float *out, const float *inp, const float *wt, int M, int IN, int OUT,
+                              int j0, int j1, float beta) {
+  if (M < 1 || j0 >= j1) return;
+  for (; j0 % 16 && j0 < j1; j0++) /* up to a block's start: the same arithmetic, one at a time */
+    for (int m = 0; m < M; m++) {
+      float acc = 0.0f, *o = out + (size_t)m * OUT + j0;
+      for (int k = 0; k < IN; k++)
+        acc =
+            fmaf(inp[(size_t)m * IN + k], wt[(size_t)(j0 / 16 * 16) * IN + 16 * k + j0 % 16], acc);
+      *o = beta != 0.0f ? *o + acc : acc;
+    }
+  if (j0 < j1) lfn_form()(out, inp, NULL, M, IN, OUT, j0, j1, beta, NULL, wt, lfn_bpp(IN));
 }
 
 /* ---- BF16 weights -------------------------------------------------------------------------- */

@@ -22,8 +22,7 @@ static const char *target_parent(int t) {
   return t <= LT_O ? "self_attn" : "mlp";
 }
 
-/* [OUT, IN] of target t on model config m. */
-static void target_dims(int t, const struct model_config *m, int *out, int *in) {
+void lora_target_dims(int t, const struct model_config *m, int *out, int *in) {
   int C = m->hidden_size, CQ = m->num_heads * m->head_dim, CKV = m->num_kv_heads * m->head_dim,
       FF = m->intermediate_size;
   switch (t) {
@@ -144,7 +143,7 @@ int lora_config_check(const struct lora_config *c, const struct model_config *m,
   for (int t = 0; t < LT_COUNT; t++) {
     if (!(c->targets & 1u << t)) continue;
     int out, in;
-    target_dims(t, m, &out, &in);
+    lora_target_dims(t, m, &out, &in);
     if (c->r > out || c->r > in) {
       char msg[160];
       snprintf(msg, sizeof msg, "%d exceeds the smaller dimension of %s (%d x %d)", c->r,
@@ -200,7 +199,7 @@ int64_t lora_param_count(const struct lora_config *c, const struct model_config 
   for (int t = 0; t < LT_COUNT; t++) {
     if (!(c->targets & 1u << t)) continue;
     int out, in;
-    target_dims(t, m, &out, &in);
+    lora_target_dims(t, m, &out, &in);
     per_layer += (int64_t)c->r * (in + out);
   }
   return per_layer * m->num_layers;
@@ -252,7 +251,7 @@ struct lora *lora_new(const struct lora_config *c, const struct model_config *m,
     for (int t = 0; t < LT_COUNT; t++) {
       if (!(c->targets & 1u << t)) continue;
       int out, in;
-      target_dims(t, m, &out, &in);
+      lora_target_dims(t, m, &out, &in);
       for (int ab = 0; ab < 2; ab++) {
         struct param_info *p = &l->tensors[l->n_tensors++];
         snprintf(p->name, sizeof p->name, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight",
@@ -317,7 +316,7 @@ void lora_merge(const struct lora *l, struct model *m) {
       const float *A = l->w[layer].a[t], *B = l->w[layer].b[t];
       if (!A) continue;
       int out, in;
-      target_dims(t, &m->cfg, &out, &in);
+      lora_target_dims(t, &m->cfg, &out, &in);
       float *W = base_of(&m->w.layers[layer], t);
       for (int o = 0; o < out; o++)
         for (int i = 0; i < in; i++) {

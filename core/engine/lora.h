@@ -19,6 +19,8 @@
 /* The linear layers an adapter may target, in PEFT's names. */
 enum lora_target { LT_Q, LT_K, LT_V, LT_O, LT_GATE, LT_UP, LT_DOWN, LT_COUNT };
 const char *lora_target_name(int t);
+/* [OUT, IN] of target t's matrix on model config m. */
+void lora_target_dims(int t, const struct model_config *m, int *out, int *in);
 
 struct lora_config {
   int r;            /* rank, >= 1 */

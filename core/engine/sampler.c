@@ -68,6 +68,15 @@ struct gen_state {
   const struct model *pack_m;
   uint64_t pack_version;
   int pack_off;
+  /* An adapter's B matrices transposed once for the generation (linear_few_narrow_pack), for
+   * lb_m at lb_version, refreshed with the panels: lb[7 * l + t] points into lbt (lbt_n floats,
+   * sized for the adapter the state was made for), NULL where target t of layer l has none;
+   * lbs: lb while it holds the model decoded now, else NULL (each call transposes its columns). */
+  float *lbt;
+  size_t lbt_n;
+  const float **lb, *const *lbs;
+  const struct model *lb_m;
+  uint64_t lb_version;
 };
 
 struct glayout {
@@ -113,6 +122,17 @@ static size_t pack_floats(const struct model_config *c) {
   return n * sizeof(float) <= DECODE_PACK_MAX_BYTES ? n : 0;
 }
 
+/* Floats of an adapter's B matrices transposed (gen_state.lbt) for lc on c; 0 without one. */
+static size_t lbt_floats(const struct model_config *c, const struct lora_config *lc) {
+  size_t n = 0;
+  for (int t = 0; lc && t < LT_COUNT; t++) {
+    int out, in;
+    lora_target_dims(t, c, &out, &in);
+    if (lc->targets & (1u << t)) n += linear_few_narrow_floats(lc->r, out);
+  }
+  return n * (size_t)c->num_layers;
+}
+
 size_t gen_pack_bytes(const struct model_config *c) {
   return pack_floats(c)
              ? pack_floats(c) * sizeof(float) + sizeof(float *) * (7 * (size_t)c->num_layers + 1)
@@ -123,11 +143,39 @@ size_t gen_state_bytes(const struct model_config *c, const struct lora_config *l
                        int cap_seq_len) {
   struct glayout p;
   gplan(c, lc, cap_batch, cap_seq_len, &p);
-  return (p.total + p.scratch) * sizeof(float) + p.ints * sizeof(int) + gen_pack_bytes(c);
+  size_t lb = lbt_floats(c, lc);
+  return (p.total + p.scratch) * sizeof(float) + p.ints * sizeof(int) + gen_pack_bytes(c) +
+         (lb ? lb * sizeof(float) + sizeof(float *) * LT_COUNT * (size_t)c->num_layers : 0);
+}
+
+/* Transposes m's adapter B matrices into s->lbt unless it holds them at m's version already, or
+ * they do not fit (an adapter other than the one s was made for: then each call transposes). */
+static void lb_refresh(struct gen_state *s, const struct model *m) {
+  const struct lora *lo = m->lora;
+  s->lbs = NULL;
+  if (!lo || !s->lbt || m->cfg.num_layers > s->cfg.num_layers ||
+      lbt_floats(&m->cfg, &lo->cfg) > s->lbt_n)
+    return;
+  if (s->lb_m != m || s->lb_version != m->version) {
+    float *q = s->lbt;
+    for (int l = 0; l < m->cfg.num_layers; l++)
+      for (int t = 0; t < LT_COUNT; t++) {
+        const float *b = lo->w[l].b[t];
+        int out, in;
+        lora_target_dims(t, &m->cfg, &out, &in);
+        s->lb[LT_COUNT * l + t] = b ? q : NULL;
+        if (!b) continue;
+        linear_few_narrow_pack(q, b, lo->cfg.r, out);
+        q += linear_few_narrow_floats(lo->cfg.r, out);
+      }
+    s->lb_m = m, s->lb_version = m->version;
+  }
+  s->lbs = s->lb;
 }
 
 /* Packs m's decoding matrices into s->pack unless it holds them at m's version already. */
 static void pack_refresh(struct gen_state *s, const struct model *m) {
+  lb_refresh(s, m);
   s->panels = s->pack && !s->pack_off ? s->pk : NULL;
   if (!s->panels || (s->pack_m == m && s->pack_version == m->version)) return;
   const struct model_config *c = &m->cfg;
@@ -159,6 +207,8 @@ void gen_state_free(struct gen_state *s) {
   free(s->tickets);
   free(s->pack);
   free(s->pk);
+  free(s->lbt);
+  free(s->lb);
   rope_table_deinit(&s->rope);
   free(s);
 }
@@ -195,6 +245,11 @@ struct gen_state *gen_state_new(const struct model *m, int cap_batch, int cap_se
     s->pack = dapo_alloc_floats(pack_floats(c));
     s->pk = calloc(7 * (size_t)c->num_layers + 1, sizeof *s->pk);
     if (!s->pack || !s->pk) goto oom;
+  }
+  if ((s->lbt_n = lbt_floats(c, lc))) {
+    s->lbt = dapo_alloc_floats(s->lbt_n);
+    s->lb = calloc(LT_COUNT * (size_t)c->num_layers, sizeof *s->lb);
+    if (!s->lbt || !s->lb) goto oom;
   }
 
   size_t rows = s->cap_rows, C = c->hidden_size, CQ = (size_t)c->num_heads * c->head_dim,
@@ -581,9 +636,14 @@ static int lora_xa(const struct lora *lo, int l, int t, const float *x, const fl
   return 1;
 }
 
-static void lora_xb(const struct lora *lo, int l, int t, int has, float *y, const float *tbuf,
-                    int n, int OUT, int c_lo, int c_hi) {
-  if (has) linear_few_narrow(y, tbuf, lo->w[l].b[t], n, lo->cfg.r, OUT, c_lo, c_hi, 1.0f);
+static void lora_xb(const struct gen_state *s, const struct lora *lo, int l, int t, int has,
+                    float *y, const float *tbuf, int n, int OUT, int c_lo, int c_hi) {
+  if (!has) return;
+  if (s->lbs) /* B transposed for the generation (lb_refresh) */
+    linear_few_narrow_packed(y, tbuf, s->lbs[LT_COUNT * l + t], n, lo->cfg.r, OUT, c_lo, c_hi,
+                             1.0f);
+  else
+    linear_few_narrow(y, tbuf, lo->w[l].b[t], n, lo->cfg.r, OUT, c_lo, c_hi, 1.0f);
 }
 
 static int *step_ticket(const struct decode_args *x, int phase) {
@@ -697,7 +757,7 @@ static void decode_step(void *ctx, int ti, int nt) {
                                    : w->bv;
       const uint16_t *w16 = j == 0 ? w->wq16 : j == 1 ? w->wk16 : w->wv16;
       few(out, xn, xt, wf, w16, PK(j), bias, n, C, w_qkv[j], lo_, hi_, 0.0f);
-      lora_xb(lo, l, LT_Q + j, has[j], out, lt[j], n, w_qkv[j], lo_, hi_);
+      lora_xb(s, lo, l, LT_Q + j, has[j], out, lt[j], n, w_qkv[j], lo_, hi_);
     }
     WAIT(GEN_PROF_QKV);
     float *ck = s->cache_k + l * layer_cache, *cv = s->cache_v + l * layer_cache;
@@ -722,7 +782,7 @@ static void decode_step(void *ctx, int ti, int nt) {
     PHASE(1, w_c, 0, CQ);
     while (phase_q_take(&pq, &j, &lo_, &hi_)) {
       few(xs, att, xt, w->wo, w->wo16, PK(3), w->bo, n, CQ, C, lo_, hi_, 1.0f);
-      lora_xb(lo, l, LT_O, has[0], xs, lt[0], n, C, lo_, hi_);
+      lora_xb(s, lo, l, LT_O, has[0], xs, lt[0], n, C, lo_, hi_);
     }
     WAIT(GEN_PROF_O);
     rmsnorm_forward(xn, NULL, xs, w->ffn_norm, n, C, c->rms_norm_eps);
@@ -741,8 +801,8 @@ static void decode_step(void *ctx, int ti, int nt) {
         c1 = hi_ - c0 < 2 * FF_COLS ? hi_ : c0 + FF_COLS;
         few(gg, xn, xt, w->w_gate, w->w_gate16, PK(4), NULL, n, C, FF, c0, c1, 0.0f);
         few(uu, xn, xt, w->w_up, w->w_up16, PK(5), NULL, n, C, FF, c0, c1, 0.0f);
-        lora_xb(lo, l, LT_GATE, has[0], gg, lt[0], n, FF, c0, c1);
-        lora_xb(lo, l, LT_UP, has[1], uu, lt[1], n, FF, c0, c1);
+        lora_xb(s, lo, l, LT_GATE, has[0], gg, lt[0], n, FF, c0, c1);
+        lora_xb(s, lo, l, LT_UP, has[1], uu, lt[1], n, FF, c0, c1);
         for (int i = 0; i < n; i++) {
           size_t o = (size_t)i * FF + c0;
           swiglu_forward(hh + o, gg + o, uu + o, (size_t)(c1 - c0));
@@ -756,7 +816,7 @@ static void decode_step(void *ctx, int ti, int nt) {
     PHASE(1, w_c, 0, FF);
     while (phase_q_take(&pq, &j, &lo_, &hi_)) {
       few(xs, hh, xt, w->w_down, w->w_down16, PK(6), NULL, n, FF, C, lo_, hi_, 1.0f);
-      lora_xb(lo, l, LT_DOWN, has[0], xs, lt[0], n, C, lo_, hi_);
+      lora_xb(s, lo, l, LT_DOWN, has[0], xs, lt[0], n, C, lo_, hi_);
     }
     WAIT(GEN_PROF_DOWN);
   }

@@ -93,6 +93,9 @@ static void test_linear_few_narrow(int M, int IN, int OUT) {
   float *x = rnd((size_t)M * IN, 1), *w = rnd((size_t)OUT * IN, 0.2f);
   float *y0 = rnd((size_t)M * OUT, 1), *want = malloc((size_t)M * OUT * sizeof(float));
   float *y = malloc((size_t)M * OUT * sizeof(float)), *yr = calloc((size_t)M * OUT, sizeof(float));
+  float *wt = malloc(linear_few_narrow_floats(IN, OUT) * sizeof(float));
+  memset(wt, 0xff, linear_few_narrow_floats(IN, OUT) * sizeof(float)); /* NaN where not written */
+  linear_few_narrow_pack(wt, w, IN, OUT);
   for (int m = 0; m < M; m++)
     for (int j = 0; j < OUT; j++) {
       volatile float acc = 0.0f; /* one fmaf at a time, as written */
@@ -124,10 +127,25 @@ static void test_linear_few_narrow(int M, int IN, int OUT) {
     CHECK_MSG(!memcmp(y, want, (size_t)M * OUT * sizeof(float)),
               "linear_few_narrow isa %d: rows alone or split columns differ (M=%d IN=%d OUT=%d)",
               isas[ii], M, IN, OUT);
+    /* transposed once (linear_few_narrow_packed): the same bits whole, split at blocks of 16
+     * (as decoding's ranges are) and at any column (a lead-in to the next block) */
+    memcpy(y, y0, (size_t)M * OUT * sizeof(float));
+    linear_few_narrow_packed(y, x, wt, M, IN, OUT, 0, OUT, 1.0f);
+    CHECK_MSG(!memcmp(y, want, (size_t)M * OUT * sizeof(float)),
+              "linear_few_narrow_packed isa %d differs from fmaf's chain (M=%d IN=%d OUT=%d)",
+              isas[ii], M, IN, OUT);
+    int c16 = OUT / 2 / 16 * 16;
+    memcpy(y, y0, (size_t)M * OUT * sizeof(float));
+    linear_few_narrow_packed(y, x, wt, M, IN, OUT, 0, c16, 1.0f);
+    linear_few_narrow_packed(y, x, wt, M, IN, OUT, c16, cut2 > c16 ? cut2 : c16, 1.0f);
+    linear_few_narrow_packed(y, x, wt, M, IN, OUT, cut2 > c16 ? cut2 : c16, OUT, 1.0f);
+    CHECK_MSG(!memcmp(y, want, (size_t)M * OUT * sizeof(float)),
+              "linear_few_narrow_packed isa %d: split columns differ (M=%d IN=%d OUT=%d)", isas[ii],
+              M, IN, OUT);
   }
   kernels_force_isa(0);
   CHECK_MSG(n_isa >= 1, "linear_few_narrow: no instruction set ran");
-  free(x), free(w), free(y0), free(want), free(y), free(yr);
+  free(x), free(w), free(y0), free(want), free(y), free(yr), free(wt);
 }
 
 static void test_attention(int t_new, int n_past, int NH, int NKV, int HS) {
