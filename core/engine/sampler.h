@@ -129,7 +129,9 @@ void gen_state_set_delay(struct gen_state *s, int thread, int usec);
  * them: a lone sequence decodes several times faster. The panels are packed again at the start
  * of gen_run or gen_advance when the model or its version (model_weights_changed) differs.
  * Tokens and log-probs are the same bits either way (linear_lanes_packed); on (1, the default)
- * or off (0) for tests and benchmarks. */
+ * or off (0) for tests and benchmarks. A LoRA adapter's B matrices are likewise kept transposed
+ * (linear_few_narrow_pack, any model size, counted in gen_state_bytes) and transposed again on
+ * the same condition: whoever changes an adapter's weights calls model_weights_changed. */
 #define DECODE_PACK_MAX_BYTES ((size_t)256 << 20)
 /* The bytes of that copy for a model of config c (part of gen_state_bytes), 0 over the budget. */
 size_t gen_pack_bytes(const struct model_config *c);
