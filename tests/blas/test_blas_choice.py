@@ -10,6 +10,8 @@ Checks, with a cache folder of the test's own (XDG_CACHE_HOME):
   DAPOD_BLAS_KERNEL=library keeps OpenBLAS's own pick;
 - a cache of another machine (another key) or a damaged file is measured again and rewritten;
 - concurrent first starts measure once and agree;
+- a probe rates a kernel by its threads' CPU time: threads put to sleep mid-probe (as a
+  neighbour would deschedule them) rate it as undisturbed ones do;
 - DAPOD_KERNELS_ISA: a name it does not know is refused with exit 2; portable, baseline and the
   processor's best generate the same tokens; `dapod kernels` says which decoding kernels run.
 """
@@ -169,6 +171,29 @@ with tempfile.TemporaryDirectory() as tmp:
     check(p.returncode == 0 and
           "decoding kernels: portable, set by DAPOD_KERNELS_ISA" in p.stdout.splitlines(),
           f"`dapod kernels` says which decoding kernels run: {p.stdout[-300:]}")
+
+# A kernel is rated by its threads' CPU time, not by the share of the clock they got: a probe
+# whose threads each sleep 1 s after their first timed product (as when a neighbour takes their
+# cores) rates the kernel as an undisturbed probe does. Rated by the clock, the stall dilutes
+# the rate to a few GFLOP/s (each thread's loop ends at its first product after it); 2.5x
+# leaves the machine's own noise between the runs room. Best of two rounds each, in turns.
+with tempfile.TemporaryDirectory() as cache:
+    rates = {0: [], 1000: []}
+    for _ in range(2):
+        for stall in (0, 1000):
+            p = subprocess.run([args.dapod, "__blas-probe", "2"],
+                               env=env_with(cache, DAPOD_BLAS_PROBE_STALL_MS=str(stall)),
+                               capture_output=True, text=True, timeout=60)
+            check(p.returncode == 0, f"probe with a stall of {stall} ms: exit {p.returncode}")
+            if p.returncode == 0:
+                rates[stall].append(json.loads(p.stdout)["gflops"])
+    if rates[0] and rates[1000]:
+        quiet, stalled = max(rates[0]), max(rates[1000])
+        print(f"probe: {quiet:.1f} GFLOP/s undisturbed, {stalled:.1f} with its threads asleep "
+              f"1 s each", flush=True)
+        check(stalled * 2.5 >= quiet,
+              f"a stalled probe rates the kernel by its CPU time: {stalled:.1f} GFLOP/s against "
+              f"{quiet:.1f} undisturbed")
 
 print(f"{checks - failures} of {checks} checks passed")
 sys.exit(1 if failures else 0)
