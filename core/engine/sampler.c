@@ -69,8 +69,8 @@ struct gen_state {
   uint64_t pack_version;
   int pack_off;
   /* An adapter's B matrices transposed once for the generation (linear_few_narrow_pack), for
-   * lb_m at lb_version, refreshed with the panels: lb[7 * l + t] points into lbt (lbt_n floats,
-   * sized for the adapter the state was made for), NULL where target t of layer l has none;
+   * lb_m at lb_version, refreshed with the panels: lb[LT_COUNT l + t] points into lbt (lbt_n
+   * floats, sized for the adapter the state was made for), NULL where target t of layer l has none;
    * lbs: lb while it holds the model decoded now, else NULL (each call transposes its columns). */
   float *lbt;
   size_t lbt_n;
