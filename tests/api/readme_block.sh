@@ -55,6 +55,10 @@ readme_extract() {
 
 readme_serve() {
   mkdir -p "$tmp/models" "$tmp/work"
+  # the log exists before the first poll reads it: the background job opens its redirection
+  # after the fork, and under a loaded machine the poll below (set -e, pipefail) once read
+  # before it did, failing the test in 0.04 s
+  : >"$tmp/dapod.log"
   "$1" serve --listen 127.0.0.1:0 --data-dir "$tmp/var" --models-dir "$tmp/models" \
     --workers 1 2>"$tmp/dapod.log" &
   pid=$!
