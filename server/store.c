@@ -1757,10 +1757,15 @@ static int ckpt_put_locked(struct store *st, const char *job_id, int64_t step, c
   return exec_done(st, s, job_id, e);
 }
 
+static int ckpt_args_ok(const char *job_id, const char *path, const json_t *files,
+                        struct dapo_err *e) {
+  if (!job_id || !path) return dapo_errf(e, DAPO_EINVAL, "store: checkpoint needs job and path");
+  return check_ckpt_files(files, e);
+}
+
 int store_ckpt_put(struct store *st, const char *job_id, int64_t step, const char *path,
                    const json_t *files, const json_t *metrics, struct dapo_err *e) {
-  if (!job_id || !path) return dapo_errf(e, DAPO_EINVAL, "store: checkpoint needs job and path");
-  int rc = check_ckpt_files(files, e);
+  int rc = ckpt_args_ok(job_id, path, files, e);
   if (rc) return rc;
   LOCK(st);
   rc = ckpt_put_locked(st, job_id, step, path, files, metrics, e);
@@ -1772,8 +1777,7 @@ int store_ckpt_record(struct store *st, const char *job_id, int64_t step, const 
                       const json_t *files, const json_t *metrics, const json_t *event,
                       int64_t *event_id, struct dapo_err *e) {
   if (event_id) *event_id = 0;
-  if (!job_id || !path) return dapo_errf(e, DAPO_EINVAL, "store: checkpoint needs job and path");
-  int rc = check_ckpt_files(files, e);
+  int rc = ckpt_args_ok(job_id, path, files, e);
   if (rc) return rc;
   LOCK(st);
   if ((rc = tx_begin(st, e))) goto out;

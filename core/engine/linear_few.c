@@ -520,29 +520,21 @@ static void lfn_transpose(float *wt, const float *w, int IN, int j, int n) {
   }
 }
 
-/* A piece of columns [p, end) of at most bpp blocks of 16, each block transposed into wt (block
- * b at wt + b * 16 * IN); returns end. The forms below take the columns a piece at a time and
- * each group of rows across all of the piece's blocks, so that a row's outputs are read and
- * written in order: block after block for all rows (the piece one block wide) had each row's line
- * of the block come back from L2 or further, 23% of the narrow products' samples on a Zen 5 at
- * static columns (a thread's half of gate/up is 64 x 2432 floats, 0.6 MB). */
-static int lfn_piece(float *wt, const float *w, int IN, int p, int j1, int bpp) {
-  int end = j1 - p < 16 * bpp ? j1 : p + 16 * bpp;
-  for (int j = p; j < end; j += 16)
-    lfn_transpose(wt + (size_t)(j - p) * IN, w, IN, j, end - j < 16 ? end - j : 16);
-  return end;
-}
-
-/* The piece from p: its transposed blocks, from pre (linear_few_narrow_pack's, where p is a
- * multiple of 16: block p / 16 starts at pre + p IN) or transposed now into wt; *end set. */
+/* A piece of columns [p, *end) of at most bpp blocks of 16, each block transposed (block b at
+ * b * 16 * IN floats): from pre (linear_few_narrow_pack's, where p is a multiple of 16: block
+ * p / 16 starts at pre + p IN), or transposed now into wt. The forms below take the columns a
+ * piece at a time and each group of rows across all of the piece's blocks, so that a row's
+ * outputs are read and written in order: block after block for all rows (the piece one block
+ * wide) had each row's line of the block come back from L2 or further, 23% of the narrow
+ * products' samples on a Zen 5 at static columns (a thread's half of gate/up is 64 x 2432
+ * floats, 0.6 MB). */
 static const float *lfn_piece_at(float *wt, const float *pre, const float *w, int IN, int p, int j1,
                                  int bpp, int *end) {
-  if (!pre) {
-    *end = lfn_piece(wt, w, IN, p, j1, bpp);
-    return wt;
-  }
   *end = j1 - p < 16 * bpp ? j1 : p + 16 * bpp;
-  return pre + (size_t)p * IN;
+  if (pre) return pre + (size_t)p * IN;
+  for (int j = p; j < *end; j += 16)
+    lfn_transpose(wt + (size_t)(j - p) * IN, w, IN, j, *end - j < 16 ? *end - j : 16);
+  return wt;
 }
 
 /* The definition (kernels.h): lane l of a row's 16 sums is output column j + l; one fused
