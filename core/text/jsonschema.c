@@ -13,6 +13,9 @@
 #include "utf8.h"
 
 #define MAX_DEPTH 64 /* nesting of schemas inside schemas (and of values checked) */
+/* schemas applied in one check: anyOf over references back to the schema itself branches at
+ * every level (a fuzzed schema took more than 15 s at MAX_DEPTH); past this, refused */
+#define MAX_STEPS (1L << 20)
 
 struct pattern {
   const json_t *node; /* the "pattern" string in the kept schema */
@@ -262,6 +265,7 @@ struct ctx {
   const struct jschema *js;
   char *why;
   size_t cap;
+  long *steps; /* schemas applied so far in this check, shared with anyOf's quiet tries */
 };
 
 static int fail(struct ctx *c, const char *at, const char *fmt, ...)
@@ -377,6 +381,7 @@ static int check(struct ctx *c, const json_t *s, const json_t *v, const char *at
   if (json_is_true(s)) return 0;
   if (json_is_false(s)) return fail(c, at, "no value is allowed here");
   if (depth > MAX_DEPTH) return fail(c, at, "nested too deeply");
+  if (++*c->steps > MAX_STEPS) return fail(c, at, "the schema takes too many steps to check");
   const json_t *ref = json_object_get(s, "$ref");
   if (ref && check(c, jschema_ref(c->js, json_string_value(ref)), v, at, depth + 1)) return 1;
   const json_t *t = json_object_get(s, "type");
@@ -403,7 +408,7 @@ static int check(struct ctx *c, const json_t *s, const json_t *v, const char *at
   if (any) {
     int ok = 0;
     for (size_t i = 0; i < json_array_size(any) && !ok; i++) {
-      struct ctx quiet = {c->js, NULL, 0};
+      struct ctx quiet = {c->js, NULL, 0, c->steps};
       ok = !check(&quiet, json_array_get(any, i), v, at, depth + 1);
     }
     if (!ok) return fail(c, at, "matches none of anyOf's schemas");
@@ -417,12 +422,14 @@ static int check(struct ctx *c, const json_t *s, const json_t *v, const char *at
 
 int jschema_check(const struct jschema *s, const json_t *v, const char *root, char *why,
                   size_t cap) {
-  struct ctx c = {s, why, cap};
+  long steps = 0;
+  struct ctx c = {s, why, cap, &steps};
   if (cap) why[0] = '\0';
   return check(&c, s->schema, v, root, 0);
 }
 
 int jschema_check_at(const struct jschema *s, const json_t *node, const json_t *v) {
-  struct ctx c = {s, NULL, 0};
+  long steps = 0;
+  struct ctx c = {s, NULL, 0, &steps};
   return check(&c, node, v, "", 0);
 }
