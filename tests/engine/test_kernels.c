@@ -632,6 +632,47 @@ static void test_rmsnorm_swiglu(void) {
   free(x), free(w), free(dy);
 }
 
+/* RMSNorm's rows side by side (kernels.c, rms_sums): every row has the bits of the one-row
+ * chains written out here (sums in double in increasing i), for row counts that take blocks of
+ * 8, 4 and single rows, in place as the sampler and block.c call it, in the backward, and split
+ * over a pool's 2 threads. Sums in float, or a row's sum taken from another row's values, fail
+ * it (a double sum in another order almost never moves a float's bits at these sizes). */
+static void test_rmsnorm_rows(void) {
+  enum { C = 37, NMAX = 23 };
+  float *x = rnd(NMAX * C, 3), *w = rnd(C, 1), *dy = rnd(NMAX * C, 1);
+  struct pool *p = pool_new(2);
+  CHECK_MSG(p != NULL, "pool_new(2)");
+  long pmw = kernels_par_min_work();
+  kernels_set_par_min_work(0); /* with the pool current: split over its 2 threads */
+  for (int N = 1, pooled = 0; N <= NMAX; N += pooled, pooled = !pooled) {
+    pool_set_current(pooled ? p : NULL);
+    float y[NMAX * C], rstd[NMAX], dx[NMAX * C], ry[NMAX * C], rr[NMAX], rdx[NMAX * C];
+    for (int n = 0; n < N; n++) { /* the reference: one row at a time */
+      const float *xr = x + n * C, *dr = dy + n * C;
+      double ss = 0, dot = 0;
+      for (int i = 0; i < C; i++) ss += (double)xr[i] * xr[i];
+      rr[n] = (float)(1.0 / sqrt(ss / C + (double)1e-5f));
+      for (int i = 0; i < C; i++) ry[n * C + i] = (xr[i] * rr[n]) * w[i];
+      for (int i = 0; i < C; i++) dot += (double)dr[i] * w[i] * xr[i];
+      float k = (float)(dot / C) * rr[n] * rr[n] * rr[n];
+      for (int i = 0; i < C; i++) rdx[n * C + i] = 0.5f + (rr[n] * dr[i] * w[i] - k * xr[i]);
+    }
+    rmsnorm_forward(y, rstd, x, w, N, C, 1e-5f);
+    CHECK_MSG(!memcmp(y, ry, sizeof(float) * N * C) && !memcmp(rstd, rr, sizeof(float) * N), "N %d",
+              N);
+    memcpy(y, x, sizeof(float) * N * C); /* in place */
+    rmsnorm_forward(y, NULL, y, w, N, C, 1e-5f);
+    CHECK_MSG(!memcmp(y, ry, sizeof(float) * N * C), "in place, N %d pooled %d", N, pooled);
+    for (int i = 0; i < N * C; i++) dx[i] = 0.5f;
+    rmsnorm_backward(dx, NULL, dy, x, w, rr, N, C);
+    CHECK_MSG(!memcmp(dx, rdx, sizeof(float) * N * C), "backward, N %d pooled %d", N, pooled);
+  }
+  pool_set_current(NULL);
+  kernels_set_par_min_work(pmw);
+  pool_free(p);
+  free(x), free(w), free(dy);
+}
+
 /* SwiGLU's vector forms (kernels.c, sw_any): against double precision for g over [-100, 100]
  * (exp(-|g|) below the clamp at the ends), the same bits on every instruction set, and an
  * element's bits whatever range it is computed in (offsets 0-3, lengths with partial vectors);
@@ -913,6 +954,7 @@ int main(void) {
   test_attention_decode(1, 3, 1, 64);
   test_rope();
   test_rmsnorm_swiglu();
+  test_rmsnorm_rows();
   test_swiglu_isa();
   test_classifier(50);
   test_classifier(16);
