@@ -134,12 +134,13 @@ void linear_few_bf16(float *out, const float *inp, const uint16_t *w, const floa
  * bits of fmaf's loop, so an element does not depend on M, the column range, the thread or the
  * instruction set (tested against that loop). No reduction: panels of 16 or 32 weight rows are
  * transposed on the fly into a small block on the stack (about 40 KiB), each shared by the M
- * rows; except from 16 rows on AVX-512 (BF16 weights from 49) and from 49 rows on AVX2 (of up to
- * L2 / 512 inputs: 2048 on a 1 MiB L2), where the rows of inp (64 at a time) are transposed
- * instead, into a buffer of 64 IN floats that the calling thread keeps from call to call (freed
- * when it ends), and the weights are read in place (rows in the lanes; BF16 weights widened a few
- * rows at a time into more floats of that buffer: 12 IN on AVX2, 24 times a chunk of at most
- * LINEAR_LANES_KC inputs on AVX-512). Any [j0, j1) is correct; the kernel works
+ * rows; except from 16 rows on AVX-512 (BF16 weights from 49) and from 49 rows on AVX2 (float32
+ * rows of up to L2 / 512 inputs: 2048 on a 1 MiB L2; BF16 rows of any length), where the rows of
+ * inp (64 at a time) are transposed instead, into a buffer of 64 IN floats that the calling
+ * thread keeps from call to call (freed when it ends), and the weights are read in place (rows in
+ * the lanes; BF16 weights widened a few rows at a time into more floats of that buffer: 12 times,
+ * on AVX-512 24 times, a chunk of at most LINEAR_LANES_KC inputs, on AVX2 also at most L2 / 512
+ * inputs). Any [j0, j1) is correct; the kernel works
  * in whole panels from j0, so column ranges aligned to LINEAR_FEW_COLS (a partial one last) waste
  * nothing. Cannot fail (without memory for the buffer it takes the block). */
 #define LINEAR_FEW_COLS 16
@@ -176,9 +177,10 @@ void linear_lanes_prepared(float *out, const float *inp, const float *xt, const 
  * linear_lanes takes from 16 rows on AVX-512 (the same bits). */
 void linear_lanes_block(float *out, const float *inp, const float *w, const uint16_t *w16,
                         const float *bias, int M, int IN, int OUT, int j0, int j1, float beta);
-/* Rows in the lanes' two choices on AVX-512, for tests and bench_kernels --lanes-vs (the same bits
- * whatever they are): kmax, the longest chunk of inputs a tile runs over before the next tile
- * (0: whole rows; -1: the default, LINEAR_LANES_KC), and ahead, whether a tile widens the next
+/* Rows in the lanes' two choices on AVX-512 and AVX2, for tests and bench_kernels --lanes-vs (the
+ * same bits whatever they are): kmax, the longest chunk of BF16 inputs a tile runs over before the
+ * next tile (0: whole rows, on AVX2 then only up to L2 / 512 inputs; -1: the default,
+ * LINEAR_LANES_KC, on AVX2 at most L2 / 512), and ahead, whether a tile widens the next
  * tile's BF16 rows beside its own multiply-adds (1, the default; 0: each tile's before it; -1:
  * the default). Process-wide: set before the calls, not during them. */
 #define LINEAR_LANES_KC 1024

@@ -1608,23 +1608,26 @@ lr_widen256_k(float *dst, const uint16_t *src, int k0, int k1) {
 }
 
 /* Rows in the lanes on AVX2, from LR2_MIN rows: lr_tile's chains with 8 rows in a ymm, a tile
- * 16 rows (two vectors) x 6 weight rows (12 sums in registers over the whole of IN, per k 2 loads
- * of the rows and 6 broadcasts of weights: the shape of ll_tile256), the mp / 16 groups of rows
+ * 16 rows (two vectors) x 6 weight rows (12 sums in registers over a chunk of k, carried in s
+ * from chunk to chunk as lr_tile's; per k 2 loads of the rows and 6 broadcasts of weights: the
+ * shape of ll_tile256), the mp / 16 groups of rows
  * one after another against the same weight rows (from L1, or L2 at long IN). No weight is
  * transposed: on AVX2 the block's pack (8 x 8 transposes, 3 shuffles a vector) was 8% of a 0.5B
  * decoding step at batch 64 with LoRA on a BF16 base. The next tile's BF16 rows (nx) or the
  * tile's own float32 rows are prefetched during the first group; the next tile's BF16 rows are
  * widened (into nwb, nnj rows) during the last, beside its multiply-adds (widened whole between
  * tiles they were 4.6-5.9% of the samples, loads from L2 that nothing overlapped; one thread,
- * [896 -> 4864], M 64, in turns: 98.3-100.2 -> 101.6-101.7 GFLOP/s). Rows of up to lr2_max_in()
- * inputs only (LR2_MAX_IN on Zen 4): every tile streams the whole copy of the rows (64 IN floats),
- * which at the down projection's 4864 (1.2 MB) left L2. That decoding (AVX2 emulated on Zen 4 by
- * DAPOD_KERNELS_ISA=avx2, 2 threads, in turns): 157.4-158.9 tok/s with the block, 162.2-153.7
- * with rows in the lanes at every IN, 167.3-170.4 up to 2048 inputs; float32 weights without
- * LoRA 159.5-160.7 -> 158.7-160.2. */
+ * [896 -> 4864], M 64, in turns: 98.3-100.2 -> 101.6-101.7 GFLOP/s). Float32 rows of up to
+ * lr2_max_in() inputs only (LR2_MAX_IN on Zen 4): every tile streams the whole copy of the rows
+ * (64 IN floats), which at the down projection's 4864 (1.2 MB) left L2. That decoding (AVX2
+ * emulated on Zen 4 by DAPOD_KERNELS_ISA=avx2, 2 threads, in turns): 157.4-158.9 tok/s with the
+ * block, 162.2-153.7 with rows in the lanes at every IN, 167.3-170.4 up to 2048 inputs; float32
+ * weights without LoRA 159.5-160.7 -> 158.7-160.2. BF16 rows of any length, in chunks (lr_kmax).
+ * Tried: the groups of rows taking k in blocks of 128-512 (a block's 6 weight rows kept in L1
+ * for all four groups, the sums carried between blocks): 0.87-0.96x at 896 inputs (Zen 5). */
 #define L2_DJ(j)                                                                                   \
   __m256 p##j = z, q##j = z;                                                                       \
-  const float *wj##j = w + (size_t)(j < nj ? j : nj - 1) * IN
+  const float *wj##j = w + (size_t)(j < nj ? j : nj - 1) * a->ws
 #define L2_PJ(j) _mm_prefetch((const char *)(wj##j + k + LR_PF), _MM_HINT_T0)
 #define L2_FJ(j)                                                                                   \
   {                                                                                                \
@@ -1633,6 +1636,8 @@ lr_widen256_k(float *dst, const uint16_t *src, int k0, int k1) {
   }
 #define L2_SJ(j)                                                                                   \
   _mm256_storeu_ps(s + (j)*64 + 16 * g, p##j), _mm256_storeu_ps(s + (j)*64 + 16 * g + 8, q##j)
+#define L2_LJ(j)                                                                                   \
+  p##j = _mm256_loadu_ps(s + (j)*64 + 16 * g), q##j = _mm256_loadu_ps(s + (j)*64 + 16 * g + 8)
 #define L2_ALL(M)                                                                                  \
   M(0);                                                                                            \
   M(1);                                                                                            \
@@ -1642,29 +1647,33 @@ lr_widen256_k(float *dst, const uint16_t *src, int k0, int k1) {
   M(5)
 /* s[j * 64 + m] (j < 6; rows past nj repeat the last, their sums unused) as lr_tile_v's */
 LF_AVX2 static void lr_tile256(const struct lr_arg *a) {
-  /* whole rows (lr_form's kmax 0: kn is IN, w's row stride, and the next rows' length) */
   float *s = a->s, *nwb = a->nwb;
   const float *w = a->w, *xt = a->xt;
   const uint16_t *nx = a->bf16 ? a->nx : NULL;
-  int mp = a->mp, IN = a->kn, nj = a->nj, nnj = a->nnj;
+  int mp = a->mp, kn = a->kn, nkn = a->nkn, nj = a->nj, nnj = a->nnj;
   const __m256 z = _mm256_setzero_ps();
   for (int g = 0; g < mp / 16; g++) {
     const uint16_t *ahead = nwb && g == mp / 16 - 1 ? nx : NULL;
     L2_ALL(L2_DJ);
+    if (a->add) { /* a later chunk: the chains go on from s */
+      L2_ALL(L2_LJ);
+    }
     const float *xg = xt + 16 * g;
-    for (int k0 = 0; k0 < IN; k0 += 16) {
-      int k1 = IN - k0 < 16 ? IN : k0 + 16;
+    for (int k0 = 0; k0 < kn; k0 += 16) {
+      int k1 = kn - k0 < 16 ? kn : k0 + 16;
       if (!g) {
         int k = k0;
-        if (nx) /* the next 6 rows' 192 bytes to L2 */
-          for (int r = 0; r < 6; r += 2)
-            _mm_prefetch((const char *)(nx + (size_t)k * 6 + 16 * r), _MM_HINT_T1);
-        else
+        if (nx) { /* the next tile's BF16 rows to L2, a line of each every 32 k */
+          if (!(k & 31) && k < nkn)
+            for (int r = 0; r < nnj; r++)
+              _mm_prefetch((const char *)(nx + r * a->nxs + k), _MM_HINT_T1);
+        } else
           L2_ALL(L2_PJ);
       }
       if (ahead) { /* the next tile's rows widened beside this one's last group */
-        for (int r = 0; r < nnj; r++)
-          lr_widen256_k(nwb + (size_t)r * IN, ahead + (size_t)r * IN, k0, k1);
+        int e = k1 < nkn ? k1 : nkn;
+        for (int r = 0; r < nnj && k0 < e; r++)
+          lr_widen256_k(nwb + (size_t)r * nkn, ahead + (size_t)r * a->nxs, k0, e);
       }
       /* unrolled: per k the 12 fused multiply-adds with 8 loads leave little room for the
        * loop's own instructions */
@@ -1677,9 +1686,13 @@ LF_AVX2 static void lr_tile256(const struct lr_arg *a) {
     }
     L2_ALL(L2_SJ);
   }
+  if (nwb && nx && nkn > kn) /* the next rows' inputs past this tile's (a longer chunk) */
+    for (int r = 0; r < nnj; r++)
+      lr_widen256_k(nwb + (size_t)r * nkn, nx + (size_t)r * a->nxs, kn, nkn);
 }
 #undef L2_ALL
 #undef L2_SJ
+#undef L2_LJ
 #undef L2_FJ
 #undef L2_PJ
 #undef L2_DJ
@@ -1742,31 +1755,63 @@ struct lr_form {
   void (*widen)(float *, const uint16_t *, size_t);
   ll_pack_fn *pack;
   int jv[5], min, min16;
-  int max_in; /* 0, or the longest rows taken (longer: the block); -1: lr2_max_in() */
+  int max_in; /* 0, or the longest rows taken whole (longer: the block, or BF16 rows in chunks
+               * where kmax); -1: lr2_max_in() */
   int ahead;  /* 1: the tile widens the next tile's BF16 rows itself (after the first widen) */
-  int kmax;   /* 0: whole rows a tile; else chunks of at most kmax inputs (lr_kc) */
+  int kmax;   /* 0: whole rows a tile; else chunks of at most kmax inputs (lr_kc); -1: lr_kmax */
 };
 
 static const struct lr_form lr_avx2 = {
-    lr_tile256, lr_widen256, ll_pack256, {0, 6, 6, 6, 6}, LR2_MIN, LR2_MIN, -1, 1, 0};
+    lr_tile256, lr_widen256, ll_pack256, {0, 6, 6, 6, 6}, LR2_MIN, LR2_MIN, -1, 1, -1};
 static const struct lr_form lr_avx512 = {
     lr_tile_v, lr_widen512, ll_pack512, {0, 8, 12, 8, 6}, LR_MIN, LR_MIN16, 0, 1, LINEAR_LANES_KC};
-/* lr_avx512 with linear_lanes_set_form's choices, where lr_set */
-static struct lr_form lr_avx512_set;
+/* lr_avx2 and lr_avx512 with linear_lanes_set_form's choices, where lr_set */
+static struct lr_form lr_avx2_set, lr_avx512_set;
 static int lr_set;
 
 /* NULL where the block takes every call (the portable forms) */
 static const struct lr_form *lr_form_now(void) {
   int f = lf_form();
-  return f == 3 ? (lr_set ? &lr_avx512_set : &lr_avx512) : f == 2 ? &lr_avx2 : NULL;
+  return f == 3   ? (lr_set ? &lr_avx512_set : &lr_avx512)
+         : f == 2 ? (lr_set ? &lr_avx2_set : &lr_avx2)
+                  : NULL;
 }
 
-/* The inputs of a chunk: BF16 rows' IN in equal chunks of at most f->kmax (whole rows without
+/* AVX2's longest rows in the lanes: every tile streams the whole copy of the rows (64 IN floats),
+ * which is to fit in half of this processor's L2, as measured on Zen 4's 1 MiB (2048 inputs: the
+ * down projection's 4864 ran slower than the block there, 896 faster); a smaller L2 takes fewer
+ * (Zen 2-3's 512 KiB: 1024), a larger more. LR2_MAX_IN where the system does not say. Read once
+ * (sysconf may ask the processor, which a virtual machine traps). */
+static pthread_once_t lr2_once = PTHREAD_ONCE_INIT;
+static int lr2_in = LR2_MAX_IN;
+static void lr2_read(void) {
+  long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  if (l2 >= 64L * 1024 && l2 <= 1L << 30) lr2_in = (int)(l2 / 512);
+}
+static int lr2_max_in(void) {
+  pthread_once(&lr2_once, lr2_read);
+  return lr2_in;
+}
+
+/* f's longest chunk of BF16 inputs (0: whole rows): its kmax, or where -1 (AVX2) LINEAR_LANES_KC
+ * or lr2_max_in() if less, since each tile streams its chunk's copy of the rows (64 kc floats) as
+ * AVX2's whole rows did. Chunks let AVX2 take the down projection's 4864 inputs in the lanes
+ * instead of the block (Zen 5, one thread, AVX2 kernels, [4864 -> 896] at 64 rows, in one
+ * process in turns: the block 107.9-112.4 GFLOP/s, chunks of 1024 118.0-122.1, of 512 116.0-119.5,
+ * of 2048 117.9-121.6). */
+static int lr_kmax(const struct lr_form *f) {
+  if (f->kmax >= 0) return f->kmax;
+  int l2 = lr2_max_in();
+  return l2 < LINEAR_LANES_KC ? l2 : LINEAR_LANES_KC;
+}
+
+/* The inputs of a chunk: BF16 rows' IN in equal chunks of at most lr_kmax (whole rows without
  * one), rounded up to 16; float32 rows whole (read in place from memory, they stream best whole:
  * chunks of 1024 at [4864 -> 896] ran 0.92-0.97x) */
 static int lr_kc(const struct lr_form *f, int IN, int bf16) {
-  if (!bf16 || !f->kmax || IN <= f->kmax) return IN;
-  int n = (IN + f->kmax - 1) / f->kmax;
+  int kmax = lr_kmax(f);
+  if (!bf16 || !kmax || IN <= kmax) return IN;
+  int n = (IN + kmax - 1) / kmax;
   return ((IN + n - 1) / n + 15) / 16 * 16;
 }
 
@@ -1795,28 +1840,12 @@ static int lr_step_next(struct lr_step *t, int j1, int IN, int kc, int J) {
   return 1;
 }
 
-/* AVX2's longest rows in the lanes: every tile streams the whole copy of the rows (64 IN floats),
- * which is to fit in half of this processor's L2, as measured on Zen 4's 1 MiB (2048 inputs: the
- * down projection's 4864 ran slower than the block there, 896 faster); a smaller L2 takes fewer
- * (Zen 2-3's 512 KiB: 1024), a larger more. LR2_MAX_IN where the system does not say. Read once
- * (sysconf may ask the processor, which a virtual machine traps). */
-static pthread_once_t lr2_once = PTHREAD_ONCE_INIT;
-static int lr2_in = LR2_MAX_IN;
-static void lr2_read(void) {
-  long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-  if (l2 >= 64L * 1024 && l2 <= 1L << 30) lr2_in = (int)(l2 / 512);
-}
-static int lr2_max_in(void) {
-  pthread_once(&lr2_once, lr2_read);
-  return lr2_in;
-}
-
 /* Whether mr rows (a block of at most 64) take rows in the lanes: from f's fewest rows, with at
  * least 3/4 of the lanes of their vectors in use (AVX-512: 17-23 rows in 2 vectors were
  * 0.83-1.01x the block, 24 rows 0.96-1.23x, 40 rows 1.10-1.34x). */
 static int lr_rows(const struct lr_form *f, int mr, int IN, int bf16) {
   return f && mr >= (bf16 ? f->min16 : f->min) && 4 * mr >= 3 * ((mr + 15) / 16 * 16) &&
-         (!f->max_in || IN <= (f->max_in < 0 ? lr2_max_in() : f->max_in));
+         (!f->max_in || IN <= (f->max_in < 0 ? lr2_max_in() : f->max_in) || (bf16 && lr_kmax(f)));
 }
 
 /* 0 without memory for xt (nothing written). Row blocks that lr_rows refuses go to the block.
@@ -1978,10 +2007,10 @@ void linear_lanes_block(float *out, const float *inp, const float *w, const uint
 
 void linear_lanes_set_form(int kmax, int ahead) {
 #ifdef LF_X86
-  lr_avx512_set = lr_avx512;
-  lr_avx512_set.kmax = kmax < 0 ? lr_avx512.kmax : kmax;
-  lr_avx512_set.ahead = ahead < 0 ? lr_avx512.ahead : ahead != 0;
-  lr_set = lr_avx512_set.kmax != lr_avx512.kmax || lr_avx512_set.ahead != lr_avx512.ahead;
+  lr_avx512_set = lr_avx512, lr_avx2_set = lr_avx2;
+  if (kmax >= 0) lr_avx512_set.kmax = lr_avx2_set.kmax = kmax;
+  if (ahead >= 0) lr_avx512_set.ahead = lr_avx2_set.ahead = ahead != 0;
+  lr_set = kmax >= 0 || ahead >= 0;
 #else
   (void)kmax, (void)ahead;
 #endif
