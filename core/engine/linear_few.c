@@ -1702,16 +1702,21 @@ LF_AVX2 static void lr_widen256(float *dst, const uint16_t *src, size_t n) {
   lr_widen256_k(dst, src, 0, (int)n);
 }
 
-/* out[m][c] (m < mr, c < nc; out's rows OUT apart) from the sums s[c * 64 + m] as ll_store writes
- * them (the sum, + bias[c] where bias, then out's own value + that where beta: lf_store's
- * operations, lane by lane), 8 x 8 at a time transposed in registers: both forms of rows in the
- * lanes (AVX-512's processors have AVX2). The transpose into a buffer and ll_store after it (in
- * the baseline's 4 lanes, through the stack) were 3.2% of an AVX2 LoRA job's generation (perf). */
-LF_AVX2 static void lr_store256(float *out, int OUT, const float *s, int mr, int nc,
-                                const float *bias, float beta) {
+/* One row's 8 columns from the transposed t (bias then out's own value added where has_bias and
+ * has_beta: constants at each call, so the loop over rows carries no test of them) */
+#define LS_ROW(i)                                                                                  \
+  if (i < n) {                                                                                     \
+    float *o = out + (size_t)(m + i) * OUT + c;                                                    \
+    __m256 r = has_bias ? _mm256_add_ps(t##i, b) : t##i;                                           \
+    if (has_beta) r = _mm256_add_ps(_mm256_loadu_ps(o), r);                                        \
+    _mm256_storeu_ps(o, r);                                                                        \
+  }
+LF_AVX2 static inline __attribute__((always_inline)) void
+lr_store256_k(float *out, int OUT, const float *s, int mr, int nc, const float *bias,
+              const int has_bias, const int has_beta) {
   int c = 0;
   for (; c + 8 <= nc; c += 8) {
-    __m256 b = bias ? _mm256_loadu_ps(bias + c) : _mm256_setzero_ps();
+    __m256 b = has_bias ? _mm256_loadu_ps(bias + c) : _mm256_setzero_ps();
     for (int m = 0; m < mr; m += 8) {
       const float *p = s + (size_t)c * 64 + m;
       __m256 r0 = _mm256_load_ps(p), r1 = _mm256_load_ps(p + 64), r2 = _mm256_load_ps(p + 128),
@@ -1726,25 +1731,50 @@ LF_AVX2 static void lr_store256(float *out, int OUT, const float *s, int mr, int
              v2 = _mm256_shuffle_ps(u1, u3, 0x44), v3 = _mm256_shuffle_ps(u1, u3, 0xee),
              v4 = _mm256_shuffle_ps(u4, u6, 0x44), v5 = _mm256_shuffle_ps(u4, u6, 0xee),
              v6 = _mm256_shuffle_ps(u5, u7, 0x44), v7 = _mm256_shuffle_ps(u5, u7, 0xee);
-      __m256 t[8] = {_mm256_permute2f128_ps(v0, v4, 0x20), _mm256_permute2f128_ps(v1, v5, 0x20),
-                     _mm256_permute2f128_ps(v2, v6, 0x20), _mm256_permute2f128_ps(v3, v7, 0x20),
-                     _mm256_permute2f128_ps(v0, v4, 0x31), _mm256_permute2f128_ps(v1, v5, 0x31),
-                     _mm256_permute2f128_ps(v2, v6, 0x31), _mm256_permute2f128_ps(v3, v7, 0x31)};
-      for (int i = 0; i < 8 && m + i < mr; i++) { /* t[i]: row m + i, columns c to c + 7 */
-        float *o = out + (size_t)(m + i) * OUT + c;
-        __m256 r = bias ? _mm256_add_ps(t[i], b) : t[i];
-        if (beta != 0.0f) r = _mm256_add_ps(_mm256_loadu_ps(o), r);
-        _mm256_storeu_ps(o, r);
-      }
+      /* ti: row m + i, columns c to c + 7 */
+      __m256 t0 = _mm256_permute2f128_ps(v0, v4, 0x20), t1 = _mm256_permute2f128_ps(v1, v5, 0x20),
+             t2 = _mm256_permute2f128_ps(v2, v6, 0x20), t3 = _mm256_permute2f128_ps(v3, v7, 0x20),
+             t4 = _mm256_permute2f128_ps(v0, v4, 0x31), t5 = _mm256_permute2f128_ps(v1, v5, 0x31),
+             t6 = _mm256_permute2f128_ps(v2, v6, 0x31), t7 = _mm256_permute2f128_ps(v3, v7, 0x31);
+      int n = mr - m;
+      LS_ROW(0);
+      LS_ROW(1);
+      LS_ROW(2);
+      LS_ROW(3);
+      LS_ROW(4);
+      LS_ROW(5);
+      LS_ROW(6);
+      LS_ROW(7);
     }
   }
   for (; c < nc; c++)
     for (int m = 0; m < mr; m++) {
       float r = s[(size_t)c * 64 + m], *o = out + (size_t)m * OUT + c;
-      if (bias) r += bias[c];
-      if (beta != 0.0f) r = *o + r;
+      if (has_bias) r += bias[c];
+      if (has_beta) r = *o + r;
       *o = r;
     }
+}
+#undef LS_ROW
+
+/* out[m][c] (m < mr, c < nc; out's rows OUT apart) from the sums s[c * 64 + m] as ll_store writes
+ * them (the sum, + bias[c] where bias, then out's own value + that where beta: lf_store's
+ * operations, lane by lane), 8 x 8 at a time transposed in registers: both forms of rows in the
+ * lanes (AVX-512's processors have AVX2). The transpose into a buffer and ll_store after it (in
+ * the baseline's 4 lanes, through the stack) were 3.2% of an AVX2 LoRA job's generation (perf).
+ * The rows' 8 transposed vectors go straight to their stores, the bias and beta decided once per
+ * call (in an array, with the tests in the loop over rows, GCC kept them on the stack: perf put
+ * half of this function's samples on that loop). */
+LF_AVX2 static void lr_store256(float *out, int OUT, const float *s, int mr, int nc,
+                                const float *bias, float beta) {
+  if (bias && beta != 0.0f)
+    lr_store256_k(out, OUT, s, mr, nc, bias, 1, 1);
+  else if (bias)
+    lr_store256_k(out, OUT, s, mr, nc, bias, 1, 0);
+  else if (beta != 0.0f)
+    lr_store256_k(out, OUT, s, mr, nc, NULL, 0, 1);
+  else
+    lr_store256_k(out, OUT, s, mr, nc, NULL, 0, 0);
 }
 
 /* A processor's rows in the lanes: its tile (lr_arg), the widening of BF16 rows, the transpose

@@ -430,6 +430,7 @@ static void test_linear_lanes(int Mmin, int Mmax, int IN, int OUT) {
   float *wf, *x = rnd((size_t)Mmax * IN, 1), *b = rnd(OUT, 1), *y0 = rnd(n, 1);
   uint16_t *w16 = rnd_bf16((size_t)OUT * IN, 0.2f, &wf);
   float *want = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+  float *want_nb = malloc(n * sizeof(float)); /* no bias, beta 1 */
   float *yr = calloc(n, sizeof(float));
   size_t np = linear_lanes_panel_floats(IN, OUT);
   float *pf = malloc(np * sizeof(float)), *p16 = malloc(np * sizeof(float));
@@ -445,6 +446,7 @@ static void test_linear_lanes(int Mmin, int Mmax, int IN, int OUT) {
       for (int k = 0; k < IN; k++) acc = fmaf(x[(size_t)m * IN + k], wf[(size_t)j * IN + k], acc);
       volatile float r = acc + b[j];
       want[(size_t)m * OUT + j] = y0[(size_t)m * OUT + j] + r;
+      want_nb[(size_t)m * OUT + j] = y0[(size_t)m * OUT + j] + acc;
     }
   matmul_forward_ref(yr, x, wf, b, Mmax, IN, OUT);
   for (size_t i = 0; i < n; i++) yr[i] += y0[i];
@@ -462,6 +464,14 @@ static void test_linear_lanes(int Mmin, int Mmax, int IN, int OUT) {
         lanes_call(bf, y, x, wf, w16, pf, p16, b, M, IN, OUT, 0, OUT, 1.0f);
         CHECK_MSG(!memcmp(y, want, nm * sizeof(float)),
                   "linear_lanes%s isa %d differs from fmaf's chain (M=%d IN=%d OUT=%d)",
+                  lanes_name[bf], isas[ii], M, IN, OUT);
+        /* without a bias, added to out; the rows past M untouched */
+        memcpy(y, y0, n * sizeof(float));
+        lanes_call(bf, y, x, wf, w16, pf, p16, NULL, M, IN, OUT, 0, OUT, 1.0f);
+        CHECK_MSG(!memcmp(y, want_nb, nm * sizeof(float)) &&
+                      !memcmp(y + nm, y0 + nm, (n - nm) * sizeof(float)),
+                  "linear_lanes%s isa %d without a bias differs from fmaf's chain, or wrote past "
+                  "its rows (M=%d IN=%d OUT=%d)",
                   lanes_name[bf], isas[ii], M, IN, OUT);
         memcpy(y, y0, nm * sizeof(float));
         int cuts[4] = {0, cut1, cut2, OUT};
@@ -488,8 +498,8 @@ static void test_linear_lanes(int Mmin, int Mmax, int IN, int OUT) {
   CHECK_MSG(maxdiff(y, yr, n) > 0.1f && maxdiff(want, yr, n) < 1e-4f,
             "linear_lanes without bias, beta 0 (IN=%d OUT=%d)", IN, OUT);
   CHECK_MSG(n_isa >= 1, "linear_lanes: no instruction set ran");
-  free(x), free(b), free(y0), free(w16), free(wf), free(want), free(y), free(yr), free(pf),
-      free(p16);
+  free(x), free(b), free(y0), free(w16), free(wf), free(want), free(want_nb), free(y), free(yr),
+      free(pf), free(p16);
 }
 
 /* linear_lanes on a pool's threads, each its columns ([0, 96) and [96, 200): rows in the lanes
