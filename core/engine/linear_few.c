@@ -1610,8 +1610,8 @@ lr_widen256_k(float *dst, const uint16_t *src, int k0, int k1) {
 /* Rows in the lanes on AVX2, from LR2_MIN rows: lr_tile's chains with 8 rows in a ymm, a tile
  * 16 rows (two vectors) x 6 weight rows (12 sums in registers over a chunk of k, carried in s
  * from chunk to chunk as lr_tile's; per k 2 loads of the rows and 6 broadcasts of weights: the
- * shape of ll_tile256), the mp / 16 groups of rows
- * one after another against the same weight rows (from L1, or L2 at long IN). No weight is
+ * shape of ll_tile256), the mp / 16 groups of rows one after another against the same weight
+ * rows (from L1, or L2 at long IN). No weight is
  * transposed: on AVX2 the block's pack (8 x 8 transposes, 3 shuffles a vector) was 8% of a 0.5B
  * decoding step at batch 64 with LoRA on a BF16 base. The next tile's BF16 rows (nx) or the
  * tile's own float32 rows are prefetched during the first group; the next tile's BF16 rows are
