@@ -127,9 +127,8 @@ struct rms_args {
  * constant at every call (always inlined): 8, 4, then 1 row at a time. The element-wise loops after
  * them in 4 lanes (simd_v4: the same operations; GCC -O2 left them scalar, out may alias inp). */
 enum { RMS_ROWS = 8 };
-#define RMS_INLINE static inline __attribute__((always_inline))
-RMS_INLINE void rms_sums(double *ss, const float *x, const float *dy, const float *w, int C, int R,
-                         int bwd) {
+SIMD_INLINE void rms_sums(double *ss, const float *x, const float *dy, const float *w, int C, int R,
+                          int bwd) {
   /* named, not an array (GCC kept an array's pairs in memory: a store and a load in each chain) */
   double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
 #define RMS_T(r)                                                                                   \
@@ -147,8 +146,8 @@ RMS_INLINE void rms_sums(double *ss, const float *x, const float *dy, const floa
 }
 
 /* rms_sums of rows [0, n) of x (bwd: with dy and w, the backward's), into ss[n] */
-RMS_INLINE void rms_rows_sums(double *ss, const float *x, const float *dy, const float *w, int n,
-                              int C, int bwd) {
+SIMD_INLINE void rms_rows_sums(double *ss, const float *x, const float *dy, const float *w, int n,
+                               int C, int bwd) {
   int r = 0;
   for (; r + 8 <= n; r += 8) rms_sums(ss + r, x + (size_t)r * C, dy + (size_t)r * C, w, C, 8, bwd);
   for (; r + 4 <= n; r += 4) rms_sums(ss + r, x + (size_t)r * C, dy + (size_t)r * C, w, C, 4, bwd);

@@ -1672,8 +1672,9 @@ LF_AVX2 static void lr_tile256(const struct lr_arg *a) {
       }
       if (ahead) { /* the next tile's rows widened beside this one's last group */
         int e = k1 < nkn ? k1 : nkn;
-        for (int r = 0; r < nnj && k0 < e; r++)
-          lr_widen256_k(nwb + (size_t)r * nkn, ahead + (size_t)r * a->nxs, k0, e);
+        if (k0 < e)
+          for (int r = 0; r < nnj; r++)
+            lr_widen256_k(nwb + (size_t)r * nkn, ahead + (size_t)r * a->nxs, k0, e);
       }
       /* unrolled: per k the 12 fused multiply-adds with 8 loads leave little room for the
        * loop's own instructions */
