@@ -172,6 +172,24 @@ const float *linear_lanes_prepare_cols(float *xt, const float *inp, int M, int I
 void linear_lanes_prepared(float *out, const float *inp, const float *xt, const float *w,
                            const uint16_t *w16, const float *bias, int M, int IN, int OUT, int j0,
                            int j1, float beta);
+/* A LoRA adapter's product for linear_lanes_adapted: xa [M, r] (the rows' s (x A^T)), xat its
+ * copy by linear_lanes_adapter_t (blocks of 64 rows, block b at xat + 64 b r, xat[k * 64 + m];
+ * linear_lanes_adapter_floats(M, r) floats), b [OUT, r], and bt linear_few_narrow_pack's b or
+ * NULL. */
+struct lanes_adapter {
+  const float *xa, *xat, *b, *bt;
+  int r;
+};
+size_t linear_lanes_adapter_floats(int M, int r);
+void linear_lanes_adapter_t(float *xat, const float *xa, int M, int r);
+/* linear_lanes_prepared with beta 0, then linear_few_narrow (beta 1, or _packed on bt) of ad over
+ * the same columns, bit for bit: out = (dot + bias) + ad's chain. Where rows are in the lanes the
+ * adapter's chains (r fused multiply-adds an output, in increasing k from +0) run in the lanes
+ * too and are added to a block's sums before they are stored, so the outputs are written once
+ * (linear_few_narrow reads and writes them again). */
+void linear_lanes_adapted(float *out, const float *inp, const float *xt, const float *w,
+                          const uint16_t *w16, const float *bias, int M, int IN, int OUT, int j0,
+                          int j1, const struct lanes_adapter *ad);
 /* linear_lanes' block alone (w, or w16 when w is NULL), whatever M and the instruction set: for
  * tests and bench_kernels --lanes, which compare it with the rows-in-the-lanes kernel that
  * linear_lanes takes from 16 rows on AVX-512 (the same bits). */

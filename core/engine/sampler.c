@@ -101,7 +101,8 @@ static void gplan(const struct model_config *c, const struct lora_config *lc, in
   in_max = in_max > FF ? in_max : FF;
   /* + a phase's input transposed (linear_lanes_prepare), 64-byte aligned */
   size_t dec = ATTENTION_DECODE_HEADS * (size_t)T + (size_t)B * C + 2 * V +
-               3 * (size_t)B * lr + /* 3 targets a phase */
+               /* 3 targets a phase: x A^T and its copy for linear_lanes_adapted */
+               3 * ((size_t)B * lr + linear_lanes_adapter_floats(B, (int)lr)) +
                linear_lanes_xt_floats(B, (int)in_max) + 16;
   p->scratch = (size_t)T * T > dec ? (size_t)T * T : dec;
   p->pick = V;
@@ -619,31 +620,50 @@ static void lm_head(struct gen_state *s, const struct model *m, int n) {
 
 /* Decoding with an adapter, in two halves so that a phase's columns can be taken in chunks: the
  * thread computes tbuf[n,r] = s (x A^T) whole for target t of layer l (r is small; every thread
- * the same arithmetic for any split), then lora_xb adds tbuf B^T to columns [lo, hi) of y with
- * linear_few_narrow (16 columns in the lanes, one fused multiply-add per k: at r = 16, 64
- * sequences and 0.5B's widths, one thread, 3.3-3.6x faster than linear_few, whose every output
- * ended in a 16-lane reduction). lora_xa returns 0 where the target has no adapter; it reads the
- * phase's copy of the rows xt where prepare made one (rows in the lanes: A's 16 rows as tiles of
- * 6, 6 and 4 weight rows, none transposed), the same bits as linear_lanes' block, which it took
- * before: 0.5B LoRA r 16, batch 64, AVX-512 on the Xeon, in turns 233.8 / 234.2 -> 242.4 / 241.0
- * tok/s (every thread computes it whole, so it counted twice). */
-static int lora_xa(const struct lora *lo, int l, int t, const float *x, const float *xt, int n,
-                   int IN, float *tbuf) {
-  if (!lo || !lo->w[l].a[t]) return 0;
+ * the same arithmetic for any split) and describes it in ad (ad->xa NULL where the target has no
+ * adapter); then lora_xb adds tbuf B^T to columns [lo, hi) of y with linear_few_narrow (16
+ * columns in the lanes, one fused multiply-add per k: at r = 16, 64 sequences and 0.5B's widths,
+ * one thread, 3.3-3.6x faster than linear_few, whose every output ended in a 16-lane reduction),
+ * or few_ad adds it with the product's sums. lora_xa reads the phase's copy of the rows xt where
+ * prepare made one (rows in the lanes: A's 16 rows as tiles of 6, 6 and 4 weight rows, none
+ * transposed), the same bits as linear_lanes' block, which it took before: 0.5B LoRA r 16, batch
+ * 64, AVX-512 on the Xeon, in turns 233.8 / 234.2 -> 242.4 / 241.0 tok/s (every thread computes
+ * it whole, so it counted twice); there it also writes tbuf's copy for linear_lanes_adapted, after
+ * tbuf in its slot of the scratch. */
+static void lora_xa(const struct gen_state *s, const struct lora *lo, int l, int t, const float *x,
+                    const float *xt, int n, int IN, float *tbuf, struct lanes_adapter *ad) {
+  ad->xa = NULL;
+  if (!lo || !lo->w[l].a[t]) return;
   int r = lo->cfg.r;
   linear_lanes_prepared(tbuf, x, xt, lo->w[l].a[t], NULL, NULL, n, IN, r, 0, r, 0.0f);
   for (size_t i = 0; i < (size_t)n * r; i++) tbuf[i] *= lo->scale;
-  return 1;
+  float *tbt = tbuf + (size_t)s->cap_batch * s->lora_r;
+  if (xt) linear_lanes_adapter_t(tbt, tbuf, n, r);
+  *ad = (struct lanes_adapter){tbuf, xt ? tbt : NULL, lo->w[l].b[t],
+                               s->lbs ? s->lbs[LT_COUNT * l + t] : NULL, r};
 }
 
-static void lora_xb(const struct gen_state *s, const struct lora *lo, int l, int t, int has,
-                    float *y, const float *tbuf, int n, int OUT, int c_lo, int c_hi) {
-  if (!has) return;
-  if (s->lbs) /* B transposed for the generation (lb_refresh) */
-    linear_few_narrow_packed(y, tbuf, s->lbs[LT_COUNT * l + t], n, lo->cfg.r, OUT, c_lo, c_hi,
-                             1.0f);
+/* Columns [c_lo, c_hi) of y += tbuf B^T (a phase that adds to its outputs) */
+static void lora_xb(const struct lanes_adapter *ad, float *y, int n, int OUT, int c_lo, int c_hi) {
+  if (!ad->xa) return;
+  if (ad->bt) /* B transposed for the generation (lb_refresh) */
+    linear_few_narrow_packed(y, ad->xa, ad->bt, n, ad->r, OUT, c_lo, c_hi, 1.0f);
   else
-    linear_few_narrow(y, tbuf, lo->w[l].b[t], n, lo->cfg.r, OUT, c_lo, c_hi, 1.0f);
+    linear_few_narrow(y, ad->xa, ad->b, n, ad->r, OUT, c_lo, c_hi, 1.0f);
+}
+
+/* few() (beta 0) and then the adapter's product where ad has one, with the same bits as lora_xb
+ * after it: from the phase's copy of the rows (pk NULL) linear_lanes_adapted adds the adapter to
+ * the sums in the lanes, and the outputs are written once. */
+static void few_ad(float *out, const float *inp, const float *xt, const float *w,
+                   const uint16_t *w16, const float *pk, const float *bias, int n, int IN, int OUT,
+                   int lo, int hi, const struct lanes_adapter *ad) {
+  if (ad->xa && !pk) {
+    linear_lanes_adapted(out, inp, xt, w, w16, bias, n, IN, OUT, lo, hi, ad);
+    return;
+  }
+  few(out, inp, xt, w, w16, pk, bias, n, IN, OUT, lo, hi, 0.0f);
+  lora_xb(ad, out, n, OUT, lo, hi);
 }
 
 static int *step_ticket(const struct decode_args *x, int phase) {
@@ -700,11 +720,13 @@ static void decode_step(void *ctx, int ti, int nt) {
   float *pick_p = xn + (size_t)s->cap_batch * C;
   int *pick_idx = (int *)(pick_p + V);
   const struct lora *lo = m->lora;
-  /* [cap_batch, r] per adapter target of a phase (three at most: Q, K, V) */
-  size_t lr = (size_t)s->cap_batch * (size_t)s->lora_r;
-  float *lt[3] = {(float *)(pick_idx + V), (float *)(pick_idx + V) + lr,
-                  (float *)(pick_idx + V) + 2 * lr};
-  float *xtb = (float *)(((uintptr_t)(lt[2] + lr) + 63) & ~(uintptr_t)63); /* prepare()'s */
+  /* per adapter target of a phase (three at most: Q, K, V): [cap_batch, r], then its copy for
+   * linear_lanes_adapted */
+  size_t lr = (size_t)s->cap_batch * (size_t)s->lora_r,
+         lrt = lr + linear_lanes_adapter_floats(s->cap_batch, s->lora_r);
+  float *lt[3] = {(float *)(pick_idx + V), (float *)(pick_idx + V) + lrt,
+                  (float *)(pick_idx + V) + 2 * lrt};
+  float *xtb = (float *)(((uintptr_t)(lt[2] + lrt) + 63) & ~(uintptr_t)63); /* prepare()'s */
   const float *xt;
   const struct block_acts *a = &s->acts;
   /* the rows this group of threads computes together, and this thread's place in the group */
@@ -742,9 +764,9 @@ static void decode_step(void *ctx, int ti, int nt) {
   for (int l = 0; l < c->num_layers; l++) {
     const struct layer_views *w = &m->w.layers[l];
     rmsnorm_forward(xn, NULL, xs, w->attn_norm, n, C, c->rms_norm_eps);
-    int has[3];
+    struct lanes_adapter ad[3];
     xt = prepare(xtb, xn, n, C, PK(0), w->wq16);
-    for (int t = 0; t < 3; t++) has[t] = lora_xa(lo, l, LT_Q + t, xn, xt, n, C, lt[t]);
+    for (int t = 0; t < 3; t++) lora_xa(s, lo, l, LT_Q + t, xn, xt, n, C, lt[t], &ad[t]);
     prof(&pm, GEN_PROF_NORM);
     PHASE(3, w_qkv, 0, C);
     while (phase_q_take(&pq, &j, &lo_, &hi_)) {
@@ -756,8 +778,7 @@ static void decode_step(void *ctx, int ti, int nt) {
                           : j == 1 ? w->bk
                                    : w->bv;
       const uint16_t *w16 = j == 0 ? w->wq16 : j == 1 ? w->wk16 : w->wv16;
-      few(out, xn, xt, wf, w16, PK(j), bias, n, C, w_qkv[j], lo_, hi_, 0.0f);
-      lora_xb(s, lo, l, LT_Q + j, has[j], out, lt[j], n, w_qkv[j], lo_, hi_);
+      few_ad(out, xn, xt, wf, w16, PK(j), bias, n, C, w_qkv[j], lo_, hi_, &ad[j]);
     }
     WAIT(GEN_PROF_QKV);
     float *ck = s->cache_k + l * layer_cache, *cv = s->cache_v + l * layer_cache;
@@ -777,18 +798,18 @@ static void decode_step(void *ctx, int ti, int nt) {
       }
     WAIT(GEN_PROF_ATTN);
     xt = prepare(xtb, att, n, CQ, PK(3), w->wo16);
-    has[0] = lora_xa(lo, l, LT_O, att, xt, n, CQ, lt[0]);
+    lora_xa(s, lo, l, LT_O, att, xt, n, CQ, lt[0], &ad[0]);
     prof(&pm, GEN_PROF_NORM);
     PHASE(1, w_c, 0, CQ);
     while (phase_q_take(&pq, &j, &lo_, &hi_)) {
       few(xs, att, xt, w->wo, w->wo16, PK(3), w->bo, n, CQ, C, lo_, hi_, 1.0f);
-      lora_xb(s, lo, l, LT_O, has[0], xs, lt[0], n, C, lo_, hi_);
+      lora_xb(&ad[0], xs, n, C, lo_, hi_);
     }
     WAIT(GEN_PROF_O);
     rmsnorm_forward(xn, NULL, xs, w->ffn_norm, n, C, c->rms_norm_eps);
     xt = prepare(xtb, xn, n, C, PK(4), w->w_gate16);
-    has[0] = lora_xa(lo, l, LT_GATE, xn, xt, n, C, lt[0]);
-    has[1] = lora_xa(lo, l, LT_UP, xn, xt, n, C, lt[1]);
+    lora_xa(s, lo, l, LT_GATE, xn, xt, n, C, lt[0], &ad[0]);
+    lora_xa(s, lo, l, LT_UP, xn, xt, n, C, lt[1], &ad[1]);
     /* split by columns, the down projection's input is transposed by the threads that compute
      * its columns, into one shared copy (not by every thread whole after the barrier) */
     const float *xt_h = x->by_rows || PK(6) || !linear_lanes_reads_copy(n, FF, w->w_down16 != NULL)
@@ -799,10 +820,8 @@ static void decode_step(void *ctx, int ti, int nt) {
     while (phase_q_take(&pq, &j, &lo_, &hi_))
       for (int c0 = lo_, c1; c0 < hi_; c0 = c1) { /* FF_COLS at a time: gg, uu in cache */
         c1 = hi_ - c0 < 2 * FF_COLS ? hi_ : c0 + FF_COLS;
-        few(gg, xn, xt, w->w_gate, w->w_gate16, PK(4), NULL, n, C, FF, c0, c1, 0.0f);
-        few(uu, xn, xt, w->w_up, w->w_up16, PK(5), NULL, n, C, FF, c0, c1, 0.0f);
-        lora_xb(s, lo, l, LT_GATE, has[0], gg, lt[0], n, FF, c0, c1);
-        lora_xb(s, lo, l, LT_UP, has[1], uu, lt[1], n, FF, c0, c1);
+        few_ad(gg, xn, xt, w->w_gate, w->w_gate16, PK(4), NULL, n, C, FF, c0, c1, &ad[0]);
+        few_ad(uu, xn, xt, w->w_up, w->w_up16, PK(5), NULL, n, C, FF, c0, c1, &ad[1]);
         for (int i = 0; i < n; i++) {
           size_t o = (size_t)i * FF + c0;
           swiglu_forward(hh + o, gg + o, uu + o, (size_t)(c1 - c0));
@@ -811,12 +830,12 @@ static void decode_step(void *ctx, int ti, int nt) {
       }
     WAIT(GEN_PROF_FFN);
     xt = xt_h ? xt_h : prepare(xtb, hh, n, FF, PK(6), w->w_down16);
-    has[0] = lora_xa(lo, l, LT_DOWN, hh, xt, n, FF, lt[0]);
+    lora_xa(s, lo, l, LT_DOWN, hh, xt, n, FF, lt[0], &ad[0]);
     prof(&pm, GEN_PROF_NORM);
     PHASE(1, w_c, 0, FF);
     while (phase_q_take(&pq, &j, &lo_, &hi_)) {
       few(xs, hh, xt, w->w_down, w->w_down16, PK(6), NULL, n, FF, C, lo_, hi_, 1.0f);
-      lora_xb(s, lo, l, LT_DOWN, has[0], xs, lt[0], n, C, lo_, hi_);
+      lora_xb(&ad[0], xs, n, C, lo_, hi_);
     }
     WAIT(GEN_PROF_DOWN);
   }

@@ -502,6 +502,68 @@ static void test_linear_lanes(int Mmin, int Mmax, int IN, int OUT) {
       free(pf), free(p16);
 }
 
+/* linear_lanes_adapted: the product (beta 0) then linear_few_narrow's adapter over the same
+ * columns, bit for bit: against fmaf's chains, (dot + bias) + the adapter's chain of r, on every
+ * instruction set, float32 and BF16 weights, with and without a bias, B as rows and transposed
+ * once, whole and in three column ranges (the middle one from a column inside a block of 16), from
+ * a prepare's copy and without one; the rows past M untouched */
+static void test_linear_lanes_adapted(int Mmin, int Mmax, int IN, int OUT, int r) {
+  size_t n = (size_t)Mmax * OUT;
+  float *wf, *x = rnd((size_t)Mmax * IN, 1), *bias = rnd(OUT, 1), *xa = rnd((size_t)Mmax * r, 1);
+  float *b = rnd((size_t)OUT * r, 0.5f), *y0 = rnd(n, 1), *y = malloc(n * sizeof(float));
+  uint16_t *w16 = rnd_bf16((size_t)OUT * IN, 0.2f, &wf);
+  float *want[2] = {malloc(n * sizeof(float)), malloc(n * sizeof(float))}; /* no bias, bias */
+  float *bt = malloc(linear_few_narrow_floats(r, OUT) * sizeof(float));
+  linear_few_narrow_pack(bt, b, r, OUT);
+  for (int m = 0; m < Mmax; m++)
+    for (int j = 0; j < OUT; j++) {
+      volatile float acc = 0.0f, ad = 0.0f; /* one fmaf at a time, as written */
+      for (int k = 0; k < IN; k++) acc = fmaf(x[(size_t)m * IN + k], wf[(size_t)j * IN + k], acc);
+      for (int k = 0; k < r; k++) ad = fmaf(xa[(size_t)m * r + k], b[(size_t)j * r + k], ad);
+      volatile float rb = acc + bias[j];
+      want[0][(size_t)m * OUT + j] = acc + ad;
+      want[1][(size_t)m * OUT + j] = rb + ad;
+    }
+  size_t nx = linear_lanes_xt_floats(Mmax, IN), na = linear_lanes_adapter_floats(Mmax, r);
+  CHECK_MSG(na == (size_t)(Mmax + 63) / 64 * 64 * r, "linear_lanes_adapter_floats(%d, %d)", Mmax,
+            r);
+  float *xt = nx ? aligned_alloc(64, (nx * sizeof(float) + 63) / 64 * 64) : NULL;
+  float *xat = malloc(na * sizeof(float));
+  int c1 = OUT / 3 + 5 < OUT ? OUT / 3 + 5 : OUT, c2 = 2 * OUT / 3 > c1 ? 2 * OUT / 3 : c1;
+  int cuts[4] = {0, c1, c2, OUT}, isas[4], n_isa = isa_list(isas), runs = 0;
+  for (int ii = 0; ii < n_isa; ii++) {
+    kernels_force_isa(isas[ii]);
+    for (int M = Mmin; M <= Mmax; M++) {
+      size_t nm = (size_t)M * OUT;
+      memset(xat, 0xff, na * sizeof(float)); /* NaNs where the copy writes nothing */
+      linear_lanes_adapter_t(xat, xa, M, r);
+      if (xt) memset(xt, 0xff, nx * sizeof(float));
+      const float *p = linear_lanes_prepare(xt, x, M, IN);
+      for (int v = 0; v < 16; v++) {
+        int bf = v & 1, hb = v >> 1 & 1, packed = v >> 2 & 1, split = v >> 3 & 1;
+        struct lanes_adapter ad = {xa, xat, b, packed ? bt : NULL, r};
+        const float *pv = v == 5 ? NULL : p; /* once without the copy */
+        if (v == 6) ad.xat = NULL;           /* once without the adapter's copy */
+        memcpy(y, y0, n * sizeof(float));
+        for (int c = split ? 2 : 0; c >= 0; c--) /* the last range first: the order is free */
+          linear_lanes_adapted(y, x, pv, bf ? NULL : wf, bf ? w16 : NULL, hb ? bias : NULL, M, IN,
+                               OUT, split ? cuts[c] : 0, split ? cuts[c + 1] : OUT, &ad);
+        CHECK_MSG(!memcmp(y, want[hb], nm * sizeof(float)) &&
+                      !memcmp(y + nm, y0 + nm, (n - nm) * sizeof(float)),
+                  "linear_lanes_adapted isa %d (%s%s%s%s) differs from fmaf's chains, or wrote "
+                  "past its rows (M=%d IN=%d OUT=%d r=%d)",
+                  isas[ii], bf ? "BF16" : "float32", hb ? ", bias" : "", packed ? ", B packed" : "",
+                  split ? ", split" : "", M, IN, OUT, r);
+        runs++;
+      }
+    }
+  }
+  kernels_force_isa(0);
+  CHECK_MSG(runs > 0, "linear_lanes_adapted: nothing ran");
+  free(x), free(bias), free(xa), free(b), free(y0), free(y), free(w16), free(wf), free(want[0]),
+      free(want[1]), free(bt), free(xt), free(xat);
+}
+
 /* linear_lanes on a pool's threads, each its columns ([0, 96) and [96, 200): rows in the lanes
  * on AVX-512, with the buffer each thread keeps from call to call, grown for a longer IN, freed
  * when the pool's threads end), the same bits as the whole range on this thread */
@@ -911,6 +973,11 @@ int main(void) {
   test_linear_lanes(1, 70, 40, 200);
   test_linear_lanes(1, 96, 20, 40); /* two blocks of rows, the second taken from 16 rows */
   test_linear_lanes_pool();
+  /* the adapter added with the sums where rows are in the lanes (16 rows on, float32 on AVX-512;
+   * 49 BF16), after the block elsewhere; two blocks of 64 rows and 2 on the block; r = 1 */
+  test_linear_lanes_adapted(1, 20, 40, 50, 16);
+  test_linear_lanes_adapted(128, 130, 40, 70, 4);
+  test_linear_lanes_adapted(64, 64, 896, 200, 1);
   test_linear_lanes(1, 13, 600, 19); /* IN over 2 blocks of 256 k, with a tail */
   test_linear_lanes(1, 3, 5, 70);
   test_linear_lanes(1, 2, 128, 200);   /* a lone row over 13 panels (groups of 8 and 4, partial) */
@@ -925,6 +992,8 @@ int main(void) {
     linear_lanes_set_form(lanes_forms[f][0], lanes_forms[f][1]);
     test_linear_lanes(49, 66, 37, 101);
     test_linear_lanes(63, 65, 300, 60);
+    test_linear_lanes_adapted(49, 66, 37, 101, 16);
+    test_linear_lanes_adapted(63, 65, 300, 60, 3);
   }
   linear_lanes_set_form(-1, -1);
   struct pool *pool = pool_new(3);
