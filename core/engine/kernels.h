@@ -182,11 +182,15 @@ struct lanes_adapter {
 };
 size_t linear_lanes_adapter_floats(int M, int r);
 void linear_lanes_adapter_t(float *xat, const float *xa, int M, int r);
-/* linear_lanes_prepared with beta 0, then linear_few_narrow (beta 1, or _packed on bt) of ad over
- * the same columns, bit for bit: out = (dot + bias) + ad's chain. Where rows are in the lanes the
- * adapter's chains (r fused multiply-adds an output, in increasing k from +0) run in the lanes
- * too and are added to a block's sums before they are stored, so the outputs are written once
- * (linear_few_narrow reads and writes them again). */
+/* Columns [j0, j1) of out[M,OUT] += ad's product (xa b^T), after a product that stored them:
+ * linear_few_narrow (beta 1) on b, or linear_few_narrow_packed on bt where ad has it. */
+void linear_lanes_adapter_add(float *out, const struct lanes_adapter *ad, int M, int OUT, int j0,
+                              int j1);
+/* linear_lanes_prepared with beta 0, then linear_lanes_adapter_add over the same columns, bit for
+ * bit: out = (dot + bias) + ad's chain. Where rows are in the lanes the adapter's chains (r fused
+ * multiply-adds an output, in increasing k from +0) run in the lanes too and are added to a
+ * block's sums before they are stored, so the outputs are written once (linear_few_narrow reads
+ * and writes them again). */
 void linear_lanes_adapted(float *out, const float *inp, const float *xt, const float *w,
                           const uint16_t *w16, const float *bias, int M, int IN, int OUT, int j0,
                           int j1, const struct lanes_adapter *ad);

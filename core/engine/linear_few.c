@@ -730,15 +730,12 @@ void linear_few_narrow_packed(float *out, const float *inp, const float *wt, int
   if (j0 < j1) lfn_form()(out, inp, NULL, M, IN, OUT, j0, j1, beta, NULL, wt, lfn_bpp(IN));
 }
 
-/* linear_lanes_adapted's adapter added after the product, rows [m0, m0 + mr) of out (out at row
- * m0) */
-static void lr_adapter_after(float *out, const struct lanes_adapter *ad, int m0, int mr, int OUT,
-                             int j0, int j1) {
-  const float *xa = ad->xa + (size_t)m0 * ad->r;
+void linear_lanes_adapter_add(float *out, const struct lanes_adapter *ad, int M, int OUT, int j0,
+                              int j1) {
   if (ad->bt)
-    linear_few_narrow_packed(out, xa, ad->bt, mr, ad->r, OUT, j0, j1, 1.0f);
+    linear_few_narrow_packed(out, ad->xa, ad->bt, M, ad->r, OUT, j0, j1, 1.0f);
   else
-    linear_few_narrow(out, xa, ad->b, mr, ad->r, OUT, j0, j1, 1.0f);
+    linear_few_narrow(out, ad->xa, ad->b, M, ad->r, OUT, j0, j1, 1.0f);
 }
 
 /* ---- BF16 weights -------------------------------------------------------------------------- */
@@ -2023,7 +2020,11 @@ static int lr_drive(const struct lr_form *f, float *out, const float *inp, const
     if (!lr_rows(f, mr, IN, w16 != NULL)) {
       ll_drive(ll_form_now(), out + (size_t)m0 * OUT, inp + (size_t)m0 * IN, w, w16, bias, mr, IN,
                OUT, j0, j1, beta);
-      if (ad) lr_adapter_after(out + (size_t)m0 * OUT, ad, m0, mr, OUT, j0, j1);
+      if (ad) { /* the block's rows of the adapter, after the product */
+        struct lanes_adapter rows = *ad;
+        rows.xa += (size_t)m0 * ad->r;
+        linear_lanes_adapter_add(out + (size_t)m0 * OUT, &rows, mr, OUT, j0, j1);
+      }
       continue;
     }
     const float *xt = xtp ? xtp + (size_t)m0 * IN : buf; /* linear_lanes_prepare's block */
@@ -2178,7 +2179,7 @@ void linear_lanes_adapted(float *out, const float *inp, const float *xt, const f
     return;
 #endif
   ll_any(out, inp, w, w16, bias, M, IN, OUT, j0, j1, 0.0f);
-  lr_adapter_after(out, ad, 0, M, OUT, j0, j1);
+  linear_lanes_adapter_add(out, ad, M, OUT, j0, j1);
 }
 
 void linear_lanes(float *out, const float *inp, const float *w, const float *bias, int M, int IN,

@@ -645,11 +645,7 @@ static void lora_xa(const struct gen_state *s, const struct lora *lo, int l, int
 
 /* Columns [c_lo, c_hi) of y += tbuf B^T (a phase that adds to its outputs) */
 static void lora_xb(const struct lanes_adapter *ad, float *y, int n, int OUT, int c_lo, int c_hi) {
-  if (!ad->xa) return;
-  if (ad->bt) /* B transposed for the generation (lb_refresh) */
-    linear_few_narrow_packed(y, ad->xa, ad->bt, n, ad->r, OUT, c_lo, c_hi, 1.0f);
-  else
-    linear_few_narrow(y, ad->xa, ad->b, n, ad->r, OUT, c_lo, c_hi, 1.0f);
+  if (ad->xa) linear_lanes_adapter_add(y, ad, n, OUT, c_lo, c_hi);
 }
 
 /* few() (beta 0) and then the adapter's product where ad has one, with the same bits as lora_xb
